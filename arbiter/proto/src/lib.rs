@@ -1,1 +1,22 @@
-//! placeholder
+//! The language the gpushare components speak to each other.
+//!
+//! Everything here is plain data plus a blocking client, so the interposer
+//! (`libgpushare.so`) can use it without an async runtime, and every entry point
+//! (wrapper, hook, shim, CLI) shares one definition of a request and a lease.
+
+pub mod client;
+pub mod frame;
+pub mod lease;
+pub mod message;
+pub mod quantity;
+
+pub use client::{ClientError, ControlClient};
+pub use lease::{Lease, LeaseId, LeaseState};
+pub use message::{
+    ControlRequest, ControlResponse, ErrorKind, GpuStatus, ReserveRequest, StatusReport,
+};
+pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
+
+/// Bumped on any incompatible change to the messages; the first frame of every
+/// connection carries it and a mismatch closes the connection with a clear error.
+pub const PROTOCOL_VERSION: u32 = 1;

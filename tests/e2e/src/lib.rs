@@ -1,1 +1,379 @@
-//! placeholder
+//! Harness for end-to-end tests against real runtimes.
+//!
+//! Every test starts its own daemons in a private temporary directory (root,
+//! state, sockets), builds its busybox root filesystem from the host's
+//! busybox-static, and never touches a system instance. The tests need root and
+//! the Debian packages `make test` installs; they fail, never skip, without them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const DOCKER: &str = "/usr/bin/docker";
+pub const DOCKERD: &str = "/usr/sbin/dockerd";
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// Simulated-GPU UUIDs (tests/simgpu derives index i's UUID this way).
+pub fn sim_uuid(index: u32) -> String {
+    format!("GPU-51a6d0e0-0000-4000-8000-{index:012x}")
+}
+
+pub fn require_root() {
+    assert!(
+        nix_is_root(),
+        "the e2e tests drive real runc/containerd/dockerd and need root: run `make test` as root"
+    );
+}
+
+fn nix_is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+/// Where `cargo build` put the gpushare binaries.
+pub fn bin_dir() -> PathBuf {
+    let dir = std::env::var_os("GPUSHARE_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../target/debug")
+                .canonicalize()
+                .expect("target/debug exists")
+        });
+    for bin in [
+        "gpushare-arbiter",
+        "gpusharectl",
+        "gpushare-runc",
+        "gpushare-hook",
+        "libgpushare.so",
+    ] {
+        assert!(
+            dir.join(bin).exists(),
+            "{} missing: build first (`cargo build --workspace`, as `make test` does)",
+            dir.join(bin).display()
+        );
+    }
+    dir
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
+/// A short private directory: unix socket paths must stay under 108 bytes.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gs-")
+        .tempdir_in("/tmp")
+        .expect("temporary directory")
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A root filesystem holding busybox-static and a link per applet.
+pub fn busybox_rootfs(dir: &Path) {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for d in ["proc", "sys", "dev", "etc", "tmp", "run"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::copy(BUSYBOX, bin.join("busybox"))
+        .expect("busybox-static installed (make test installs it)");
+    let list = Command::new(BUSYBOX)
+        .arg("--list")
+        .output()
+        .expect("busybox --list");
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        if applet != "busybox" {
+            let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
+        }
+    }
+    std::fs::write(
+        dir.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n").unwrap();
+}
+
+/// A private gpushare-arbiter with declared devices.
+pub struct Arbiter {
+    child: Child,
+    pub config_path: PathBuf,
+    pub run_dir: PathBuf,
+}
+
+pub struct ArbiterOptions {
+    pub gpus: u32,
+    pub memory: &'static str,
+    pub extra: &'static str,
+}
+
+impl Default for ArbiterOptions {
+    fn default() -> Self {
+        ArbiterOptions {
+            gpus: 2,
+            memory: "16Gi",
+            extra: "",
+        }
+    }
+}
+
+impl Arbiter {
+    pub fn start(dir: &Path, options: ArbiterOptions) -> Arbiter {
+        let run_dir = dir.join("run");
+        let mut config = format!(
+            "[arbiter]\nrun_dir = \"{run}\"\nstate_dir = \"{state}\"\nclient_timeout_ms = 5000\n\n\
+             [runtime]\nruntimes = [\"runc\"]\nlibrary = \"{lib}\"\nhook = \"{hook}\"\n\n",
+            run = run_dir.display(),
+            state = dir.join("state").display(),
+            lib = bin("libgpushare.so").display(),
+            hook = bin("gpushare-hook").display(),
+        );
+        config += options.extra;
+        for i in 0..options.gpus {
+            config += &format!(
+                "\n[[arbiter.devices]]\nuuid = \"{}\"\nname = \"simulated GPU {i}\"\nmemory = \"{}\"\n",
+                sim_uuid(i),
+                options.memory
+            );
+        }
+        let config_path = dir.join("config.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(dir.join("arbiter.log")).unwrap();
+        let child = Command::new(bin("gpushare-arbiter"))
+            .arg("--config")
+            .arg(&config_path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start gpushare-arbiter");
+        let arbiter = Arbiter {
+            child,
+            config_path,
+            run_dir,
+        };
+        let socket = arbiter.run_dir.join("control.sock");
+        wait_until(
+            "the arbiter's control socket",
+            Duration::from_secs(10),
+            || std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+        );
+        arbiter
+    }
+
+    pub fn status(&self) -> Value {
+        let out = Command::new(bin("gpusharectl"))
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gpusharectl status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    pub fn leases(&self) -> Vec<Value> {
+        self.status()["leases"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Lease directories left under run_dir/leases.
+    pub fn lease_dirs(&self) -> usize {
+        std::fs::read_dir(self.run_dir.join("leases"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Arbiter {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// A private dockerd (Debian's docker.io 20.10) with gpushare-runc as a path runtime.
+pub struct Dockerd {
+    child: Child,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub exec_root: PathBuf,
+}
+
+pub const IMAGE: &str = "busybox:e2e";
+
+impl Dockerd {
+    pub fn start(dir: &Path, gpushare_config: &Path) -> Dockerd {
+        let socket = dir.join("docker.sock");
+        let exec_root = dir.join("exec");
+        let daemon_json = serde_json::json!({
+            "runtimes": { "gpushare": { "path": bin("gpushare-runc") } },
+        });
+        std::fs::write(dir.join("daemon.json"), daemon_json.to_string()).unwrap();
+        let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
+        let child = Command::new(DOCKERD)
+            .arg("--config-file")
+            .arg(dir.join("daemon.json"))
+            .arg("--data-root")
+            .arg(dir.join("docker-root"))
+            .arg("--exec-root")
+            .arg(&exec_root)
+            .arg("--pidfile")
+            .arg(dir.join("docker.pid"))
+            .arg("-H")
+            .arg(format!("unix://{}", socket.display()))
+            .args([
+                "--iptables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--storage-driver=vfs",
+            ])
+            // The wrapper reads its configuration from the engine's environment,
+            // which dockerd passes through containerd and the shim to the runtime.
+            .env("GPUSHARE_CONFIG", gpushare_config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start dockerd (docker.io installed?)");
+        let d = Dockerd {
+            child,
+            dir: dir.to_owned(),
+            socket,
+            exec_root,
+        };
+        wait_until("dockerd to answer", Duration::from_secs(60), || {
+            d.docker(&["version"]).status.success()
+        });
+        let rootfs = dir.join("image-rootfs");
+        busybox_rootfs(&rootfs);
+        let mut tar = Command::new("tar")
+            .arg("-C")
+            .arg(&rootfs)
+            .args(["-c", "."])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let import = d
+            .command(&["import", "-", IMAGE])
+            .stdin(tar.stdout.take().unwrap())
+            .output()
+            .unwrap();
+        assert!(
+            tar.wait().unwrap().success(),
+            "tar of the busybox rootfs failed"
+        );
+        assert!(
+            import.status.success(),
+            "docker import: {}",
+            String::from_utf8_lossy(&import.stderr)
+        );
+        d
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(DOCKER);
+        c.arg("-H")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(args);
+        c
+    }
+
+    pub fn docker(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run docker")
+    }
+
+    /// Runs docker and returns stdout, failing the test with stderr if it fails.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.docker(args);
+        assert!(
+            out.status.success(),
+            "docker {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_tail()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().rev().take(15).collect();
+        format!(
+            "\n--- dockerd.log (last lines) ---\n{}",
+            lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    /// The OCI bundle of a running container, as the runtime received it.
+    pub fn bundle_config(&self, container_id: &str) -> Value {
+        let path = self
+            .exec_root
+            .join("containerd/daemon/io.containerd.runtime.v2.task/moby")
+            .join(container_id)
+            .join("config.json");
+        serde_json::from_slice(
+            &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
+        .unwrap()
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        let _ = self
+            .command(&["rm", "-f", "-v"])
+            .args(String::from_utf8_lossy(&self.docker(&["ps", "-aq"]).stdout).split_whitespace())
+            .output();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Anything dockerd left mounted under the private directory must go before it is deleted.
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "grep -o ' {}/[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l",
+                self.dir.display()
+            ))
+            .status();
+    }
+}
+
+/// `KEY=value` lines into (key, value) pairs.
+pub fn env_map(output: &str) -> std::collections::BTreeMap<String, String> {
+    output
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}

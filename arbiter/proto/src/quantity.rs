@@ -1,0 +1,483 @@
+//! Values a container can ask for, and the one grammar that reads them.
+//!
+//! Configuration files, annotations and environment variables all share these
+//! parsers so `8Gi` means the same thing everywhere. Every error says which
+//! forms are accepted; the caller adds which key the value came from.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected {accepted}")]
+pub struct QuantityError {
+    /// Human-readable list of the accepted forms, for the error message.
+    pub accepted: &'static str,
+}
+
+pub const PRIORITY_FORMS: &str = "`high` or `low`";
+pub const BYTES_FORMS: &str =
+    "a byte count with an optional unit: 1073741824, 512Mi, 8Gi, 8G, 1.5Gi (units Ki Mi Gi Ti, K M G T, case-sensitive)";
+pub const MEMORY_FORMS: &str =
+    "bytes with a unit (512Mi, 8Gi, 8G, 1073741824) or a fraction of the GPU greater than 0 and at most 1 (0.4, 40%)";
+pub const FRACTION_FORMS: &str = "a fraction from 0 to 1 (0.25, 0.5, 1) or a percentage (25%)";
+pub const GPU_FORMS: &str =
+    "`count:N` (N from 1), `index:I[,J…]` (GPU indices) or `uuid:GPU-…[,GPU-…]` (GPU UUIDs)";
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    #[default]
+    Low,
+    High,
+}
+
+impl FromStr for Priority {
+    type Err = QuantityError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "high" => Ok(Priority::High),
+            "low" => Ok(Priority::Low),
+            _ => Err(QuantityError {
+                accepted: PRIORITY_FORMS,
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Priority::High => "high",
+            Priority::Low => "low",
+        })
+    }
+}
+
+/// A number of bytes; reads `512Mi`, `8Gi`, `8G`, `1073741824`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = QuantityError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_bytes(s).map(ByteSize).ok_or(QuantityError {
+            accepted: BYTES_FORMS,
+        })
+    }
+}
+
+fn parse_bytes(s: &str) -> Option<u64> {
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let multiplier: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        _ => return None,
+    };
+    if number.is_empty() || number.starts_with('.') || number.ends_with('.') {
+        return None;
+    }
+    if let Ok(whole) = number.parse::<u64>() {
+        return whole.checked_mul(multiplier);
+    }
+    // Fractional amounts (1.5Gi) only make sense with a unit, and must come out whole.
+    let value: f64 = number.parse().ok()?;
+    if unit.is_empty() || !value.is_finite() {
+        return None;
+    }
+    let bytes = value * multiplier as f64;
+    (bytes >= 0.0 && bytes < u64::MAX as f64 && bytes.fract() == 0.0).then_some(bytes as u64)
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u64); 4] = [
+            ("Ti", 1 << 40),
+            ("Gi", 1 << 30),
+            ("Mi", 1 << 20),
+            ("Ki", 1 << 10),
+        ];
+        for (name, size) in UNITS {
+            if self.0 >= size && self.0.is_multiple_of(size) {
+                return write!(f, "{}{}", self.0 / size, name);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    /// Accepts a plain integer or a string with a unit, so configuration files can say `"16Gi"`.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Text(t) => t.parse().map_err(|e: QuantityError| {
+                serde::de::Error::custom(format!("invalid size {t:?}: {e}"))
+            }),
+        }
+    }
+}
+
+/// A number in [0, 1]: a compute share, or a fraction of a GPU's memory.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
+pub struct Fraction(f64);
+
+impl Fraction {
+    pub const ZERO: Fraction = Fraction(0.0);
+    pub const ONE: Fraction = Fraction(1.0);
+
+    pub fn new(value: f64) -> Option<Fraction> {
+        (value.is_finite() && (0.0..=1.0).contains(&value)).then_some(Fraction(value))
+    }
+
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl FromStr for Fraction {
+    type Err = QuantityError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = QuantityError {
+            accepted: FRACTION_FORMS,
+        };
+        let value = match s.strip_suffix('%') {
+            Some(percent) => plain_decimal(percent).ok_or(err.clone())? / 100.0,
+            None => plain_decimal(s).ok_or(err.clone())?,
+        };
+        Fraction::new(value).ok_or(err)
+    }
+}
+
+/// Rust's float parser also takes `inf`, `NaN` and `1e-3`; requests are plain decimals.
+fn plain_decimal(s: &str) -> Option<f64> {
+    let ok = !s.is_empty()
+        && s.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && s.chars().filter(|&c| c == '.').count() <= 1
+        && s != ".";
+    ok.then(|| s.parse().ok()).flatten()
+}
+
+impl fmt::Display for Fraction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// How much GPU memory a container asks for. Serialised in its text form
+/// (`"16Gi"`, `"0.25"`), the same one users write.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MemoryRequest {
+    Bytes(u64),
+    /// Of the chosen GPU's total memory; resolved to bytes by the arbiter at placement.
+    Fraction(Fraction),
+}
+
+impl MemoryRequest {
+    /// Bytes on a GPU with `total` bytes of memory.
+    pub fn resolve(self, total: u64) -> u64 {
+        match self {
+            MemoryRequest::Bytes(b) => b,
+            MemoryRequest::Fraction(f) => (f.get() * total as f64) as u64,
+        }
+    }
+}
+
+impl FromStr for MemoryRequest {
+    type Err = QuantityError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = QuantityError {
+            accepted: MEMORY_FORMS,
+        };
+        // `0.4` and `40%` are fractions; an integer or anything with a unit is bytes.
+        let looks_fractional = s.ends_with('%')
+            || (s.contains('.') && s.chars().all(|c| c.is_ascii_digit() || c == '.'));
+        if looks_fractional {
+            let fraction: Fraction = s.parse().map_err(|_| err.clone())?;
+            if fraction.get() <= 0.0 {
+                return Err(err);
+            }
+            return Ok(MemoryRequest::Fraction(fraction));
+        }
+        match s.parse::<ByteSize>() {
+            Ok(ByteSize(0)) | Err(_) => Err(err),
+            Ok(ByteSize(b)) => Ok(MemoryRequest::Bytes(b)),
+        }
+    }
+}
+
+impl fmt::Display for MemoryRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryRequest::Bytes(b) => write!(f, "{}", ByteSize(*b)),
+            // `{:?}` always keeps the decimal point, so 1.0 cannot read back as one byte.
+            MemoryRequest::Fraction(x) => write!(f, "{:?}", x.get()),
+        }
+    }
+}
+
+impl Serialize for MemoryRequest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MemoryRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|e: QuantityError| {
+            serde::de::Error::custom(format!("invalid memory amount {text:?}: {e}"))
+        })
+    }
+}
+
+/// Which GPUs a container asks for. UUIDs are the stable identity; indices can
+/// change when the driver reloads (Xiao et al.), so leases always record UUIDs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuSelector {
+    Count(u32),
+    Index(Vec<u32>),
+    Uuid(Vec<String>),
+}
+
+impl Default for GpuSelector {
+    fn default() -> Self {
+        GpuSelector::Count(1)
+    }
+}
+
+impl GpuSelector {
+    pub fn gpu_count(&self) -> usize {
+        match self {
+            GpuSelector::Count(n) => *n as usize,
+            GpuSelector::Index(v) => v.len(),
+            GpuSelector::Uuid(v) => v.len(),
+        }
+    }
+}
+
+impl FromStr for GpuSelector {
+    type Err = QuantityError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = QuantityError {
+            accepted: GPU_FORMS,
+        };
+        let (kind, list) = s.split_once(':').ok_or(err.clone())?;
+        let items: Vec<&str> = list.split(',').collect();
+        if items.iter().any(|i| i.is_empty()) {
+            return Err(err);
+        }
+        let selector = match kind {
+            "count" if items.len() == 1 => GpuSelector::Count(
+                items[0]
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u32| n >= 1)
+                    .ok_or(err.clone())?,
+            ),
+            "index" => GpuSelector::Index(
+                items
+                    .iter()
+                    .map(|i| i.parse::<u32>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| err.clone())?,
+            ),
+            "uuid" if items.iter().all(|u| is_gpu_uuid(u)) => {
+                GpuSelector::Uuid(items.iter().map(|u| u.to_string()).collect())
+            }
+            _ => return Err(err),
+        };
+        let unique = match &selector {
+            GpuSelector::Index(v) => {
+                v.iter().collect::<std::collections::BTreeSet<_>>().len() == v.len()
+            }
+            GpuSelector::Uuid(v) => {
+                v.iter().collect::<std::collections::BTreeSet<_>>().len() == v.len()
+            }
+            GpuSelector::Count(_) => true,
+        };
+        unique.then_some(selector).ok_or(err)
+    }
+}
+
+/// NVIDIA's form: `GPU-` then a UUID (MIG devices, `MIG-…`, are not shared by gpushare).
+fn is_gpu_uuid(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("GPU-") else {
+        return false;
+    };
+    let groups: Vec<&str> = rest.split('-').collect();
+    let lengths = [8, 4, 4, 4, 12];
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip(lengths)
+            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+impl fmt::Display for GpuSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuSelector::Count(n) => write!(f, "count:{n}"),
+            GpuSelector::Index(v) => {
+                let list: Vec<String> = v.iter().map(|i| i.to_string()).collect();
+                write!(f, "index:{}", list.join(","))
+            }
+            GpuSelector::Uuid(v) => write!(f, "uuid:{}", v.join(",")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_table() {
+        let cases: &[(&str, Option<u64>)] = &[
+            ("1073741824", Some(1 << 30)),
+            ("512Mi", Some(512 << 20)),
+            ("8Gi", Some(8 << 30)),
+            ("8G", Some(8_000_000_000)),
+            ("1.5Gi", Some(3 << 29)),
+            ("1Ti", Some(1 << 40)),
+            ("0", Some(0)),
+            ("lots", None),
+            ("8gi", None),
+            ("8 Gi", None),
+            ("-1Gi", None),
+            ("1.5", None),
+            (".5Gi", None),
+            ("", None),
+            ("Gi", None),
+            ("99999999999999999999", None),
+            ("20000000Ti", None),
+            ("0.3Ki", None),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                input.parse::<ByteSize>().ok().map(|b| b.0),
+                *want,
+                "input {input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn memory_request_table() {
+        let f = |x| MemoryRequest::Fraction(Fraction::new(x).unwrap());
+        let cases: &[(&str, Option<MemoryRequest>)] = &[
+            ("1Gi", Some(MemoryRequest::Bytes(1 << 30))),
+            ("0.4", Some(f(0.4))),
+            ("40%", Some(f(0.4))),
+            ("100%", Some(f(1.0))),
+            ("1.0", Some(f(1.0))),
+            ("1", Some(MemoryRequest::Bytes(1))),
+            ("0", None),
+            ("0.0", None),
+            ("0%", None),
+            ("1.5", None),
+            ("150%", None),
+            ("lots", None),
+            ("NaN", None),
+            ("inf", None),
+            ("1e3", None),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                input.parse::<MemoryRequest>().ok(),
+                *want,
+                "input {input:?}"
+            );
+        }
+        assert_eq!(f(0.25).resolve(16 << 30), 4 << 30);
+    }
+
+    #[test]
+    fn fraction_and_priority_table() {
+        assert_eq!("0.5".parse::<Fraction>().unwrap().get(), 0.5);
+        assert_eq!("25%".parse::<Fraction>().unwrap().get(), 0.25);
+        assert_eq!("0".parse::<Fraction>().unwrap().get(), 0.0);
+        for bad in ["1.01", "-0.1", "half", "NaN", "", "%", "1e-1"] {
+            assert!(bad.parse::<Fraction>().is_err(), "{bad:?}");
+        }
+        assert_eq!("high".parse::<Priority>(), Ok(Priority::High));
+        assert_eq!("low".parse::<Priority>(), Ok(Priority::Low));
+        assert!("High".parse::<Priority>().is_err());
+    }
+
+    #[test]
+    fn gpu_selector_table() {
+        let uuid = "GPU-51a6d0e0-0000-4000-8000-000000000001";
+        let cases: Vec<(String, Option<GpuSelector>)> = vec![
+            ("count:1".into(), Some(GpuSelector::Count(1))),
+            ("count:2".into(), Some(GpuSelector::Count(2))),
+            ("index:0,3".into(), Some(GpuSelector::Index(vec![0, 3]))),
+            (
+                format!("uuid:{uuid}"),
+                Some(GpuSelector::Uuid(vec![uuid.into()])),
+            ),
+            ("count:0".into(), None),
+            ("count:1,2".into(), None),
+            ("index:".into(), None),
+            ("index:0,0".into(), None),
+            ("index:a".into(), None),
+            ("uuid:GPU-123".into(), None),
+            (format!("uuid:{uuid},{uuid}"), None),
+            ("2".into(), None),
+            ("all".into(), None),
+        ];
+        for (input, want) in cases {
+            assert_eq!(input.parse::<GpuSelector>().ok(), want, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in ["512Mi", "8Gi", "1000"] {
+            assert_eq!(s.parse::<ByteSize>().unwrap().to_string(), s);
+        }
+        for s in ["0.4", "1.0", "0.25", "512Mi", "1"] {
+            let m: MemoryRequest = s.parse().unwrap();
+            assert_eq!(m.to_string().parse::<MemoryRequest>().unwrap(), m, "{s}");
+            let json = serde_json::to_string(&m).unwrap();
+            assert_eq!(
+                serde_json::from_str::<MemoryRequest>(&json).unwrap(),
+                m,
+                "{json}"
+            );
+        }
+        for s in [
+            "count:3",
+            "index:1,2",
+            "uuid:GPU-51a6d0e0-0000-4000-8000-000000000001",
+        ] {
+            assert_eq!(s.parse::<GpuSelector>().unwrap().to_string(), s);
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Reading just enough of a runc command line to act on it.
+//!
+//! The wrapper must never break a container over a flag it does not need to
+//! understand, so this is not a full parser (youki's liboci-cli rejects flags runc
+//! accepts, such as `--rootless`, `--criu` and runc 1.2's `--pidfd-socket`). It
+//! knows which of runc's flags take a value, so it can step over them, finds the
+//! subcommand and the few values gpushare needs, and the wrapper passes the whole
+//! command line on untouched. runc (urfave/cli) accepts `-flag` and `--flag`, with
+//! the value either separate or after `=`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Global flags of runc that take a value.
+const GLOBAL_VALUE_FLAGS: &[&str] = &["root", "log", "log-format", "criu", "rootless"];
+/// Flags of `create`, `run` and `exec` that take a value.
+const COMMAND_VALUE_FLAGS: &[&str] = &[
+    "bundle",
+    "b",
+    "console-socket",
+    "pid-file",
+    "preserve-fds",
+    "pidfd-socket",
+    "cwd",
+    "env",
+    "e",
+    "user",
+    "u",
+    "additional-gids",
+    "g",
+    "process",
+    "p",
+    "process-label",
+    "apparmor",
+    "cap",
+    "c",
+    "cgroup",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Invocation {
+    pub subcommand: Option<String>,
+    pub container_id: Option<String>,
+    /// `--bundle`; runc's default is the working directory.
+    pub bundle: Option<PathBuf>,
+    /// `exec --process`.
+    pub process: Option<PathBuf>,
+    /// `--log`: where containerd's shim looks for runc's last error.
+    pub log: Option<PathBuf>,
+    pub log_format_json: bool,
+}
+
+/// `args` excludes the program name.
+pub fn scan(args: &[OsString]) -> Invocation {
+    let mut inv = Invocation::default();
+    let mut i = 0;
+    let mut in_command = false;
+    while i < args.len() {
+        let arg = args[i].to_string_lossy();
+        if arg == "--" {
+            if in_command && inv.container_id.is_none() {
+                inv.container_id = args.get(i + 1).map(|a| a.to_string_lossy().into_owned());
+            }
+            break;
+        }
+        if let Some(flag) = arg
+            .strip_prefix("--")
+            .or_else(|| arg.strip_prefix('-'))
+            .filter(|f| !f.is_empty())
+        {
+            let (name, inline) = match flag.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_owned())),
+                None => (flag, None),
+            };
+            let takes_value = if in_command {
+                COMMAND_VALUE_FLAGS.contains(&name)
+            } else {
+                GLOBAL_VALUE_FLAGS.contains(&name)
+            };
+            let mut value = inline;
+            if takes_value && value.is_none() {
+                i += 1;
+                value = args.get(i).map(|a| a.to_string_lossy().into_owned());
+            }
+            match (in_command, name, value) {
+                (false, "log", Some(v)) => inv.log = Some(v.into()),
+                (false, "log-format", Some(v)) => inv.log_format_json = v == "json",
+                (true, "bundle" | "b", Some(v)) => inv.bundle = Some(v.into()),
+                (true, "process" | "p", Some(v)) => inv.process = Some(v.into()),
+                _ => {}
+            }
+        } else if !in_command {
+            inv.subcommand = Some(arg.into_owned());
+            in_command = true;
+        } else if inv.container_id.is_none() {
+            inv.container_id = Some(arg.into_owned());
+            // exec's command and its arguments follow; they are not ours to read.
+            if inv.subcommand.as_deref() == Some("exec") {
+                break;
+            }
+        }
+        i += 1;
+    }
+    inv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan_str(line: &str) -> Invocation {
+        scan(
+            &line
+                .split_whitespace()
+                .map(OsString::from)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn containerd_shim_create() {
+        let inv = scan_str(
+            "--root /run/docker/runtime-runc/moby --log /b/log.json --log-format json --systemd-cgroup \
+             create --bundle /b --pid-file /b/init.pid --console-socket /tmp/pty.sock abc123",
+        );
+        assert_eq!(inv.subcommand.as_deref(), Some("create"));
+        assert_eq!(inv.container_id.as_deref(), Some("abc123"));
+        assert_eq!(inv.bundle, Some(PathBuf::from("/b")));
+        assert_eq!(inv.log, Some(PathBuf::from("/b/log.json")));
+        assert!(inv.log_format_json);
+    }
+
+    #[test]
+    fn go_style_single_dash_and_equals() {
+        let inv = scan_str("-root=/r -debug create -b=/x -no-pivot id1");
+        assert_eq!(inv.subcommand.as_deref(), Some("create"));
+        assert_eq!(inv.bundle, Some(PathBuf::from("/x")));
+        assert_eq!(inv.container_id.as_deref(), Some("id1"));
+    }
+
+    #[test]
+    fn unknown_boolean_flags_are_stepped_over() {
+        let inv = scan_str(
+            "--rootless false --criu /usr/sbin/criu create --no-new-keyring --pidfd-socket /s c9",
+        );
+        assert_eq!(inv.container_id.as_deref(), Some("c9"));
+        assert_eq!(inv.bundle, None);
+    }
+
+    #[test]
+    fn exec_stops_at_the_command() {
+        let inv =
+            scan_str("--root /r exec --process /tmp/p.json -d --pid-file /p cid sh -c --bundle");
+        assert_eq!(inv.subcommand.as_deref(), Some("exec"));
+        assert_eq!(inv.process, Some(PathBuf::from("/tmp/p.json")));
+        assert_eq!(inv.container_id.as_deref(), Some("cid"));
+        assert_eq!(inv.bundle, None);
+    }
+
+    #[test]
+    fn other_subcommands_and_empty() {
+        assert_eq!(
+            scan_str("--root /r delete --force abc")
+                .subcommand
+                .as_deref(),
+            Some("delete")
+        );
+        assert_eq!(scan_str("--version").subcommand, None);
+        assert_eq!(scan_str(""), Invocation::default());
+    }
+}

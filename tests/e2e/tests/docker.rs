@@ -1,0 +1,178 @@
+//! docker 20.10 (Debian's) with gpushare-runc as a path runtime, in a private dockerd.
+
+use std::time::Duration;
+
+use gpushare_e2e::*;
+
+#[test]
+fn docker_run_gets_lease_environment_and_releases_on_exit() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+
+    let id = docker
+        .ok(&[
+            "run",
+            "-d",
+            "--runtime",
+            "gpushare",
+            "-e",
+            "GPUSHARE_MEMORY=1Gi",
+            IMAGE,
+            "sh",
+            "-c",
+            "env; ls /run/gpushare /usr/local/gpushare; sleep 600",
+        ])
+        .trim()
+        .to_owned();
+    let mut logs = String::new();
+    wait_until(
+        "the container to print its environment",
+        Duration::from_secs(20),
+        || {
+            logs = docker.ok(&["logs", &id]);
+            logs.contains("GPUSHARE_LEASE=")
+        },
+    );
+    let env = env_map(&logs);
+
+    let leases = arbiter.leases();
+    assert_eq!(
+        leases.len(),
+        1,
+        "exactly one lease while the container runs: {leases:?}"
+    );
+    let lease = &leases[0];
+    assert_eq!(lease["container_id"], id.as_str());
+    assert_eq!(lease["memory_bytes"], 1u64 << 30);
+    assert_eq!(
+        lease["state"], "confirmed",
+        "the createRuntime hook confirmed it"
+    );
+    assert!(lease["pid"].as_u64().unwrap() > 1);
+    let gpu = lease["gpus"][0].as_str().unwrap();
+    assert!(gpu == sim_uuid(0) || gpu == sim_uuid(1), "{gpu}");
+
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], gpu);
+    assert_eq!(env["GPUSHARE_LEASE"], lease["id"].as_str().unwrap());
+    assert_eq!(env["LD_PRELOAD"], "/usr/local/gpushare/libgpushare.so");
+    assert_eq!(env["NVIDIA_DRIVER_CAPABILITIES"], "compute,utility");
+    assert_eq!(env["GPUSHARE_QUOTA_MEMORY"], (1u64 << 30).to_string());
+    assert!(
+        logs.contains("libgpushare.so"),
+        "the library is mounted: {logs}"
+    );
+
+    docker.ok(&["rm", "-f", &id]);
+    wait_until("the lease to be released", Duration::from_secs(15), || {
+        arbiter.leases().is_empty()
+    });
+    assert_eq!(
+        arbiter.lease_dirs(),
+        0,
+        "the lease directory is removed with the lease"
+    );
+
+    // A container that runs to completion releases its lease too.
+    let out = docker.ok(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "gpushare",
+        "-e",
+        "GPUSHARE_MEMORY=512Mi",
+        "-e",
+        "GPUSHARE_PRIORITY=high",
+        IMAGE,
+        "env",
+    ]);
+    let env = env_map(&out);
+    assert_eq!(env["GPUSHARE_QUOTA_PRIORITY"], "high");
+    assert!(env["NVIDIA_VISIBLE_DEVICES"].starts_with("GPU-"));
+    wait_until(
+        "the lease of the finished container to be released",
+        Duration::from_secs(15),
+        || arbiter.leases().is_empty(),
+    );
+}
+
+#[test]
+fn container_without_request_passes_through_unchanged() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+
+    let through_gpushare = env_map(&docker.ok(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "gpushare",
+        "--hostname",
+        "h",
+        IMAGE,
+        "env",
+    ]));
+    let through_runc = env_map(&docker.ok(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "runc",
+        "--hostname",
+        "h",
+        IMAGE,
+        "env",
+    ]));
+    assert_eq!(through_gpushare, through_runc);
+    assert!(!through_gpushare.contains_key("NVIDIA_VISIBLE_DEVICES"));
+
+    // The spec the runtime received carries no trace of gpushare.
+    let id = docker
+        .ok(&["run", "-d", "--runtime", "gpushare", IMAGE, "sleep", "600"])
+        .trim()
+        .to_owned();
+    let spec = docker.bundle_config(&id).to_string();
+    assert!(!spec.contains("gpushare"), "spec was edited: {spec}");
+    assert!(!spec.contains("LD_PRELOAD"));
+    assert!(
+        arbiter.leases().is_empty(),
+        "no lease for a container that asked for nothing"
+    );
+    docker.ok(&["rm", "-f", &id]);
+}
+
+#[test]
+fn bad_memory_value_fails_the_run_with_a_clear_error_and_no_lease() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+
+    let out = docker.docker(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "gpushare",
+        "-e",
+        "GPUSHARE_MEMORY=lots",
+        IMAGE,
+        "true",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("GPUSHARE_MEMORY"),
+        "names the variable: {stderr}"
+    );
+    assert!(
+        stderr.contains("\\\"lots\\\"") || stderr.contains("\"lots\""),
+        "names the value: {stderr}"
+    );
+    assert!(
+        stderr.contains("512Mi") && stderr.contains("40%"),
+        "lists the accepted forms: {stderr}"
+    );
+    assert!(arbiter.leases().is_empty());
+    assert_eq!(arbiter.lease_dirs(), 0);
+}
