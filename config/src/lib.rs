@@ -336,3 +336,71 @@ mod tests {
         assert!(Config::load(&dir.path().join("absent.toml")).is_err());
     }
 }
+
+/// The ready-made snippets users copy must stay well-formed and agree with the
+/// defaults (install paths, runtime name, annotation patterns).
+#[cfg(test)]
+mod snippet_tests {
+    use std::path::Path;
+
+    fn read(rel: &str) -> String {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap()
+    }
+
+    #[test]
+    fn containerd_snippets() {
+        for (file, plugin) in [
+            ("containerd/config-v2.toml", "io.containerd.grpc.v1.cri"),
+            ("containerd/config-v3.toml", "io.containerd.cri.v1.runtime"),
+        ] {
+            let doc: toml::Value = toml::from_str(&read(file)).unwrap();
+            let runtime = &doc["plugins"][plugin]["containerd"]["runtimes"]["gpushare"];
+            assert_eq!(
+                runtime["pod_annotations"][0].as_str(),
+                Some("gpushare.io/*"),
+                "{file}"
+            );
+            assert_eq!(
+                runtime["container_annotations"][0].as_str(),
+                Some("gpushare.io/*"),
+                "{file}"
+            );
+            assert_eq!(
+                runtime["options"]["BinaryName"].as_str(),
+                Some("/usr/local/bin/gpushare-runc"),
+                "{file}"
+            );
+        }
+    }
+
+    #[test]
+    fn docker_and_hook_snippets() {
+        let d20: serde_json::Value =
+            serde_json::from_str(&read("docker/daemon-20.10.json")).unwrap();
+        assert_eq!(
+            d20["runtimes"]["gpushare"]["path"],
+            "/usr/local/bin/gpushare-runc"
+        );
+        let d24: serde_json::Value = serde_json::from_str(&read("docker/daemon-24.json")).unwrap();
+        assert_eq!(
+            d24["runtimes"]["gpushare"]["options"]["BinaryName"],
+            "/usr/local/bin/gpushare-runc"
+        );
+        let hook: serde_json::Value = serde_json::from_str(&read("hooks.d/gpushare.json")).unwrap();
+        assert_eq!(
+            hook["hook"]["path"],
+            crate::RuntimeConfig::default().hook.to_str().unwrap()
+        );
+        assert!(
+            hook["hook"]["timeout"].as_u64().unwrap() > 0,
+            "runc-style hooks need a timeout"
+        );
+    }
+
+    #[test]
+    fn kubernetes_snippets_name_the_runtime() {
+        assert!(read("kubernetes/runtimeclass.yaml").contains("handler: gpushare"));
+        let pod = read("kubernetes/pod.yaml");
+        assert!(pod.contains("runtimeClassName: gpushare") && pod.contains("gpushare.io/memory"));
+    }
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what the tests and the demo need, from the distribution's packages,
+# when it is missing: containerd, runc, docker.io (dockerd 20.10 on Debian 12),
+# busybox-static (the root filesystem of every test container).
+set -euo pipefail
+
+need_packages=()
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "$1" ]; }
+have /usr/bin/containerd || need_packages+=(containerd)
+have /usr/bin/ctr || need_packages+=(containerd)
+have /usr/sbin/runc || have /usr/bin/runc || need_packages+=(runc)
+have /usr/sbin/dockerd || need_packages+=(docker.io)
+have /usr/bin/docker || need_packages+=(docker.io)
+# The image's busybox must be static: the test containers hold nothing else.
+if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need_packages+=(busybox-static); fi
+have tar || need_packages+=(tar)
+
+if [ ${#need_packages[@]} -gt 0 ]; then
+  mapfile -t need_packages < <(printf '%s\n' "${need_packages[@]}" | sort -u)
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages: ${need_packages[*]}; run as root (or: apt-get install ${need_packages[*]})" >&2
+    exit 1
+  fi
+  echo "installing: ${need_packages[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_packages[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  cat >&2 <<'MSG'
+cargo not found. gpushare builds with the Rust toolchain pinned in rust-toolchain.toml;
+install rustup (https://rustup.rs, or `apt-get install rustup` on Debian 13+/Ubuntu 24.04+) and retry.
+MSG
+  exit 1
+fi
