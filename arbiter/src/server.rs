@@ -162,6 +162,14 @@ fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlResponse
             tracing::info!(%lease, existed, "released");
             ControlResponse::Released { existed }
         }),
+        ControlRequest::Bind {
+            lease,
+            container_id,
+            pid,
+        } => arbiter.bind(&lease, &container_id, pid).map(|()| {
+            tracing::info!(%lease, container = container_id, pid, "bound and confirmed");
+            ControlResponse::Confirmed
+        }),
         ControlRequest::ReleaseContainer { container_id } => {
             arbiter.release_container(&container_id).map(|existed| {
                 tracing::info!(container = container_id, existed, "released by container");

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpushare_config::ArbiterConfig;
+use gpushare_proto::message::PENDING_PREFIX;
 use gpushare_proto::{
     ErrorKind, GpuStatus, Lease, LeaseId, LeaseState, MemoryRequest, ReserveRequest, StatusReport,
 };
@@ -21,6 +22,10 @@ pub enum StateError {
     Placement(#[from] PlacementError),
     #[error("container id {0:?}: must be 1 to 1024 printable characters")]
     BadContainerId(String),
+    #[error("lease {0} is not waiting to be bound to a container")]
+    NotPending(LeaseId),
+    #[error("container {0:?} already holds a lease")]
+    AlreadyHoldsLease(String),
     #[error("container {0:?} holds no lease")]
     NoLeaseForContainer(String),
     #[error(transparent)]
@@ -36,7 +41,10 @@ impl StateError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             StateError::Placement(PlacementError::NoRoom { .. }) => ErrorKind::Unplaceable,
-            StateError::Placement(_) | StateError::BadContainerId(_) => ErrorKind::InvalidRequest,
+            StateError::Placement(_)
+            | StateError::BadContainerId(_)
+            | StateError::NotPending(_)
+            | StateError::AlreadyHoldsLease(_) => ErrorKind::InvalidRequest,
             StateError::NoLeaseForContainer(_) => ErrorKind::NotFound,
             StateError::Store(_) | StateError::LeaseDir { .. } => ErrorKind::Internal,
         }
@@ -136,6 +144,31 @@ impl Arbiter {
         if let Err(e) = self.persist() {
             let lease = self.leases.get_mut(id).expect("present above");
             (lease.state, lease.pid) = before;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Binds a pending lease (reserved by podman's precreate hook, which sees no
+    /// container id) to its container, and confirms it.
+    pub fn bind(&mut self, id: &LeaseId, container_id: &str, pid: u32) -> Result<(), StateError> {
+        let pending = self
+            .leases
+            .get(id)
+            .is_some_and(|l| l.container_id.starts_with(PENDING_PREFIX));
+        if !pending {
+            return Err(StateError::NotPending(id.clone()));
+        }
+        if self.leases.values().any(|l| l.container_id == container_id) {
+            return Err(StateError::AlreadyHoldsLease(container_id.to_owned()));
+        }
+        let lease = self.leases.get_mut(id).expect("checked above");
+        let before = lease.clone();
+        lease.container_id = container_id.to_owned();
+        lease.state = LeaseState::Confirmed;
+        lease.pid = Some(pid);
+        if let Err(e) = self.persist() {
+            self.leases.insert(id.clone(), before);
             return Err(e);
         }
         Ok(())
@@ -313,6 +346,50 @@ mod tests {
         assert_eq!(arbiter.status().leases.len(), 1);
         assert!(arbiter.release_container("c1").unwrap());
         assert!(!arbiter.release_container("c1").unwrap());
+    }
+
+    #[test]
+    fn only_a_pending_lease_can_be_bound_and_only_once() {
+        let (_dir, mut arbiter) = setup();
+        let victim = arbiter.reserve(request("victim", "1Gi")).unwrap();
+        let err = arbiter.bind(&victim.id, "attacker", 7).unwrap_err();
+        assert!(matches!(err, StateError::NotPending(_)), "{err}");
+        assert_eq!(
+            arbiter
+                .status()
+                .leases
+                .iter()
+                .find(|l| l.id == victim.id)
+                .unwrap()
+                .container_id,
+            "victim"
+        );
+
+        let pending = arbiter.reserve(request("pending:5eed", "1Gi")).unwrap();
+        let err = arbiter.bind(&pending.id, "victim", 7).unwrap_err();
+        assert!(
+            matches!(err, StateError::AlreadyHoldsLease(_)),
+            "one lease per container: {err}"
+        );
+        arbiter.bind(&pending.id, "podman-ctr", 42).unwrap();
+        let bound = arbiter
+            .status()
+            .leases
+            .into_iter()
+            .find(|l| l.id == pending.id)
+            .unwrap();
+        assert_eq!(
+            (bound.container_id.as_str(), bound.pid, bound.state),
+            ("podman-ctr", Some(42), LeaseState::Confirmed)
+        );
+        assert!(
+            matches!(
+                arbiter.bind(&pending.id, "other", 1),
+                Err(StateError::NotPending(_))
+            ),
+            "bound once"
+        );
+        assert!(arbiter.release_container("podman-ctr").unwrap());
     }
 
     #[test]

@@ -223,6 +223,23 @@ pub fn apply_to_exec_process(
     Ok(true)
 }
 
+/// Makes the container's creation fail with `message`, through a createRuntime
+/// hook that prints it and exits non-zero. For podman's precreate stage, whose
+/// hook stderr podman 4.x discards: runc does put a failing hook's stderr into
+/// its error, which podman shows. Nothing else in the spec changes.
+pub fn apply_failure(spec: &mut Value, hook: &Path, message: &str) -> Result<(), SpecError> {
+    let root = spec
+        .as_object_mut()
+        .ok_or(SpecError::NotAnObject("the spec"))?;
+    let hooks = object_mut(root, "hooks")?;
+    let hook = hook.to_string_lossy();
+    array_mut(hooks, "createRuntime")?.insert(
+        0,
+        json!({ "path": hook, "args": [hook, "fail", "--message", message], "timeout": 5 }),
+    );
+    Ok(())
+}
+
 /// For containers without a request when the policy is `void`: images that bake
 /// in `NVIDIA_VISIBLE_DEVICES=all` would otherwise see every GPU of the node.
 pub fn apply_void(spec: &mut Value) -> Result<(), SpecError> {
@@ -456,6 +473,19 @@ mod tests {
         let mut untouched = json!({"env": ["PATH=/bin"]});
         assert!(!apply_to_exec_process(&mut untouched, &unmarked).unwrap());
         assert_eq!(untouched, json!({"env": ["PATH=/bin"]}));
+    }
+
+    #[test]
+    fn failure_hook_runs_first_and_changes_nothing_else() {
+        let mut spec =
+            json!({"process": {"env": ["A=1"]}, "hooks": {"createRuntime": [{"path": "/other"}]}});
+        apply_failure(&mut spec, Path::new("/h"), "bad request").unwrap();
+        assert_eq!(
+            spec["hooks"]["createRuntime"][0]["args"],
+            json!(["/h", "fail", "--message", "bad request"])
+        );
+        assert_eq!(spec["hooks"]["createRuntime"][1]["path"], "/other");
+        assert_eq!(spec["process"], json!({"env": ["A=1"]}));
     }
 
     #[test]
