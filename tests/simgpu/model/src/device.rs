@@ -64,6 +64,8 @@ pub struct EventState {
     pub recorded: bool,
     pub complete: bool,
     pub completed_at_ns: u64,
+    /// Completion count the context must reach for the event to be complete.
+    pub recorded_count: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -674,6 +676,7 @@ impl Locked<'_> {
             recorded: slot.recorded_count > 0,
             complete: done >= slot.recorded_count,
             completed_at_ns: slot.completed_at_ns,
+            recorded_count: slot.recorded_count,
         })
     }
 
