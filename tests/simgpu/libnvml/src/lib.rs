@@ -100,8 +100,13 @@ fn with_device<T>(f: impl FnOnce(&Device) -> Result<T, NvmlReturn>) -> Result<T,
 }
 
 fn gpu_of(device: NvmlDevice, d: &Device) -> Result<u32, NvmlReturn> {
-    let index = device.checked_sub(DEVICE_TAG).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-    u32::try_from(index).ok().filter(|i| *i < d.config().gpus).ok_or(NVML_ERROR_INVALID_ARGUMENT)
+    let index = device
+        .checked_sub(DEVICE_TAG)
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    u32::try_from(index)
+        .ok()
+        .filter(|i| *i < d.config().gpus)
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)
 }
 
 /// # Safety
@@ -162,7 +167,10 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
             None => {
                 let config = SimConfig::from_env().map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
                 let device = Device::open(&config).map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
-                *lib = Some(Library { device, init_count: 1 });
+                *lib = Some(Library {
+                    device,
+                    init_count: 1,
+                });
             }
         }
         Ok(())
@@ -198,7 +206,10 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     guard(|| {
         let text = with_device(|d| Ok(driver_version_string(d.config().cuda_version)))?;
         // SAFETY: caller buffer of `len` bytes.
@@ -209,7 +220,12 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, len: c
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, len: c_uint) -> NvmlReturn {
     guard(|| {
-        let text = with_device(|d| Ok(format!("12.{}", driver_version_string(d.config().cuda_version))))?;
+        let text = with_device(|d| {
+            Ok(format!(
+                "12.{}",
+                driver_version_string(d.config().cuda_version)
+            ))
+        })?;
         // SAFETY: caller buffer of `len` bytes.
         unsafe { write_string(version, len, &text) }
     })
@@ -240,24 +256,36 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut NvmlDevice) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
     guard(|| {
-        let handle = with_device(|d| gpu_of(DEVICE_TAG + index as usize, d).map(|g| DEVICE_TAG + g as usize))?;
+        let handle = with_device(|d| {
+            gpu_of(DEVICE_TAG + index as usize, d).map(|g| DEVICE_TAG + g as usize)
+        })?;
         // SAFETY: out-parameter.
         unsafe { write_out(device, handle) }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut NvmlDevice) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
     guard(|| {
         if uuid.is_null() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
         // SAFETY: NUL-terminated string per the API contract.
-        let wanted = unsafe { CStr::from_ptr(uuid) }.to_str().map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+        let wanted = unsafe { CStr::from_ptr(uuid) }
+            .to_str()
+            .map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
         let gpus = with_device(|d| Ok(d.config().gpus))?;
-        let gpu = (0..gpus).find(|i| simgpu_model::gpu_uuid(*i) == wanted).ok_or(NVML_ERROR_NOT_FOUND)?;
+        let gpu = (0..gpus)
+            .find(|i| simgpu_model::gpu_uuid(*i) == wanted)
+            .ok_or(NVML_ERROR_NOT_FOUND)?;
         // SAFETY: out-parameter.
         unsafe { write_out(device, DEVICE_TAG + gpu as usize) }
     })
@@ -273,7 +301,11 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_ui
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(device: NvmlDevice, uuid: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: NvmlDevice,
+    uuid: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     guard(|| {
         let gpu = with_device(|d| gpu_of(device, d))?;
         // SAFETY: caller buffer of `len` bytes.
@@ -282,7 +314,11 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(device: NvmlDevice, uuid: *mut c_char
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetName(device: NvmlDevice, name: *mut c_char, len: c_uint) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: NvmlDevice,
+    name: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
     guard(|| {
         with_device(|d| gpu_of(device, d))?;
         // SAFETY: caller buffer of `len` bytes.
@@ -299,20 +335,32 @@ fn snapshot(device: NvmlDevice) -> Result<simgpu_model::device::GpuSnapshot, Nvm
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: NvmlDevice, memory: *mut NvmlMemory) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: NvmlDevice,
+    memory: *mut NvmlMemory,
+) -> NvmlReturn {
     guard(|| {
         let s = snapshot(device)?;
-        let info = NvmlMemory { total: s.memory_total, free: s.memory_total - s.memory_used, used: s.memory_used };
+        let info = NvmlMemory {
+            total: s.memory_total,
+            free: s.memory_total - s.memory_used,
+            used: s.memory_used,
+        };
         // SAFETY: out-parameter.
         unsafe { write_out(memory, info) }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: NvmlDevice,
+    memory: *mut NvmlMemoryV2,
+) -> NvmlReturn {
     guard(|| {
         // SAFETY: a caller-initialised nvmlMemory_v2_t per the API contract (NULL rejected).
-        let version = unsafe { memory.as_ref() }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?.version;
+        let version = unsafe { memory.as_ref() }
+            .ok_or(NVML_ERROR_INVALID_ARGUMENT)?
+            .version;
         if version != MEMORY_V2_VERSION {
             return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
@@ -332,11 +380,22 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory: 
 /// GPU utilisation is the model's busy time over the last second; memory-bandwidth
 /// utilisation is not modelled and reads 0.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: NvmlDevice, util: *mut NvmlUtilization) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: NvmlDevice,
+    util: *mut NvmlUtilization,
+) -> NvmlReturn {
     guard(|| {
         let s = snapshot(device)?;
         // SAFETY: out-parameter.
-        unsafe { write_out(util, NvmlUtilization { gpu: s.utilization_percent, memory: 0 }) }
+        unsafe {
+            write_out(
+                util,
+                NvmlUtilization {
+                    gpu: s.utilization_percent,
+                    memory: 0,
+                },
+            )
+        }
     })
 }
 
@@ -411,7 +470,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     guard(|| {
         let v1 = running_processes(device)?
             .into_iter()
-            .map(|p| NvmlProcessInfoV1 { pid: p.pid, used_gpu_memory: p.used_gpu_memory })
+            .map(|p| NvmlProcessInfoV1 {
+                pid: p.pid,
+                used_gpu_memory: p.used_gpu_memory,
+            })
             .collect();
         // SAFETY: the caller's buffers per the API contract.
         unsafe { fill(count, infos, v1) }

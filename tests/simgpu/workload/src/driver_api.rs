@@ -11,7 +11,8 @@ pub const CUDA_VERSION: c_int = 12040;
 pub const PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 
 pub type CuResult = c_int;
-type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
+type GetProcAddress =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -20,7 +21,11 @@ pub enum LoadError {
     #[error("libcuda.so.1 has no cuGetProcAddress_v2")]
     NoGetProcAddress,
     #[error("cuGetProcAddress_v2({name}) failed with {code} (status {status})")]
-    Missing { name: &'static str, code: c_int, status: c_int },
+    Missing {
+        name: &'static str,
+        code: c_int,
+        status: c_int,
+    },
 }
 
 /// The entry points the workload uses, with the signatures of CUDA 12.4's cudaTypedefs.h.
@@ -56,6 +61,8 @@ pub struct Driver {
 }
 
 impl Driver {
+    // Each transmute's target is the struct field it initialises, which spells the signature.
+    #[allow(clippy::missing_transmute_annotations)]
     pub fn load(per_thread_default_stream: bool) -> Result<Driver, LoadError> {
         let name = CString::new("libcuda.so.1").expect("no NUL");
         // SAFETY: dlopen/dlsym with valid NUL-terminated strings; the handle is never closed, so
@@ -64,7 +71,11 @@ impl Driver {
             let handle = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
             if handle.is_null() {
                 let err = libc::dlerror();
-                let text = if err.is_null() { String::new() } else { std::ffi::CStr::from_ptr(err).to_string_lossy().into() };
+                let text = if err.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(err).to_string_lossy().into()
+                };
                 return Err(LoadError::Open(text));
             }
             let sym = libc::dlsym(handle, c"cuGetProcAddress_v2".as_ptr());
@@ -73,7 +84,11 @@ impl Driver {
             }
             std::mem::transmute::<*mut c_void, GetProcAddress>(sym)
         };
-        let flags = if per_thread_default_stream { PER_THREAD_DEFAULT_STREAM } else { 0 };
+        let flags = if per_thread_default_stream {
+            PER_THREAD_DEFAULT_STREAM
+        } else {
+            0
+        };
         let resolve = |name: &'static str| -> Result<*mut c_void, LoadError> {
             let c = CString::new(name).expect("no NUL");
             let (mut pfn, mut status) = (std::ptr::null_mut(), -1);
@@ -119,6 +134,8 @@ impl Driver {
             return format!("CUDA_ERROR_{code}");
         }
         // SAFETY: non-null static NUL-terminated string from the driver.
-        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
     }
 }

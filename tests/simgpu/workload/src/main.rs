@@ -50,7 +50,10 @@ struct Report {
 impl Report {
     fn check(&mut self, driver: &Driver, what: &str, code: driver_api::CuResult) -> bool {
         if code != 0 {
-            *self.errors.entry(format!("{what}: {}", driver.error_name(code))).or_default() += 1;
+            *self
+                .errors
+                .entry(format!("{what}: {}", driver.error_name(code)))
+                .or_default() += 1;
         }
         code == 0
     }
@@ -93,20 +96,30 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
     let setup = unsafe {
         report.check(d, "cuInit", (d.init)(0))
             && report.check(d, "cuDeviceGet", (d.device_get)(&mut dev, o.device))
-            && report.check(d, "cuDevicePrimaryCtxRetain", (d.primary_ctx_retain)(&mut ctx, dev))
+            && report.check(
+                d,
+                "cuDevicePrimaryCtxRetain",
+                (d.primary_ctx_retain)(&mut ctx, dev),
+            )
             && report.check(d, "cuCtxSetCurrent", (d.ctx_set_current)(ctx))
             && {
                 let mut module = 0usize;
-                report.check(d, "cuModuleLoadData", (d.module_load_data)(&mut module, c"simgpu".as_ptr().cast()))
-                    && report.check(
-                        d,
-                        "cuModuleGetFunction",
-                        (d.module_get_function)(&mut function, module, c"simgpu_kernel".as_ptr()),
-                    )
+                report.check(
+                    d,
+                    "cuModuleLoadData",
+                    (d.module_load_data)(&mut module, c"simgpu".as_ptr().cast()),
+                ) && report.check(
+                    d,
+                    "cuModuleGetFunction",
+                    (d.module_get_function)(&mut function, module, c"simgpu_kernel".as_ptr()),
+                )
             }
     };
     if !setup {
-        return (json!({"simulated": true, "fatal": "setup failed", "errors": report.errors}), false);
+        return (
+            json!({"simulated": true, "fatal": "setup failed", "errors": report.errors}),
+            false,
+        );
     }
     let mut allocations = Vec::new();
     let mut allocate = |report: &mut Report, bytes: u64| {
@@ -139,8 +152,12 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         unsafe {
             match o.sync {
                 SyncStyle::Context => report.check(d, "cuCtxSynchronize", (d.ctx_synchronize)()),
-                SyncStyle::Stream => report.check(d, "cuStreamSynchronize", (d.stream_synchronize)(0)),
-                SyncStyle::Event => report.check(d, "cuEventSynchronize", (d.event_synchronize)(event)),
+                SyncStyle::Stream => {
+                    report.check(d, "cuStreamSynchronize", (d.stream_synchronize)(0))
+                }
+                SyncStyle::Event => {
+                    report.check(d, "cuEventSynchronize", (d.event_synchronize)(event))
+                }
             }
         };
     };
@@ -149,16 +166,19 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
     let mut in_flight: VecDeque<(Instant, usize)> = VecDeque::new();
     let mut latencies_ms = Vec::new();
     let (mut iterations, mut kernels, mut kernel_ns) = (0u64, 0u64, 0u64);
-    let finish_oldest = |report: &mut Report, in_flight: &mut VecDeque<(Instant, usize)>, lat: &mut Vec<f64>| {
-        if let Some((began, event)) = in_flight.pop_front() {
-            sync(report, event);
-            lat.push(began.elapsed().as_secs_f64() * 1e3);
-            // SAFETY: see above.
-            unsafe { (d.event_destroy)(event) };
-        }
-    };
+    let finish_oldest =
+        |report: &mut Report, in_flight: &mut VecDeque<(Instant, usize)>, lat: &mut Vec<f64>| {
+            if let Some((began, event)) = in_flight.pop_front() {
+                sync(report, event);
+                lat.push(began.elapsed().as_secs_f64() * 1e3);
+                // SAFETY: see above.
+                unsafe { (d.event_destroy)(event) };
+            }
+        };
     loop {
-        if o.iterations.is_some_and(|n| iterations >= n) || deadline.is_some_and(|t| Instant::now() >= t) {
+        if o.iterations.is_some_and(|n| iterations >= n)
+            || deadline.is_some_and(|t| Instant::now() >= t)
+        {
             break;
         }
         allocate(&mut report, o.memory_growth);
@@ -168,7 +188,19 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
             let mut params = [&mut duration as *mut u64 as *mut libc::c_void];
             // SAFETY: see above; params[0] points at the u64 duration simgpu_kernel takes.
             let launched = unsafe {
-                (d.launch_kernel)(function, 1, 1, 1, 32, 1, 1, 0, 0, params.as_mut_ptr(), std::ptr::null_mut())
+                (d.launch_kernel)(
+                    function,
+                    1,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    0,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
             };
             if report.check(d, "cuLaunchKernel", launched) {
                 kernels += 1;
@@ -204,7 +236,11 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
     }
     let mut sorted = latencies_ms.clone();
     sorted.sort_by(f64::total_cmp);
-    let mean = if sorted.is_empty() { 0.0 } else { sorted.iter().sum::<f64>() / sorted.len() as f64 };
+    let mean = if sorted.is_empty() {
+        0.0
+    } else {
+        sorted.iter().sum::<f64>() / sorted.len() as f64
+    };
     let kernel_s = kernel_ns as f64 / 1e9;
     let json = json!({
         "simulated": true,

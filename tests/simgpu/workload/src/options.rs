@@ -15,9 +15,15 @@ fn invalid(msg: impl Into<String>) -> OptionsError {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Distribution {
     Fixed(u64),
-    Uniform { low: u64, high: u64 },
+    Uniform {
+        low: u64,
+        high: u64,
+    },
     /// Lognormal with the given median (ns) and sigma of the underlying normal.
-    LogNormal { median: u64, sigma: f64 },
+    LogNormal {
+        median: u64,
+        sigma: f64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +62,8 @@ fn duration(text: &str) -> Result<u64, OptionsError> {
     if text == "0" {
         return Ok(0);
     }
-    simgpu_model_duration(text).ok_or_else(|| invalid(format!("bad duration {text:?} (e.g. 250us, 2ms, 1s)")))
+    simgpu_model_duration(text)
+        .ok_or_else(|| invalid(format!("bad duration {text:?} (e.g. 250us, 2ms, 1s)")))
 }
 
 /// Same units as kernel names: ns, us, ms, s.
@@ -74,9 +81,13 @@ fn simgpu_model_duration(text: &str) -> Option<u64> {
 }
 
 fn bytes(text: &str) -> Result<u64, OptionsError> {
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (n, unit) = text.split_at(split);
-    let n: u64 = n.parse().map_err(|_| invalid(format!("bad size {text:?}")))?;
+    let n: u64 = n
+        .parse()
+        .map_err(|_| invalid(format!("bad size {text:?}")))?;
     let mult = match unit {
         "" => 1,
         "Ki" => 1 << 10,
@@ -106,7 +117,10 @@ fn distribution(text: &str) -> Result<Distribution, OptionsError> {
             if !(0.0..=5.0).contains(&sigma) {
                 return Err(invalid("sigma must be in [0, 5]"));
             }
-            Ok(Distribution::LogNormal { median: duration(m)?, sigma })
+            Ok(Distribution::LogNormal {
+                median: duration(m)?,
+                sigma,
+            })
         }
         _ => Err(invalid(format!("bad distribution {text:?}"))),
     }
@@ -136,8 +150,13 @@ impl Options {
                 o.per_thread_default_stream = true;
                 continue;
             }
-            let value = it.next().ok_or_else(|| invalid(format!("{flag} needs a value")))?;
-            let int = |v: &str| v.parse::<u64>().map_err(|_| invalid(format!("{flag}: bad number {v:?}")));
+            let value = it
+                .next()
+                .ok_or_else(|| invalid(format!("{flag} needs a value")))?;
+            let int = |v: &str| {
+                v.parse::<u64>()
+                    .map_err(|_| invalid(format!("{flag}: bad number {v:?}")))
+            };
             match flag.as_str() {
                 "--device" => o.device = int(value)? as i32,
                 "--memory" => o.memory = bytes(value)?,
@@ -182,17 +201,50 @@ mod tests {
         let o = parse("--device 1 --memory 2Gi --memory-growth 1Mi --kernels 4 --kernel lognormal:1ms:0.5 \
                        --gap 200us --sync event --duration 2s --launch-ahead 8 --pipeline 2 --ptds --seed 7")
         .unwrap();
-        assert_eq!((o.device, o.memory, o.memory_growth, o.kernels), (1, 2 << 30, 1 << 20, 4));
-        assert_eq!(o.distribution, Distribution::LogNormal { median: 1_000_000, sigma: 0.5 });
-        assert_eq!((o.gap_ns, o.sync, o.duration_ns), (200_000, SyncStyle::Event, Some(2_000_000_000)));
-        assert_eq!((o.launch_ahead, o.pipeline, o.per_thread_default_stream, o.seed), (8, 2, true, 7));
+        assert_eq!(
+            (o.device, o.memory, o.memory_growth, o.kernels),
+            (1, 2 << 30, 1 << 20, 4)
+        );
+        assert_eq!(
+            o.distribution,
+            Distribution::LogNormal {
+                median: 1_000_000,
+                sigma: 0.5
+            }
+        );
+        assert_eq!(
+            (o.gap_ns, o.sync, o.duration_ns),
+            (200_000, SyncStyle::Event, Some(2_000_000_000))
+        );
+        assert_eq!(
+            (
+                o.launch_ahead,
+                o.pipeline,
+                o.per_thread_default_stream,
+                o.seed
+            ),
+            (8, 2, true, 7)
+        );
         assert_eq!(parse("").unwrap().iterations, Some(100));
-        assert_eq!(parse("--kernel uniform:1ms:2ms").unwrap().distribution, Distribution::Uniform { low: 1_000_000, high: 2_000_000 });
+        assert_eq!(
+            parse("--kernel uniform:1ms:2ms").unwrap().distribution,
+            Distribution::Uniform {
+                low: 1_000_000,
+                high: 2_000_000
+            }
+        );
     }
 
     #[test]
     fn rejects_nonsense() {
-        for bad in ["--kernel fixed:5h", "--sync never", "--memory 3Q", "--bogus 1", "--kernels", "--kernel uniform:2ms:1ms"] {
+        for bad in [
+            "--kernel fixed:5h",
+            "--sync never",
+            "--memory 3Q",
+            "--bogus 1",
+            "--kernels",
+            "--kernel uniform:2ms:1ms",
+        ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
     }

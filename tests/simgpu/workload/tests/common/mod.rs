@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 /// `target/<profile>` of this test binary.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
 }
 
 /// A directory holding `libcuda.so.1` and `libnvidia-ml.so.1`, built from this workspace for
@@ -20,16 +23,37 @@ pub fn libs_dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
         let profile_dir = profile_dir();
-        let profile = profile_dir.file_name().unwrap().to_str().unwrap().to_string();
+        let profile = profile_dir
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
         let target_dir = profile_dir.parent().unwrap();
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        build.args(["build", "-q", "-p", "simgpu-libcuda", "-p", "simgpu-libnvml", "--target-dir"]).arg(target_dir);
+        build
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "simgpu-libcuda",
+                "-p",
+                "simgpu-libnvml",
+                "--target-dir",
+            ])
+            .arg(target_dir);
         if profile == "release" {
             build.arg("--release");
         }
-        let status = build.current_dir(manifest).status().expect("run cargo build");
-        assert!(status.success(), "building the simulated driver libraries failed");
+        let status = build
+            .current_dir(manifest)
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "building the simulated driver libraries failed"
+        );
         let dir = tempfile::tempdir().unwrap();
         let status = Command::new(manifest.join("../install.sh"))
             .arg(dir.path())
@@ -59,7 +83,10 @@ impl Sim {
 
     pub fn workload(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_simgpu-workload"));
-        cmd.args(args).env("LD_LIBRARY_PATH", libs_dir()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(args)
+            .env("LD_LIBRARY_PATH", libs_dir())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         for (k, v) in &self.vars {
             cmd.env(k, v);
         }
@@ -75,8 +102,10 @@ impl Sim {
     /// The model itself, for checks against its own accounting.
     pub fn model(&self) -> simgpu_model::Device {
         let vars = self.vars.clone();
-        let config = simgpu_model::SimConfig::from_lookup(|n| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()))
-            .unwrap();
+        let config = simgpu_model::SimConfig::from_lookup(|n| {
+            vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
+        })
+        .unwrap();
         simgpu_model::Device::open(&config).unwrap()
     }
 
@@ -88,7 +117,10 @@ impl Sim {
             // only readers in these tests and the NVML library.
             std::env::set_var(k, v);
         }
-        Nvml::builder().lib_path(libs_dir().join("libnvidia-ml.so.1").as_os_str()).init().expect("nvml init")
+        Nvml::builder()
+            .lib_path(libs_dir().join("libnvidia-ml.so.1").as_os_str())
+            .init()
+            .expect("nvml init")
     }
 }
 
@@ -120,5 +152,7 @@ pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
 }
 
 pub fn f(v: &serde_json::Value, key: &str) -> f64 {
-    v[key].as_f64().unwrap_or_else(|| panic!("{key} missing in {v}"))
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
 }
