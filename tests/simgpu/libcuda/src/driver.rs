@@ -198,6 +198,8 @@ pub struct Driver {
     pub device: Device,
     pub process: ProcessId,
     pub config: StoredConfig,
+    /// Model GPU index of each device ordinal (see `visible_gpus`).
+    visible: Vec<u32>,
     state: Mutex<State>,
 }
 
@@ -279,10 +281,16 @@ impl Driver {
             .and_then(|mut l| l.attach_process())
             .map_err(|_| CudaError::NoDevice)?;
         let config = device.config();
+        let visible = simgpu_model::config::visible_gpus(
+            config.gpus,
+            std::env::var("NVIDIA_VISIBLE_DEVICES").ok().as_deref(),
+        )
+        .map_err(|_| CudaError::NoDevice)?;
         Ok(Driver {
             device,
             process,
             config,
+            visible,
             state: Mutex::new(State::new()),
         })
     }
@@ -293,13 +301,23 @@ impl Driver {
     }
 
     pub fn gpu_count(&self) -> u32 {
-        self.config.gpus
+        self.visible.len() as u32
     }
 
+    /// The model GPU behind a device ordinal (a `CUdevice` is its ordinal).
     pub fn check_gpu(&self, dev: i32) -> CuResult<u32> {
-        u32::try_from(dev)
+        usize::try_from(dev)
             .ok()
-            .filter(|d| *d < self.config.gpus)
+            .and_then(|d| self.visible.get(d).copied())
+            .ok_or(CudaError::InvalidDevice)
+    }
+
+    /// The device ordinal of a model GPU this process can see.
+    pub fn ordinal_of(&self, gpu: u32) -> CuResult<i32> {
+        self.visible
+            .iter()
+            .position(|&g| g == gpu)
+            .map(|o| o as i32)
             .ok_or(CudaError::InvalidDevice)
     }
 

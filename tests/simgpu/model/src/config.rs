@@ -148,8 +148,57 @@ pub fn parse_bytes(var: &'static str, value: &str) -> Result<u64, ConfigError> {
         .ok_or(bad("zero or too large"))
 }
 
+/// The GPUs a process sees, as model indices, from `NVIDIA_VISIBLE_DEVICES`.
+///
+/// On a real node the NVIDIA container toolkit reads that variable and exposes
+/// only the named devices to the container, so the driver inside enumerates just
+/// those, renumbered from 0. The simulated driver applies the same rule itself:
+/// unset, empty or `all` → every GPU; `void` or `none` → none; otherwise a
+/// comma-separated list of indices or UUIDs, in that order.
+pub fn visible_gpus(gpus: u32, spec: Option<&str>) -> Result<Vec<u32>, String> {
+    let spec = spec.map(str::trim).unwrap_or("");
+    match spec {
+        "" | "all" => return Ok((0..gpus).collect()),
+        "void" | "none" => return Ok(Vec::new()),
+        _ => {}
+    }
+    let mut visible = Vec::new();
+    for item in spec.split(',').map(str::trim) {
+        let gpu = match item.parse::<u32>() {
+            Ok(index) if index < gpus => index,
+            Ok(_) => {
+                return Err(format!(
+                    "NVIDIA_VISIBLE_DEVICES names GPU index {item}, which does not exist"
+                ))
+            }
+            Err(_) => (0..gpus)
+                .find(|&i| crate::gpu_uuid(i) == item)
+                .ok_or_else(|| {
+                    format!("NVIDIA_VISIBLE_DEVICES names {item:?}, which is not a simulated GPU")
+                })?,
+        };
+        if !visible.contains(&gpu) {
+            visible.push(gpu);
+        }
+    }
+    Ok(visible)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn visible_gpus_follow_nvidia_visible_devices() {
+        use super::visible_gpus;
+        assert_eq!(visible_gpus(3, None).unwrap(), vec![0, 1, 2]);
+        assert_eq!(visible_gpus(3, Some("all")).unwrap(), vec![0, 1, 2]);
+        assert_eq!(visible_gpus(3, Some("void")).unwrap(), Vec::<u32>::new());
+        assert_eq!(visible_gpus(3, Some("2,0")).unwrap(), vec![2, 0]);
+        let uuid = crate::gpu_uuid(1);
+        assert_eq!(visible_gpus(3, Some(&uuid)).unwrap(), vec![1]);
+        assert!(visible_gpus(3, Some("3")).is_err());
+        assert!(visible_gpus(3, Some("GPU-nope")).is_err());
+    }
+
     use super::*;
 
     fn lookup<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {

@@ -248,8 +248,10 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CuDevice) -> CUresult {
 pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CuDevice, ctx: Handle) -> CUresult {
     guard(|| {
         let ctx = context_or_current(ctx)?;
-        let gpu = driver()?.state().context(ctx)?.gpu;
+        let d = driver()?;
+        let gpu = d.state().context(ctx)?.gpu;
+        let ordinal = d.ordinal_of(gpu)?;
         // SAFETY: out-parameter per the API contract.
-        unsafe { write_out(device, gpu as CuDevice) }
+        unsafe { write_out(device, ordinal as CuDevice) }
     })
 }

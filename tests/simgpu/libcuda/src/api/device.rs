@@ -45,9 +45,9 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CuDevice, ordinal: c_int) -> CUresult {
     guard(|| {
-        let gpu = driver()?.check_gpu(ordinal)?;
+        driver()?.check_gpu(ordinal)?;
         // SAFETY: out-parameter per the API contract.
-        unsafe { write_out(device, gpu as CuDevice) }
+        unsafe { write_out(device, ordinal as CuDevice) }
     })
 }
 
