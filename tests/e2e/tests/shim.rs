@@ -427,3 +427,54 @@ fn version_and_info_answer() {
         "RuntimeInfo names the runtime"
     );
 }
+
+/// No CRI client can be installed here (Debian 12 ships no cri-tools), so the
+/// pod path is driven through ctr above; this checks that containerd 1.6's CRI
+/// plugin accepts the shipped runtime snippet and reads it as intended.
+#[test]
+fn containerd_accepts_the_cri_runtime_snippet() {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let snippet = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../config/containerd/config-v2.toml"),
+    )
+    .unwrap();
+    let runtimes = &snippet[snippet.find("[plugins.").expect("a plugins table")..];
+    let shim = bin("containerd-shim-gpushare-v2");
+    let extra = format!(
+        "[plugins.\"io.containerd.grpc.v1.cri\"]\n  disable_tcp_service = true\n  stream_server_address = \"127.0.0.1\"\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"{d}/cni-bin\"\n  conf_dir = \"{d}/cni-conf\"\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n{}",
+        runtimes.replace("/usr/local/bin/containerd-shim-gpushare-v2", &shim.to_string_lossy()),
+        d = dir.path().display(),
+    );
+    let ctr = Containerd::start(
+        dir.path(),
+        &arbiter.config_path,
+        ContainerdOptions {
+            extra_config: &extra,
+            cri: true,
+        },
+    );
+    let plugins = ctr.ok(&["plugins", "ls"]);
+    assert!(
+        plugins
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .any(|cols| cols.len() == 4 && cols[1] == "cri" && cols[3] == "ok"),
+        "{plugins}{}",
+        ctr.log_tail()
+    );
+    let log = std::fs::read_to_string(dir.path().join("containerd.log")).unwrap();
+    let expected = format!(
+        "gpushare:{{Type:io.containerd.runc.v2 Path:{} Engine: PodAnnotations:[gpushare.io/*] ContainerAnnotations:[gpushare.io/*]",
+        shim.display()
+    );
+    assert!(
+        log.contains(&expected),
+        "CRI's view of the runtime: {expected}"
+    );
+}
