@@ -177,7 +177,7 @@ async fn probe_api(address: &str) -> Option<Forwarder> {
             api,
         };
         let forwarder = Forwarder::connect(&endpoint).await.ok()?;
-        let probe: Result<Empty, _> = forwarder
+        let probe: Result<containerd_shim::api::ConnectResponse, _> = forwarder
             .call(
                 &context::with_timeout(2_000_000_000),
                 "Connect",
@@ -234,6 +234,29 @@ async fn finish_orphan(inner_address: &str, container_id: &str) -> Option<Delete
         .call::<_, Empty>(&ctx, "Shutdown", &shutdown)
         .await;
     deleted
+}
+
+/// What `delete` does beyond the runc shim's own cleanup, given which shims of
+/// the group still answer. containerd runs `delete` whenever it loses a shim
+/// connection, including for one container of a pod whose shim lives on: then
+/// nothing of the group may be touched.
+#[derive(Debug, PartialEq, Eq)]
+struct CleanupPlan {
+    remove_outer_socket: bool,
+    /// The gpushare shim died but its runc shim lives (and holds the container):
+    /// finish the container through it and ask it to exit.
+    finish_through_runc_shim: bool,
+    remove_inner_socket: bool,
+}
+
+fn cleanup_plan(outer_alive: bool, inner_alive: bool) -> CleanupPlan {
+    CleanupPlan {
+        remove_outer_socket: !outer_alive,
+        finish_through_runc_shim: !outer_alive && inner_alive,
+        // Only a dead socket is removed (remove_dead_socket checks again after
+        // the runc shim was asked to exit).
+        remove_inner_socket: !outer_alive,
+    }
 }
 
 #[async_trait]
@@ -315,11 +338,14 @@ impl Shim for GpushareShim {
             .unwrap_or_else(|_| layout::inner_socket(&self.address, &self.namespace, &group));
 
         let mut response = None;
-        if !is_serving(&outer) {
+        let plan = cleanup_plan(is_serving(&outer), is_serving(&inner));
+        if plan.remove_outer_socket {
             remove_dead_socket(&outer);
-            if is_serving(&inner) {
-                response = finish_orphan(&inner, &self.id).await;
-            }
+        }
+        if plan.finish_through_runc_shim {
+            response = finish_orphan(&inner, &self.id).await;
+        }
+        if plan.remove_inner_socket {
             remove_dead_socket(&inner);
         }
         // The runc shim's own cleanup: `runc delete --force`, the rootfs mount.
@@ -372,5 +398,68 @@ impl Shim for GpushareShim {
             log::error!("started without {INNER_ADDRESS_ENV}/{INNER_API_ENV}: containerd runs this shim with `start`");
         }
         crate::service::TaskForwarder::new(endpoint, self.exit.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_living_group_shim_is_left_alone() {
+        let plan = cleanup_plan(true, true);
+        assert_eq!(
+            plan,
+            CleanupPlan {
+                remove_outer_socket: false,
+                finish_through_runc_shim: false,
+                remove_inner_socket: false
+            }
+        );
+        assert_eq!(cleanup_plan(true, false), plan);
+    }
+
+    #[test]
+    fn a_killed_shim_leaves_an_orphan_to_finish() {
+        let plan = cleanup_plan(false, true);
+        assert!(
+            plan.remove_outer_socket && plan.finish_through_runc_shim && plan.remove_inner_socket
+        );
+        let both_dead = cleanup_plan(false, false);
+        assert!(both_dead.remove_outer_socket && !both_dead.finish_through_runc_shim);
+    }
+
+    #[test]
+    fn only_dead_sockets_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("live");
+        let dead = dir.path().join("dead");
+        let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        for p in [&live, &dead, &file] {
+            remove_dead_socket(&format!("unix://{}", p.display()));
+        }
+        assert!(live.exists(), "a serving socket stays");
+        assert!(!dead.exists(), "a socket nobody serves goes");
+        assert!(file.exists(), "never anything but a socket");
+    }
+
+    #[test]
+    fn the_address_file_is_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("address");
+        write_address(&file, "unix:///run/containerd/s/a").unwrap();
+        write_address(&file, "unix:///run/containerd/s/b").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            "unix:///run/containerd/s/b"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
     }
 }

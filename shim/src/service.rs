@@ -39,6 +39,26 @@ struct ContainerRecord {
     leased: bool,
 }
 
+/// Whether an init process's exit should release `lease`: only if the record
+/// still holds this very lease (the container may have been deleted and created
+/// again under the same id, with a newer lease). Clears it when so.
+fn take_lease_if_held(record: Option<&mut ContainerRecord>, lease: &LeaseId) -> bool {
+    match record {
+        Some(record) if record.lease.as_ref() == Some(lease) => {
+            record.lease = None;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// After a forwarded Delete: is the container itself gone (not one of its exec
+/// processes)? `outcome` is Ok, or Err(whether the error was NOT_FOUND): a
+/// container the runc shim does not know is gone too.
+fn is_container_gone(exec_id: &str, outcome: Result<(), bool>) -> bool {
+    exec_id.is_empty() && outcome.map_or_else(|not_found| not_found, |()| true)
+}
+
 pub struct TaskForwarder {
     /// None when the shim was started without its runc shim's endpoint: every
     /// call then fails, naming why.
@@ -129,16 +149,8 @@ impl TaskForwarder {
             }
             // Only this very lease: the container may have been deleted and
             // created again (same id, a newer lease) meanwhile.
-            let still_held = {
-                let mut containers = containers.lock().unwrap();
-                match containers.get_mut(&container_id) {
-                    Some(record) if record.lease.as_ref() == Some(&lease) => {
-                        record.lease = None;
-                        true
-                    }
-                    _ => false,
-                }
-            };
+            let still_held =
+                take_lease_if_held(containers.lock().unwrap().get_mut(&container_id), &lease);
             if still_held {
                 let id = container_id.clone();
                 let released = blocking(move || gpushare::release_lease(&id, &lease)).await;
@@ -251,11 +263,10 @@ impl Task for TaskForwarder {
     ) -> ttrpc::Result<DeleteResponse> {
         let deleted: ttrpc::Result<DeleteResponse> = self.forward(ctx, "Delete", &req).await;
         // The container itself (not one of its exec processes) is gone, or was never there.
-        let container_gone = req.exec_id.is_empty()
-            && match &deleted {
-                Ok(_) => true,
-                Err(e) => is_not_found(e),
-            };
+        let container_gone = is_container_gone(
+            &req.exec_id,
+            deleted.as_ref().map(|_| ()).map_err(is_not_found),
+        );
         if container_gone {
             let record = self.containers.lock().unwrap().remove(&req.id);
             if record.is_some_and(|r| r.leased) {
@@ -330,5 +341,68 @@ impl Task for TaskForwarder {
     }
     async fn stats(&self, ctx: &TtrpcContext, req: StatsRequest) -> ttrpc::Result<StatsResponse> {
         self.forward(ctx, "Stats", &req).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(lease: Option<&str>) -> ContainerRecord {
+        ContainerRecord {
+            bundle: PathBuf::from("/b"),
+            lease: lease.map(|l| LeaseId(l.into())),
+            leased: lease.is_some(),
+        }
+    }
+
+    #[test]
+    fn an_exit_releases_only_the_lease_still_held() {
+        let lease = LeaseId("l1".into());
+        let mut held = record(Some("l1"));
+        assert!(take_lease_if_held(Some(&mut held), &lease));
+        assert!(
+            held.lease.is_none() && held.leased,
+            "cleared, but Delete still releases"
+        );
+        // Twice: the second exit notice finds nothing to release.
+        assert!(!take_lease_if_held(Some(&mut held), &lease));
+        // Deleted and created again with a newer lease: the old exit must not touch it.
+        let mut newer = record(Some("l2"));
+        assert!(!take_lease_if_held(Some(&mut newer), &lease));
+        assert_eq!(newer.lease, Some(LeaseId("l2".into())));
+        assert!(!take_lease_if_held(None, &lease));
+    }
+
+    #[test]
+    fn delete_of_the_container_not_of_an_exec_releases() {
+        assert!(is_container_gone("", Ok(())));
+        assert!(
+            is_container_gone("", Err(true)),
+            "unknown to the runc shim: gone"
+        );
+        assert!(
+            !is_container_gone("", Err(false)),
+            "delete failed: still there"
+        );
+        assert!(
+            !is_container_gone("exec1", Ok(())),
+            "only an exec process went"
+        );
+    }
+
+    #[test]
+    fn a_request_error_is_invalid_argument_and_keeps_the_parsers_words() {
+        let parse = gpushare_oci::request::RequestError::UnknownKey {
+            key: "gpushare.io/colour".into(),
+        };
+        let message = parse.to_string();
+        match gpushare_status(GpushareError::Request(parse)) {
+            ttrpc::Error::RpcStatus(s) => {
+                assert_eq!(s.code(), Code::INVALID_ARGUMENT);
+                assert!(s.message.contains(&message), "{}", s.message);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
