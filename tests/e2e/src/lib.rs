@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod containerd;
-
 pub const DOCKER: &str = "/usr/bin/docker";
 pub const DOCKERD: &str = "/usr/sbin/dockerd";
 pub const BUSYBOX: &str = "/bin/busybox";
