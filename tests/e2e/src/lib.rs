@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod containerd;
 pub const DOCKER: &str = "/usr/bin/docker";
 pub const DOCKERD: &str = "/usr/sbin/dockerd";
 pub const BUSYBOX: &str = "/bin/busybox";
@@ -49,6 +50,7 @@ pub fn bin_dir() -> PathBuf {
         "gpushare-runc",
         "gpushare-hook",
         "libgpushare.so",
+        "containerd-shim-gpushare-v2",
     ] {
         assert!(
             dir.join(bin).exists(),

@@ -1,0 +1,408 @@
+//! The task API containerd calls. Everything goes to the runc shim unchanged,
+//! except:
+//! - `Create`: the request is read from the bundle's spec, a lease reserved and
+//!   the spec edited first; a failed create undoes both;
+//! - `Exec`: the exec process gets the container's injected environment (engines
+//!   build it from their own records, not from the edited spec);
+//! - `Delete` of a container, and the exit of its init process, release its lease;
+//! - `Shutdown`: this shim exits once it serves no container;
+//! - `Connect`: reports this shim's pid, the process containerd talks to.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use containerd_shim::api::{
+    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
+    DeleteRequest, DeleteResponse, Empty, ExecProcessRequest, KillRequest, PauseRequest,
+    PidsRequest, PidsResponse, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest,
+    StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse, UpdateTaskRequest,
+    WaitRequest, WaitResponse,
+};
+use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::protos::ttrpc::{self, context, r#async::TtrpcContext, Code};
+use containerd_shim::{api::CheckpointTaskRequest, ExitSignal, Task};
+use gpushare_proto::LeaseId;
+use tokio::sync::OnceCell;
+
+use crate::forward::{context_of, is_not_found, Forwarder};
+use crate::gpushare::{self, GpushareError, Prepared};
+use crate::inner::{self, Endpoint};
+
+/// What this shim remembers of a container it created.
+struct ContainerRecord {
+    bundle: PathBuf,
+    /// The lease still held for it (cleared when its init process exits).
+    lease: Option<LeaseId>,
+    /// It was granted a lease at some point: Delete must release.
+    leased: bool,
+}
+
+/// Whether an init process's exit should release `lease`: only if the record
+/// still holds this very lease (the container may have been deleted and created
+/// again under the same id, with a newer lease). Clears it when so.
+fn take_lease_if_held(record: Option<&mut ContainerRecord>, lease: &LeaseId) -> bool {
+    match record {
+        Some(record) if record.lease.as_ref() == Some(lease) => {
+            record.lease = None;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// After a forwarded Delete: is the container itself gone (not one of its exec
+/// processes)? `outcome` is Ok, or Err(whether the error was NOT_FOUND): a
+/// container the runc shim does not know is gone too.
+fn is_container_gone(exec_id: &str, outcome: Result<(), bool>) -> bool {
+    exec_id.is_empty() && outcome.map_or_else(|not_found| not_found, |()| true)
+}
+
+pub struct TaskForwarder {
+    /// None when the shim was started without its runc shim's endpoint: every
+    /// call then fails, naming why.
+    endpoint: Option<Endpoint>,
+    forwarder: OnceCell<Forwarder>,
+    containers: Arc<Mutex<HashMap<String, ContainerRecord>>>,
+    exit: Arc<ExitSignal>,
+}
+
+fn status(code: Code, message: impl ToString) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(code, message.to_string()))
+}
+
+fn gpushare_status(error: GpushareError) -> ttrpc::Error {
+    let code = match &error {
+        e if e.is_invalid_request() => Code::INVALID_ARGUMENT,
+        GpushareError::Arbiter { .. } => Code::UNAVAILABLE,
+        _ => Code::FAILED_PRECONDITION,
+    };
+    status(code, format!("gpushare: {error}"))
+}
+
+/// Runs blocking gpushare work (files, the arbiter's socket) off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> ttrpc::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| status(Code::INTERNAL, format!("gpushare: {e}")))
+}
+
+impl TaskForwarder {
+    pub fn new(endpoint: Option<Endpoint>, exit: Arc<ExitSignal>) -> Self {
+        TaskForwarder {
+            endpoint,
+            forwarder: OnceCell::new(),
+            containers: Arc::default(),
+            exit,
+        }
+    }
+
+    async fn inner(&self) -> ttrpc::Result<&Forwarder> {
+        let endpoint = self.endpoint.as_ref().ok_or_else(|| {
+            status(
+                Code::UNAVAILABLE,
+                "gpushare: this shim was started without its runc shim (no endpoint in its environment)",
+            )
+        })?;
+        self.forwarder
+            .get_or_try_init(|| Forwarder::connect(endpoint))
+            .await
+            .map_err(|e| status(Code::UNAVAILABLE, format!("gpushare: {e}")))
+    }
+
+    async fn forward<Req, Resp>(
+        &self,
+        ctx: &TtrpcContext,
+        method: &str,
+        req: &Req,
+    ) -> ttrpc::Result<Resp>
+    where
+        Req: containerd_shim::protos::protobuf::Message,
+        Resp: containerd_shim::protos::protobuf::Message,
+    {
+        self.inner()
+            .await?
+            .call(&context_of(ctx), method, req)
+            .await
+    }
+
+    /// Releases the container's lease when its init process exits, without
+    /// waiting for containerd's Delete (which may come much later, or for a
+    /// `ctr run` without `--rm`, never).
+    fn release_on_exit(&self, forwarder: Forwarder, container_id: String, lease: LeaseId) {
+        let containers = self.containers.clone();
+        tokio::spawn(async move {
+            let wait = WaitRequest {
+                id: container_id.clone(),
+                ..Default::default()
+            };
+            let exited: ttrpc::Result<WaitResponse> = forwarder
+                .call(&context::Context::default(), "Wait", &wait)
+                .await;
+            if let Err(e) = exited {
+                // The runc shim went away: Delete or the `delete` cleanup releases.
+                log::debug!("container {container_id}: no exit to wait for: {e}");
+                return;
+            }
+            // Only this very lease: the container may have been deleted and
+            // created again (same id, a newer lease) meanwhile.
+            let still_held =
+                take_lease_if_held(containers.lock().unwrap().get_mut(&container_id), &lease);
+            if still_held {
+                let id = container_id.clone();
+                let released = blocking(move || gpushare::release_lease(&id, &lease)).await;
+                match released {
+                    Ok(Ok(_)) => log::info!("container {container_id}: exited, lease released"),
+                    Ok(Err(e)) => {
+                        log::warn!("container {container_id}: exited, cannot release: {e}")
+                    }
+                    Err(e) => log::warn!("container {container_id}: {e}"),
+                }
+            }
+        });
+    }
+
+    async fn bundle_of(&self, ctx: &TtrpcContext, container_id: &str) -> ttrpc::Result<PathBuf> {
+        if let Some(record) = self.containers.lock().unwrap().get(container_id) {
+            return Ok(record.bundle.clone());
+        }
+        let state: StateResponse = self
+            .forward(
+                ctx,
+                "State",
+                &StateRequest {
+                    id: container_id.to_owned(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok(PathBuf::from(state.bundle))
+    }
+}
+
+#[async_trait]
+impl Task for TaskForwarder {
+    async fn create(
+        &self,
+        ctx: &TtrpcContext,
+        mut req: CreateTaskRequest,
+    ) -> ttrpc::Result<CreateTaskResponse> {
+        let forwarder = self.inner().await?.clone();
+        let (id, bundle) = (req.id.clone(), PathBuf::from(&req.bundle));
+        let prepared = blocking({
+            let (id, bundle) = (id.clone(), bundle.clone());
+            move || gpushare::prepare_create(&id, &bundle)
+        })
+        .await?
+        .map_err(gpushare_status)?;
+        let lease = prepared.lease().cloned();
+
+        // containerd's CRI plugin sends `runtimeoptions.v1` for a runtime type
+        // other than runc's; the runc shim cannot decode them and would fail.
+        if req
+            .options
+            .as_ref()
+            .is_some_and(|o| !inner::is_runc_options(&o.type_url))
+        {
+            log::info!(
+                "container {id}: runtime options of type {} are not runc's: not passed on",
+                req.options.type_url
+            );
+            req.options = MessageField::none();
+        }
+
+        let created: ttrpc::Result<CreateTaskResponse> =
+            forwarder.call(&context_of(ctx), "Create", &req).await;
+        match created {
+            Ok(response) => {
+                self.containers.lock().unwrap().insert(
+                    id.clone(),
+                    ContainerRecord {
+                        bundle,
+                        lease: lease.clone(),
+                        leased: lease.is_some(),
+                    },
+                );
+                if let Some(lease) = lease {
+                    log::info!("container {id}: created with lease {}", lease.0);
+                    self.release_on_exit(forwarder, id, lease);
+                }
+                Ok(response)
+            }
+            Err(e) => {
+                if !matches!(prepared, Prepared::Untouched) {
+                    let undo_id = id.clone();
+                    blocking(move || gpushare::undo_create(&undo_id, prepared)).await?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn exec(&self, ctx: &TtrpcContext, mut req: ExecProcessRequest) -> ttrpc::Result<Empty> {
+        if let Some(spec) = req.spec.as_mut() {
+            let bundle = self.bundle_of(ctx, &req.id).await?;
+            let mut process = std::mem::take(&mut spec.value);
+            let edited = blocking(move || {
+                gpushare::edit_exec_process(&bundle, &mut process).map(|_| process)
+            })
+            .await?
+            .map_err(gpushare_status)?;
+            spec.value = edited;
+        }
+        self.forward(ctx, "Exec", &req).await
+    }
+
+    async fn delete(
+        &self,
+        ctx: &TtrpcContext,
+        req: DeleteRequest,
+    ) -> ttrpc::Result<DeleteResponse> {
+        let deleted: ttrpc::Result<DeleteResponse> = self.forward(ctx, "Delete", &req).await;
+        // The container itself (not one of its exec processes) is gone, or was never there.
+        let container_gone = is_container_gone(
+            &req.exec_id,
+            deleted.as_ref().map(|_| ()).map_err(is_not_found),
+        );
+        if container_gone {
+            let record = self.containers.lock().unwrap().remove(&req.id);
+            if record.is_some_and(|r| r.leased) {
+                let id = req.id.clone();
+                match blocking(move || gpushare::release_container(&id)).await? {
+                    Ok(_) => log::info!("container {}: deleted, lease released", req.id),
+                    Err(e) => log::warn!("container {}: deleted, cannot release: {e}", req.id),
+                }
+            }
+        }
+        deleted
+    }
+
+    async fn shutdown(&self, ctx: &TtrpcContext, req: ShutdownRequest) -> ttrpc::Result<Empty> {
+        // The runc shim makes the same decision for itself (it stays while it
+        // has containers); its answer changes nothing here.
+        if let Err(e) = self.forward::<_, Empty>(ctx, "Shutdown", &req).await {
+            log::debug!("runc shim shutdown: {e}");
+        }
+        if self.containers.lock().unwrap().is_empty() {
+            self.exit.signal();
+        }
+        Ok(Empty::new())
+    }
+
+    async fn connect(
+        &self,
+        ctx: &TtrpcContext,
+        req: ConnectRequest,
+    ) -> ttrpc::Result<ConnectResponse> {
+        let mut response: ConnectResponse = self.forward(ctx, "Connect", &req).await?;
+        response.shim_pid = std::process::id();
+        Ok(response)
+    }
+
+    async fn state(&self, ctx: &TtrpcContext, req: StateRequest) -> ttrpc::Result<StateResponse> {
+        self.forward(ctx, "State", &req).await
+    }
+    async fn start(&self, ctx: &TtrpcContext, req: StartRequest) -> ttrpc::Result<StartResponse> {
+        self.forward(ctx, "Start", &req).await
+    }
+    async fn pids(&self, ctx: &TtrpcContext, req: PidsRequest) -> ttrpc::Result<PidsResponse> {
+        self.forward(ctx, "Pids", &req).await
+    }
+    async fn pause(&self, ctx: &TtrpcContext, req: PauseRequest) -> ttrpc::Result<Empty> {
+        self.forward(ctx, "Pause", &req).await
+    }
+    async fn resume(&self, ctx: &TtrpcContext, req: ResumeRequest) -> ttrpc::Result<Empty> {
+        self.forward(ctx, "Resume", &req).await
+    }
+    async fn checkpoint(
+        &self,
+        ctx: &TtrpcContext,
+        req: CheckpointTaskRequest,
+    ) -> ttrpc::Result<Empty> {
+        self.forward(ctx, "Checkpoint", &req).await
+    }
+    async fn kill(&self, ctx: &TtrpcContext, req: KillRequest) -> ttrpc::Result<Empty> {
+        self.forward(ctx, "Kill", &req).await
+    }
+    async fn resize_pty(&self, ctx: &TtrpcContext, req: ResizePtyRequest) -> ttrpc::Result<Empty> {
+        self.forward(ctx, "ResizePty", &req).await
+    }
+    async fn close_io(&self, ctx: &TtrpcContext, req: CloseIORequest) -> ttrpc::Result<Empty> {
+        self.forward(ctx, "CloseIO", &req).await
+    }
+    async fn update(&self, ctx: &TtrpcContext, req: UpdateTaskRequest) -> ttrpc::Result<Empty> {
+        self.forward(ctx, "Update", &req).await
+    }
+    async fn wait(&self, ctx: &TtrpcContext, req: WaitRequest) -> ttrpc::Result<WaitResponse> {
+        self.forward(ctx, "Wait", &req).await
+    }
+    async fn stats(&self, ctx: &TtrpcContext, req: StatsRequest) -> ttrpc::Result<StatsResponse> {
+        self.forward(ctx, "Stats", &req).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(lease: Option<&str>) -> ContainerRecord {
+        ContainerRecord {
+            bundle: PathBuf::from("/b"),
+            lease: lease.map(|l| LeaseId(l.into())),
+            leased: lease.is_some(),
+        }
+    }
+
+    #[test]
+    fn an_exit_releases_only_the_lease_still_held() {
+        let lease = LeaseId("l1".into());
+        let mut held = record(Some("l1"));
+        assert!(take_lease_if_held(Some(&mut held), &lease));
+        assert!(
+            held.lease.is_none() && held.leased,
+            "cleared, but Delete still releases"
+        );
+        // Twice: the second exit notice finds nothing to release.
+        assert!(!take_lease_if_held(Some(&mut held), &lease));
+        // Deleted and created again with a newer lease: the old exit must not touch it.
+        let mut newer = record(Some("l2"));
+        assert!(!take_lease_if_held(Some(&mut newer), &lease));
+        assert_eq!(newer.lease, Some(LeaseId("l2".into())));
+        assert!(!take_lease_if_held(None, &lease));
+    }
+
+    #[test]
+    fn delete_of_the_container_not_of_an_exec_releases() {
+        assert!(is_container_gone("", Ok(())));
+        assert!(
+            is_container_gone("", Err(true)),
+            "unknown to the runc shim: gone"
+        );
+        assert!(
+            !is_container_gone("", Err(false)),
+            "delete failed: still there"
+        );
+        assert!(
+            !is_container_gone("exec1", Ok(())),
+            "only an exec process went"
+        );
+    }
+
+    #[test]
+    fn a_request_error_is_invalid_argument_and_keeps_the_parsers_words() {
+        let parse = gpushare_oci::request::RequestError::UnknownKey {
+            key: "gpushare.io/colour".into(),
+        };
+        let message = parse.to_string();
+        match gpushare_status(GpushareError::Request(parse)) {
+            ttrpc::Error::RpcStatus(s) => {
+                assert_eq!(s.code(), Code::INVALID_ARGUMENT);
+                assert!(s.message.contains(&message), "{}", s.message);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
