@@ -59,6 +59,21 @@ pub fn is_marked(spec: &Value) -> bool {
     .is_some()
 }
 
+/// A marked spec is genuine only if its lease annotation names a lease the
+/// arbiter granted to this very container; otherwise someone copied gpushare's
+/// annotations to skip gpushare (and a `void` policy with it).
+pub fn marker_is_genuine(
+    spec: &Value,
+    container_id: &str,
+    status: &gpushare_proto::StatusReport,
+) -> bool {
+    let claimed = lease_annotation(spec).unwrap_or("");
+    status
+        .leases
+        .iter()
+        .any(|l| l.id.0 == claimed && l.container_id == container_id)
+}
+
 pub fn lease_annotation(spec: &Value) -> Option<&str> {
     spec.pointer(&format!(
         "/annotations/{}",
@@ -505,6 +520,23 @@ mod tests {
         apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
         assert!(is_marked(&spec));
         assert_eq!(lease_annotation(&spec), Some("00000000000000ab"));
+    }
+
+    #[test]
+    fn marker_is_genuine_only_for_the_leases_own_container() {
+        let mut spec = json!({"process": {"env": []}});
+        apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
+        let status = gpushare_proto::StatusReport {
+            gpus: vec![],
+            leases: vec![lease()],
+        };
+        assert!(marker_is_genuine(&spec, "c1", &status));
+        assert!(!marker_is_genuine(&spec, "someone-else", &status));
+        let empty = gpushare_proto::StatusReport {
+            gpus: vec![],
+            leases: vec![],
+        };
+        assert!(!marker_is_genuine(&spec, "c1", &empty));
     }
 
     #[test]

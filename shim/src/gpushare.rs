@@ -190,7 +190,6 @@ fn with_client<T>(
 /// A spec that arrives already marked must carry a lease the arbiter really
 /// granted to this container: otherwise anyone could mount another's lease.
 fn verify_marker(spec: &Value, container_id: &str, config: &Config) -> Result<(), GpushareError> {
-    let claimed = mutate::lease_annotation(spec).unwrap_or("");
     let arbiter_error = |source| GpushareError::Arbiter {
         container_id: container_id.to_owned(),
         source,
@@ -201,11 +200,7 @@ fn verify_marker(spec: &Value, container_id: &str, config: &Config) -> Result<()
     )
     .map_err(arbiter_error)?;
     let status = client.status().map_err(arbiter_error)?;
-    if status
-        .leases
-        .iter()
-        .any(|l| l.id.0 == claimed && l.container_id == container_id)
-    {
+    if mutate::marker_is_genuine(spec, container_id, &status) {
         Ok(())
     } else {
         Err(GpushareError::ForgedMarker {

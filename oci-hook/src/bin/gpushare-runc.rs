@@ -191,18 +191,13 @@ fn hand_over(runtime: &Path, args: &[OsString]) -> std::io::Error {
 }
 
 fn verify_marker(spec: &Value, container_id: &str, config: &Config) -> Result<(), String> {
-    let claimed = mutate::lease_annotation(spec).unwrap_or("");
     let mut client = ControlClient::connect(
         &config.arbiter.control_socket(),
         config.arbiter.client_timeout(),
     )
     .map_err(|e| e.to_string())?;
     let status = client.status().map_err(|e| e.to_string())?;
-    let genuine = status
-        .leases
-        .iter()
-        .any(|l| l.id.0 == claimed && l.container_id == container_id);
-    if genuine {
+    if mutate::marker_is_genuine(spec, container_id, &status) {
         Ok(())
     } else {
         Err(format!(
