@@ -77,9 +77,11 @@ pub fn check_peer(
         return PeerCheck::Unverified("the lease is not confirmed yet".into());
     };
     match (probe.pid_namespace(peer_pid), probe.pid_namespace(init)) {
-        (Some(peer), Some(container)) if peer != container => return PeerCheck::Refused(format!(
+        (Some(peer), Some(container)) if peer != container => {
+            return PeerCheck::Refused(format!(
             "pid {peer_pid} is in pid namespace {peer}, the container's init {init} in {container}"
-        )),
+        ))
+        }
         (Some(_), Some(_)) => {}
         _ => {
             return PeerCheck::Unverified(format!(
