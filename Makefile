@@ -7,7 +7,7 @@ BIN_DIR := $(CURDIR)/target/debug
 RELEASE_DIR := $(CURDIR)/target/release
 BINARIES := gpushare-arbiter gpusharectl gpushare-runc gpushare-hook containerd-shim-gpushare-v2
 
-.PHONY: all build deps lint test demo install uninstall clean
+.PHONY: all build deps lint test bench demo install uninstall clean
 
 all: build
 
@@ -25,6 +25,11 @@ lint:
 # daemons (they need root and the packages `deps` installs).
 test: deps lint build
 	GPUSHARE_BIN_DIR=$(BIN_DIR) $(CARGO) test --workspace
+
+# Benchmarks measure release builds, what `make install` ships (root; real dockerd).
+bench: deps
+	$(CARGO) build --workspace --release
+	GPUSHARE_BIN_DIR=$(RELEASE_DIR) $(CARGO) bench --workspace
 
 demo: deps build
 	@GPUSHARE_BIN_DIR=$(BIN_DIR) scripts/demo.sh

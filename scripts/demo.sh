@@ -11,7 +11,7 @@ work=$(mktemp -d /tmp/gpushare-demo.XXXXXX)
 pids=()
 cleanup() {
   set +e
-  for c in demo-high demo-low; do ctr -a "$work/containerd.sock" task kill -s KILL "$c" >/dev/null 2>&1; ctr -a "$work/containerd.sock" container rm "$c" >/dev/null 2>&1; done
+  for c in demo-alone demo-high demo-low; do ctr -a "$work/containerd.sock" task kill -s KILL "$c" >/dev/null 2>&1; ctr -a "$work/containerd.sock" container rm "$c" >/dev/null 2>&1; done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   grep -o " $work/[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l
   rm -rf "$work"
@@ -22,6 +22,7 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 # --- GPUs: the real ones when an NVIDIA driver answers, simulated ones otherwise.
 devices=""
+simulated=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   say "NVIDIA driver found: sharing the real GPUs"
   while IFS=, read -r uuid name mem; do
@@ -29,6 +30,9 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   done < <(nvidia-smi --query-gpu=uuid,name,memory.total --format=csv,noheader,nounits)
 else
   say "No NVIDIA driver: sharing 2 simulated GPUs (every figure below is simulated)"
+  simulated=1
+  mkdir -p "$work/simgpu-lib" "$work/simgpu"
+  "$(dirname "$0")/../tests/simgpu/install.sh" "$work/simgpu-lib" "$(basename "$BIN")" >/dev/null
   for i in 0 1; do
     devices+=$'\n'"[[arbiter.devices]]"$'\n'"uuid = \"GPU-51a6d0e0-0000-4000-8000-00000000000$i\""$'\n'"name = \"simulated GPU $i\""$'\n'"memory = \"16Gi\""$'\n'
   done
@@ -68,30 +72,74 @@ for _ in $(seq 100); do
 done
 
 make_rootfs() {
-  mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/etc" "$1/tmp" "$1/run"
+  mkdir -p "$1/bin" "$1/proc" "$1/sys" "$1/dev" "$1/etc" "$1/tmp" "$1/run" "$1/opt/simgpu/lib"
   cp /bin/busybox "$1/bin/"
   for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -sf busybox "$1/bin/$a"; done
+  if [ -n "$simulated" ]; then
+    # What the NVIDIA toolkit would inject on a real node: the driver libraries.
+    # The workload and the libraries are glibc programs: bring their dependencies.
+    cp "$BIN/simgpu-workload" "$1/bin/"
+    cp -L "$work/simgpu-lib/libcuda.so.1" "$work/simgpu-lib/libnvidia-ml.so.1" "$1/opt/simgpu/lib/"
+    for f in "$BIN/simgpu-workload" "$work/simgpu-lib/libcuda.so.1" "$work/simgpu-lib/libnvidia-ml.so.1" "$BIN/libgpushare.so"; do
+      ldd "$f" | grep -o '/[^ ]*' | while read -r lib; do cp -L --parents "$lib" "$1/"; done
+    done
+  fi
 }
 make_rootfs "$work/rootfs-high"
 make_rootfs "$work/rootfs-low"
 
-show='echo "[$GPUSHARE_QUOTA_PRIORITY] GPU $NVIDIA_VISIBLE_DEVICES, memory quota $GPUSHARE_QUOTA_MEMORY bytes, lease $GPUSHARE_LEASE, LD_PRELOAD=$LD_PRELOAD"; ls /run/gpushare >/dev/null && echo "[$GPUSHARE_QUOTA_PRIORITY] lease directory mounted at /run/gpushare"; sleep 2'
-run() { # name priority memory
+# A training-like job: bursts of 10 x 100 us kernels with CPU gaps (about 60 % busy alone),
+# and a saturating one. Durations are wall-clock time on the simulated GPU.
+high_job="simgpu-workload --kernels 10 --kernel fixed:100us --gap 700us --duration 4s --memory 2Gi"
+low_job="simgpu-workload --kernels 20 --kernel fixed:1ms --gap 0 --duration 4s --memory 2Gi"
+show='echo "[$GPUSHARE_QUOTA_PRIORITY] GPU $NVIDIA_VISIBLE_DEVICES, memory quota $GPUSHARE_QUOTA_MEMORY bytes, lease $GPUSHARE_LEASE, LD_PRELOAD=$LD_PRELOAD"'
+run() { # name priority memory command
+  local mounts=()
+  if [ -n "$simulated" ]; then
+    mounts=(--mount "type=bind,src=$work/simgpu,dst=/run/simgpu,options=rbind:rw" --env LD_LIBRARY_PATH=/opt/simgpu/lib)
+  fi
   ctr -a "$work/containerd.sock" run --rm --rootfs --runc-binary "$BIN/gpushare-runc" \
-    --env PATH=/bin --annotation gpushare.io/gpu=index:0 \
+    --env PATH=/bin "${mounts[@]}" --annotation gpushare.io/gpu=index:0 \
     --annotation "gpushare.io/priority=$2" --annotation "gpushare.io/memory=$3" \
-    "$work/rootfs-$2" "$1" /bin/sh -c "$show"
+    "$work/rootfs-$2" "$1" /bin/sh -c "$show; $4"
+}
+summary() { # label json-line
+  local it p50 p99
+  it=$(printf '%s' "$2" | grep -o '"throughput_iters_per_s":[0-9.]*' | cut -d: -f2)
+  p50=$(printf '%s' "$2" | grep -o '"p50":[0-9.]*' | cut -d: -f2)
+  p99=$(printf '%s' "$2" | grep -o '"p99":[0-9.]*' | cut -d: -f2)
+  printf '  %-34s %8.1f iterations/s   iteration p50 %6.2f ms   p99 %6.2f ms\n' "$1" "$it" "$p50" "$p99"
 }
 
-say "Running a high-priority (4Gi) and a low-priority (25%) container, both on GPU 0"
-run demo-high high 4Gi &
+if [ -n "$simulated" ]; then
+  say "Baseline: the high-priority job alone on GPU 0"
+  alone=$(run demo-alone high 4Gi "$high_job" | tee /dev/stderr | grep '^{' || true)
+fi
+
+say "A high-priority (4Gi) and a low-priority (25%) container, both on GPU 0"
+if [ -z "$simulated" ]; then high_job="sleep 3"; low_job="sleep 3"; fi
+run demo-high high 4Gi "$high_job" >"$work/high.out" &
 high=$!
 sleep 0.5
-run demo-low low 25% &
+run demo-low low 25% "$low_job" >"$work/low.out" &
 low=$!
-sleep 1
+sleep 1.5
 say "gpusharectl status while both run"
 "$BIN/gpusharectl" status
 wait $high $low
+grep -v '^{' "$work/high.out" "$work/low.out" | sed 's/^[^:]*://'
+
+if [ -n "$simulated" ]; then
+  say "What each job got (simulated GPU)"
+  summary "high priority, alone" "$alone"
+  summary "high priority, sharing" "$(grep '^{' "$work/high.out")"
+  summary "low priority, sharing" "$(grep '^{' "$work/low.out")"
+  cat <<'NOTE'
+  The interposer (libgpushare.so) is still inert, so today the GPU time-slices between the
+  two jobs as the hardware would: the high-priority job slows down. The time-slice scheduler
+  (its own issue) is what will keep it near its alone figures.
+NOTE
+fi
+
 say "gpusharectl status after both exited (their leases are released)"
 "$BIN/gpusharectl" status

@@ -14,6 +14,8 @@ have /usr/bin/docker || need_packages+=(docker.io)
 # The image's busybox must be static: the test containers hold nothing else.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need_packages+=(busybox-static); fi
 have tar || need_packages+=(tar)
+# readelf: the simulated driver's tests check its soname and -Bsymbolic linking.
+have readelf || need_packages+=(binutils)
 
 if [ ${#need_packages[@]} -gt 0 ]; then
   mapfile -t need_packages < <(printf '%s\n' "${need_packages[@]}" | sort -u)

@@ -214,6 +214,23 @@ async fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlRe
             let result = lock(arbiter).release(&lease);
             released(result, durable, format!("lease {lease}")).await
         }
+        ControlRequest::Bind {
+            lease,
+            container_id,
+            pid,
+        } => {
+            let result = lock(arbiter).bind(&lease, &container_id, pid);
+            match result {
+                Ok(t) => match durable(t).await {
+                    Ok(()) => {
+                        tracing::info!(%lease, container = container_id, pid, "bound and confirmed");
+                        ControlResponse::Confirmed
+                    }
+                    Err(e) => refused(e),
+                },
+                Err(e) => refused(e),
+            }
+        }
         ControlRequest::ReleaseContainer { container_id } => {
             let result = lock(arbiter).release_container(&container_id);
             released(result, durable, format!("container {container_id}")).await

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpushare_config::ArbiterConfig;
+use gpushare_proto::message::PENDING_PREFIX;
 use gpushare_proto::{
     ByteSize, ClientStatus, ErrorKind, GpuStatus, Lease, LeaseId, LeaseState, LeaseUsage,
     MemoryRequest, Priority, QueuedRequest, Quota, ReserveRequest, StatusReport, Violation,
@@ -45,6 +46,10 @@ pub enum StateError {
     BadContainerId(String),
     #[error("container {0:?} holds no lease")]
     NoLeaseForContainer(String),
+    #[error("lease {0} is not waiting to be bound to a container")]
+    NotPending(LeaseId),
+    #[error("container {0:?} already holds a lease")]
+    AlreadyHoldsLease(String),
     #[error("no shared GPU {asked:?}; this node shares: {available}")]
     UnknownGpu { asked: String, available: String },
     #[error(transparent)]
@@ -67,7 +72,10 @@ impl StateError {
         match self {
             StateError::QueueTimeout { .. } => ErrorKind::Unplaceable,
             StateError::Placement(PlacementError::NoFit { .. }) => ErrorKind::Unplaceable,
-            StateError::Placement(_) | StateError::BadContainerId(_) => ErrorKind::InvalidRequest,
+            StateError::Placement(_)
+            | StateError::BadContainerId(_)
+            | StateError::NotPending(_)
+            | StateError::AlreadyHoldsLease(_) => ErrorKind::InvalidRequest,
             StateError::NoLeaseForContainer(_)
             | StateError::UnknownGpu { .. }
             | StateError::LeaseReleased(_) => ErrorKind::NotFound,
@@ -461,6 +469,42 @@ impl Arbiter {
         })?;
         self.suspects.remove(&id);
         self.leases.insert(id, record);
+        Ok(Some(ticket))
+    }
+
+    /// Binds a pending lease (reserved by podman's precreate hook, which sees no
+    /// container id) to its container, and confirms it.
+    pub fn bind(
+        &mut self,
+        id: &LeaseId,
+        container_id: &str,
+        pid: u32,
+    ) -> Result<Option<Ticket>, StateError> {
+        let pending = self
+            .leases
+            .get(id)
+            .is_some_and(|r| r.lease.container_id.starts_with(PENDING_PREFIX));
+        if !pending {
+            return Err(StateError::NotPending(id.clone()));
+        }
+        if self.by_container.contains_key(container_id) {
+            return Err(StateError::AlreadyHoldsLease(container_id.to_owned()));
+        }
+        let mut record = self.leases[id].clone();
+        let pending_name =
+            std::mem::replace(&mut record.lease.container_id, container_id.to_owned());
+        record.lease.state = LeaseState::Confirmed;
+        record.lease.pid = Some(pid);
+        record.pid_start_time = self.probe.start_time(pid);
+        record.cgroup = self.probe.cgroup(pid);
+        let ticket = self.append(Record::Put {
+            lease: Box::new(record.clone()),
+        })?;
+        self.by_container.remove(&pending_name);
+        self.by_container
+            .insert(container_id.to_owned(), id.clone());
+        self.suspects.remove(id);
+        self.leases.insert(id.clone(), record);
         Ok(Some(ticket))
     }
 
@@ -1014,6 +1058,47 @@ mod tests {
         assert_eq!(arbiter.status().leases.len(), 1);
         assert!(arbiter.release_container("c1").unwrap().0);
         assert!(!arbiter.release_container("c1").unwrap().0);
+    }
+
+    #[test]
+    fn only_a_pending_lease_can_be_bound_and_only_once() {
+        let (_dir, mut arbiter, _) = setup();
+        let victim = arbiter
+            .reserve_now(request("victim", "1Gi", Priority::Low))
+            .unwrap()
+            .lease;
+        let err = arbiter.bind(&victim.id, "attacker", 7).unwrap_err();
+        assert!(matches!(err, StateError::NotPending(_)), "{err}");
+        assert_eq!(arbiter.list()[0].container_id, "victim");
+
+        let pending = arbiter
+            .reserve_now(request("pending:5eed", "1Gi", Priority::Low))
+            .unwrap()
+            .lease;
+        let err = arbiter.bind(&pending.id, "victim", 7).unwrap_err();
+        assert!(
+            matches!(err, StateError::AlreadyHoldsLease(_)),
+            "one lease per container: {err}"
+        );
+        let _ = arbiter.bind(&pending.id, "podman-ctr", 42).unwrap();
+        let bound = arbiter
+            .list()
+            .into_iter()
+            .find(|l| l.id == pending.id)
+            .unwrap();
+        assert_eq!(
+            (bound.container_id.as_str(), bound.pid, bound.state),
+            ("podman-ctr", Some(42), LeaseState::Confirmed)
+        );
+        assert!(
+            matches!(
+                arbiter.bind(&pending.id, "other", 1),
+                Err(StateError::NotPending(_))
+            ),
+            "bound once"
+        );
+        assert!(arbiter.release_container("podman-ctr").unwrap().0);
+        assert!(!arbiter.release_container("pending:5eed").unwrap().0);
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub enum BundleError {
     },
 }
 
+/// A JSON file (a bundle's config.json, or an exec process.json) that is
+/// replaced atomically and can be put back byte for byte.
 pub struct BundleSpec {
     path: PathBuf,
     original: Vec<u8>,
@@ -32,7 +34,11 @@ pub struct BundleSpec {
 
 impl BundleSpec {
     pub fn open(bundle_dir: &Path) -> Result<(BundleSpec, Value), BundleError> {
-        let path = bundle_dir.join("config.json");
+        Self::open_file(&bundle_dir.join("config.json"))
+    }
+
+    pub fn open_file(path: &Path) -> Result<(BundleSpec, Value), BundleError> {
+        let path = path.to_owned();
         let io = |source| BundleError::Io {
             path: path.clone(),
             source,

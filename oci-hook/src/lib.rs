@@ -4,6 +4,7 @@
 //! stay in the binaries.
 
 pub mod bundle;
+pub mod cuda_compat;
 pub mod mutate;
 pub mod request;
 pub mod runc_args;

@@ -73,21 +73,7 @@ pub fn apply_lease(spec: &mut Value, lease: &Lease, paths: &HostPaths) -> Result
         .as_object_mut()
         .ok_or(SpecError::NotAnObject("the spec"))?;
 
-    let env = env_mut(root)?;
-    set_env(env, "NVIDIA_VISIBLE_DEVICES", &lease.gpus.join(","));
-    if !has_env(env, "NVIDIA_DRIVER_CAPABILITIES") {
-        set_env(env, "NVIDIA_DRIVER_CAPABILITIES", "compute,utility");
-    }
-    // Informational only: the interposer learns the quota from the arbiter, never from here.
-    set_env(env, "GPUSHARE_LEASE", &lease.id.0);
-    set_env(env, "GPUSHARE_SOCKET", CONTAINER_SOCKET);
-    set_env(
-        env,
-        "GPUSHARE_QUOTA_MEMORY",
-        &lease.memory_bytes.to_string(),
-    );
-    set_env(env, "GPUSHARE_QUOTA_PRIORITY", &lease.priority.to_string());
-    prepend_preload(env, &paths.container_library.to_string_lossy());
+    InjectedEnv::for_lease(lease, paths).apply(env_mut(root)?);
 
     let mounts = array_mut(root, "mounts")?;
     let library = bind_mount(
@@ -136,6 +122,121 @@ pub fn apply_lease(spec: &mut Value, lease: &Lease, paths: &HostPaths) -> Result
     annotations.insert(ANNOTATION_LEASE.into(), lease.id.0.clone().into());
     annotations.insert(ANNOTATION_ASSIGNED_GPUS.into(), lease.gpus.join(",").into());
     annotations.insert(ANNOTATION_MARKER.into(), MARKER_VALUE.into());
+    Ok(())
+}
+
+/// The environment a sharing container's processes get. Built from the lease
+/// when the container is created, and read back from the container's (marked)
+/// spec for `exec`: engines build an exec process's environment from their own
+/// records, not from the edited spec, so without this an exec session would run
+/// without the interposer and see every GPU the image names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectedEnv {
+    /// Set (replacing any existing entries), in this order.
+    replace: Vec<(String, String)>,
+    /// `NVIDIA_DRIVER_CAPABILITIES` when the container names none.
+    capabilities: String,
+    library: String,
+}
+
+/// Variables gpushare sets; informational only: the interposer learns the quota
+/// from the arbiter, never from here.
+const INJECTED_KEYS: [&str; 5] = [
+    "NVIDIA_VISIBLE_DEVICES",
+    "GPUSHARE_LEASE",
+    "GPUSHARE_SOCKET",
+    "GPUSHARE_QUOTA_MEMORY",
+    "GPUSHARE_QUOTA_PRIORITY",
+];
+const DEFAULT_CAPABILITIES: &str = "compute,utility";
+
+impl InjectedEnv {
+    pub fn for_lease(lease: &Lease, paths: &HostPaths) -> Self {
+        let values = [
+            lease.gpus.join(","),
+            lease.id.0.clone(),
+            CONTAINER_SOCKET.to_owned(),
+            lease.memory_bytes.to_string(),
+            lease.priority.to_string(),
+        ];
+        InjectedEnv {
+            replace: INJECTED_KEYS
+                .iter()
+                .map(|k| k.to_string())
+                .zip(values)
+                .collect(),
+            capabilities: DEFAULT_CAPABILITIES.to_owned(),
+            library: paths.container_library.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// From a spec gpushare already edited; `None` when it is not marked.
+    pub fn from_marked_spec(spec: &Value) -> Option<Self> {
+        if !is_marked(spec) {
+            return None;
+        }
+        let env = crate::request::env_list(spec);
+        let value = |key: &str| {
+            env.iter()
+                .find_map(|e| e.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+                .map(str::to_owned)
+        };
+        let replace = INJECTED_KEYS
+            .iter()
+            .map(|k| Some((k.to_string(), value(k)?)))
+            .collect::<Option<Vec<_>>>()?;
+        let library = value("LD_PRELOAD")?.split([':', ' ']).next()?.to_owned();
+        let capabilities =
+            value("NVIDIA_DRIVER_CAPABILITIES").unwrap_or_else(|| DEFAULT_CAPABILITIES.to_owned());
+        Some(InjectedEnv {
+            replace,
+            capabilities,
+            library,
+        })
+    }
+
+    pub fn apply(&self, env: &mut Vec<Value>) {
+        for (i, (key, value)) in self.replace.iter().enumerate() {
+            set_env(env, key, value);
+            // Right after NVIDIA_VISIBLE_DEVICES, where the NVIDIA toolkit's users expect it.
+            if i == 0 && !has_env(env, "NVIDIA_DRIVER_CAPABILITIES") {
+                set_env(env, "NVIDIA_DRIVER_CAPABILITIES", &self.capabilities);
+            }
+        }
+        prepend_preload(env, &self.library);
+    }
+}
+
+/// Applies the container's injected environment to an exec process
+/// (`runc exec --process process.json`). Idempotent.
+pub fn apply_to_exec_process(
+    process: &mut Value,
+    container_spec: &Value,
+) -> Result<bool, SpecError> {
+    let Some(injected) = InjectedEnv::from_marked_spec(container_spec) else {
+        return Ok(false);
+    };
+    let process = process
+        .as_object_mut()
+        .ok_or(SpecError::NotAnObject("the exec process"))?;
+    injected.apply(array_mut(process, "env")?);
+    Ok(true)
+}
+
+/// Makes the container's creation fail with `message`, through a createRuntime
+/// hook that prints it and exits non-zero. For podman's precreate stage, whose
+/// hook stderr podman 4.x discards: runc does put a failing hook's stderr into
+/// its error, which podman shows. Nothing else in the spec changes.
+pub fn apply_failure(spec: &mut Value, hook: &Path, message: &str) -> Result<(), SpecError> {
+    let root = spec
+        .as_object_mut()
+        .ok_or(SpecError::NotAnObject("the spec"))?;
+    let hooks = object_mut(root, "hooks")?;
+    let hook = hook.to_string_lossy();
+    array_mut(hooks, "createRuntime")?.insert(
+        0,
+        json!({ "path": hook, "args": [hook, "fail", "--message", message], "timeout": 5 }),
+    );
     Ok(())
 }
 
@@ -341,6 +442,50 @@ mod tests {
         apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
         assert_eq!(spec["futureField"], json!([1, 2]));
         assert_eq!(spec["process"]["ioPriority"]["class"], "IOPRIO_CLASS_IDLE");
+    }
+
+    #[test]
+    fn exec_process_gets_the_containers_injected_env() {
+        let mut spec = json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}});
+        apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
+        // What docker writes for `docker exec`: the image's env, not the edited spec's.
+        let mut process = json!({"args": ["sh"], "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all", "LD_PRELOAD=/x.so"], "cwd": "/"});
+        assert!(apply_to_exec_process(&mut process, &spec).unwrap());
+        let env: Vec<&str> = process["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert!(
+            env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-51a6d0e0-0000-4000-8000-000000000000"),
+            "{env:?}"
+        );
+        assert!(env.contains(&"GPUSHARE_LEASE=00000000000000ab"));
+        assert!(env.contains(&"LD_PRELOAD=/usr/local/gpushare/libgpushare.so:/x.so"));
+        assert!(env.contains(&"NVIDIA_DRIVER_CAPABILITIES=compute,utility"));
+        let once = process.clone();
+        apply_to_exec_process(&mut process, &spec).unwrap();
+        assert_eq!(process, once, "idempotent");
+        assert_eq!(process["args"], json!(["sh"]), "nothing but env changes");
+
+        let unmarked = json!({"process": {"env": ["PATH=/bin"]}});
+        let mut untouched = json!({"env": ["PATH=/bin"]});
+        assert!(!apply_to_exec_process(&mut untouched, &unmarked).unwrap());
+        assert_eq!(untouched, json!({"env": ["PATH=/bin"]}));
+    }
+
+    #[test]
+    fn failure_hook_runs_first_and_changes_nothing_else() {
+        let mut spec =
+            json!({"process": {"env": ["A=1"]}, "hooks": {"createRuntime": [{"path": "/other"}]}});
+        apply_failure(&mut spec, Path::new("/h"), "bad request").unwrap();
+        assert_eq!(
+            spec["hooks"]["createRuntime"][0]["args"],
+            json!(["/h", "fail", "--message", "bad request"])
+        );
+        assert_eq!(spec["hooks"]["createRuntime"][1]["path"], "/other");
+        assert_eq!(spec["process"], json!({"env": ["A=1"]}));
     }
 
     #[test]

@@ -40,6 +40,9 @@ const COMMAND_VALUE_FLAGS: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Invocation {
     pub subcommand: Option<String>,
+    /// Position of the subcommand in the arguments: what precedes it are runc's
+    /// global flags, which any further runc call for this container must repeat.
+    pub subcommand_index: Option<usize>,
     pub container_id: Option<String>,
     /// `--bundle`; runc's default is the working directory.
     pub bundle: Option<PathBuf>,
@@ -91,6 +94,7 @@ pub fn scan(args: &[OsString]) -> Invocation {
             }
         } else if !in_command {
             inv.subcommand = Some(arg.into_owned());
+            inv.subcommand_index = Some(i);
             in_command = true;
         } else if inv.container_id.is_none() {
             inv.container_id = Some(arg.into_owned());
@@ -124,6 +128,7 @@ mod tests {
              create --bundle /b --pid-file /b/init.pid --console-socket /tmp/pty.sock abc123",
         );
         assert_eq!(inv.subcommand.as_deref(), Some("create"));
+        assert_eq!(inv.subcommand_index, Some(7));
         assert_eq!(inv.container_id.as_deref(), Some("abc123"));
         assert_eq!(inv.bundle, Some(PathBuf::from("/b")));
         assert_eq!(inv.log, Some(PathBuf::from("/b/log.json")));

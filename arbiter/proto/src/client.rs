@@ -126,6 +126,22 @@ impl ControlClient {
         }
     }
 
+    pub fn bind(
+        &mut self,
+        lease: LeaseId,
+        container_id: String,
+        pid: u32,
+    ) -> Result<(), ClientError> {
+        match self.call(&ControlRequest::Bind {
+            lease,
+            container_id,
+            pid,
+        })? {
+            ControlResponse::Confirmed => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     pub fn release_container(&mut self, container_id: String) -> Result<bool, ClientError> {
         match self.call(&ControlRequest::ReleaseContainer { container_id })? {
             ControlResponse::Released { existed } => Ok(existed),

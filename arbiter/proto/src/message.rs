@@ -6,6 +6,10 @@ use crate::lease::{Lease, LeaseId};
 use crate::quantity::{Fraction, GpuSelector, MemoryRequest, Priority};
 
 /// What an entry point (wrapper, hook, shim) asks for on behalf of a container.
+/// Container id of a lease reserved before its container had one (see `Bind`).
+/// The suffix is random: knowing it is what entitles the binder.
+pub const PENDING_PREFIX: &str = "pending:";
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReserveRequest {
     pub container_id: String,
@@ -39,6 +43,15 @@ pub enum ControlRequest {
     /// Releasing is idempotent: an unknown lease is not an error.
     Release {
         lease: LeaseId,
+    },
+    /// Ties a lease reserved before its container had an id (podman's precreate
+    /// hook sees only the spec) to the id runc reports. Refused unless the lease
+    /// is still pending, so a forged lease annotation cannot take over another
+    /// container's lease.
+    Bind {
+        lease: LeaseId,
+        container_id: String,
+        pid: u32,
     },
     /// Release whatever lease a container holds (for callers that know only the container).
     ReleaseContainer {

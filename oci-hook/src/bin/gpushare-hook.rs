@@ -1,18 +1,33 @@
 //! gpushare-hook: the OCI hooks that tie a lease to its container's life.
 //!
-//! `create-runtime` confirms the lease with the container's pid; `poststop`
-//! releases it. Both read the OCI state on stdin and go by the container id runc
-//! reports, never by annotations, which the container's creator controls.
+//! - `precreate` (podman, via hooks.d): the proposed spec on stdin, the edited spec
+//!   on stdout. podman shows the hook no container id, so the lease is reserved as
+//!   *pending* and bound to the container by `create-runtime`.
+//! - `create-runtime`: confirms the lease with the container's pid (or binds the
+//!   pending one).
+//! - `poststop`: releases it.
+//! - `fail --message M`: prints M and fails; precreate plants it to report errors
+//!   (podman discards a precreate hook's own stderr, but shows runc's errors,
+//!   which include a failing hook's stderr).
+//!
+//! The state hooks go by the container id runc reports, never by annotations,
+//! which the container's creator controls; the one annotation used (to bind a
+//! pending lease) only works for a lease that is still pending.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use gpushare_proto::ControlClient;
+use gpushare_config::{Config, Unrequested};
+use gpushare_oci::{mutate, request};
+use gpushare_proto::message::PENDING_PREFIX;
+use gpushare_proto::{ClientError, ControlClient, ErrorKind, LeaseId};
 use serde_json::Value;
 
-const USAGE: &str = "usage: gpushare-hook [--control-socket PATH] [--timeout-ms N] create-runtime|poststop < state.json";
+const USAGE: &str = "usage: gpushare-hook [--config FILE] [--control-socket PATH] \
+                     precreate|create-runtime|poststop < spec-or-state.json, or gpushare-hook fail --message M";
+/// An OCI spec or state is a few KiB; anything near this is not one.
+const MAX_INPUT: u64 = 16 << 20;
 
 fn main() -> ExitCode {
     match run() {
@@ -25,58 +40,141 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
+    let mut config_path: Option<PathBuf> = None;
     let mut socket: Option<PathBuf> = None;
-    // Below runc's hook timeout (configured at 10 s by default) so we fail with our own message first.
-    let mut timeout = Duration::from_secs(5);
     let mut action: Option<String> = None;
+    let mut message: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--message" => message = Some(args.next().ok_or(USAGE)?),
+            "fail" if action.is_none() => action = Some(arg),
+            "--config" => config_path = Some(args.next().ok_or(USAGE)?.into()),
             "--control-socket" => socket = Some(args.next().ok_or(USAGE)?.into()),
-            "--timeout-ms" => {
-                let ms: u64 = args.next().and_then(|v| v.parse().ok()).ok_or(USAGE)?;
-                timeout = Duration::from_millis(ms);
-            }
-            "create-runtime" | "poststop" if action.is_none() => action = Some(arg),
+            "precreate" | "create-runtime" | "poststop" if action.is_none() => action = Some(arg),
             _ => return Err(USAGE.into()),
         }
     }
     let action = action.ok_or(USAGE)?;
-    let socket = match socket {
-        Some(s) => s,
-        None => gpushare_config::Config::load_default()
-            .map_err(|e| e.to_string())?
-            .0
-            .arbiter
-            .control_socket(),
+    if action == "fail" {
+        return Err(message.unwrap_or_else(|| "container creation refused".into()));
+    }
+    let config = match &config_path {
+        Some(path) => Config::load(path).map_err(|e| e.to_string())?,
+        None => Config::load_default().map_err(|e| e.to_string())?.0,
+    };
+    let socket = socket.unwrap_or_else(|| config.arbiter.control_socket());
+    let connect = || {
+        ControlClient::connect(&socket, config.arbiter.client_timeout()).map_err(|e| e.to_string())
     };
 
-    let mut state = String::new();
+    let mut input = Vec::new();
     std::io::stdin()
-        .take(1 << 20)
-        .read_to_string(&mut state)
-        .map_err(|e| format!("reading the OCI state: {e}"))?;
-    let state: Value = serde_json::from_str(&state)
-        .map_err(|e| format!("the OCI state on stdin is not JSON: {e}"))?;
-    let container_id = state["id"]
-        .as_str()
-        .ok_or("the OCI state has no id")?
-        .to_owned();
+        .take(MAX_INPUT)
+        .read_to_end(&mut input)
+        .map_err(|e| format!("reading stdin: {e}"))?;
+    let document: Value =
+        serde_json::from_slice(&input).map_err(|e| format!("stdin is not JSON: {e}"))?;
 
-    let mut client = ControlClient::connect(&socket, timeout).map_err(|e| e.to_string())?;
-    match action.as_str() {
-        "create-runtime" => {
-            let pid = state["pid"]
-                .as_u64()
-                .filter(|&p| p > 0 && p <= u32::MAX as u64)
-                .ok_or("the OCI state has no pid")?;
-            client
-                .confirm(container_id, pid as u32)
-                .map_err(|e| e.to_string())
-        }
-        _ => client
+    if action == "precreate" {
+        let original = document.clone();
+        return match precreate(&input, document, &config, connect) {
+            Ok(()) => Ok(()),
+            Err(message) => {
+                let mut spec = original;
+                mutate::apply_failure(
+                    &mut spec,
+                    &config.runtime.hook,
+                    &format!("gpushare: {message}"),
+                )
+                .map_err(|e| format!("{message} (and cannot report it: {e})"))?;
+                std::io::stdout()
+                    .write_all(&serde_json::to_vec(&spec).expect("JSON serialises"))
+                    .map_err(|e| format!("writing the spec: {e}"))
+            }
+        };
+    }
+    let container_id = document["id"]
+        .as_str()
+        .ok_or("the OCI state on stdin has no id")?
+        .to_owned();
+    if action == "poststop" {
+        return connect()?
             .release_container(container_id)
             .map(|_| ())
-            .map_err(|e| e.to_string()),
+            .map_err(|e| e.to_string());
     }
+    let pid = document["pid"]
+        .as_u64()
+        .filter(|&p| p > 0 && p <= u32::MAX as u64)
+        .ok_or("the OCI state has no pid")? as u32;
+    let mut client = connect()?;
+    match client.confirm(container_id.clone(), pid) {
+        Err(ClientError::Refused {
+            kind: ErrorKind::NotFound,
+            ..
+        }) => {
+            // Reserved by precreate before the container had an id: bind it now.
+            let lease = document
+                .pointer(&format!(
+                    "/annotations/{}",
+                    gpushare_oci::ANNOTATION_LEASE.replace('/', "~1")
+                ))
+                .and_then(Value::as_str)
+                .ok_or_else(|| format!("container {container_id} holds no gpushare lease"))?;
+            client
+                .bind(LeaseId(lease.to_owned()), container_id, pid)
+                .map_err(|e| e.to_string())
+        }
+        other => other.map_err(|e| e.to_string()),
+    }
+}
+
+fn precreate(
+    input: &[u8],
+    mut spec: Value,
+    config: &Config,
+    connect: impl Fn() -> Result<ControlClient, String>,
+) -> Result<(), String> {
+    let emit = |bytes: &[u8]| {
+        std::io::stdout()
+            .write_all(bytes)
+            .map_err(|e| format!("writing the spec: {e}"))
+    };
+    if mutate::is_marked(&spec) {
+        return Err(format!(
+            "the spec already carries {}: gpushare's annotations cannot be set by hand",
+            gpushare_oci::ANNOTATION_MARKER
+        ));
+    }
+    let Some(wanted) = request::from_spec(&spec, &config.requests).map_err(|e| e.to_string())?
+    else {
+        if config.requests.unrequested == Unrequested::Void {
+            mutate::apply_void(&mut spec).map_err(|e| e.to_string())?;
+            return emit(&serde_json::to_vec(&spec).expect("JSON serialises"));
+        }
+        return emit(input);
+    };
+    let pending_id = format!("{PENDING_PREFIX}{}", random_hex()?);
+    let mut client = connect()?;
+    let lease = client
+        .reserve(wanted.into_reserve(pending_id, None))
+        .map_err(|e| e.to_string())?;
+    let paths = mutate::HostPaths::new(&config.runtime, &config.arbiter, &lease);
+    let edited = mutate::apply_lease(&mut spec, &lease, &paths)
+        .map_err(|e| e.to_string())
+        .and_then(|()| emit(&serde_json::to_vec(&spec).expect("JSON serialises")));
+    if edited.is_err() {
+        let _ = client.release(lease.id);
+    }
+    edited
+}
+
+/// 128 random bits: the pending lease's container id must not be guessable.
+fn random_hex() -> Result<String, String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -34,6 +34,7 @@ fn run(args: &[OsString], inv: &Invocation) -> Result<ExitCode, String> {
     let runtime = next_runtime(&config.runtime.runtimes)?;
     match inv.subcommand.as_deref() {
         Some("create") | Some("run") => create(args, inv, &config, &runtime),
+        Some("exec") => exec(args, inv, &runtime),
         _ => Err(format!(
             "cannot run {}: {}",
             runtime.display(),
@@ -115,6 +116,47 @@ fn create(
         let _ = bundle.restore();
         release();
     })
+}
+
+/// `exec --process <file>` (how containerd's shim and so `docker exec` run
+/// processes): the exec process gets the container's injected environment.
+fn exec(args: &[OsString], inv: &Invocation, runtime: &Path) -> Result<ExitCode, String> {
+    let (Some(process_file), Some(container_id), Some(index)) =
+        (&inv.process, &inv.container_id, inv.subcommand_index)
+    else {
+        // `runc exec <id> <command…>` without a process file: nothing to edit.
+        return Err(format!(
+            "cannot run {}: {}",
+            runtime.display(),
+            hand_over(runtime, args)
+        ));
+    };
+    let state = Command::new(runtime)
+        .args(&args[..index])
+        .arg("state")
+        .arg(container_id)
+        .output()
+        .map_err(|e| format!("cannot run {} state: {e}", runtime.display()))?;
+    // An unknown container: let the runtime give its own error for the exec.
+    let bundle = serde_json::from_slice::<Value>(&state.stdout)
+        .ok()
+        .and_then(|s| s["bundle"].as_str().map(PathBuf::from))
+        .filter(|_| state.status.success());
+    if let Some(bundle) = bundle {
+        let (_, container_spec) = BundleSpec::open(&bundle).map_err(|e| e.to_string())?;
+        let (process, mut process_spec) =
+            BundleSpec::open_file(process_file).map_err(|e| e.to_string())?;
+        if mutate::apply_to_exec_process(&mut process_spec, &container_spec)
+            .map_err(|e| e.to_string())?
+        {
+            process.write(&process_spec).map_err(|e| e.to_string())?;
+        }
+    }
+    Err(format!(
+        "cannot run {}: {}",
+        runtime.display(),
+        hand_over(runtime, args)
+    ))
 }
 
 /// Runs the runtime as a child (not `exec`) so a failed create can be undone:

@@ -377,3 +377,115 @@ pub fn env_map(output: &str) -> std::collections::BTreeMap<String, String> {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect()
 }
+
+/// A private podman (Debian's 4.3): its own storage, run and tmp directories, a
+/// hooks.d holding gpushare's precreate hook, runc as the runtime.
+pub struct Podman {
+    pub dir: PathBuf,
+    hooks_dir: PathBuf,
+    conf: PathBuf,
+}
+
+pub const PODMAN: &str = "/usr/bin/podman";
+pub const PODMAN_IMAGE: &str = "localhost/busybox:e2e";
+
+impl Podman {
+    pub fn start(dir: &Path, gpushare_config: &Path) -> Podman {
+        let dir = dir.join("podman");
+        let hooks_dir = dir.join("hooks.d");
+        std::fs::create_dir_all(&hooks_dir).unwrap();
+        // What config/hooks.d/gpushare.json installs, with this test's paths.
+        let hook = serde_json::json!({
+            "version": "1.0.0",
+            "hook": {
+                "path": bin("gpushare-hook"),
+                "args": ["gpushare-hook", "--config", gpushare_config, "precreate"],
+                "timeout": 10
+            },
+            "when": { "annotations": { "^gpushare\\.io/": ".*" } },
+            "stages": ["precreate"]
+        });
+        std::fs::write(hooks_dir.join("gpushare.json"), hook.to_string()).unwrap();
+        // This sandbox refuses to raise rlimits above the caller's hard limits,
+        // and podman's defaults (nofile, nproc) are higher.
+        let conf = dir.join("containers.conf");
+        std::fs::write(
+            &conf,
+            "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\
+             [engine]\nevents_logger = \"file\"\ncgroup_manager = \"cgroupfs\"\n",
+        )
+        .unwrap();
+        let podman = Podman {
+            dir: dir.clone(),
+            hooks_dir,
+            conf,
+        };
+        let rootfs = dir.join("image-rootfs");
+        busybox_rootfs(&rootfs);
+        let mut tar = Command::new("tar")
+            .arg("-C")
+            .arg(&rootfs)
+            .args(["-c", "."])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let import = podman
+            .command(&["import", "-", PODMAN_IMAGE])
+            .stdin(tar.stdout.take().unwrap())
+            .output()
+            .unwrap();
+        assert!(
+            tar.wait().unwrap().success(),
+            "tar of the busybox rootfs failed"
+        );
+        assert!(
+            import.status.success(),
+            "podman import: {}",
+            String::from_utf8_lossy(&import.stderr)
+        );
+        podman
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(PODMAN);
+        c.env("CONTAINERS_CONF", &self.conf)
+            .arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("runroot"))
+            .arg("--tmpdir")
+            .arg(self.dir.join("tmp"))
+            .arg("--hooks-dir")
+            .arg(&self.hooks_dir)
+            .args(["--storage-driver", "vfs", "--runtime", "runc"])
+            .args(args);
+        c
+    }
+
+    pub fn podman(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run podman")
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.podman(args);
+        assert!(
+            out.status.success(),
+            "podman {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.command(&["rm", "-a", "-f", "-t", "0"]).output();
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "grep -o ' {}/[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l",
+                self.dir.display()
+            ))
+            .status();
+    }
+}

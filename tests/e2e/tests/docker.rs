@@ -176,3 +176,119 @@ fn bad_memory_value_fails_the_run_with_a_clear_error_and_no_lease() {
     assert!(arbiter.leases().is_empty());
     assert_eq!(arbiter.lease_dirs(), 0);
 }
+
+#[test]
+fn docker_exec_sees_the_injected_environment() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+
+    // The image bakes in NVIDIA_VISIBLE_DEVICES=all, as CUDA images do.
+    let id = docker
+        .ok(&[
+            "run",
+            "-d",
+            "--runtime",
+            "gpushare",
+            "-e",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "-e",
+            "GPUSHARE_MEMORY=2Gi",
+            IMAGE,
+            "sleep",
+            "600",
+        ])
+        .trim()
+        .to_owned();
+    let lease = arbiter.leases().into_iter().next().expect("a lease");
+    let env = env_map(&docker.ok(&["exec", &id, "env"]));
+    assert_eq!(
+        env["NVIDIA_VISIBLE_DEVICES"],
+        lease["gpus"][0].as_str().unwrap(),
+        "replaced, not 'all'"
+    );
+    assert_eq!(env["GPUSHARE_LEASE"], lease["id"].as_str().unwrap());
+    assert_eq!(env["LD_PRELOAD"], "/usr/local/gpushare/libgpushare.so");
+    // exec with its own environment keeps it, and still gets gpushare's.
+    let env = env_map(&docker.ok(&[
+        "exec",
+        "-e",
+        "LD_PRELOAD=/lib/extra.so",
+        "-e",
+        "MINE=1",
+        &id,
+        "env",
+    ]));
+    assert_eq!(
+        env["LD_PRELOAD"],
+        "/usr/local/gpushare/libgpushare.so:/lib/extra.so"
+    );
+    assert_eq!(env["MINE"], "1");
+    docker.ok(&["rm", "-f", &id]);
+    wait_until("the lease to be released", Duration::from_secs(15), || {
+        arbiter.leases().is_empty()
+    });
+}
+
+#[test]
+fn a_crashed_container_releases_its_lease() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+
+    // One dies by a signal from outside, one exits with an error by itself.
+    let killed = docker
+        .ok(&[
+            "run",
+            "-d",
+            "--runtime",
+            "gpushare",
+            "-e",
+            "GPUSHARE_MEMORY=1Gi",
+            IMAGE,
+            "sleep",
+            "600",
+        ])
+        .trim()
+        .to_owned();
+    let failing = docker
+        .ok(&[
+            "run",
+            "-d",
+            "--runtime",
+            "gpushare",
+            "-e",
+            "GPUSHARE_MEMORY=1Gi",
+            IMAGE,
+            "sh",
+            "-c",
+            "sleep 1; exit 3",
+        ])
+        .trim()
+        .to_owned();
+    wait_until("both leases confirmed", Duration::from_secs(15), || {
+        let leases = arbiter.leases();
+        leases.len() == 2 && leases.iter().all(|l| l["state"] == "confirmed")
+    });
+    let pid = docker
+        .ok(&["inspect", "-f", "{{.State.Pid}}", &killed])
+        .trim()
+        .to_owned();
+    assert!(std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap()
+        .success());
+    wait_until("both leases released", Duration::from_secs(20), || {
+        arbiter.leases().is_empty()
+    });
+    assert_eq!(
+        docker
+            .ok(&["inspect", "-f", "{{.State.ExitCode}}", &failing])
+            .trim(),
+        "3"
+    );
+    assert_eq!(arbiter.lease_dirs(), 0);
+}

@@ -1,0 +1,236 @@
+//! gpushare-runc driven directly, against real runc: the failure paths must leave
+//! the bundle's config.json byte for byte as it was and no lease behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpushare_e2e::*;
+use serde_json::{json, Value};
+
+struct Bundle {
+    dir: PathBuf,
+}
+
+impl Bundle {
+    /// A busybox bundle from `runc spec`, running `args`, with `annotations`.
+    fn new(parent: &Path, name: &str, args: &[&str], annotations: Value) -> Bundle {
+        let dir = parent.join(name);
+        busybox_rootfs(&dir.join("rootfs"));
+        let out = Command::new("runc")
+            .arg("spec")
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "runc spec: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut spec: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        spec["process"]["terminal"] = json!(false);
+        spec["process"]["args"] = json!(args);
+        spec["annotations"] = annotations;
+        // Pretty-printed with a trailing space: any rewrite would show in the bytes.
+        std::fs::write(
+            dir.join("config.json"),
+            serde_json::to_string_pretty(&spec).unwrap() + " \n",
+        )
+        .unwrap();
+        Bundle { dir }
+    }
+
+    fn config_bytes(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("config.json")).unwrap()
+    }
+}
+
+/// Runs gpushare-runc with files for stdout and stderr: a created container
+/// inherits its creator's stdio, so pipes would stay open for the container's life.
+fn wrapper(config: &Path, state: &Path, args: &[&str]) -> Output {
+    let out = tempfile::tempfile().unwrap();
+    let err = tempfile::tempfile().unwrap();
+    let status = Command::new(bin("gpushare-runc"))
+        .env("GPUSHARE_CONFIG", config)
+        .arg("--root")
+        .arg(state)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .status()
+        .unwrap();
+    let read = |mut f: std::fs::File| {
+        use std::io::{Read, Seek};
+        let mut v = Vec::new();
+        f.rewind().unwrap();
+        f.read_to_end(&mut v).unwrap();
+        v
+    };
+    Output {
+        status,
+        stdout: read(out),
+        stderr: read(err),
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn bad_request_leaves_the_spec_unchanged_and_no_lease() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let state = dir.path().join("runc-state");
+    let bundle = Bundle::new(
+        dir.path(),
+        "b1",
+        &["true"],
+        json!({"gpushare.io/gpu": "count:zero"}),
+    );
+    let before = bundle.config_bytes();
+    let out = wrapper(
+        &arbiter.config_path,
+        &state,
+        &["create", "--bundle", bundle.dir.to_str().unwrap(), "c1"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("gpushare.io/gpu") && stderr(&out).contains("count:N"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(bundle.config_bytes(), before, "spec on disk unchanged");
+    assert!(arbiter.leases().is_empty());
+}
+
+#[test]
+fn runtime_failure_after_the_edit_restores_the_spec_and_releases_the_lease() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let state = dir.path().join("runc-state");
+    // runc create fails looking up the process's executable, after gpushare edited the spec.
+    let bundle = Bundle::new(
+        dir.path(),
+        "b2",
+        &["/no/such/program"],
+        json!({"gpushare.io/memory": "1Gi"}),
+    );
+    let before = bundle.config_bytes();
+    let out = wrapper(
+        &arbiter.config_path,
+        &state,
+        &["create", "--bundle", bundle.dir.to_str().unwrap(), "c2"],
+    );
+    assert!(!out.status.success(), "runc create must fail");
+    assert!(
+        stderr(&out).contains("/no/such/program"),
+        "runc's own error comes through: {}",
+        stderr(&out)
+    );
+    assert_eq!(bundle.config_bytes(), before, "original bytes restored");
+    assert!(arbiter.leases().is_empty(), "lease released");
+    assert_eq!(arbiter.lease_dirs(), 0);
+    assert_eq!(
+        std::fs::read_dir(&bundle.dir).unwrap().count(),
+        2,
+        "no temporary file left in the bundle"
+    );
+}
+
+#[test]
+fn full_lifecycle_through_real_runc_and_next_runtime_selection() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let state = dir.path().join("runc-state");
+    // The NVIDIA runtime comes first in the default list; where it is absent, runc is next.
+    let text = std::fs::read_to_string(&arbiter.config_path)
+        .unwrap()
+        .replace(
+            "runtimes = [\"runc\"]",
+            "runtimes = [\"/opt/absent/nvidia-container-runtime\", \"runc\"]",
+        );
+    let config = dir.path().join("config-chain.toml");
+    std::fs::write(&config, text).unwrap();
+
+    let bundle = Bundle::new(
+        dir.path(),
+        "b3",
+        &["sleep", "600"],
+        json!({"gpushare.io/memory": "512Mi"}),
+    );
+    let b = bundle.dir.to_str().unwrap();
+    let out = wrapper(&config, &state, &["create", "--bundle", b, "c3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let leases = arbiter.leases();
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0]["container_id"], "c3");
+    assert_eq!(leases[0]["state"], "confirmed", "createRuntime hook ran");
+    let edited: Value = serde_json::from_slice(&bundle.config_bytes()).unwrap();
+    assert_eq!(edited["annotations"]["gpushare.io/injected"], "v1");
+
+    for args in [&["start", "c3"][..], &["kill", "c3", "KILL"][..]] {
+        let out = wrapper(&config, &state, args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+    wait_until(
+        "the container to stop",
+        std::time::Duration::from_secs(10),
+        || {
+            let out = wrapper(&config, &state, &["state", "c3"]);
+            String::from_utf8_lossy(&out.stdout).contains("\"stopped\"")
+        },
+    );
+    let out = wrapper(&config, &state, &["delete", "c3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(arbiter.leases().is_empty(), "poststop released the lease");
+
+    // No runtime at all: a clear error naming the list.
+    let none = dir.path().join("config-none.toml");
+    std::fs::write(
+        &none,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("\"runc\"]", "\"/opt/absent/runc\"]"),
+    )
+    .unwrap();
+    let out = wrapper(&none, &state, &["state", "c3"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("runtime.runtimes") && stderr(&out).contains("/opt/absent/runc"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn forged_marker_annotation_is_refused() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let state = dir.path().join("runc-state");
+    // Someone copies gpushare's own annotations to skip gpushare (and its void policy).
+    let bundle = Bundle::new(
+        dir.path(),
+        "b4",
+        &["true"],
+        json!({"gpushare.io/injected": "v1", "gpushare.io/lease": "0000000000000001"}),
+    );
+    let before = bundle.config_bytes();
+    let out = wrapper(
+        &arbiter.config_path,
+        &state,
+        &["create", "--bundle", bundle.dir.to_str().unwrap(), "c4"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("cannot be set by hand"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(bundle.config_bytes(), before);
+}

@@ -1,0 +1,96 @@
+//! `cuGetProcAddress` / `_v2` and error strings.
+
+use crate::procaddr::{resolve, Resolution, SymbolStatus};
+use crate::result::{guard, write_out, CUresult, CudaError};
+use libc::{c_char, c_int, c_void};
+use std::ffi::CStr;
+
+fn get_proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut i32,
+) -> Result<(), CudaError> {
+    if symbol.is_null() || pfn.is_null() {
+        return Err(CudaError::InvalidValue);
+    }
+    // SAFETY: a NUL-terminated name per the API contract.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+    let (address, outcome) =
+        match resolve(name, cuda_version, flags, super::device::driver_version()) {
+            Resolution::Found(s) => match crate::export_address(s) {
+                Some(a) => (a, SymbolStatus::Success),
+                None => (std::ptr::null_mut(), SymbolStatus::SymbolNotFound),
+            },
+            Resolution::VersionNotSufficient => {
+                (std::ptr::null_mut(), SymbolStatus::VersionNotSufficient)
+            }
+            Resolution::SymbolNotFound => (std::ptr::null_mut(), SymbolStatus::SymbolNotFound),
+            Resolution::InvalidRequest => return Err(CudaError::InvalidValue),
+        };
+    // SAFETY: checked non-null; out-parameters per the API contract (symbolStatus is optional,
+    // and the CUDA runtime does pass NULL).
+    unsafe {
+        write_out(pfn, address)?;
+        if !status.is_null() {
+            write_out(status, outcome as i32)?;
+        }
+    }
+    // A NULL pointer comes with CUDA_ERROR_NOT_FOUND, as drivers in the field return it; callers
+    // must check the pointer (and symbolStatus) either way.
+    if outcome == SymbolStatus::Success {
+        Ok(())
+    } else {
+        Err(CudaError::NotFound)
+    }
+}
+
+/// CUDA 11.3–11.8 form, without `symbolStatus`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    guard(|| get_proc_address(symbol, pfn, cuda_version, flags, std::ptr::null_mut()))
+}
+
+/// CUDA 12.0+ form (`cuGetProcAddress` in 12.x headers is a macro for it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut i32,
+) -> CUresult {
+    guard(|| get_proc_address(symbol, pfn, cuda_version, flags, status))
+}
+
+fn error_text(error: CUresult, out: *mut *const c_char, name: bool) -> Result<(), CudaError> {
+    let text: &'static [u8] = match (error, CudaError::from_code(error)) {
+        (0, _) if name => b"CUDA_SUCCESS\0",
+        (0, _) => b"no error\0",
+        (_, Some(e)) if name => e.name(),
+        (_, Some(e)) => e.description(),
+        (_, None) => {
+            // SAFETY: out-parameter per the API contract: NULL on an unknown code.
+            unsafe { write_out(out, std::ptr::null())? };
+            return Err(CudaError::InvalidValue);
+        }
+    };
+    // SAFETY: out-parameter per the API contract; the string is static and NUL-terminated.
+    unsafe { write_out(out, text.as_ptr() as *const c_char) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(error: CUresult, out: *mut *const c_char) -> CUresult {
+    guard(|| error_text(error, out, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(error: CUresult, out: *mut *const c_char) -> CUresult {
+    guard(|| error_text(error, out, true))
+}

@@ -1,0 +1,168 @@
+//! Events: markers in the context's FIFO whose completion time the model records exactly.
+
+use super::Handle;
+use crate::driver::{driver, Event};
+use crate::result::{guard, write_out, CUresult, CudaError};
+use libc::c_uint;
+use simgpu_model::DeviceError;
+
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: c_uint = 0x2;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, flags: c_uint) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let mut state = d.state();
+        let ctx = d.current(&state)?;
+        if event.is_null() {
+            return Err(CudaError::InvalidValue);
+        }
+        let slot = d.device.lock()?.create_event(state.context(ctx)?.id)?;
+        let h = state.events.insert(Event { ctx, slot, flags });
+        // SAFETY: out-parameter per the API contract.
+        unsafe { write_out(event, h) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let mut state = d.state();
+        let e = state.events.remove(event).ok_or(CudaError::InvalidHandle)?;
+        if let Ok(ctx) = state.context(e.ctx) {
+            let _ = d.device.lock()?.destroy_event(ctx.id, e.slot);
+        }
+        Ok(())
+    })
+}
+
+fn record(event: Handle, stream: Handle, per_thread: bool) -> Result<(), CudaError> {
+    let d = driver()?;
+    let (target, id, slot) = {
+        let state = d.state();
+        let e = state.events.get(event).ok_or(CudaError::InvalidHandle)?;
+        let target = d.resolve_stream(&state, stream, per_thread)?;
+        if d.capturing(&state, target).is_some() {
+            // A captured event record becomes part of the graph; the graph's own ordering
+            // already covers it in the simulated device.
+            return Ok(());
+        }
+        if d.target_context(&state, target)? != e.ctx {
+            return Err(CudaError::InvalidHandle);
+        }
+        (target, state.context(e.ctx)?.id, e.slot)
+    };
+    let count = loop {
+        let result = d.device.lock()?.record_event(id, slot);
+        match result {
+            Ok(count) => break count,
+            Err(DeviceError::QueueFull { completed }) => {
+                d.device.wait_until_completed(id, completed)?
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    d.note_submitted(&mut d.state(), target, count);
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
+    guard(|| record(event, stream, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecord_ptsz(event: Handle, stream: Handle) -> CUresult {
+    guard(|| record(event, stream, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags(
+    event: Handle,
+    stream: Handle,
+    _flags: c_uint,
+) -> CUresult {
+    guard(|| record(event, stream, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventRecordWithFlags_ptsz(
+    event: Handle,
+    stream: Handle,
+    _flags: c_uint,
+) -> CUresult {
+    guard(|| record(event, stream, true))
+}
+
+fn event_state(
+    event: Handle,
+) -> Result<
+    (
+        simgpu_model::device::ContextId,
+        simgpu_model::device::EventState,
+        c_uint,
+    ),
+    CudaError,
+> {
+    let d = driver()?;
+    let (id, slot, flags) = {
+        let state = d.state();
+        let e = state.events.get(event).ok_or(CudaError::InvalidHandle)?;
+        (state.context(e.ctx)?.id, e.slot, e.flags)
+    };
+    let s = d.device.lock()?.event_state(id, slot)?;
+    Ok((id, s, flags))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
+    guard(|| {
+        let (_, s, _) = event_state(event)?;
+        if !s.recorded || s.complete {
+            Ok(())
+        } else {
+            Err(CudaError::NotReady)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
+    guard(|| {
+        let (id, s, _) = event_state(event)?;
+        if !s.recorded {
+            return Ok(());
+        }
+        driver()?.wait(id, s.recorded_count)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    guard(|| {
+        let (_, a, fa) = event_state(start)?;
+        let (_, b, fb) = event_state(end)?;
+        if (fa | fb) & EVENT_DISABLE_TIMING != 0 || !a.recorded || !b.recorded {
+            return Err(CudaError::InvalidHandle);
+        }
+        if !a.complete || !b.complete {
+            return Err(CudaError::NotReady);
+        }
+        let elapsed = (b.completed_at_ns as f64 - a.completed_at_ns as f64) / 1e6;
+        // SAFETY: out-parameter per the API contract.
+        unsafe { write_out(ms, elapsed as f32) }
+    })
+}
+
+/// CUDA 12.8: same signature; the simulated events never lose their timestamps.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuEventElapsedTime(ms, start, end) }
+}

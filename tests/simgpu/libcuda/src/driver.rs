@@ -1,0 +1,759 @@
+//! The process-local side of the simulated driver: handles, the per-thread context stack,
+//! streams and what each object is charged, on top of the shared device model.
+//!
+//! Lock order: the process-local `State` mutex, then the shared device mutex. Nobody sleeps
+//! while holding either: waiting for the GPU happens after both are released.
+
+use crate::handles::{Kind, Slab};
+use crate::result::{CuResult, CudaError};
+use simgpu_model::device::{ContextId, ProcessId};
+use simgpu_model::kernel::KernelDuration;
+use simgpu_model::shared::{StoredConfig, MAX_GPUS, NO_EVENT};
+use simgpu_model::{Device, DeviceError, SimConfig};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// `CU_STREAM_LEGACY`: the legacy default stream, whatever the compilation mode.
+pub const STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+pub const STREAM_PER_THREAD: usize = 0x2;
+/// First device address handed out; an arbitrary, recognisable range like the real driver's.
+const VA_BASE: u64 = 0x7f10_0000_0000;
+const ALLOC_ALIGN: u64 = 512;
+
+pub struct Context {
+    pub id: ContextId,
+    pub gpu: u32,
+    pub flags: u32,
+    pub primary: bool,
+    /// Completion count of the last operation on the legacy default stream.
+    pub legacy_last: u64,
+}
+
+#[derive(Default, Clone, Copy)]
+pub struct Primary {
+    pub handle: usize,
+    pub retains: u32,
+    pub flags: u32,
+}
+
+pub struct Stream {
+    pub ctx: usize,
+    pub last: u64,
+    pub flags: u32,
+    pub priority: i32,
+    /// The graph this stream is capturing into.
+    pub capture: Option<usize>,
+}
+
+pub struct Event {
+    pub ctx: usize,
+    pub slot: u32,
+    pub flags: u32,
+}
+
+pub struct Function {
+    pub duration: KernelDuration,
+}
+
+/// What a captured stream recorded: the durations of its operations, in order.
+#[derive(Clone, Default)]
+pub struct Graph {
+    pub nodes: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocKind {
+    Device,
+    Managed,
+    /// From a memory pool (`cuMemAllocAsync` / `cuMemAllocFromPoolAsync`).
+    Pool(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Allocation {
+    pub size: u64,
+    pub gpu: u32,
+    pub ctx: usize,
+    pub kind: AllocKind,
+}
+
+/// Device memory held by an array or mipmapped array.
+pub struct Charge {
+    pub gpu: u32,
+    pub bytes: u64,
+    pub ctx: usize,
+}
+
+/// A stream-ordered memory pool. Freed blocks stay reserved (charged to the device) until a
+/// synchronisation trims the pool to its release threshold, as the real pools do.
+pub struct Pool {
+    pub gpu: u32,
+    pub reserved: u64,
+    pub used: u64,
+    pub release_threshold: u64,
+    pub reserved_high: u64,
+    pub used_high: u64,
+}
+
+/// A physical allocation of the virtual memory management API (`cuMemCreate`).
+pub struct Physical {
+    /// `None` for host-located memory, which the device does not charge.
+    pub gpu: Option<u32>,
+    pub size: u64,
+    pub released: bool,
+    pub mappings: u32,
+}
+
+pub struct Mapping {
+    pub size: u64,
+    pub physical: u64,
+}
+
+pub struct State {
+    pub contexts: Slab<Context>,
+    pub primary: [Primary; MAX_GPUS],
+    pub streams: Slab<Stream>,
+    pub events: Slab<Event>,
+    pub modules: Slab<()>,
+    pub functions: Slab<Function>,
+    pub graphs: Slab<Graph>,
+    pub graph_execs: Slab<Graph>,
+    pub allocations: BTreeMap<u64, Allocation>,
+    pub arrays: Slab<Charge>,
+    pub mipmapped: Slab<Charge>,
+    pub pools: Slab<Pool>,
+    pub default_pools: [usize; MAX_GPUS],
+    pub current_pools: [usize; MAX_GPUS],
+    pub physical: BTreeMap<u64, Physical>,
+    pub next_physical: u64,
+    pub reservations: BTreeMap<u64, u64>,
+    pub mappings: BTreeMap<u64, Mapping>,
+    next_va: u64,
+}
+
+impl State {
+    fn new() -> State {
+        State {
+            contexts: Slab::new(Kind::Context),
+            primary: [Primary::default(); MAX_GPUS],
+            streams: Slab::new(Kind::Stream),
+            events: Slab::new(Kind::Event),
+            modules: Slab::new(Kind::Module),
+            functions: Slab::new(Kind::Function),
+            graphs: Slab::new(Kind::Graph),
+            graph_execs: Slab::new(Kind::GraphExec),
+            allocations: BTreeMap::new(),
+            arrays: Slab::new(Kind::Array),
+            mipmapped: Slab::new(Kind::MipmappedArray),
+            pools: Slab::new(Kind::MemPool),
+            default_pools: [0; MAX_GPUS],
+            current_pools: [0; MAX_GPUS],
+            physical: BTreeMap::new(),
+            next_physical: 1,
+            reservations: BTreeMap::new(),
+            mappings: BTreeMap::new(),
+            next_va: VA_BASE,
+        }
+    }
+
+    /// A fresh, aligned device address range of `size` bytes (never reused in a process).
+    pub fn take_va(&mut self, size: u64, align: u64) -> u64 {
+        let align = align.max(ALLOC_ALIGN).next_power_of_two();
+        let base = self.next_va.div_ceil(align) * align;
+        self.next_va = base + size.max(1) + ALLOC_ALIGN;
+        base
+    }
+
+    pub fn context(&self, handle: usize) -> CuResult<&Context> {
+        self.contexts.get(handle).ok_or(CudaError::InvalidContext)
+    }
+
+    /// Whether `[ptr, ptr + len)` lies inside memory this process can address on the device.
+    pub fn is_device_range(&self, ptr: u64, len: u64) -> bool {
+        let end = ptr.saturating_add(len);
+        let inside = |base: u64, size: u64| ptr >= base && end <= base + size;
+        self.allocations
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(b, a)| inside(*b, a.size))
+            || self
+                .mappings
+                .range(..=ptr)
+                .next_back()
+                .is_some_and(|(b, m)| inside(*b, m.size))
+    }
+}
+
+/// Where an operation goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamTarget {
+    Legacy(usize),
+    PerThread(usize),
+    Created(usize),
+}
+
+pub struct Driver {
+    pub device: Device,
+    pub process: ProcessId,
+    pub config: StoredConfig,
+    /// Model GPU index of each device ordinal (see `visible_gpus`).
+    visible: Vec<u32>,
+    state: Mutex<State>,
+}
+
+static DRIVER: OnceLock<Result<Driver, CudaError>> = OnceLock::new();
+
+thread_local! {
+    /// The thread's context stack; the top is the current context.
+    static CONTEXT_STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// Completion count of the last operation on this thread's default stream, per context.
+    static PER_THREAD_LAST: RefCell<Vec<(usize, u64)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `cuInit`: attach to the shared device once per process. A failure is remembered, as the real
+/// driver remembers it.
+pub fn init() -> CuResult<&'static Driver> {
+    DRIVER.get_or_init(Driver::attach).as_ref().map_err(|e| *e)
+}
+
+/// The driver, if `cuInit` succeeded.
+pub fn driver() -> CuResult<&'static Driver> {
+    match DRIVER.get() {
+        Some(Ok(d)) => Ok(d),
+        _ => Err(CudaError::NotInitialized),
+    }
+}
+
+pub fn current_context() -> Option<usize> {
+    CONTEXT_STACK.with(|s| s.borrow().last().copied())
+}
+
+pub fn set_current_context(ctx: Option<usize>) {
+    CONTEXT_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        if let Some(c) = ctx {
+            s.push(c);
+        }
+    })
+}
+
+pub fn push_context(ctx: usize) {
+    CONTEXT_STACK.with(|s| s.borrow_mut().push(ctx))
+}
+
+pub fn pop_context() -> Option<usize> {
+    CONTEXT_STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// Removes a destroyed context from this thread's stack (other threads find it invalid).
+pub fn forget_context_on_this_thread(ctx: usize) {
+    CONTEXT_STACK.with(|s| s.borrow_mut().retain(|c| *c != ctx));
+}
+
+fn per_thread_last(ctx: usize) -> u64 {
+    PER_THREAD_LAST.with(|m| {
+        m.borrow()
+            .iter()
+            .find(|(c, _)| *c == ctx)
+            .map_or(0, |(_, n)| *n)
+    })
+}
+
+fn set_per_thread_last(ctx: usize, count: u64) {
+    PER_THREAD_LAST.with(|m| {
+        let mut m = m.borrow_mut();
+        match m.iter_mut().find(|(c, _)| *c == ctx) {
+            Some(entry) => entry.1 = entry.1.max(count),
+            None => m.push((ctx, count)),
+        }
+    })
+}
+
+impl Driver {
+    fn attach() -> Result<Driver, CudaError> {
+        let config = SimConfig::from_env().map_err(|_| CudaError::NotInitialized)?;
+        let device = Device::open(&config).map_err(|_| CudaError::NoDevice)?;
+        let process = device
+            .lock()
+            .and_then(|mut l| l.attach_process())
+            .map_err(|_| CudaError::NoDevice)?;
+        let config = device.config();
+        let visible = simgpu_model::config::visible_gpus(
+            config.gpus,
+            std::env::var("NVIDIA_VISIBLE_DEVICES").ok().as_deref(),
+        )
+        .map_err(|_| CudaError::NoDevice)?;
+        Ok(Driver {
+            device,
+            process,
+            config,
+            visible,
+            state: Mutex::new(State::new()),
+        })
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding it (caught by the export guard) must not wedge the process.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn gpu_count(&self) -> u32 {
+        self.visible.len() as u32
+    }
+
+    /// The model GPU behind a device ordinal (a `CUdevice` is its ordinal).
+    pub fn check_gpu(&self, dev: i32) -> CuResult<u32> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| self.visible.get(d).copied())
+            .ok_or(CudaError::InvalidDevice)
+    }
+
+    /// The device ordinal of a model GPU this process can see.
+    pub fn ordinal_of(&self, gpu: u32) -> CuResult<i32> {
+        self.visible
+            .iter()
+            .position(|&g| g == gpu)
+            .map(|o| o as i32)
+            .ok_or(CudaError::InvalidDevice)
+    }
+
+    /// The current context, or `CUDA_ERROR_INVALID_CONTEXT`.
+    pub fn current(&self, state: &State) -> CuResult<usize> {
+        let ctx = current_context().ok_or(CudaError::InvalidContext)?;
+        state.context(ctx)?;
+        Ok(ctx)
+    }
+
+    /// Resolves a `CUstream` argument. `per_thread_default` is true for the `_ptsz`/`_ptds`
+    /// entry points, where stream 0 means the calling thread's default stream.
+    pub fn resolve_stream(
+        &self,
+        state: &State,
+        raw: usize,
+        per_thread_default: bool,
+    ) -> CuResult<StreamTarget> {
+        match raw {
+            0 if per_thread_default => Ok(StreamTarget::PerThread(self.current(state)?)),
+            0 | STREAM_LEGACY => Ok(StreamTarget::Legacy(self.current(state)?)),
+            STREAM_PER_THREAD => Ok(StreamTarget::PerThread(self.current(state)?)),
+            h => {
+                let s = state.streams.get(h).ok_or(CudaError::InvalidHandle)?;
+                state.context(s.ctx)?;
+                Ok(StreamTarget::Created(h))
+            }
+        }
+    }
+
+    pub fn target_context(&self, state: &State, target: StreamTarget) -> CuResult<usize> {
+        match target {
+            StreamTarget::Legacy(c) | StreamTarget::PerThread(c) => Ok(c),
+            StreamTarget::Created(h) => {
+                Ok(state.streams.get(h).ok_or(CudaError::InvalidHandle)?.ctx)
+            }
+        }
+    }
+
+    /// The graph `target` is capturing into, if any.
+    pub fn capturing(&self, state: &State, target: StreamTarget) -> Option<usize> {
+        match target {
+            StreamTarget::Created(h) => state.streams.get(h).and_then(|s| s.capture),
+            _ => None,
+        }
+    }
+
+    /// Completion count `target` must reach for all its work so far to be done.
+    pub fn stream_last(&self, state: &State, target: StreamTarget) -> CuResult<(ContextId, u64)> {
+        let ctx = self.target_context(state, target)?;
+        let id = state.context(ctx)?.id;
+        let last = match target {
+            StreamTarget::Legacy(c) => state.context(c)?.legacy_last,
+            StreamTarget::PerThread(c) => per_thread_last(c),
+            StreamTarget::Created(h) => state.streams.get(h).ok_or(CudaError::InvalidHandle)?.last,
+        };
+        Ok((id, last))
+    }
+
+    /// Queues operations on a stream (or records them into the graph it is capturing).
+    /// Blocks while the context's queue is full, like a full pushbuffer.
+    pub fn enqueue(
+        &self,
+        raw_stream: usize,
+        per_thread_default: bool,
+        durations: &[u64],
+    ) -> CuResult<()> {
+        let (target, ctx_id) = {
+            let mut state = self.state();
+            let target = self.resolve_stream(&state, raw_stream, per_thread_default)?;
+            if let Some(graph) = self.capturing(&state, target) {
+                let g = state
+                    .graphs
+                    .get_mut(graph)
+                    .ok_or(CudaError::StreamCaptureInvalidated)?;
+                g.nodes.extend_from_slice(durations);
+                return Ok(());
+            }
+            let ctx = self.target_context(&state, target)?;
+            (target, state.context(ctx)?.id)
+        };
+        let mut last = 0;
+        for &d in durations {
+            last = self.submit_blocking(ctx_id, d, NO_EVENT)?;
+        }
+        if durations.is_empty() {
+            return Ok(());
+        }
+        let mut state = self.state();
+        self.note_submitted(&mut state, target, last);
+        Ok(())
+    }
+
+    pub fn note_submitted(&self, state: &mut State, target: StreamTarget, count: u64) {
+        match target {
+            StreamTarget::Legacy(c) => {
+                if let Some(ctx) = state.contexts.get_mut(c) {
+                    ctx.legacy_last = ctx.legacy_last.max(count);
+                }
+            }
+            StreamTarget::PerThread(c) => set_per_thread_last(c, count),
+            StreamTarget::Created(h) => {
+                if let Some(s) = state.streams.get_mut(h) {
+                    s.last = s.last.max(count);
+                }
+            }
+        }
+    }
+
+    pub fn submit_blocking(&self, ctx: ContextId, duration_ns: u64, event: u32) -> CuResult<u64> {
+        loop {
+            let result = self.device.lock()?.submit(ctx, duration_ns, event);
+            match result {
+                Ok(count) => return Ok(count),
+                Err(DeviceError::QueueFull { completed }) => {
+                    self.device.wait_until_completed(ctx, completed)?
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Waits for `count` operations of `ctx`, then lets memory pools give back what they cached
+    /// (the release threshold applies at synchronisation points).
+    pub fn wait(&self, ctx: ContextId, count: u64) -> CuResult<()> {
+        self.device.wait_until_completed(ctx, count)?;
+        self.trim_pools_to_threshold();
+        Ok(())
+    }
+
+    pub fn trim_pools_to_threshold(&self) {
+        let mut state = self.state();
+        let handles: Vec<usize> = state.pools.iter().map(|(h, _)| h).collect();
+        for h in handles {
+            let keep = state.pools.get(h).map_or(0, |p| p.release_threshold);
+            let _ = self.trim_pool(&mut state, h, keep);
+        }
+    }
+
+    /// Releases cached (reserved but unused) bytes of a pool down to `keep` reserved bytes.
+    pub fn trim_pool(&self, state: &mut State, pool: usize, keep: u64) -> CuResult<()> {
+        let p = state.pools.get_mut(pool).ok_or(CudaError::InvalidValue)?;
+        let target = keep.max(p.used);
+        if p.reserved > target {
+            let release = p.reserved - target;
+            p.reserved = target;
+            let gpu = p.gpu;
+            self.device
+                .lock()?
+                .release_memory(self.process, gpu, release)?;
+        }
+        Ok(())
+    }
+
+    /// Charges device memory and hands out an address.
+    pub fn allocate(
+        &self,
+        state: &mut State,
+        ctx: usize,
+        size: u64,
+        kind: AllocKind,
+    ) -> CuResult<u64> {
+        if size == 0 {
+            return Err(CudaError::InvalidValue);
+        }
+        let gpu = state.context(ctx)?.gpu;
+        self.device
+            .lock()?
+            .reserve_memory(self.process, gpu, size)?;
+        let ptr = state.take_va(size, ALLOC_ALIGN);
+        state.allocations.insert(
+            ptr,
+            Allocation {
+                size,
+                gpu,
+                ctx,
+                kind,
+            },
+        );
+        Ok(ptr)
+    }
+
+    pub fn free(&self, state: &mut State, ptr: u64) -> CuResult<Allocation> {
+        let a = *state.allocations.get(&ptr).ok_or(CudaError::InvalidValue)?;
+        if let AllocKind::Pool(_) = a.kind {
+            // Pool memory goes back through cuMemFreeAsync; the real driver also accepts
+            // cuMemFree here, synchronising first.
+            return self.free_to_pool(state, ptr);
+        }
+        state.allocations.remove(&ptr);
+        self.device
+            .lock()?
+            .release_memory(self.process, a.gpu, a.size)?;
+        Ok(a)
+    }
+
+    pub fn free_to_pool(&self, state: &mut State, ptr: u64) -> CuResult<Allocation> {
+        let a = state
+            .allocations
+            .remove(&ptr)
+            .ok_or(CudaError::InvalidValue)?;
+        let AllocKind::Pool(pool) = a.kind else {
+            state.allocations.insert(ptr, a);
+            return self.free(state, ptr);
+        };
+        if let Some(p) = state.pools.get_mut(pool) {
+            p.used = p.used.saturating_sub(a.size);
+        } else {
+            // The pool was destroyed under a live allocation: release directly.
+            self.device
+                .lock()?
+                .release_memory(self.process, a.gpu, a.size)?;
+        }
+        Ok(a)
+    }
+
+    /// Allocates from a pool, reusing its cached bytes before charging the device for more.
+    pub fn allocate_from_pool(
+        &self,
+        state: &mut State,
+        ctx: usize,
+        pool: usize,
+        size: u64,
+    ) -> CuResult<u64> {
+        if size == 0 {
+            return Err(CudaError::InvalidValue);
+        }
+        let p = state.pools.get(pool).ok_or(CudaError::InvalidValue)?;
+        let gpu = p.gpu;
+        let cached = p.reserved - p.used;
+        let grow = size.saturating_sub(cached);
+        if grow > 0 {
+            self.device
+                .lock()?
+                .reserve_memory(self.process, gpu, grow)?;
+        }
+        let p = state.pools.get_mut(pool).ok_or(CudaError::InvalidValue)?;
+        p.reserved += grow;
+        p.used += size;
+        p.reserved_high = p.reserved_high.max(p.reserved);
+        p.used_high = p.used_high.max(p.used);
+        let ptr = state.take_va(size, ALLOC_ALIGN);
+        state.allocations.insert(
+            ptr,
+            Allocation {
+                size,
+                gpu,
+                ctx,
+                kind: AllocKind::Pool(pool),
+            },
+        );
+        Ok(ptr)
+    }
+
+    pub fn default_pool(&self, state: &mut State, gpu: u32) -> usize {
+        let slot = &mut state.default_pools[gpu as usize];
+        if *slot == 0 {
+            *slot = state.pools.insert(Pool {
+                gpu,
+                reserved: 0,
+                used: 0,
+                release_threshold: 0,
+                reserved_high: 0,
+                used_high: 0,
+            });
+        }
+        let pool = state.default_pools[gpu as usize];
+        if state.current_pools[gpu as usize] == 0 {
+            state.current_pools[gpu as usize] = pool;
+        }
+        pool
+    }
+
+    pub fn charge(&self, gpu: u32, bytes: u64) -> CuResult<()> {
+        Ok(self
+            .device
+            .lock()?
+            .reserve_memory(self.process, gpu, bytes)?)
+    }
+
+    pub fn credit(&self, gpu: u32, bytes: u64) -> CuResult<()> {
+        Ok(self
+            .device
+            .lock()?
+            .release_memory(self.process, gpu, bytes)?)
+    }
+
+    /// Destroys a context: its queued work is dropped and the memory allocated in it freed.
+    pub fn destroy_context(&self, state: &mut State, ctx: usize) -> CuResult<()> {
+        let c = state
+            .contexts
+            .remove(ctx)
+            .ok_or(CudaError::InvalidContext)?;
+        let _ = self.device.lock()?.destroy_context(c.id);
+        let owned: Vec<u64> = state
+            .allocations
+            .iter()
+            .filter(|(_, a)| a.ctx == ctx)
+            .map(|(p, _)| *p)
+            .collect();
+        for ptr in owned {
+            if let Some(a) = state.allocations.remove(&ptr) {
+                match a.kind {
+                    AllocKind::Pool(pool) if state.pools.get(pool).is_some() => {
+                        if let Some(p) = state.pools.get_mut(pool) {
+                            p.used = p.used.saturating_sub(a.size);
+                        }
+                    }
+                    _ => self.credit(a.gpu, a.size)?,
+                }
+            }
+        }
+        for slab in [&mut state.arrays, &mut state.mipmapped] {
+            let owned: Vec<usize> = slab
+                .iter()
+                .filter(|(_, c)| c.ctx == ctx)
+                .map(|(h, _)| h)
+                .collect();
+            for h in owned {
+                if let Some(c) = slab.remove(h) {
+                    self.credit(c.gpu, c.bytes)?;
+                }
+            }
+        }
+        let streams: Vec<usize> = state
+            .streams
+            .iter()
+            .filter(|(_, s)| s.ctx == ctx)
+            .map(|(h, _)| h)
+            .collect();
+        for h in streams {
+            state.streams.remove(h);
+        }
+        let events: Vec<usize> = state
+            .events
+            .iter()
+            .filter(|(_, e)| e.ctx == ctx)
+            .map(|(h, _)| h)
+            .collect();
+        for h in events {
+            state.events.remove(h);
+        }
+        forget_context_on_this_thread(ctx);
+        Ok(())
+    }
+
+    pub fn create_context(
+        &self,
+        state: &mut State,
+        gpu: u32,
+        flags: u32,
+        primary: bool,
+    ) -> CuResult<usize> {
+        let id = self.device.lock()?.create_context(self.process, gpu)?;
+        Ok(state.contexts.insert(Context {
+            id,
+            gpu,
+            flags,
+            primary,
+            legacy_last: 0,
+        }))
+    }
+
+    /// Duration of a launch of `function` with `kernel_params` (the `void**` of cuLaunchKernel)
+    /// or `extra` (the packed-buffer form).
+    ///
+    /// # Safety
+    /// `kernel_params` and `extra` must be NULL or follow the cuLaunchKernel contract.
+    pub unsafe fn kernel_duration(
+        &self,
+        state: &State,
+        function: usize,
+        kernel_params: *mut *mut libc::c_void,
+        extra: *mut *mut libc::c_void,
+    ) -> CuResult<u64> {
+        let f = state
+            .functions
+            .get(function)
+            .ok_or(CudaError::InvalidHandle)?;
+        match f.duration {
+            KernelDuration::Fixed(ns) => Ok(ns),
+            KernelDuration::Default => Ok(self.config.default_kernel_ns),
+            // SAFETY: the caller passes the launch's own parameter arrays.
+            KernelDuration::FirstParam => unsafe { first_u64_param(kernel_params, extra) },
+        }
+    }
+}
+
+/// `CU_LAUNCH_PARAM_END`, `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE`.
+const LAUNCH_PARAM_END: usize = 0;
+const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+/// The first kernel parameter as a `u64`, from either the `kernelParams` array (each entry
+/// points at one argument) or the `extra` packed buffer.
+///
+/// # Safety
+/// Both must be NULL or laid out as cuLaunchKernel specifies.
+unsafe fn first_u64_param(
+    kernel_params: *mut *mut libc::c_void,
+    extra: *mut *mut libc::c_void,
+) -> CuResult<u64> {
+    // SAFETY: per the cuLaunchKernel contract, kernelParams[0] points at the first argument,
+    // which for simgpu_kernel is a u64; `extra` is a (key, value) list ending with
+    // CU_LAUNCH_PARAM_END whose buffer holds the packed arguments.
+    unsafe {
+        if !kernel_params.is_null() {
+            let first = *kernel_params;
+            if first.is_null() {
+                return Err(CudaError::InvalidValue);
+            }
+            return Ok((first as *const u64).read_unaligned());
+        }
+        if !extra.is_null() {
+            let (mut buffer, mut size) = (std::ptr::null::<u8>(), 0usize);
+            let mut i = 0;
+            loop {
+                let key = *extra.add(i) as usize;
+                match key {
+                    LAUNCH_PARAM_END => break,
+                    LAUNCH_PARAM_BUFFER_POINTER => buffer = *extra.add(i + 1) as *const u8,
+                    LAUNCH_PARAM_BUFFER_SIZE => size = *(*extra.add(i + 1) as *const usize),
+                    _ => return Err(CudaError::InvalidValue),
+                }
+                i += 2;
+            }
+            if !buffer.is_null() && size >= 8 {
+                return Ok((buffer as *const u64).read_unaligned());
+            }
+        }
+    }
+    Err(CudaError::InvalidValue)
+}
+
+impl From<simgpu_model::lock::LockError> for CudaError {
+    fn from(_: simgpu_model::lock::LockError) -> CudaError {
+        CudaError::Unknown
+    }
+}

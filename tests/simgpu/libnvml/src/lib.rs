@@ -1,0 +1,494 @@
+//! `libnvidia-ml.so.1` of the simulated GPU: device identity, memory, utilisation and the
+//! per-process usage (with host pids) from the same shared model `libcuda.so.1` drives.
+//!
+//! Only the functions the project uses (through the `nvml-wrapper` crate) exist; `nvml-wrapper`
+//! loads each symbol lazily, so the rest simply report "function not found" there.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use libc::{c_char, c_int, c_uint};
+use simgpu_model::pidns::resolve_pid;
+use simgpu_model::{Device, SimConfig};
+use std::ffi::CStr;
+use std::sync::{Mutex, MutexGuard};
+
+pub type NvmlReturn = c_int;
+pub const NVML_SUCCESS: NvmlReturn = 0;
+pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+
+/// `nvmlDevice_t`: a tagged GPU index, never dereferenced.
+pub type NvmlDevice = usize;
+const DEVICE_TAG: usize = 0x5147_0000;
+
+#[repr(C)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `NVML_STRUCT_VERSION(Memory, 2)`.
+pub const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
+
+#[repr(C)]
+pub struct NvmlUtilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// `nvmlProcessInfo_t` of the `_v2`/`_v3` calls.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// `nvmlProcessInfo_v1_t` of the original call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlProcessInfoV1 {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+}
+
+/// Not a MIG instance.
+const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+
+struct Library {
+    device: Device,
+    init_count: u32,
+}
+
+/// The attached model while initialised. Dropped at the last `nvmlShutdown`, so a later
+/// `nvmlInit` reads `SIMGPU_DIR` again.
+static LIBRARY: Mutex<Option<Library>> = Mutex::new(None);
+
+fn library() -> MutexGuard<'static, Option<Library>> {
+    LIBRARY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs an export's body; a panic becomes NVML_ERROR_UNKNOWN instead of unwinding into C.
+fn guard(body: impl FnOnce() -> Result<(), NvmlReturn>) -> NvmlReturn {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(Ok(())) => NVML_SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => NVML_ERROR_UNKNOWN,
+    }
+}
+
+fn with_device<T>(f: impl FnOnce(&Device) -> Result<T, NvmlReturn>) -> Result<T, NvmlReturn> {
+    let lib = library();
+    let lib = lib.as_ref().ok_or(NVML_ERROR_UNINITIALIZED)?;
+    f(&lib.device)
+}
+
+fn gpu_of(device: NvmlDevice, d: &Device) -> Result<u32, NvmlReturn> {
+    let index = device
+        .checked_sub(DEVICE_TAG)
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    u32::try_from(index)
+        .ok()
+        .filter(|i| *i < d.config().gpus)
+        .ok_or(NVML_ERROR_INVALID_ARGUMENT)
+}
+
+/// # Safety
+/// `ptr` must be NULL or valid for a write of `T`.
+unsafe fn write_out<T>(ptr: *mut T, value: T) -> Result<(), NvmlReturn> {
+    if ptr.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null and valid per the contract.
+    unsafe { ptr.write(value) };
+    Ok(())
+}
+
+/// # Safety
+/// `buf` must be valid for `len` bytes.
+unsafe fn write_string(buf: *mut c_char, len: c_uint, text: &str) -> Result<(), NvmlReturn> {
+    if buf.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (len as usize) < text.len() + 1 {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: the buffer holds len >= text.len() + 1 bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr() as *const c_char, buf, text.len());
+        *buf.add(text.len()) = 0;
+    }
+    Ok(())
+}
+
+/// The driver branch matching the simulated CUDA version (12.8 ships with 570).
+fn driver_version_string(cuda_version: i64) -> String {
+    let branch = match cuda_version {
+        v if v >= 13000 => 580,
+        v if v >= 12080 => 570,
+        v if v >= 12040 => 550,
+        _ => 535,
+    };
+    format!("{branch}.0.0")
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    nvmlInitWithFlags(0)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit() -> NvmlReturn {
+    nvmlInitWithFlags(0)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
+    guard(|| {
+        let mut lib = library();
+        match lib.as_mut() {
+            Some(l) => l.init_count += 1,
+            None => {
+                let config = SimConfig::from_env().map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
+                let device = Device::open(&config).map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
+                *lib = Some(Library {
+                    device,
+                    init_count: 1,
+                });
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> NvmlReturn {
+    guard(|| {
+        let mut lib = library();
+        let l = lib.as_mut().ok_or(NVML_ERROR_UNINITIALIZED)?;
+        l.init_count -= 1;
+        if l.init_count == 0 {
+            *lib = None;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    let text: &'static [u8] = match result {
+        NVML_SUCCESS => b"Success\0",
+        NVML_ERROR_UNINITIALIZED => b"Uninitialized\0",
+        NVML_ERROR_INVALID_ARGUMENT => b"Invalid Argument\0",
+        NVML_ERROR_NOT_FOUND => b"Not Found\0",
+        NVML_ERROR_INSUFFICIENT_SIZE => b"Insufficient Size\0",
+        NVML_ERROR_DRIVER_NOT_LOADED => b"Driver Not Loaded\0",
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH => b"Argument Version Mismatch\0",
+        _ => b"Unknown Error\0",
+    };
+    text.as_ptr() as *const c_char
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        let text = with_device(|d| Ok(driver_version_string(d.config().cuda_version)))?;
+        // SAFETY: caller buffer of `len` bytes.
+        unsafe { write_string(version, len, &text) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, len: c_uint) -> NvmlReturn {
+    guard(|| {
+        let text = with_device(|d| {
+            Ok(format!(
+                "12.{}",
+                driver_version_string(d.config().cuda_version)
+            ))
+        })?;
+        // SAFETY: caller buffer of `len` bytes.
+        unsafe { write_string(version, len, &text) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> NvmlReturn {
+    guard(|| {
+        let v = with_device(|d| Ok(d.config().cuda_version as c_int))?;
+        // SAFETY: out-parameter.
+        unsafe { write_out(version, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe { nvmlSystemGetCudaDriverVersion(version) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
+    guard(|| {
+        let n = with_device(|d| Ok(d.config().gpus))?;
+        // SAFETY: out-parameter.
+        unsafe { write_out(count, n) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    guard(|| {
+        let handle = with_device(|d| {
+            gpu_of(DEVICE_TAG + index as usize, d).map(|g| DEVICE_TAG + g as usize)
+        })?;
+        // SAFETY: out-parameter.
+        unsafe { write_out(device, handle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    guard(|| {
+        if uuid.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: NUL-terminated string per the API contract.
+        let wanted = unsafe { CStr::from_ptr(uuid) }
+            .to_str()
+            .map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+        let gpus = with_device(|d| Ok(d.config().gpus))?;
+        let gpu = (0..gpus)
+            .find(|i| simgpu_model::gpu_uuid(*i) == wanted)
+            .ok_or(NVML_ERROR_NOT_FOUND)?;
+        // SAFETY: out-parameter.
+        unsafe { write_out(device, DEVICE_TAG + gpu as usize) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn {
+    guard(|| {
+        let gpu = with_device(|d| gpu_of(device, d))?;
+        // SAFETY: out-parameter.
+        unsafe { write_out(index, gpu) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: NvmlDevice,
+    uuid: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        let gpu = with_device(|d| gpu_of(device, d))?;
+        // SAFETY: caller buffer of `len` bytes.
+        unsafe { write_string(uuid, len, &simgpu_model::gpu_uuid(gpu)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: NvmlDevice,
+    name: *mut c_char,
+    len: c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        with_device(|d| gpu_of(device, d))?;
+        // SAFETY: caller buffer of `len` bytes.
+        unsafe { write_string(name, len, "NVIDIA Simulated GPU (simgpu)") }
+    })
+}
+
+fn snapshot(device: NvmlDevice) -> Result<simgpu_model::device::GpuSnapshot, NvmlReturn> {
+    with_device(|d| {
+        let gpu = gpu_of(device, d)?;
+        let mut locked = d.lock().map_err(|_| NVML_ERROR_UNKNOWN)?;
+        locked.snapshot(gpu).map_err(|_| NVML_ERROR_UNKNOWN)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: NvmlDevice,
+    memory: *mut NvmlMemory,
+) -> NvmlReturn {
+    guard(|| {
+        let s = snapshot(device)?;
+        let info = NvmlMemory {
+            total: s.memory_total,
+            free: s.memory_total - s.memory_used,
+            used: s.memory_used,
+        };
+        // SAFETY: out-parameter.
+        unsafe { write_out(memory, info) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: NvmlDevice,
+    memory: *mut NvmlMemoryV2,
+) -> NvmlReturn {
+    guard(|| {
+        // SAFETY: a caller-initialised nvmlMemory_v2_t per the API contract (NULL rejected).
+        let version = unsafe { memory.as_ref() }
+            .ok_or(NVML_ERROR_INVALID_ARGUMENT)?
+            .version;
+        if version != MEMORY_V2_VERSION {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let s = snapshot(device)?;
+        let info = NvmlMemoryV2 {
+            version,
+            total: s.memory_total,
+            reserved: 0,
+            free: s.memory_total - s.memory_used,
+            used: s.memory_used,
+        };
+        // SAFETY: out-parameter.
+        unsafe { write_out(memory, info) }
+    })
+}
+
+/// GPU utilisation is the model's busy time over the last second; memory-bandwidth
+/// utilisation is not modelled and reads 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: NvmlDevice,
+    util: *mut NvmlUtilization,
+) -> NvmlReturn {
+    guard(|| {
+        let s = snapshot(device)?;
+        // SAFETY: out-parameter.
+        unsafe {
+            write_out(
+                util,
+                NvmlUtilization {
+                    gpu: s.utilization_percent,
+                    memory: 0,
+                },
+            )
+        }
+    })
+}
+
+/// The processes with a context or memory on `device`, with pids as the caller's namespace
+/// sees them (host pids when NVML runs on the host).
+fn running_processes(device: NvmlDevice) -> Result<Vec<NvmlProcessInfo>, NvmlReturn> {
+    let s = snapshot(device)?;
+    Ok(s.processes
+        .iter()
+        .map(|p| NvmlProcessInfo {
+            pid: resolve_pid(p.ns, p.pid).unwrap_or(p.pid),
+            used_gpu_memory: p.memory_bytes,
+            gpu_instance_id: NO_INSTANCE,
+            compute_instance_id: NO_INSTANCE,
+        })
+        .collect())
+}
+
+/// NVML's two-call protocol: too small a buffer (or NULL) reports the needed count with
+/// NVML_ERROR_INSUFFICIENT_SIZE.
+///
+/// # Safety
+/// `count` must be valid; `infos` must hold `*count` entries or be NULL.
+unsafe fn fill<T>(count: *mut c_uint, infos: *mut T, items: Vec<T>) -> Result<(), NvmlReturn> {
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: valid per the contract.
+    unsafe {
+        let room = *count as usize;
+        *count = items.len() as c_uint;
+        if items.is_empty() {
+            return Ok(());
+        }
+        if infos.is_null() || room < items.len() {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, item) in items.into_iter().enumerate() {
+            infos.add(i).write(item);
+        }
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: the caller's buffers per the API contract.
+    guard(|| unsafe { fill(count, infos, running_processes(device)?) })
+}
+
+/// Same layout as `_v3`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: same contract.
+    unsafe { nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+) -> NvmlReturn {
+    guard(|| {
+        let v1 = running_processes(device)?
+            .into_iter()
+            .map(|p| NvmlProcessInfoV1 {
+                pid: p.pid,
+                used_gpu_memory: p.used_gpu_memory,
+            })
+            .collect();
+        // SAFETY: the caller's buffers per the API contract.
+        unsafe { fill(count, infos, v1) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn struct_layouts_match_nvml_h() {
+        assert_eq!(std::mem::size_of::<NvmlMemoryV2>(), 40);
+        assert_eq!(MEMORY_V2_VERSION, 40 | (2 << 24));
+        assert_eq!(std::mem::size_of::<NvmlProcessInfo>(), 24);
+        assert_eq!(std::mem::size_of::<NvmlProcessInfoV1>(), 16);
+    }
+}

@@ -1,0 +1,870 @@
+//! Operations on the shared device model: processes, contexts, queues, events, memory.
+//!
+//! Every operation takes the shared mutex, reads the clock, and advances the GPU it touches to
+//! that instant before acting, so the model is exact whatever the callers' timing.
+
+use crate::liveness::{LivenessError, OwnerLocks};
+use crate::lock::Acquired;
+use crate::pidns::PidNamespace;
+use crate::shared::{
+    EventSlot, GpuState, Queue, QueuedOp, Region, SharedError, SharedState, StoredConfig,
+    EVENTS_PER_CONTEXT, MAX_CONTEXTS, MAX_PROCESSES, NO_EVENT, QUEUE_DEPTH, SLOT_FREE, SLOT_LIVE,
+    UTIL_BUCKETS, UTIL_BUCKET_NS,
+};
+use crate::timeslice::{self, Cursor, OpSource, Progress, SliceParams};
+use crate::{now_ns, SimConfig};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How often any process checks for dead owners on its own.
+const REAP_INTERVAL_NS: u64 = 100_000_000;
+/// Longest a waiter sleeps before looking again (new work or a dead neighbour can change the
+/// prediction).
+const MAX_WAIT_SLICE_NS: u64 = 5_000_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(transparent)]
+    Shared(#[from] SharedError),
+    #[error(transparent)]
+    Liveness(#[from] LivenessError),
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
+    #[error("no free {0} slot in the simulated device")]
+    NoFreeSlot(&'static str),
+    #[error("GPU {0} does not exist")]
+    InvalidGpu(u32),
+    #[error("the context was destroyed or its process died")]
+    StaleContext,
+    #[error("the process slot is no longer ours")]
+    StaleProcess,
+    #[error("out of device memory: {requested} bytes requested, {free} free")]
+    OutOfMemory { requested: u64, free: u64 },
+    #[error("the context's queue is full until {completed} operations have completed")]
+    QueueFull { completed: u64 },
+    #[error("unknown event slot")]
+    InvalidEvent,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessId {
+    pub slot: u32,
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ContextId {
+    pub slot: u32,
+    pub generation: u64,
+}
+
+/// What a recorded event knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventState {
+    /// Never recorded: CUDA treats it as complete.
+    pub recorded: bool,
+    pub complete: bool,
+    pub completed_at_ns: u64,
+    /// Completion count the context must reach for the event to be complete.
+    pub recorded_count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessUsage {
+    pub slot: u32,
+    /// Pid in the process's own namespace.
+    pub pid: u32,
+    pub ns: PidNamespace,
+    pub memory_bytes: u64,
+    pub contexts: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextInfo {
+    pub slot: u32,
+    pub process_slot: u32,
+    pub pid: u32,
+    pub gpu_time_ns: u64,
+    pub submitted: u64,
+    pub completed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSnapshot {
+    pub index: u32,
+    pub memory_total: u64,
+    pub memory_used: u64,
+    /// Total time the GPU has executed operations since the state was created.
+    pub busy_ns: u64,
+    /// Percent of the last second (or less, for a new state) the GPU was busy.
+    pub utilization_percent: u32,
+    pub switches: u64,
+    pub now_ns: u64,
+    pub processes: Vec<ProcessUsage>,
+    pub contexts: Vec<ContextInfo>,
+}
+
+/// This process's view of the shared device.
+pub struct Device {
+    region: Region,
+    /// The descriptor through which this process holds its own owner byte.
+    claim: OwnerLocks,
+    /// A second descriptor to ask about others (OFD locks never conflict with their holder).
+    observe: OwnerLocks,
+    last_reap_ns: AtomicU64,
+}
+
+impl Device {
+    pub fn open(config: &SimConfig) -> Result<Device, DeviceError> {
+        let region = Region::open(&config.dir, config, now_ns())?;
+        let owners = config.dir.join("owners.lock");
+        Ok(Device {
+            region,
+            claim: OwnerLocks::open(&owners)?,
+            observe: OwnerLocks::open(&owners)?,
+            last_reap_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// The configuration fixed when the state was created.
+    pub fn config(&self) -> StoredConfig {
+        // SAFETY: the configuration is written once before the state is published and never
+        // changes afterwards, so reading it without the mutex races with nothing.
+        unsafe { (*self.region.state_ptr()).config }
+    }
+
+    pub fn lock(&self) -> Result<Locked<'_>, DeviceError> {
+        let state_ptr = self.region.state_ptr();
+        // SAFETY: the mutex is initialised (the state is published) and lives in the mapping.
+        let acquired = unsafe { (*state_ptr).mutex.lock()? };
+        // SAFETY: we hold the process-shared mutex, which is what guards every other field; the
+        // reference lives no longer than the guard, which unlocks on drop.
+        let state = unsafe { &mut *state_ptr };
+        let mut locked = Locked {
+            device: self,
+            state,
+            now_ns: now_ns(),
+        };
+        let due = locked
+            .now_ns
+            .saturating_sub(self.last_reap_ns.load(Ordering::Relaxed))
+            > REAP_INTERVAL_NS;
+        if acquired == Acquired::PreviousOwnerDied || due {
+            self.last_reap_ns.store(locked.now_ns, Ordering::Relaxed);
+            locked.reap_dead();
+        }
+        Ok(locked)
+    }
+
+    /// Blocks until `count` operations of `ctx` have completed.
+    ///
+    /// Sleeps until the model's own prediction of the completion (a lower bound: new work from
+    /// others can only delay it), then checks again; so waking is as exact as the OS allows.
+    pub fn wait_until_completed(&self, ctx: ContextId, count: u64) -> Result<(), DeviceError> {
+        loop {
+            let (now, wake) = {
+                let mut locked = self.lock()?;
+                if locked.completed_count(ctx)? >= count {
+                    return Ok(());
+                }
+                let now = locked.now_ns;
+                let limit = now + MAX_WAIT_SLICE_NS;
+                (
+                    now,
+                    locked
+                        .predict_completion(ctx, count, limit)?
+                        .unwrap_or(limit)
+                        .min(limit),
+                )
+            };
+            sleep_until(wake.max(now + 1));
+        }
+    }
+
+    /// Test hook: behave as if this process had died (its owner byte is released).
+    pub fn simulate_death(&self, process: ProcessId) {
+        self.claim.release(process.slot);
+    }
+}
+
+fn sleep_until(deadline_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: absolute sleep on CLOCK_MONOTONIC with a valid timespec; an early return (signal)
+    // only makes the caller check again.
+    unsafe {
+        libc::clock_nanosleep(
+            libc::CLOCK_MONOTONIC,
+            libc::TIMER_ABSTIME,
+            &ts,
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// The operations of one GPU's contexts, as the pure model sees them.
+struct GpuOps<'a> {
+    submitted: [u64; MAX_CONTEXTS],
+    queues: &'a [Queue; MAX_CONTEXTS],
+}
+
+impl OpSource for GpuOps<'_> {
+    fn contexts(&self) -> usize {
+        MAX_CONTEXTS
+    }
+    fn duration_ns(&self, ctx: usize, index: u64) -> Option<u64> {
+        (index < self.submitted[ctx])
+            .then(|| self.queues[ctx].ops[index as usize % QUEUE_DEPTH].duration_ns)
+    }
+}
+
+/// The shared state, locked; unlocks on drop.
+pub struct Locked<'a> {
+    device: &'a Device,
+    state: &'a mut SharedState,
+    /// The clock, read once the lock was held (so it never goes backwards across processes).
+    pub now_ns: u64,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.state.mutex.unlock();
+    }
+}
+
+fn add_busy(
+    gpu_busy: &mut u64,
+    util: &mut [crate::shared::UtilBucket; UTIL_BUCKETS],
+    from: u64,
+    to: u64,
+) {
+    *gpu_busy += to - from;
+    let mut t = from;
+    while t < to {
+        let id = t / UTIL_BUCKET_NS;
+        let end = ((id + 1) * UTIL_BUCKET_NS).min(to);
+        let bucket = &mut util[id as usize % UTIL_BUCKETS];
+        if bucket.id != id {
+            bucket.id = id;
+            bucket.busy_ns = 0;
+        }
+        bucket.busy_ns += end - t;
+        t = end;
+    }
+}
+
+fn utilization_percent(gpu: &GpuState, now: u64) -> u32 {
+    let now_id = now / UTIL_BUCKET_NS;
+    let first_id = now_id.saturating_sub(9);
+    let window_start = (first_id * UTIL_BUCKET_NS).max(gpu.created_ns);
+    if now <= window_start {
+        return 0;
+    }
+    let busy: u64 = (first_id..=now_id)
+        .map(|id| gpu.util[id as usize % UTIL_BUCKETS])
+        .filter(|b| b.id >= first_id && b.id <= now_id)
+        .map(|b| b.busy_ns)
+        .sum();
+    ((busy * 100 + (now - window_start) / 2) / (now - window_start)).min(100) as u32
+}
+
+impl Locked<'_> {
+    fn params(&self) -> SliceParams {
+        SliceParams {
+            slice_ns: self.state.config.slice_ns,
+            switch_ns: self.state.config.switch_ns,
+        }
+    }
+
+    fn gpu_cursors(&self, gpu: u32) -> ([Cursor; MAX_CONTEXTS], [u64; MAX_CONTEXTS]) {
+        let mut cursors = [Cursor::default(); MAX_CONTEXTS];
+        let mut submitted = [0u64; MAX_CONTEXTS];
+        for (i, c) in self.state.contexts.iter().enumerate() {
+            if c.state == SLOT_LIVE && c.gpu == gpu {
+                cursors[i] = c.cursor;
+                submitted[i] = c.submitted;
+            }
+        }
+        (cursors, submitted)
+    }
+
+    /// Brings GPU `gpu` up to `self.now_ns`.
+    pub fn advance_gpu(&mut self, gpu: u32) {
+        let params = self.params();
+        let (mut cursors, submitted) = self.gpu_cursors(gpu);
+        let SharedState {
+            queues,
+            contexts,
+            events,
+            gpus,
+            ..
+        } = &mut *self.state;
+        let GpuState {
+            engine,
+            busy_ns,
+            util,
+            ..
+        } = &mut gpus[gpu as usize];
+        let src = GpuOps { submitted, queues };
+        timeslice::advance(
+            engine,
+            &src,
+            &mut cursors,
+            params,
+            self.now_ns,
+            &mut |p| match p {
+                Progress::Ran {
+                    ctx,
+                    from_ns,
+                    to_ns,
+                } => {
+                    contexts[ctx].gpu_time_ns += to_ns - from_ns;
+                    add_busy(busy_ns, util, from_ns, to_ns);
+                }
+                Progress::Completed { ctx, index, at_ns } => {
+                    let op = queues[ctx].ops[index as usize % QUEUE_DEPTH];
+                    if op.event != NO_EVENT {
+                        let slot = &mut events[ctx].slots[op.event as usize];
+                        // A re-recorded event waits for its latest marker only.
+                        if slot.recorded_count == index + 1 {
+                            slot.completed_at_ns = at_ns;
+                        }
+                    }
+                }
+                Progress::SwitchStarted { .. } => {}
+            },
+        );
+        for (i, c) in contexts.iter_mut().enumerate() {
+            if c.state == SLOT_LIVE && c.gpu == gpu {
+                c.cursor = cursors[i];
+            }
+        }
+    }
+
+    fn context(&self, ctx: ContextId) -> Result<&crate::shared::ContextState, DeviceError> {
+        let c = self
+            .state
+            .contexts
+            .get(ctx.slot as usize)
+            .ok_or(DeviceError::StaleContext)?;
+        if c.state != SLOT_LIVE || c.generation != ctx.generation {
+            return Err(DeviceError::StaleContext);
+        }
+        Ok(c)
+    }
+
+    fn process_slot(&self, p: ProcessId) -> Result<usize, DeviceError> {
+        let slot = self
+            .state
+            .processes
+            .get(p.slot as usize)
+            .ok_or(DeviceError::StaleProcess)?;
+        if slot.state != SLOT_LIVE || slot.generation != p.generation {
+            return Err(DeviceError::StaleProcess);
+        }
+        Ok(p.slot as usize)
+    }
+
+    fn next_generation(&mut self) -> u64 {
+        self.state.next_generation += 1;
+        self.state.next_generation
+    }
+
+    pub fn config(&self) -> StoredConfig {
+        self.state.config
+    }
+
+    /// Registers this process (its owner byte, pid and PID namespace).
+    pub fn attach_process(&mut self) -> Result<ProcessId, DeviceError> {
+        self.reap_dead();
+        let ns = PidNamespace::of_self().unwrap_or_default();
+        for slot in 0..MAX_PROCESSES {
+            if self.state.processes[slot].state != SLOT_FREE
+                || !self.device.claim.try_claim(slot as u32)?
+            {
+                continue;
+            }
+            let generation = self.next_generation();
+            let p = &mut self.state.processes[slot];
+            p.state = SLOT_LIVE;
+            p.pid = std::process::id();
+            p.ns = ns;
+            p.generation = generation;
+            p.memory = [0; crate::shared::MAX_GPUS];
+            return Ok(ProcessId {
+                slot: slot as u32,
+                generation,
+            });
+        }
+        Err(DeviceError::NoFreeSlot("process"))
+    }
+
+    /// Unregisters a process that is still alive, releasing everything it holds.
+    pub fn detach_process(&mut self, p: ProcessId) -> Result<(), DeviceError> {
+        let slot = self.process_slot(p)?;
+        self.reclaim_process(slot);
+        self.device.claim.release(slot as u32);
+        Ok(())
+    }
+
+    /// Reclaims the contexts, queued work and memory of every process whose owner byte is free.
+    pub fn reap_dead(&mut self) -> usize {
+        let mut reaped = 0;
+        for slot in 0..MAX_PROCESSES {
+            if self.state.processes[slot].state == SLOT_LIVE
+                && matches!(self.device.observe.is_held(slot as u32), Ok(false))
+            {
+                self.reclaim_process(slot);
+                reaped += 1;
+            }
+        }
+        reaped
+    }
+
+    fn reclaim_process(&mut self, slot: usize) {
+        for c in 0..MAX_CONTEXTS {
+            let ctx = &self.state.contexts[c];
+            if ctx.state == SLOT_LIVE && ctx.process == slot as u32 {
+                let gpu = ctx.gpu;
+                self.advance_gpu(gpu);
+                self.free_context_slot(c);
+            }
+        }
+        let p = &mut self.state.processes[slot];
+        for (gpu, bytes) in p.memory.iter_mut().enumerate() {
+            let used = &mut self.state.gpus[gpu].memory_used;
+            *used = used.saturating_sub(*bytes);
+            *bytes = 0;
+        }
+        p.state = SLOT_FREE;
+    }
+
+    fn free_context_slot(&mut self, c: usize) {
+        let gpu = self.state.contexts[c].gpu as usize;
+        self.state.gpus[gpu].engine.forget_context(c);
+        let ctx = &mut self.state.contexts[c];
+        ctx.state = SLOT_FREE;
+        ctx.submitted = 0;
+        ctx.cursor = Cursor::default();
+    }
+
+    pub fn create_context(&mut self, p: ProcessId, gpu: u32) -> Result<ContextId, DeviceError> {
+        let process = self.process_slot(p)?;
+        if gpu >= self.state.config.gpus {
+            return Err(DeviceError::InvalidGpu(gpu));
+        }
+        let slot = (0..MAX_CONTEXTS)
+            .find(|&c| self.state.contexts[c].state == SLOT_FREE)
+            .ok_or(DeviceError::NoFreeSlot("context"))?;
+        self.advance_gpu(gpu);
+        let generation = self.next_generation();
+        let c = &mut self.state.contexts[slot];
+        c.state = SLOT_LIVE;
+        c.gpu = gpu;
+        c.process = process as u32;
+        c.generation = generation;
+        c.cursor = Cursor::default();
+        c.submitted = 0;
+        c.gpu_time_ns = 0;
+        for e in self.state.events[slot].slots.iter_mut() {
+            *e = EventSlot {
+                state: SLOT_FREE,
+                _pad: 0,
+                recorded_count: 0,
+                completed_at_ns: 0,
+            };
+        }
+        Ok(ContextId {
+            slot: slot as u32,
+            generation,
+        })
+    }
+
+    /// Destroys a context; its queued work is dropped (as when a process tears down a context).
+    pub fn destroy_context(&mut self, ctx: ContextId) -> Result<(), DeviceError> {
+        let gpu = self.context(ctx)?.gpu;
+        self.advance_gpu(gpu);
+        self.free_context_slot(ctx.slot as usize);
+        Ok(())
+    }
+
+    /// Charges `bytes` of GPU `gpu` to process `p`, or fails without charging anything.
+    pub fn reserve_memory(
+        &mut self,
+        p: ProcessId,
+        gpu: u32,
+        bytes: u64,
+    ) -> Result<(), DeviceError> {
+        let slot = self.process_slot(p)?;
+        if gpu >= self.state.config.gpus {
+            return Err(DeviceError::InvalidGpu(gpu));
+        }
+        let capacity = self.state.config.memory_bytes;
+        let used = &mut self.state.gpus[gpu as usize].memory_used;
+        let free = capacity.saturating_sub(*used);
+        if bytes > free {
+            return Err(DeviceError::OutOfMemory {
+                requested: bytes,
+                free,
+            });
+        }
+        *used += bytes;
+        self.state.processes[slot].memory[gpu as usize] += bytes;
+        Ok(())
+    }
+
+    pub fn release_memory(
+        &mut self,
+        p: ProcessId,
+        gpu: u32,
+        bytes: u64,
+    ) -> Result<(), DeviceError> {
+        let slot = self.process_slot(p)?;
+        let held = &mut self.state.processes[slot].memory[gpu as usize];
+        let bytes = bytes.min(*held);
+        *held -= bytes;
+        let used = &mut self.state.gpus[gpu as usize].memory_used;
+        *used = used.saturating_sub(bytes);
+        Ok(())
+    }
+
+    /// (free, total) bytes of GPU `gpu`.
+    pub fn memory_info(&self, gpu: u32) -> (u64, u64) {
+        let total = self.state.config.memory_bytes;
+        let used = self
+            .state
+            .gpus
+            .get(gpu as usize)
+            .map_or(0, |g| g.memory_used);
+        (total.saturating_sub(used), total)
+    }
+
+    /// Queues an operation of `duration_ns` (0 for a marker) and returns the count of operations
+    /// that must complete for it to be done.
+    pub fn submit(
+        &mut self,
+        ctx: ContextId,
+        duration_ns: u64,
+        event: u32,
+    ) -> Result<u64, DeviceError> {
+        let gpu = self.context(ctx)?.gpu;
+        self.advance_gpu(gpu);
+        let c = &mut self.state.contexts[ctx.slot as usize];
+        if c.submitted - c.cursor.next >= QUEUE_DEPTH as u64 {
+            return Err(DeviceError::QueueFull {
+                completed: c.submitted + 1 - QUEUE_DEPTH as u64,
+            });
+        }
+        let index = c.submitted;
+        self.state.queues[ctx.slot as usize].ops[index as usize % QUEUE_DEPTH] = QueuedOp {
+            duration_ns,
+            event,
+            _pad: 0,
+        };
+        c.submitted += 1;
+        Ok(c.submitted)
+    }
+
+    /// Operations of `ctx` completed by now.
+    pub fn completed_count(&mut self, ctx: ContextId) -> Result<u64, DeviceError> {
+        let gpu = self.context(ctx)?.gpu;
+        self.advance_gpu(gpu);
+        Ok(self.state.contexts[ctx.slot as usize].cursor.next)
+    }
+
+    /// Operations of `ctx` submitted so far.
+    pub fn submitted_count(&self, ctx: ContextId) -> Result<u64, DeviceError> {
+        Ok(self.context(ctx)?.submitted)
+    }
+
+    /// When `count` operations of `ctx` will have completed if nothing else is submitted, if that
+    /// happens before `horizon_ns`.
+    pub fn predict_completion(
+        &self,
+        ctx: ContextId,
+        count: u64,
+        horizon_ns: u64,
+    ) -> Result<Option<u64>, DeviceError> {
+        let c = self.context(ctx)?;
+        if count == 0 || c.cursor.next >= count {
+            return Ok(Some(self.now_ns));
+        }
+        let gpu = c.gpu;
+        let (cursors, submitted) = self.gpu_cursors(gpu);
+        let src = GpuOps {
+            submitted,
+            queues: &self.state.queues,
+        };
+        Ok(timeslice::predict_completion(
+            &self.state.gpus[gpu as usize].engine,
+            &src,
+            &cursors,
+            self.params(),
+            ctx.slot as usize,
+            count - 1,
+            horizon_ns,
+        ))
+    }
+
+    /// GPU time `ctx` has executed.
+    pub fn context_gpu_time_ns(&mut self, ctx: ContextId) -> Result<u64, DeviceError> {
+        let gpu = self.context(ctx)?.gpu;
+        self.advance_gpu(gpu);
+        Ok(self.state.contexts[ctx.slot as usize].gpu_time_ns)
+    }
+
+    pub fn create_event(&mut self, ctx: ContextId) -> Result<u32, DeviceError> {
+        self.context(ctx)?;
+        let table = &mut self.state.events[ctx.slot as usize];
+        let slot = (0..EVENTS_PER_CONTEXT)
+            .find(|&e| table.slots[e].state == SLOT_FREE)
+            .ok_or(DeviceError::NoFreeSlot("event"))?;
+        table.slots[slot] = EventSlot {
+            state: SLOT_LIVE,
+            _pad: 0,
+            recorded_count: 0,
+            completed_at_ns: 0,
+        };
+        Ok(slot as u32)
+    }
+
+    pub fn destroy_event(&mut self, ctx: ContextId, event: u32) -> Result<(), DeviceError> {
+        self.context(ctx)?;
+        let slot = self.state.events[ctx.slot as usize]
+            .slots
+            .get_mut(event as usize)
+            .ok_or(DeviceError::InvalidEvent)?;
+        // A marker still queued for this slot finds recorded_count 0 and leaves it alone.
+        *slot = EventSlot {
+            state: SLOT_FREE,
+            _pad: 0,
+            recorded_count: 0,
+            completed_at_ns: 0,
+        };
+        Ok(())
+    }
+
+    /// Queues the event's marker behind everything `ctx` has queued; returns its count.
+    pub fn record_event(&mut self, ctx: ContextId, event: u32) -> Result<u64, DeviceError> {
+        self.context(ctx)?;
+        if self.state.events[ctx.slot as usize]
+            .slots
+            .get(event as usize)
+            .map(|e| e.state)
+            != Some(SLOT_LIVE)
+        {
+            return Err(DeviceError::InvalidEvent);
+        }
+        let count = self.submit(ctx, 0, event)?;
+        let slot = &mut self.state.events[ctx.slot as usize].slots[event as usize];
+        slot.recorded_count = count;
+        slot.completed_at_ns = 0;
+        Ok(count)
+    }
+
+    pub fn event_state(&mut self, ctx: ContextId, event: u32) -> Result<EventState, DeviceError> {
+        let done = self.completed_count(ctx)?;
+        let slot = self.state.events[ctx.slot as usize]
+            .slots
+            .get(event as usize)
+            .ok_or(DeviceError::InvalidEvent)?;
+        if slot.state != SLOT_LIVE {
+            return Err(DeviceError::InvalidEvent);
+        }
+        Ok(EventState {
+            recorded: slot.recorded_count > 0,
+            complete: done >= slot.recorded_count,
+            completed_at_ns: slot.completed_at_ns,
+            recorded_count: slot.recorded_count,
+        })
+    }
+
+    /// The GPU as NVML and tests see it (advanced to now).
+    pub fn snapshot(&mut self, gpu: u32) -> Result<GpuSnapshot, DeviceError> {
+        if gpu >= self.state.config.gpus {
+            return Err(DeviceError::InvalidGpu(gpu));
+        }
+        self.advance_gpu(gpu);
+        let s = &*self.state;
+        let g = &s.gpus[gpu as usize];
+        let contexts: Vec<ContextInfo> = (0..MAX_CONTEXTS)
+            .filter(|&c| s.contexts[c].state == SLOT_LIVE && s.contexts[c].gpu == gpu)
+            .map(|c| {
+                let ctx = &s.contexts[c];
+                ContextInfo {
+                    slot: c as u32,
+                    process_slot: ctx.process,
+                    pid: s.processes[ctx.process as usize].pid,
+                    gpu_time_ns: ctx.gpu_time_ns,
+                    submitted: ctx.submitted,
+                    completed: ctx.cursor.next,
+                }
+            })
+            .collect();
+        let processes = (0..MAX_PROCESSES)
+            .filter(|&p| s.processes[p].state == SLOT_LIVE)
+            .map(|p| ProcessUsage {
+                slot: p as u32,
+                pid: s.processes[p].pid,
+                ns: s.processes[p].ns,
+                memory_bytes: s.processes[p].memory[gpu as usize],
+                contexts: contexts
+                    .iter()
+                    .filter(|c| c.process_slot == p as u32)
+                    .count() as u32,
+            })
+            .filter(|u| u.memory_bytes > 0 || u.contexts > 0)
+            .collect();
+        Ok(GpuSnapshot {
+            index: gpu,
+            memory_total: s.config.memory_bytes,
+            memory_used: g.memory_used,
+            busy_ns: g.busy_ns,
+            utilization_percent: utilization_percent(g, self.now_ns),
+            switches: g.engine.switches,
+            now_ns: self.now_ns,
+            processes,
+            contexts,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(dir: &std::path::Path, extra: &[(&str, &str)]) -> Device {
+        let mut vars = vec![("SIMGPU_DIR".to_string(), dir.display().to_string())];
+        vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let config =
+            SimConfig::from_lookup(|n| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()))
+                .unwrap();
+        Device::open(&config).unwrap()
+    }
+
+    #[test]
+    fn memory_is_finite_and_charged_per_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(dir.path(), &[("SIMGPU_MEMORY", "1Gi")]);
+        let mut l = dev.lock().unwrap();
+        let p = l.attach_process().unwrap();
+        l.reserve_memory(p, 0, 600 << 20).unwrap();
+        let err = l.reserve_memory(p, 0, 600 << 20).unwrap_err();
+        assert!(
+            matches!(err, DeviceError::OutOfMemory { free, .. } if free == 424 << 20),
+            "{err}"
+        );
+        l.reserve_memory(p, 1, 600 << 20).unwrap();
+        assert_eq!(l.memory_info(0), (424 << 20, 1 << 30));
+        let snap = l.snapshot(0).unwrap();
+        assert_eq!(snap.processes.len(), 1);
+        assert_eq!(snap.processes[0].memory_bytes, 600 << 20);
+        assert_eq!(snap.processes[0].pid, std::process::id());
+        l.release_memory(p, 0, 600 << 20).unwrap();
+        assert_eq!(l.memory_info(0), (1 << 30, 1 << 30));
+    }
+
+    #[test]
+    fn work_completes_after_its_duration_and_events_carry_the_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(dir.path(), &[]);
+        let (ctx, start, count, event) = {
+            let mut l = dev.lock().unwrap();
+            let p = l.attach_process().unwrap();
+            let ctx = l.create_context(p, 0).unwrap();
+            let event = l.create_event(ctx).unwrap();
+            let start = l.now_ns;
+            l.submit(ctx, 20_000_000, NO_EVENT).unwrap();
+            let count = l.record_event(ctx, event).unwrap();
+            assert!(!l.event_state(ctx, event).unwrap().complete);
+            (ctx, start, count, event)
+        };
+        dev.wait_until_completed(ctx, count).unwrap();
+        let waited = now_ns() - start;
+        let mut l = dev.lock().unwrap();
+        let state = l.event_state(ctx, event).unwrap();
+        assert!(state.complete && state.recorded);
+        // The model's completion time is exact; the wall clock only adds wake-up latency.
+        assert!(
+            state.completed_at_ns >= start + 20_000_000
+                && state.completed_at_ns < start + 20_500_000
+        );
+        assert!(waited >= 20_000_000, "{waited}");
+        assert_eq!(l.context_gpu_time_ns(ctx).unwrap(), 20_000_000);
+    }
+
+    #[test]
+    fn a_dead_process_is_reaped_with_its_contexts_work_and_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(dir.path(), &[]);
+        let other = device(dir.path(), &[]);
+        let (p, ctx) = {
+            let mut l = dev.lock().unwrap();
+            let p = l.attach_process().unwrap();
+            let ctx = l.create_context(p, 0).unwrap();
+            l.reserve_memory(p, 0, 1 << 30).unwrap();
+            l.submit(ctx, 10_000_000_000, NO_EVENT).unwrap();
+            (p, ctx)
+        };
+        let mut l = other.lock().unwrap();
+        assert_eq!(l.reap_dead(), 0, "a live owner is not reaped");
+        dev.simulate_death(p);
+        assert_eq!(l.reap_dead(), 1);
+        let snap = l.snapshot(0).unwrap();
+        assert!(snap.processes.is_empty() && snap.contexts.is_empty());
+        assert_eq!(snap.memory_used, 0);
+        assert!(matches!(
+            l.completed_count(ctx),
+            Err(DeviceError::StaleContext)
+        ));
+        // The next process's work runs at once, not behind the dead one's 10 s kernel.
+        let q = l.attach_process().unwrap();
+        let c2 = l.create_context(q, 0).unwrap();
+        let count = l.submit(c2, 1_000_000, NO_EVENT).unwrap();
+        drop(l);
+        let start = now_ns();
+        other.wait_until_completed(c2, count).unwrap();
+        assert!(now_ns() - start < 500_000_000);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_more_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(dir.path(), &[]);
+        let mut l = dev.lock().unwrap();
+        let p = l.attach_process().unwrap();
+        let ctx = l.create_context(p, 0).unwrap();
+        for _ in 0..QUEUE_DEPTH {
+            l.submit(ctx, 1_000_000_000, NO_EVENT).unwrap();
+        }
+        assert!(matches!(
+            l.submit(ctx, 1, NO_EVENT),
+            Err(DeviceError::QueueFull { completed: 1 })
+        ));
+    }
+
+    #[test]
+    fn utilization_reflects_recent_busy_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(dir.path(), &[]);
+        let ctx = {
+            let mut l = dev.lock().unwrap();
+            let p = l.attach_process().unwrap();
+            let ctx = l.create_context(p, 1).unwrap();
+            assert_eq!(l.snapshot(1).unwrap().utilization_percent, 0);
+            l.submit(ctx, 10_000_000_000, NO_EVENT).unwrap();
+            ctx
+        };
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let mut l = dev.lock().unwrap();
+        let snap = l.snapshot(1).unwrap();
+        assert!(
+            snap.utilization_percent >= 95,
+            "{}",
+            snap.utilization_percent
+        );
+        assert_eq!(l.snapshot(0).unwrap().utilization_percent, 0);
+        assert!(l.context_gpu_time_ns(ctx).unwrap() >= 150_000_000);
+    }
+}

@@ -1,0 +1,265 @@
+//! simgpu-workload: a program shaped like a deep-learning job (bursts of kernels, CPU gaps,
+//! synchronisation, allocations) that prints one JSON report. Figures it reports on the
+//! simulated GPU are *simulated*.
+
+mod driver_api;
+mod options;
+
+use driver_api::Driver;
+use options::{Distribution, Options, SyncStyle};
+use serde_json::json;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// xorshift64*: deterministic per seed, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn duration(&mut self, d: Distribution) -> u64 {
+        match d {
+            Distribution::Fixed(ns) => ns,
+            Distribution::Uniform { low, high } => low + (self.unit() * (high - low) as f64) as u64,
+            Distribution::LogNormal { median, sigma } => {
+                // Box-Muller for one standard normal.
+                let (u1, u2) = (self.unit().max(f64::MIN_POSITIVE), self.unit());
+                let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                (median as f64 * (sigma * z).exp()) as u64
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Report {
+    errors: BTreeMap<String, u64>,
+    alloc_requested: u64,
+    alloc_ok: u64,
+    alloc_failed: u64,
+    alloc_last_error: Option<String>,
+}
+
+impl Report {
+    fn check(&mut self, driver: &Driver, what: &str, code: driver_api::CuResult) -> bool {
+        if code != 0 {
+            *self
+                .errors
+                .entry(format!("{what}: {}", driver.error_name(code)))
+                .or_default() += 1;
+        }
+        code == 0
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match Options::parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("simgpu-workload: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (report, ok) = run(&options);
+    println!("{report}");
+    std::process::exit(if ok { 0 } else { 1 });
+}
+
+fn run(o: &Options) -> (serde_json::Value, bool) {
+    let driver = match Driver::load(o.per_thread_default_stream) {
+        Ok(d) => d,
+        Err(e) => return (json!({"simulated": true, "fatal": e.to_string()}), false),
+    };
+    let mut report = Report::default();
+    let d = &driver;
+    // SAFETY (for every call below): the entry points come from cuGetProcAddress_v2 for
+    // CUDA_VERSION, and every pointer argument points at a live local of the right type.
+    let mut ctx = 0usize;
+    let mut dev = 0;
+    let mut function = 0usize;
+    let setup = unsafe {
+        report.check(d, "cuInit", (d.init)(0))
+            && report.check(d, "cuDeviceGet", (d.device_get)(&mut dev, o.device))
+            && report.check(
+                d,
+                "cuDevicePrimaryCtxRetain",
+                (d.primary_ctx_retain)(&mut ctx, dev),
+            )
+            && report.check(d, "cuCtxSetCurrent", (d.ctx_set_current)(ctx))
+            && {
+                let mut module = 0usize;
+                report.check(
+                    d,
+                    "cuModuleLoadData",
+                    (d.module_load_data)(&mut module, c"simgpu".as_ptr().cast()),
+                ) && report.check(
+                    d,
+                    "cuModuleGetFunction",
+                    (d.module_get_function)(&mut function, module, c"simgpu_kernel".as_ptr()),
+                )
+            }
+    };
+    if !setup {
+        return (
+            json!({"simulated": true, "fatal": "setup failed", "errors": report.errors}),
+            false,
+        );
+    }
+    let mut allocations = Vec::new();
+    let mut allocate = |report: &mut Report, bytes: u64| {
+        if bytes == 0 {
+            return;
+        }
+        let mut ptr = 0u64;
+        report.alloc_requested += bytes;
+        // SAFETY: see above.
+        let code = unsafe { (d.mem_alloc)(&mut ptr, bytes as usize) };
+        if code == 0 {
+            report.alloc_ok += 1;
+            allocations.push(ptr);
+        } else {
+            report.alloc_failed += 1;
+            report.alloc_last_error = Some(d.error_name(code));
+        }
+    };
+    allocate(&mut report, o.memory);
+
+    if let Some(barrier) = &o.start_barrier {
+        while !barrier.exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    let mut rng = Rng(o.seed.max(1));
+    let sync = |report: &mut Report, event: usize| {
+        // SAFETY: see above.
+        unsafe {
+            match o.sync {
+                SyncStyle::Context => report.check(d, "cuCtxSynchronize", (d.ctx_synchronize)()),
+                SyncStyle::Stream => {
+                    report.check(d, "cuStreamSynchronize", (d.stream_synchronize)(0))
+                }
+                SyncStyle::Event => {
+                    report.check(d, "cuEventSynchronize", (d.event_synchronize)(event))
+                }
+            }
+        };
+    };
+    let start = Instant::now();
+    let deadline = o.duration_ns.map(|ns| start + Duration::from_nanos(ns));
+    let mut in_flight: VecDeque<(Instant, usize)> = VecDeque::new();
+    let mut latencies_ms = Vec::new();
+    let (mut iterations, mut kernels, mut kernel_ns) = (0u64, 0u64, 0u64);
+    let finish_oldest =
+        |report: &mut Report, in_flight: &mut VecDeque<(Instant, usize)>, lat: &mut Vec<f64>| {
+            if let Some((began, event)) = in_flight.pop_front() {
+                sync(report, event);
+                lat.push(began.elapsed().as_secs_f64() * 1e3);
+                // SAFETY: see above.
+                unsafe { (d.event_destroy)(event) };
+            }
+        };
+    loop {
+        if o.iterations.is_some_and(|n| iterations >= n)
+            || deadline.is_some_and(|t| Instant::now() >= t)
+        {
+            break;
+        }
+        allocate(&mut report, o.memory_growth);
+        let began = Instant::now();
+        for k in 0..o.kernels {
+            let mut duration = rng.duration(o.distribution);
+            let mut params = [&mut duration as *mut u64 as *mut libc::c_void];
+            // SAFETY: see above; params[0] points at the u64 duration simgpu_kernel takes.
+            let launched = unsafe {
+                (d.launch_kernel)(
+                    function,
+                    1,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    0,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if report.check(d, "cuLaunchKernel", launched) {
+                kernels += 1;
+                kernel_ns += duration;
+            }
+            if o.launch_ahead > 0 && (k + 1) % o.launch_ahead == 0 && k + 1 < o.kernels {
+                // SAFETY: see above.
+                unsafe { report.check(d, "cuStreamSynchronize", (d.stream_synchronize)(0)) };
+            }
+        }
+        let mut event = 0usize;
+        // SAFETY: see above.
+        unsafe {
+            report.check(d, "cuEventCreate", (d.event_create)(&mut event, 0));
+            report.check(d, "cuEventRecord", (d.event_record)(event, 0));
+        }
+        in_flight.push_back((began, event));
+        while in_flight.len() >= o.pipeline as usize {
+            finish_oldest(&mut report, &mut in_flight, &mut latencies_ms);
+        }
+        iterations += 1;
+        if o.gap_ns > 0 {
+            std::thread::sleep(Duration::from_nanos(o.gap_ns));
+        }
+    }
+    while !in_flight.is_empty() {
+        finish_oldest(&mut report, &mut in_flight, &mut latencies_ms);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    for ptr in allocations {
+        // SAFETY: see above.
+        unsafe { report.check(d, "cuMemFree", (d.mem_free)(ptr)) };
+    }
+    let mut sorted = latencies_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let mean = if sorted.is_empty() {
+        0.0
+    } else {
+        sorted.iter().sum::<f64>() / sorted.len() as f64
+    };
+    let kernel_s = kernel_ns as f64 / 1e9;
+    let json = json!({
+        "simulated": true,
+        "pid": std::process::id(),
+        "iterations": iterations,
+        "kernels": kernels,
+        "elapsed_s": elapsed,
+        "kernel_time_s": kernel_s,
+        "throughput_iters_per_s": iterations as f64 / elapsed,
+        // What the kernel durations alone allow: the GPU busy all the time with this job.
+        "predicted_iters_per_s": if kernel_s > 0.0 { iterations as f64 / kernel_s } else { 0.0 },
+        "latency_ms": {"mean": mean, "p50": percentile(&sorted, 50.0), "p99": percentile(&sorted, 99.0)},
+        "allocations": {
+            "requested_bytes": report.alloc_requested,
+            "succeeded": report.alloc_ok,
+            "failed": report.alloc_failed,
+            "last_error": report.alloc_last_error,
+        },
+        "errors": report.errors,
+    });
+    (json, true)
+}

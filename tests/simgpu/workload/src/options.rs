@@ -1,0 +1,251 @@
+//! Command-line options (parsed by hand: the program must stay small and quick to build).
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum OptionsError {
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn invalid(msg: impl Into<String>) -> OptionsError {
+    OptionsError::Invalid(msg.into())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Distribution {
+    Fixed(u64),
+    Uniform {
+        low: u64,
+        high: u64,
+    },
+    /// Lognormal with the given median (ns) and sigma of the underlying normal.
+    LogNormal {
+        median: u64,
+        sigma: f64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncStyle {
+    Context,
+    Stream,
+    Event,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub device: i32,
+    pub memory: u64,
+    pub memory_growth: u64,
+    pub kernels: u32,
+    pub distribution: Distribution,
+    pub gap_ns: u64,
+    pub sync: SyncStyle,
+    pub iterations: Option<u64>,
+    pub duration_ns: Option<u64>,
+    /// Kernels queued before the program synchronises inside an iteration (0: the whole burst).
+    pub launch_ahead: u32,
+    /// Iterations in flight before waiting for the oldest (needs `--sync event` to overlap).
+    pub pipeline: u32,
+    pub per_thread_default_stream: bool,
+    pub seed: u64,
+    pub start_barrier: Option<PathBuf>,
+}
+
+pub const USAGE: &str = "simgpu-workload [--device N] [--memory BYTES] [--memory-growth BYTES] \
+[--kernels N] [--kernel DIST] [--gap DURATION] [--sync context|stream|event] \
+[--iterations N | --duration DURATION] [--launch-ahead N] [--pipeline N] [--ptds] [--seed N] \
+[--start-barrier FILE]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
+
+fn duration(text: &str) -> Result<u64, OptionsError> {
+    if text == "0" {
+        return Ok(0);
+    }
+    simgpu_model_duration(text)
+        .ok_or_else(|| invalid(format!("bad duration {text:?} (e.g. 250us, 2ms, 1s)")))
+}
+
+/// Same units as kernel names: ns, us, ms, s.
+fn simgpu_model_duration(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    n.checked_mul(match unit {
+        "ns" => 1,
+        "us" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        _ => return None,
+    })
+}
+
+fn bytes(text: &str) -> Result<u64, OptionsError> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| invalid(format!("bad size {text:?}")))?;
+    let mult = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => return Err(invalid(format!("bad size unit in {text:?}"))),
+    };
+    n.checked_mul(mult).ok_or_else(|| invalid("size too large"))
+}
+
+fn distribution(text: &str) -> Result<Distribution, OptionsError> {
+    let parts: Vec<&str> = text.split(':').collect();
+    match parts.as_slice() {
+        ["fixed", d] => Ok(Distribution::Fixed(duration(d)?)),
+        ["uniform", a, b] => {
+            let (low, high) = (duration(a)?, duration(b)?);
+            if low > high {
+                return Err(invalid("uniform: low > high"));
+            }
+            Ok(Distribution::Uniform { low, high })
+        }
+        ["lognormal", m, s] => {
+            let sigma: f64 = s.parse().map_err(|_| invalid(format!("bad sigma {s:?}")))?;
+            if !(0.0..=5.0).contains(&sigma) {
+                return Err(invalid("sigma must be in [0, 5]"));
+            }
+            Ok(Distribution::LogNormal {
+                median: duration(m)?,
+                sigma,
+            })
+        }
+        _ => Err(invalid(format!("bad distribution {text:?}"))),
+    }
+}
+
+impl Options {
+    pub fn parse(args: &[String]) -> Result<Options, OptionsError> {
+        let mut o = Options {
+            device: 0,
+            memory: 0,
+            memory_growth: 0,
+            kernels: 10,
+            distribution: Distribution::Fixed(1_000_000),
+            gap_ns: 0,
+            sync: SyncStyle::Stream,
+            iterations: None,
+            duration_ns: None,
+            launch_ahead: 0,
+            pipeline: 1,
+            per_thread_default_stream: false,
+            seed: 1,
+            start_barrier: None,
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--ptds" {
+                o.per_thread_default_stream = true;
+                continue;
+            }
+            let value = it
+                .next()
+                .ok_or_else(|| invalid(format!("{flag} needs a value")))?;
+            let int = |v: &str| {
+                v.parse::<u64>()
+                    .map_err(|_| invalid(format!("{flag}: bad number {v:?}")))
+            };
+            match flag.as_str() {
+                "--device" => o.device = int(value)? as i32,
+                "--memory" => o.memory = bytes(value)?,
+                "--memory-growth" => o.memory_growth = bytes(value)?,
+                "--kernels" => o.kernels = int(value)?.max(1) as u32,
+                "--kernel" => o.distribution = distribution(value)?,
+                "--gap" => o.gap_ns = duration(value)?,
+                "--sync" => {
+                    o.sync = match value.as_str() {
+                        "context" => SyncStyle::Context,
+                        "stream" => SyncStyle::Stream,
+                        "event" => SyncStyle::Event,
+                        _ => return Err(invalid("--sync: context, stream or event")),
+                    }
+                }
+                "--iterations" => o.iterations = Some(int(value)?),
+                "--duration" => o.duration_ns = Some(duration(value)?),
+                "--launch-ahead" => o.launch_ahead = int(value)? as u32,
+                "--pipeline" => o.pipeline = int(value)?.max(1) as u32,
+                "--seed" => o.seed = int(value)?,
+                "--start-barrier" => o.start_barrier = Some(PathBuf::from(value)),
+                _ => return Err(invalid(format!("unknown option {flag}\n{USAGE}"))),
+            }
+        }
+        if o.iterations.is_none() && o.duration_ns.is_none() {
+            o.iterations = Some(100);
+        }
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Options, OptionsError> {
+        Options::parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn parses_every_option() {
+        let o = parse("--device 1 --memory 2Gi --memory-growth 1Mi --kernels 4 --kernel lognormal:1ms:0.5 \
+                       --gap 200us --sync event --duration 2s --launch-ahead 8 --pipeline 2 --ptds --seed 7")
+        .unwrap();
+        assert_eq!(
+            (o.device, o.memory, o.memory_growth, o.kernels),
+            (1, 2 << 30, 1 << 20, 4)
+        );
+        assert_eq!(
+            o.distribution,
+            Distribution::LogNormal {
+                median: 1_000_000,
+                sigma: 0.5
+            }
+        );
+        assert_eq!(
+            (o.gap_ns, o.sync, o.duration_ns),
+            (200_000, SyncStyle::Event, Some(2_000_000_000))
+        );
+        assert_eq!(
+            (
+                o.launch_ahead,
+                o.pipeline,
+                o.per_thread_default_stream,
+                o.seed
+            ),
+            (8, 2, true, 7)
+        );
+        assert_eq!(parse("").unwrap().iterations, Some(100));
+        assert_eq!(
+            parse("--kernel uniform:1ms:2ms").unwrap().distribution,
+            Distribution::Uniform {
+                low: 1_000_000,
+                high: 2_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_nonsense() {
+        for bad in [
+            "--kernel fixed:5h",
+            "--sync never",
+            "--memory 3Q",
+            "--bogus 1",
+            "--kernels",
+            "--kernel uniform:2ms:1ms",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Shared test harness: builds and installs the simulated driver libraries, runs workloads
+//! against a private simulated machine (its own SIMGPU_DIR), reads their JSON.
+#![allow(dead_code)]
+
+use nvml_wrapper::Nvml;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// `target/<profile>` of this test binary.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+/// A directory holding `libcuda.so.1` and `libnvidia-ml.so.1`, built from this workspace for
+/// this test's profile and installed by `install.sh`, once per test binary.
+pub fn libs_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let profile_dir = profile_dir();
+        let profile = profile_dir
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let target_dir = profile_dir.parent().unwrap();
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        build
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "simgpu-libcuda",
+                "-p",
+                "simgpu-libnvml",
+                "--target-dir",
+            ])
+            .arg(target_dir);
+        if profile == "release" {
+            build.arg("--release");
+        }
+        let status = build
+            .current_dir(manifest)
+            .status()
+            .expect("run cargo build");
+        assert!(
+            status.success(),
+            "building the simulated driver libraries failed"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new(manifest.join("../install.sh"))
+            .arg(dir.path())
+            .arg(&profile)
+            .env("CARGO_TARGET_DIR", target_dir)
+            .status()
+            .expect("run install.sh");
+        assert!(status.success(), "install.sh failed");
+        dir
+    })
+    .path()
+}
+
+/// A private simulated machine.
+pub struct Sim {
+    pub dir: tempfile::TempDir,
+    pub vars: Vec<(String, String)>,
+}
+
+impl Sim {
+    pub fn new(vars: &[(&str, &str)]) -> Sim {
+        let dir = tempfile::tempdir().unwrap();
+        let mut all = vec![("SIMGPU_DIR".to_string(), dir.path().display().to_string())];
+        all.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Sim { dir, vars: all }
+    }
+
+    pub fn workload(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_simgpu-workload"));
+        cmd.args(args)
+            .env("LD_LIBRARY_PATH", libs_dir())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &self.vars {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Runs a workload to completion and returns its report.
+    pub fn run(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.workload(args).output().expect("spawn simgpu-workload");
+        report(&out.stdout, &out.stderr)
+    }
+
+    /// The model itself, for checks against its own accounting.
+    pub fn model(&self) -> simgpu_model::Device {
+        let vars = self.vars.clone();
+        let config = simgpu_model::SimConfig::from_lookup(|n| {
+            vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())
+        })
+        .unwrap();
+        simgpu_model::Device::open(&config).unwrap()
+    }
+
+    /// NVML through nvml-wrapper, on this machine's libnvidia-ml.so.1. Each test binary uses one
+    /// Sim at a time: the library reads SIMGPU_DIR when initialised.
+    pub fn nvml(&self) -> Nvml {
+        for (k, v) in &self.vars {
+            // Safe in practice: std serialises set_var against Command::spawn and env::var, the
+            // only readers in these tests and the NVML library.
+            std::env::set_var(k, v);
+        }
+        Nvml::builder()
+            .lib_path(libs_dir().join("libnvidia-ml.so.1").as_os_str())
+            .init()
+            .expect("nvml init")
+    }
+}
+
+pub fn report(stdout: &[u8], stderr: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(stdout).unwrap_or_else(|e| {
+        panic!(
+            "workload output is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(stdout),
+            String::from_utf8_lossy(stderr)
+        )
+    })
+}
+
+pub fn wait_for_child(child: Child) -> serde_json::Value {
+    let out = child.wait_with_output().expect("wait for workload");
+    report(&out.stdout, &out.stderr)
+}
+
+/// Polls `check` until it holds or `timeout` passes.
+pub fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+pub fn f(v: &serde_json::Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
