@@ -353,6 +353,15 @@ impl LeaseEndpoints for SocketEndpoints {
     }
 }
 
+impl Drop for SocketEndpoints {
+    /// A dropped arbiter (tests, benchmarks) stops serving its lease sockets.
+    fn drop(&mut self) {
+        for task in self.tasks.values() {
+            task.abort();
+        }
+    }
+}
+
 async fn serve_lease(
     listener: UnixListener,
     lease: LeaseId,
