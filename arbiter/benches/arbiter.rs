@@ -34,7 +34,7 @@ fn lease(i: usize, gpus: usize) -> Lease {
         container_id: format!("bench-{i}"),
         sandbox_id: None,
         gpus: vec![format!("GPU-{}", i % gpus)],
-        priority: if i % 16 == 0 {
+        priority: if i.is_multiple_of(16) {
             Priority::High
         } else {
             Priority::Low

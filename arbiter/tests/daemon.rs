@@ -21,7 +21,7 @@ const T: Duration = Duration::from_secs(10);
 fn reserve_confirm_list_status_and_release_through_the_control_socket() {
     let d = Daemon::start(2, "16Gi", "");
     let mut c = d.client();
-    let child = container_process();
+    let mut child = container_process();
     let lease = c.reserve(request("c1", "4Gi", Priority::High)).unwrap();
     assert_eq!(lease.memory_bytes, 4 * GI);
     assert_eq!(lease.state, LeaseState::Reserved);
@@ -57,6 +57,8 @@ fn reserve_confirm_list_status_and_release_through_the_control_socket() {
     assert!(!c.release_container("c1".into()).unwrap());
     assert!(!socket.exists());
     assert!(d.lease_dirs().is_empty());
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 #[test]
