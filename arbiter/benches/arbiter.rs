@@ -154,6 +154,7 @@ struct Daemon {
     child: std::process::Child,
     socket: std::path::PathBuf,
     _dir: tempfile::TempDir,
+    _run: tempfile::TempDir,
 }
 
 impl Drop for Daemon {
@@ -163,10 +164,19 @@ impl Drop for Daemon {
     }
 }
 
-fn config_text(dir: &Path, gpus: usize) -> String {
+/// The run directory on tmpfs, as `/run/gpushare` is in production (lease
+/// directories and sockets live there); the lease log on the disk, fsynced.
+fn run_dir_on_tmpfs() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gsb-run-")
+        .tempdir_in("/dev/shm")
+        .expect("a tmpfs at /dev/shm")
+}
+
+fn config_text(dir: &Path, run_dir: &Path, gpus: usize) -> String {
     let mut text = format!(
         "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nnvml_library = \"\"\nlow_nums_limit = 1000000\n",
-        dir.join("run").display(),
+        run_dir.display(),
         dir.join("state").display()
     );
     for i in 0..gpus {
@@ -182,14 +192,19 @@ fn start_daemon() -> Daemon {
         .prefix("gsb-")
         .tempdir_in("/tmp")
         .unwrap();
-    std::fs::write(dir.path().join("config.toml"), config_text(dir.path(), 4)).unwrap();
+    let run = run_dir_on_tmpfs();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        config_text(dir.path(), run.path(), 4),
+    )
+    .unwrap();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_gpushare-arbiter"))
         .arg("--config")
         .arg(dir.path().join("config.toml"))
         .env("GPUSHARE_LOG", "warn")
         .spawn()
         .unwrap();
-    let socket = dir.path().join("run/control.sock");
+    let socket = run.path().join("control.sock");
     let start = Instant::now();
     while ControlClient::connect(&socket, Duration::from_secs(5)).is_err() {
         assert!(
@@ -202,6 +217,7 @@ fn start_daemon() -> Daemon {
         child,
         socket,
         _dir: dir,
+        _run: run,
     }
 }
 
@@ -261,8 +277,9 @@ fn bench_recovery() {
         .prefix("gsr-")
         .tempdir_in("/tmp")
         .unwrap();
+    let run = run_dir_on_tmpfs();
     let config = ArbiterConfig {
-        run_dir: dir.path().join("run"),
+        run_dir: run.path().to_owned(),
         state_dir: dir.path().join("state"),
         nvml_library: String::new(),
         devices: (0..4)
@@ -309,9 +326,9 @@ fn bench_recovery() {
             let shared = gpushare_arbiter::daemon::recover(&config, &backend).unwrap();
             let elapsed = start.elapsed();
             assert_eq!(gpushare_arbiter::server::lock(&shared).lease_count(), 1000);
-            assert!(dir
+            assert!(run
                 .path()
-                .join("run/leases")
+                .join("leases")
                 .join(format!("{:016x}", 999))
                 .join("arbiter.sock")
                 .exists());
@@ -328,10 +345,22 @@ fn bench_recovery() {
 
 fn main() {
     // `cargo test --benches` passes --bench-less flags; run everything only under `cargo bench`.
-    if std::env::args().any(|a| a == "--bench") {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    // GPUSHARE_BENCH=round_trips (etc.) runs one part only, e.g. under a profiler.
+    let only = std::env::var("GPUSHARE_BENCH").ok();
+    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if run("placement") {
         bench_placement();
+    }
+    if run("commit") {
         bench_commit();
+    }
+    if run("recovery") {
         bench_recovery();
+    }
+    if run("round_trips") {
         bench_round_trips();
     }
 }

@@ -52,13 +52,15 @@ fn rogue_workload(sim_dir: &Path, lib_dir: &Path, workload: &Path) -> Child {
         .unwrap()
 }
 
-fn nvml_daemon(kill: bool) -> (Daemon, PathBuf, PathBuf) {
+/// The daemon, the simulated GPU's state directory and library directory (and
+/// the temporary directory holding both, removed when dropped).
+fn nvml_daemon(kill: bool) -> (Daemon, PathBuf, PathBuf, tempfile::TempDir) {
     let (nvml, _) = simgpu_built();
-    let sim = tempfile::Builder::new()
+    let tmp = tempfile::Builder::new()
         .prefix("gss-")
         .tempdir_in("/tmp")
-        .unwrap()
-        .keep();
+        .unwrap();
+    let sim = tmp.path().to_owned();
     let lib_dir = sim.join("lib");
     std::fs::create_dir_all(&lib_dir).unwrap();
     std::fs::copy(
@@ -82,12 +84,12 @@ fn nvml_daemon(kill: bool) -> (Daemon, PathBuf, PathBuf) {
             ("SIMGPU_MEMORY", "16Gi"),
         ],
     );
-    (d, sim_dir, lib_dir)
+    (d, sim_dir, lib_dir, tmp)
 }
 
 #[test]
 fn inventory_utilisation_and_driver_version_come_from_nvml() {
-    let (d, _sim, _lib) = nvml_daemon(false);
+    let (d, _sim, _lib, _tmp) = nvml_daemon(false);
     let mut c = d.client();
     let status = c.status().unwrap();
     assert_eq!(status.inventory_source, "nvml", "{}", d.log());
@@ -114,7 +116,7 @@ fn inventory_utilisation_and_driver_version_come_from_nvml() {
 
 #[test]
 fn the_watchdog_reports_an_unregistered_process() {
-    let (d, sim, lib) = nvml_daemon(false);
+    let (d, sim, lib, _tmp) = nvml_daemon(false);
     let (_, workload) = simgpu_built();
     let mut rogue = rogue_workload(&sim, &lib, &workload);
     let mut c = d.client();
@@ -149,7 +151,7 @@ fn the_watchdog_reports_an_unregistered_process() {
 
 #[test]
 fn the_watchdog_kills_an_unregistered_process_when_configured() {
-    let (d, sim, lib) = nvml_daemon(true);
+    let (d, sim, lib, _tmp) = nvml_daemon(true);
     let (_, workload) = simgpu_built();
     let mut rogue = rogue_workload(&sim, &lib, &workload);
     let mut exited = None;

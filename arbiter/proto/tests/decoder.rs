@@ -23,6 +23,11 @@ fn control_request() -> impl Strategy<Value = ControlRequest> {
             .prop_map(|(container_id, pid)| ControlRequest::Confirm { container_id, pid }),
         text.prop_map(|l| ControlRequest::Release { lease: LeaseId(l) }),
         text.prop_map(|container_id| ControlRequest::ReleaseContainer { container_id }),
+        (text, text, any::<u32>()).prop_map(|(l, container_id, pid)| ControlRequest::Bind {
+            lease: LeaseId(l),
+            container_id,
+            pid
+        }),
         Just(ControlRequest::Status),
         Just(ControlRequest::List),
         (text, any::<bool>()).prop_map(|(gpu, drain)| ControlRequest::Drain { gpu, drain }),
