@@ -212,6 +212,10 @@ fn a_peer_from_another_pid_namespace_is_refused() {
         "{err}"
     );
     assert!(outsider.query().is_err(), "refused connections are closed");
+    // Killing unshare would orphan the namespace's init: kill it first.
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &init.unwrap().to_string()])
+        .status();
     let _ = container.kill();
     let _ = container.wait();
 }
