@@ -189,6 +189,8 @@ fn a_peer_from_another_pid_namespace_is_refused() {
     // The "container": a process in its own pid namespace.
     let mut container = std::process::Command::new("unshare")
         .args(["--pid", "--fork", "sleep", "1000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     // unshare forks: the container's init is its child.

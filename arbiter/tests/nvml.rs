@@ -48,6 +48,7 @@ fn rogue_workload(sim_dir: &Path, lib_dir: &Path, workload: &Path) -> Child {
         .env("SIMGPU_DIR", sim_dir)
         .env("LD_LIBRARY_PATH", lib_dir)
         .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap()
 }

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{ControlClient, Fraction, GpuSelector, Priority, ReserveRequest};
@@ -203,6 +203,14 @@ pub fn request(container: &str, memory: &str, priority: Priority) -> ReserveRequ
 }
 
 /// A stand-in container: a real process whose pid confirms a lease.
+/// Its output goes nowhere: a process left behind by a failing test must not
+/// hold the test runner's output pipe open (CI reads it through `tee`).
 pub fn container_process() -> Child {
-    Command::new("sleep").arg("1000").spawn().unwrap()
+    Command::new("sleep")
+        .arg("1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
 }
