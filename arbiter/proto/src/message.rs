@@ -115,7 +115,7 @@ pub enum ErrorKind {
     PermissionDenied,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuStatus {
     pub index: u32,
     pub uuid: String,
@@ -195,7 +195,9 @@ pub struct Violation {
     pub killed: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `Default` so code (and tests) that build a report name only the fields they
+/// care about: `StatusReport { leases, ..Default::default() }`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     pub gpus: Vec<GpuStatus>,
     pub leases: Vec<Lease>,
