@@ -1,10 +1,18 @@
 //! gpushare-arbiter: the node daemon that owns every lease and every decision.
 //!
-//! Decisions (placement, the lease table) are plain functions and structs that
-//! unit tests drive directly; sockets and files sit at the edges (`server`, `store`).
+//! Decisions (placement, queue order, the ledger, reconciliation, the watchdog's
+//! audit) are plain functions and structs that unit tests drive directly;
+//! sockets, NVML, /proc and files sit at the edges behind small traits.
 
+pub mod daemon;
 pub mod inventory;
+pub mod ledger;
+pub mod metrics;
 pub mod placement;
+pub mod process;
+pub mod queue;
+pub mod reconcile;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod watchdog;

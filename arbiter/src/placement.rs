@@ -1,139 +1,338 @@
-//! Which GPU(s) a request lands on.
+//! Which GPU(s) a request lands on: Wang et al., Algorithm 1.
 //!
-//! This first placement only honours explicit selections and memory: among the
-//! candidates with room for the quota it takes the least-leased, then the one with
-//! the most free memory. Wang et al.'s Algorithm 1 (priority and utilisation
-//! rules, worst fit, the admission queue) replaces it with the full arbiter.
+//! A pure function over a snapshot of the GPUs (`GpuView`), so every rule is
+//! table-tested without a daemon, a driver or a clock.
+//!
+//! 1. Explicit requests (`index:`, `uuid:`), tenant reservations and drained GPUs
+//!    narrow the candidates first (Xiao et al.).
+//! 2. A high-priority request skips GPUs with too little free memory or with a
+//!    high-priority lease already; a low-priority request skips GPUs with too
+//!    little free memory, a last-minute utilisation above `gpu_util_limit`, or
+//!    `low_nums_limit` low-priority leases already.
+//! 3. Worst fit among the GPUs already in use: a high-priority job prefers the
+//!    fewest low-priority jobs, then the most free memory; a low-priority job
+//!    prefers GPUs running only low-priority work, then GPUs with a high-priority
+//!    job, the fewest low-priority jobs and the most free memory.
+//! 4. When no GPU in use fits, an unused GPU of the pool (most free memory first).
+//!
+//! `NoFit` is transient (the request may wait in the admission queue); every
+//! other error can never succeed on this node and fails at once.
 
-use gpushare_proto::{GpuSelector, MemoryRequest};
+use std::cmp::Reverse;
+use std::fmt;
 
-use crate::inventory::Gpu;
+use gpushare_proto::{ByteSize, GpuSelector, MemoryRequest, Priority};
 
-/// What one GPU already carries.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GpuLoad {
-    pub leases: usize,
+/// One GPU as placement sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuView<'a> {
+    pub index: u32,
+    pub uuid: &'a str,
+    pub memory_total: u64,
+    /// Sum of the quotas of the leases on this GPU.
     pub memory_leased: u64,
+    pub high_leases: u32,
+    pub low_leases: u32,
+    /// Mean utilisation (0–1) over the last minute.
+    pub utilization: f64,
+    pub drained: bool,
+    pub reserved_for: Option<&'a str>,
+}
+
+impl GpuView<'_> {
+    pub fn memory_free(&self) -> u64 {
+        self.memory_total.saturating_sub(self.memory_leased)
+    }
+
+    fn in_use(&self) -> bool {
+        self.high_leases + self.low_leases > 0
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    pub gpu_util_limit: f64,
+    pub low_nums_limit: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Request<'a> {
+    pub priority: Priority,
+    pub memory: MemoryRequest,
+    pub gpu: &'a GpuSelector,
+    pub tenant: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
-    /// Indices into the inventory slice.
+    /// Indices into the view slice, in the order chosen.
     pub gpus: Vec<usize>,
+    /// Per GPU; a fraction is resolved against the smallest chosen GPU, so one
+    /// quota fits on each of them.
     pub memory_bytes: u64,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+/// Why one GPU was passed over.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Skip {
+    Drained,
+    ReservedForAnotherTenant(String),
+    TooLittleMemory { wanted: u64, free: u64 },
+    HasHighPriorityLease,
+    Busy { utilization: f64, limit: f64 },
+    TooManyLowPriorityLeases { leases: u32, limit: u32 },
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Skip::Drained => write!(f, "drained"),
+            Skip::ReservedForAnotherTenant(t) => write!(f, "reserved for tenant {t:?}"),
+            Skip::TooLittleMemory { wanted, free } => {
+                write!(f, "{} free, {} wanted", ByteSize(*free), ByteSize(*wanted))
+            }
+            Skip::HasHighPriorityLease => write!(f, "already runs a high-priority job"),
+            Skip::Busy { utilization, limit } => write!(
+                f,
+                "{:.0}% busy over the last minute (low priority allowed up to {:.0}%)",
+                utilization * 100.0,
+                limit * 100.0
+            ),
+            Skip::TooManyLowPriorityLeases { leases, limit } => {
+                write!(f, "{leases} low-priority jobs already (limit {limit})")
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlacementError {
     #[error("gpu {selector}: this node has no GPU {what}")]
     NoSuchGpu { selector: String, what: String },
-    #[error("gpu count:{wanted}: this node shares only {available} GPU(s)")]
-    TooFewGpus { wanted: usize, available: usize },
-    #[error("memory {wanted} bytes per GPU does not fit: {free}")]
-    NoRoom { wanted: u64, free: String },
+    #[error("gpu count:{wanted}: only {available} GPU(s) on this node are open to {whom}")]
+    TooFewGpus {
+        wanted: usize,
+        available: usize,
+        whom: String,
+    },
+    #[error("gpu {gpu} is reserved for tenant {owner:?}; this request is from {whom}")]
+    ReservedGpu {
+        gpu: String,
+        owner: String,
+        whom: String,
+    },
+    #[error("memory {} per GPU is more than any candidate GPU has ({} at most)", ByteSize(*wanted), ByteSize(*largest))]
+    NeverFits { wanted: u64, largest: u64 },
+    /// Transient: the request may fit after a release.
+    #[error("no GPU can take {request} now: {}", reasons.join("; "))]
+    NoFit {
+        request: String,
+        reasons: Vec<String>,
+    },
+}
+
+impl PlacementError {
+    /// Worth waiting in the admission queue for.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, PlacementError::NoFit { .. })
+    }
+}
+
+/// Why `gpu` cannot take `wanted` bytes for a request of `priority` (Algorithm 1's skip rules).
+pub fn skip_reason(
+    gpu: &GpuView,
+    priority: Priority,
+    wanted: u64,
+    policy: &Policy,
+) -> Option<Skip> {
+    if gpu.drained {
+        return Some(Skip::Drained);
+    }
+    if wanted > gpu.memory_free() {
+        return Some(Skip::TooLittleMemory {
+            wanted,
+            free: gpu.memory_free(),
+        });
+    }
+    match priority {
+        Priority::High if gpu.high_leases > 0 => Some(Skip::HasHighPriorityLease),
+        Priority::High => None,
+        Priority::Low if gpu.utilization > policy.gpu_util_limit => Some(Skip::Busy {
+            utilization: gpu.utilization,
+            limit: policy.gpu_util_limit,
+        }),
+        Priority::Low if gpu.low_leases >= policy.low_nums_limit => {
+            Some(Skip::TooManyLowPriorityLeases {
+                leases: gpu.low_leases,
+                limit: policy.low_nums_limit,
+            })
+        }
+        Priority::Low => None,
+    }
+}
+
+/// Worst-fit preference among GPUs in use: smaller sorts first.
+fn worst_fit_key(gpu: &GpuView, priority: Priority) -> (bool, u32, Reverse<u64>, u32) {
+    // Eligible GPUs never hold a high-priority lease for a high-priority request,
+    // so for it the first component is always false and the order is: fewest
+    // low-priority jobs, most free memory. A low-priority request prefers GPUs
+    // with only low-priority work, then those with a high-priority job.
+    let has_high = match priority {
+        Priority::High => false,
+        Priority::Low => gpu.high_leases > 0,
+    };
+    (
+        has_high,
+        gpu.low_leases,
+        Reverse(gpu.memory_free()),
+        gpu.index,
+    )
+}
+
+fn whom(tenant: Option<&str>) -> String {
+    match tenant {
+        Some(t) => format!("tenant {t:?}"),
+        None => "requests without a tenant".into(),
+    }
 }
 
 pub fn place(
-    gpu: &GpuSelector,
-    memory: MemoryRequest,
-    inventory: &[Gpu],
-    loads: &[GpuLoad],
+    request: &Request,
+    gpus: &[GpuView],
+    policy: &Policy,
 ) -> Result<Placement, PlacementError> {
-    debug_assert_eq!(inventory.len(), loads.len());
-    let candidates = candidates(gpu, inventory)?;
-    // A fractional quota is resolved against the smallest candidate, so a
-    // multi-GPU lease carries one quota that fits on each of its GPUs.
-    let smallest = candidates
-        .iter()
-        .map(|&i| inventory[i].memory_total)
-        .min()
-        .unwrap_or(0);
-    let memory_bytes = memory.resolve(smallest);
-    let fits = |&i: &usize| {
-        inventory[i]
-            .memory_total
-            .saturating_sub(loads[i].memory_leased)
-            >= memory_bytes
-    };
-    let wanted = gpu.gpu_count();
+    let candidates = candidates(request, gpus)?;
+    let wanted_count = request.gpu.gpu_count();
+    let bytes_on = |i: usize| request.memory.resolve(gpus[i].memory_total);
 
-    let chosen: Vec<usize> = match gpu {
-        GpuSelector::Count(_) => {
-            let mut fitting: Vec<usize> = candidates.iter().copied().filter(fits).collect();
-            fitting.sort_by_key(|&i| {
-                (
-                    loads[i].leases,
-                    std::cmp::Reverse(free(i, inventory, loads)),
-                    i,
-                )
-            });
-            fitting.truncate(wanted);
-            fitting
-        }
-        // Explicit choices are all-or-nothing.
-        _ if candidates.iter().all(fits) => candidates.clone(),
-        _ => Vec::new(),
+    // A quota larger than the GPU itself never fits, however long it waits.
+    let explicit = !matches!(request.gpu, GpuSelector::Count(_));
+    let largest = candidates
+        .iter()
+        .map(|&i| gpus[i].memory_total)
+        .max()
+        .unwrap_or(0);
+    let too_big = |i: usize| bytes_on(i) > gpus[i].memory_total;
+    let never = if explicit {
+        candidates.iter().copied().find(|&i| too_big(i))
+    } else {
+        let fitting = candidates.iter().filter(|&&i| !too_big(i)).count();
+        (fitting < wanted_count).then(|| candidates.first().copied().unwrap_or(0))
     };
-    if chosen.len() < wanted {
-        let free = candidates
-            .iter()
-            .map(|&i| {
-                format!(
-                    "{} has {} bytes free",
-                    inventory[i].uuid,
-                    free(i, inventory, loads)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        return Err(PlacementError::NoRoom {
-            wanted: memory_bytes,
-            free,
+    if let Some(i) = never {
+        if !candidates.is_empty() {
+            return Err(PlacementError::NeverFits {
+                wanted: bytes_on(i),
+                largest,
+            });
+        }
+    }
+
+    let mut reasons = Vec::new();
+    let mut eligible = Vec::new();
+    for &i in &candidates {
+        match skip_reason(&gpus[i], request.priority, bytes_on(i), policy) {
+            None => eligible.push(i),
+            Some(skip) => reasons.push(format!("GPU {} ({}): {skip}", gpus[i].index, gpus[i].uuid)),
+        }
+    }
+
+    let chosen: Vec<usize> = if explicit {
+        // All-or-nothing: the named GPUs, in the order named.
+        if eligible.len() == candidates.len() {
+            candidates
+        } else {
+            Vec::new()
+        }
+    } else {
+        let (mut in_use, mut unused): (Vec<usize>, Vec<usize>) =
+            eligible.into_iter().partition(|&i| gpus[i].in_use());
+        in_use.sort_by_key(|&i| worst_fit_key(&gpus[i], request.priority));
+        // The pool fallback: an unused GPU, the roomiest first.
+        unused.sort_by_key(|&i| (Reverse(gpus[i].memory_free()), gpus[i].index));
+        in_use
+            .into_iter()
+            .chain(unused)
+            .take(wanted_count)
+            .collect()
+    };
+    if chosen.len() < wanted_count {
+        return Err(PlacementError::NoFit {
+            request: describe(request),
+            reasons,
         });
     }
+    let memory_bytes = chosen.iter().map(|&i| bytes_on(i)).min().unwrap_or(0);
     Ok(Placement {
         gpus: chosen,
         memory_bytes,
     })
 }
 
-fn free(i: usize, inventory: &[Gpu], loads: &[GpuLoad]) -> u64 {
-    inventory[i]
-        .memory_total
-        .saturating_sub(loads[i].memory_leased)
+/// "a high-priority request for 4Gi on count:1".
+pub fn describe(request: &Request) -> String {
+    format!(
+        "a {}-priority request for {} on {}{}",
+        request.priority,
+        request.memory,
+        request.gpu,
+        request
+            .tenant
+            .map(|t| format!(" from tenant {t:?}"))
+            .unwrap_or_default()
+    )
 }
 
-fn candidates(gpu: &GpuSelector, inventory: &[Gpu]) -> Result<Vec<usize>, PlacementError> {
+/// Narrowing by selector and tenant reservation; indices into `gpus`.
+fn candidates(request: &Request, gpus: &[GpuView]) -> Result<Vec<usize>, PlacementError> {
+    let selector = request.gpu;
+    let open_to_tenant = |g: &GpuView| g.reserved_for.is_none() || g.reserved_for == request.tenant;
     let missing = |what: String| PlacementError::NoSuchGpu {
-        selector: gpu.to_string(),
+        selector: selector.to_string(),
         what,
     };
-    match gpu {
+    let check_reserved = |i: usize| {
+        let g = &gpus[i];
+        if open_to_tenant(g) {
+            Ok(i)
+        } else {
+            Err(PlacementError::ReservedGpu {
+                gpu: g.uuid.to_owned(),
+                owner: g.reserved_for.unwrap_or_default().to_owned(),
+                whom: whom(request.tenant),
+            })
+        }
+    };
+    match selector {
         GpuSelector::Count(n) => {
-            if (*n as usize) > inventory.len() {
+            let open: Vec<usize> = (0..gpus.len())
+                .filter(|&i| open_to_tenant(&gpus[i]))
+                .collect();
+            if (*n as usize) > open.len() {
                 return Err(PlacementError::TooFewGpus {
                     wanted: *n as usize,
-                    available: inventory.len(),
+                    available: open.len(),
+                    whom: whom(request.tenant),
                 });
             }
-            Ok((0..inventory.len()).collect())
+            Ok(open)
         }
         GpuSelector::Index(indices) => indices
             .iter()
             .map(|&want| {
-                inventory
-                    .iter()
+                gpus.iter()
                     .position(|g| g.index == want)
                     .ok_or_else(|| missing(format!("with index {want}")))
+                    .and_then(check_reserved)
             })
             .collect(),
         GpuSelector::Uuid(uuids) => uuids
             .iter()
             .map(|want| {
-                inventory
-                    .iter()
-                    .position(|g| &g.uuid == want)
+                gpus.iter()
+                    .position(|g| g.uuid == want)
                     .ok_or_else(|| missing(want.clone()))
+                    .and_then(check_reserved)
             })
             .collect(),
     }
@@ -144,142 +343,412 @@ mod tests {
     use super::*;
 
     const GI: u64 = 1 << 30;
+    const POLICY: Policy = Policy {
+        gpu_util_limit: 0.8,
+        low_nums_limit: 4,
+    };
+    const UUIDS: [&str; 4] = ["GPU-0", "GPU-1", "GPU-2", "GPU-3"];
 
-    fn inventory() -> Vec<Gpu> {
-        (0..3)
-            .map(|i| Gpu {
-                index: i,
-                uuid: format!("GPU-{i}"),
-                name: "t".into(),
-                memory_total: 16 * GI,
-            })
-            .collect()
+    /// A GPU of 16 GiB: `(high leases, low leases, GiB leased, utilisation)`.
+    fn gpu(i: usize, (high, low, leased, util): (u32, u32, u64, f64)) -> GpuView<'static> {
+        GpuView {
+            index: i as u32,
+            uuid: UUIDS[i],
+            memory_total: 16 * GI,
+            memory_leased: leased * GI,
+            high_leases: high,
+            low_leases: low,
+            utilization: util,
+            drained: false,
+            reserved_for: None,
+        }
     }
 
-    fn load(leases: usize, gib: u64) -> GpuLoad {
-        GpuLoad {
-            leases,
-            memory_leased: gib * GI,
+    fn gpus(loads: &[(u32, u32, u64, f64)]) -> Vec<GpuView<'static>> {
+        loads.iter().enumerate().map(|(i, &l)| gpu(i, l)).collect()
+    }
+
+    fn req(priority: Priority, gib: u64, selector: &GpuSelector) -> Request<'_> {
+        Request {
+            priority,
+            memory: MemoryRequest::Bytes(gib * GI),
+            gpu: selector,
+            tenant: None,
+        }
+    }
+
+    const ONE: GpuSelector = GpuSelector::Count(1);
+    use Priority::{High, Low};
+
+    /// Each row: a node, a request, and the GPU it must land on (None: no fit now).
+    #[test]
+    fn algorithm_1_walkthrough() {
+        #[allow(clippy::type_complexity)]
+        let rows: &[(&str, &[(u32, u32, u64, f64)], Priority, u64, Option<usize>)] = &[
+            // --- high priority ---
+            (
+                "high: skips a GPU with too little free memory",
+                &[(0, 1, 14, 0.1), (0, 1, 4, 0.1)],
+                High,
+                4,
+                Some(1),
+            ),
+            (
+                "high: skips a GPU that already has a high-priority lease",
+                &[(1, 0, 2, 0.1), (0, 3, 6, 0.1)],
+                High,
+                4,
+                Some(1),
+            ),
+            (
+                "high: utilisation does not matter",
+                &[(0, 1, 2, 0.99), (0, 0, 0, 0.0)],
+                High,
+                4,
+                Some(0),
+            ),
+            (
+                "high: the low-priority count limit does not matter",
+                &[(0, 4, 4, 0.1)],
+                High,
+                4,
+                Some(0),
+            ),
+            (
+                "high: prefers fewest low-priority jobs (worst fit)",
+                &[(0, 3, 3, 0.1), (0, 1, 8, 0.1), (0, 2, 2, 0.1)],
+                High,
+                2,
+                Some(1),
+            ),
+            (
+                "high: same number of low jobs: most free memory",
+                &[(0, 2, 8, 0.1), (0, 2, 3, 0.1)],
+                High,
+                2,
+                Some(1),
+            ),
+            (
+                "high: a GPU running only low-priority work beats an unused one",
+                &[(0, 0, 0, 0.0), (0, 3, 9, 0.5)],
+                High,
+                2,
+                Some(1),
+            ),
+            (
+                "high: nothing in use fits: an unused GPU of the pool",
+                &[(1, 0, 2, 0.1), (0, 0, 0, 0.0)],
+                High,
+                2,
+                Some(1),
+            ),
+            (
+                "high: nothing fits at all",
+                &[(1, 0, 2, 0.1), (0, 1, 15, 0.1)],
+                High,
+                2,
+                None,
+            ),
+            // --- low priority ---
+            (
+                "low: skips a GPU with too little free memory",
+                &[(0, 1, 15, 0.1), (0, 2, 4, 0.1)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: skips a GPU busier than gpu_util_limit over the last minute",
+                &[(0, 1, 2, 0.81), (0, 2, 4, 0.3)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: exactly at the limit is allowed",
+                &[(0, 1, 2, 0.8), (0, 2, 4, 0.3)],
+                Low,
+                2,
+                Some(0),
+            ),
+            (
+                "low: skips a GPU with low_nums_limit low-priority leases",
+                &[(0, 4, 4, 0.1), (0, 3, 12, 0.1)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: a high-priority lease alone does not exclude a GPU",
+                &[(1, 0, 4, 0.5)],
+                Low,
+                2,
+                Some(0),
+            ),
+            (
+                "low: prefers only-low-priority GPUs over ones with a high job",
+                &[(1, 0, 2, 0.1), (0, 2, 10, 0.1)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: among only-low GPUs, fewest low-priority jobs",
+                &[(0, 3, 3, 0.1), (0, 1, 10, 0.1)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: same count, most free memory",
+                &[(0, 2, 9, 0.1), (0, 2, 5, 0.1)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: among GPUs with a high job, fewest low-priority jobs",
+                &[(1, 2, 4, 0.1), (1, 1, 8, 0.1)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: a GPU with a high job beats an unused one",
+                &[(0, 0, 0, 0.0), (1, 0, 4, 0.1)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: nothing in use fits: an unused GPU of the pool",
+                &[(0, 4, 4, 0.1), (0, 0, 0, 0.0)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: unused GPUs are taken roomiest first, then by index",
+                &[(0, 4, 4, 0.1), (0, 0, 0, 0.0), (0, 0, 0, 0.0)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: an unused GPU that is busy (someone else's work) is skipped",
+                &[(0, 0, 0, 0.95), (0, 0, 0, 0.1)],
+                Low,
+                2,
+                Some(1),
+            ),
+            (
+                "low: nothing fits at all",
+                &[(0, 4, 4, 0.1), (0, 1, 2, 0.9)],
+                Low,
+                2,
+                None,
+            ),
+        ];
+        for (what, loads, priority, gib, want) in rows {
+            let views = gpus(loads);
+            let got = place(&req(*priority, *gib, &ONE), &views, &POLICY);
+            match want {
+                Some(i) => assert_eq!(got.map(|p| p.gpus), Ok(vec![*i]), "{what}"),
+                None => assert!(
+                    matches!(&got, Err(e) if e.is_transient()),
+                    "{what}: {got:?}"
+                ),
+            }
         }
     }
 
     #[test]
-    fn count_prefers_least_leased_then_most_free() {
-        let inv = inventory();
-        let loads = [load(1, 4), load(0, 0), load(0, 2)];
-        let p = place(
-            &GpuSelector::Count(1),
-            MemoryRequest::Bytes(GI),
-            &inv,
-            &loads,
-        )
-        .unwrap();
-        assert_eq!(p.gpus, vec![1]);
-        let p = place(
-            &GpuSelector::Count(2),
-            MemoryRequest::Bytes(GI),
-            &inv,
-            &loads,
-        )
-        .unwrap();
-        assert_eq!(p.gpus, vec![1, 2]);
+    fn skip_reasons_name_each_rule() {
+        let busy = gpu(0, (0, 1, 1, 0.9));
+        assert_eq!(
+            skip_reason(&busy, Low, GI, &POLICY),
+            Some(Skip::Busy {
+                utilization: 0.9,
+                limit: 0.8
+            })
+        );
+        let full = gpu(0, (0, 4, 4, 0.1));
+        assert_eq!(
+            skip_reason(&full, Low, GI, &POLICY),
+            Some(Skip::TooManyLowPriorityLeases {
+                leases: 4,
+                limit: 4
+            })
+        );
+        assert_eq!(skip_reason(&full, High, GI, &POLICY), None);
+        let with_high = gpu(0, (1, 0, 4, 0.1));
+        assert_eq!(
+            skip_reason(&with_high, High, GI, &POLICY),
+            Some(Skip::HasHighPriorityLease)
+        );
+        assert_eq!(
+            skip_reason(&with_high, Low, 13 * GI, &POLICY),
+            Some(Skip::TooLittleMemory {
+                wanted: 13 * GI,
+                free: 12 * GI
+            })
+        );
+        let mut drained = gpu(0, (0, 0, 0, 0.0));
+        drained.drained = true;
+        assert_eq!(
+            skip_reason(&drained, High, GI, &POLICY),
+            Some(Skip::Drained)
+        );
     }
 
     #[test]
-    fn memory_must_fit() {
-        let inv = inventory();
-        let loads = [load(1, 15), load(1, 15), load(1, 8)];
-        let p = place(
-            &GpuSelector::Count(1),
-            MemoryRequest::Bytes(8 * GI),
-            &inv,
-            &loads,
-        )
-        .unwrap();
-        assert_eq!(p.gpus, vec![2]);
-        let err = place(
-            &GpuSelector::Count(1),
-            MemoryRequest::Bytes(9 * GI),
-            &inv,
-            &loads,
-        )
-        .unwrap_err();
-        assert!(matches!(err, PlacementError::NoRoom { .. }), "{err}");
+    fn no_fit_error_says_what_was_asked_and_what_is_free() {
+        let views = gpus(&[(1, 0, 2, 0.1), (0, 1, 15, 0.1)]);
+        let err = place(&req(High, 2, &ONE), &views, &POLICY).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("high-priority request for 2Gi on count:1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("GPU 0 (GPU-0): already runs a high-priority job"),
+            "{text}"
+        );
+        assert!(
+            text.contains("GPU 1 (GPU-1): 1Gi free, 2Gi wanted"),
+            "{text}"
+        );
     }
 
     #[test]
-    fn fractions_resolve_against_the_gpu() {
-        let inv = inventory();
-        let quarter = "25%".parse().unwrap();
-        let p = place(&GpuSelector::Count(1), quarter, &inv, &[load(0, 0); 3]).unwrap();
-        assert_eq!(p.memory_bytes, 4 * GI);
+    fn count_n_takes_the_n_best_in_worst_fit_order_then_the_pool() {
+        let views = gpus(&[
+            (0, 0, 0, 0.0),
+            (0, 2, 4, 0.1),
+            (0, 1, 4, 0.1),
+            (1, 0, 2, 0.1),
+        ]);
+        let two = GpuSelector::Count(2);
+        let p = place(&req(Low, 2, &two), &views, &POLICY).unwrap();
+        assert_eq!(p.gpus, vec![2, 1]);
+        let three = GpuSelector::Count(3);
+        let p = place(&req(High, 2, &three), &views, &POLICY).unwrap();
+        assert_eq!(p.gpus, vec![2, 1, 0], "in use first, then the unused GPU");
+        let four = GpuSelector::Count(4);
+        let err = place(&req(High, 2, &four), &views, &POLICY).unwrap_err();
+        assert!(err.is_transient(), "GPU 3 has a high job: wait, {err}");
     }
 
     #[test]
-    fn explicit_selection_is_all_or_nothing() {
-        let inv = inventory();
-        let loads = [load(0, 0), load(0, 16), load(0, 0)];
-        let p = place(
-            &GpuSelector::Index(vec![2, 0]),
-            MemoryRequest::Bytes(GI),
-            &inv,
-            &loads,
-        )
-        .unwrap();
-        assert_eq!(p.gpus, vec![2, 0]);
-        assert!(place(
-            &GpuSelector::Index(vec![0, 1]),
-            MemoryRequest::Bytes(GI),
-            &inv,
-            &loads
-        )
-        .is_err());
-        let p = place(
-            &GpuSelector::Uuid(vec!["GPU-2".into()]),
-            MemoryRequest::Bytes(GI),
-            &inv,
-            &loads,
-        )
-        .unwrap();
-        assert_eq!(p.gpus, vec![2]);
+    fn explicit_requests_narrow_first_and_are_all_or_nothing() {
+        let views = gpus(&[(0, 0, 0, 0.0), (0, 1, 15, 0.1), (0, 0, 0, 0.0)]);
+        let idx = GpuSelector::Index(vec![2, 0]);
+        let p = place(&req(Low, 2, &idx), &views, &POLICY).unwrap();
+        assert_eq!(p.gpus, vec![2, 0], "the named GPUs, in the order named");
+        let idx = GpuSelector::Index(vec![0, 1]);
+        let err = place(&req(Low, 2, &idx), &views, &POLICY).unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        let by_uuid = GpuSelector::Uuid(vec!["GPU-1".into()]);
+        let err = place(&req(Low, 2, &by_uuid), &views, &POLICY).unwrap_err();
+        assert!(err.to_string().contains("GPU 1 (GPU-1): 1Gi free"), "{err}");
+        // An explicit choice is not widened to another GPU even if one is free.
+        let by_uuid = GpuSelector::Uuid(vec!["GPU-1".into()]);
+        assert!(place(&req(Low, 1, &by_uuid), &views, &POLICY).is_ok());
     }
 
     #[test]
-    fn unknown_gpus_are_named() {
-        let inv = inventory();
-        let loads = [load(0, 0); 3];
-        let err = place(
-            &GpuSelector::Index(vec![7]),
-            MemoryRequest::Bytes(GI),
-            &inv,
-            &loads,
-        )
-        .unwrap_err();
+    fn unknown_gpus_and_impossible_requests_fail_at_once() {
+        let views = gpus(&[(0, 0, 0, 0.0), (0, 0, 0, 0.0)]);
+        let err = place(&req(Low, 1, &GpuSelector::Index(vec![7])), &views, &POLICY).unwrap_err();
         assert_eq!(
             err.to_string(),
             "gpu index:7: this node has no GPU with index 7"
         );
-        let err = place(
-            &GpuSelector::Uuid(vec!["GPU-x".into()]),
-            MemoryRequest::Bytes(GI),
-            &inv,
-            &loads,
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("GPU-x"));
-        let err = place(
-            &GpuSelector::Count(4),
-            MemoryRequest::Bytes(GI),
-            &inv,
-            &loads,
-        )
-        .unwrap_err();
-        assert_eq!(
+        let uuid = GpuSelector::Uuid(vec!["GPU-x".into()]);
+        let err = place(&req(Low, 1, &uuid), &views, &POLICY).unwrap_err();
+        assert!(err.to_string().contains("GPU-x") && !err.is_transient());
+        let err = place(&req(Low, 1, &GpuSelector::Count(3)), &views, &POLICY).unwrap_err();
+        assert!(matches!(
             err,
             PlacementError::TooFewGpus {
-                wanted: 4,
-                available: 3
+                wanted: 3,
+                available: 2,
+                ..
+            }
+        ));
+        let err = place(&req(Low, 17, &ONE), &views, &POLICY).unwrap_err();
+        assert_eq!(
+            err,
+            PlacementError::NeverFits {
+                wanted: 17 * GI,
+                largest: 16 * GI
             }
         );
+        assert!(!err.is_transient());
+    }
+
+    #[test]
+    fn tenant_reservations() {
+        let mut views = gpus(&[(0, 0, 0, 0.0), (0, 0, 0, 0.0)]);
+        views[0].reserved_for = Some("inference");
+        // Others never land on a reserved GPU, even when it is the only one with room.
+        let p = place(&req(Low, 2, &ONE), &views, &POLICY).unwrap();
+        assert_eq!(p.gpus, vec![1]);
+        views[1].memory_leased = 15 * GI;
+        views[1].low_leases = 1;
+        let err = place(&req(Low, 2, &ONE), &views, &POLICY).unwrap_err();
+        assert!(
+            err.is_transient() && !err.to_string().contains("GPU-0"),
+            "{err}"
+        );
+        // The tenant may use its reserved GPU (and the common pool).
+        let mut r = req(Low, 2, &ONE);
+        r.tenant = Some("inference");
+        assert_eq!(place(&r, &views, &POLICY).unwrap().gpus, vec![0]);
+        // Naming another tenant's GPU explicitly is refused outright.
+        let idx = GpuSelector::Index(vec![0]);
+        let err = place(&req(Low, 1, &idx), &views, &POLICY).unwrap_err();
+        assert!(matches!(err, PlacementError::ReservedGpu { .. }), "{err}");
+        // count beyond the GPUs open to this requester can never succeed.
+        let two = GpuSelector::Count(2);
+        let err = place(&req(Low, 1, &two), &views, &POLICY).unwrap_err();
+        assert!(
+            matches!(err, PlacementError::TooFewGpus { available: 1, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn drained_gpus_are_skipped_but_the_request_may_wait() {
+        let mut views = gpus(&[(0, 0, 0, 0.0), (0, 1, 2, 0.0)]);
+        views[1].drained = true;
+        assert_eq!(
+            place(&req(Low, 2, &ONE), &views, &POLICY).unwrap().gpus,
+            vec![0]
+        );
+        views[0].drained = true;
+        let err = place(&req(Low, 2, &ONE), &views, &POLICY).unwrap_err();
+        assert!(
+            err.is_transient() && err.to_string().contains("drained"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn fractions_resolve_against_each_gpu_and_the_smallest_chosen() {
+        let mut views = gpus(&[(0, 0, 0, 0.0), (0, 0, 0, 0.0)]);
+        views[1].memory_total = 8 * GI;
+        let quarter: MemoryRequest = "25%".parse().unwrap();
+        let one = GpuSelector::Count(1);
+        let r = Request {
+            priority: Low,
+            memory: quarter,
+            gpu: &one,
+            tenant: None,
+        };
+        assert_eq!(place(&r, &views, &POLICY).unwrap().memory_bytes, 4 * GI);
+        let both = GpuSelector::Count(2);
+        let r = Request { gpu: &both, ..r };
+        assert_eq!(place(&r, &views, &POLICY).unwrap().memory_bytes, 2 * GI);
     }
 }

@@ -1,19 +1,39 @@
-//! The control socket: root-only, one task per connection.
+//! The sockets: the root-only control socket and one socket per lease, one task
+//! per connection, and the periodic work (sampling, queue expiry, watchdog,
+//! reconciliation).
 //!
-//! A connection that breaks the protocol (bad version, malformed or oversized
-//! frame) gets one error answer and is closed; nothing else is affected.
+//! A connection that breaks the protocol (bad version, malformed, oversized or
+//! out-of-order frame) gets one error answer and is closed; nothing else is
+//! affected. A lease-socket client is identified by the socket it came through
+//! and by SO_PEERCRED, never by anything it says.
 
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use gpushare_proto::frame::{self, FrameError};
-use gpushare_proto::{ControlRequest, ControlResponse, ErrorKind, PROTOCOL_VERSION};
+use gpushare_proto::{
+    ControlRequest, ControlResponse, ErrorKind, LeaseId, LeaseRequest, LeaseResponse, Violation,
+    PROTOCOL_VERSION,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::task::{JoinHandle, JoinSet};
 
-use crate::state::Arbiter;
+use crate::inventory::GpuBackend;
+use crate::state::{Arbiter, LeaseDirs, LeaseEndpoints, ProcessTable, StateError};
+use crate::store::LeaseStore;
+use crate::watchdog;
+
+/// Name of the socket inside each lease directory (`/run/gpushare/arbiter.sock`
+/// in the container).
+pub const LEASE_SOCKET: &str = "arbiter.sock";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -27,6 +47,12 @@ pub enum ServerError {
 }
 
 pub type SharedArbiter = Arc<Mutex<Arbiter>>;
+
+pub fn lock(arbiter: &Mutex<Arbiter>) -> MutexGuard<'_, Arbiter> {
+    // A panic mid-change never left memory ahead of the log's order (changes are
+    // appended before they are applied), so the table is still usable.
+    arbiter.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Binds the control socket with mode 0600 (only root may reserve or release).
 pub fn bind_control_socket(path: &Path) -> Result<UnixListener, ServerError> {
@@ -49,26 +75,9 @@ pub fn bind_control_socket(path: &Path) -> Result<UnixListener, ServerError> {
     Ok(listener)
 }
 
-pub async fn serve(listener: UnixListener, arbiter: SharedArbiter) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let arbiter = arbiter.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = handle_connection(stream, arbiter).await {
-                        tracing::debug!(error = %e, "control connection closed");
-                    }
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
+// ----- framing over tokio -----
 
-async fn read_request(stream: &mut UnixStream) -> Result<ControlRequest, FrameError> {
+async fn read_frame<T: DeserializeOwned>(stream: &mut UnixStream) -> Result<T, FrameError> {
     let mut header = [0u8; 4];
     stream.read_exact(&mut header).await?;
     let mut body = vec![0u8; frame::body_len(header)?];
@@ -76,125 +85,549 @@ async fn read_request(stream: &mut UnixStream) -> Result<ControlRequest, FrameEr
     frame::decode(&body)
 }
 
-async fn write_response(
-    stream: &mut UnixStream,
-    response: &ControlResponse,
-) -> Result<(), FrameError> {
-    stream.write_all(&frame::encode(response)?).await?;
+async fn write_frame<T: Serialize>(stream: &mut UnixStream, message: &T) -> Result<(), FrameError> {
+    stream.write_all(&frame::encode(message)?).await?;
     Ok(())
 }
 
-async fn handle_connection(
-    mut stream: UnixStream,
-    arbiter: SharedArbiter,
-) -> Result<(), FrameError> {
+// ----- control socket -----
+
+pub async fn serve(listener: UnixListener, arbiter: SharedArbiter) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let arbiter = arbiter.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = handle_control(stream, arbiter).await {
+                        tracing::debug!(error = %e, "control connection closed");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn error_response(kind: ErrorKind, message: String) -> ControlResponse {
+    ControlResponse::Error { kind, message }
+}
+
+async fn handle_control(mut stream: UnixStream, arbiter: SharedArbiter) -> Result<(), FrameError> {
+    let admission_wait_ms = lock(&arbiter).config().admission_wait_ms;
     let mut greeted = false;
     loop {
-        let request = match read_request(&mut stream).await {
+        let request: ControlRequest = match read_frame(&mut stream).await {
             Ok(r) => r,
             Err(FrameError::Closed) => return Ok(()),
             Err(e) => {
-                let _ = write_response(&mut stream, &protocol_error(format!("{e}"))).await;
+                let _ = write_frame(
+                    &mut stream,
+                    &error_response(ErrorKind::Protocol, e.to_string()),
+                )
+                .await;
                 return Err(e);
             }
         };
         let response = match (&request, greeted) {
-            (ControlRequest::Hello { protocol }, false) if *protocol == PROTOCOL_VERSION => {
-                greeted = true;
-                ControlResponse::Hello {
-                    protocol: PROTOCOL_VERSION,
-                }
-            }
             (ControlRequest::Hello { protocol }, false) => {
                 let answer = ControlResponse::Hello {
                     protocol: PROTOCOL_VERSION,
+                    admission_wait_ms: Some(admission_wait_ms),
                 };
-                write_response(&mut stream, &answer).await?;
-                tracing::info!(theirs = protocol, "client speaks another protocol version");
-                return Ok(());
+                if *protocol != PROTOCOL_VERSION {
+                    write_frame(&mut stream, &answer).await?;
+                    tracing::info!(theirs = protocol, "client speaks another protocol version");
+                    return Ok(());
+                }
+                greeted = true;
+                answer
             }
             (_, false) => {
-                write_response(
-                    &mut stream,
-                    &protocol_error("the first message must be hello".into()),
-                )
-                .await?;
+                let e = error_response(
+                    ErrorKind::Protocol,
+                    "the first message must be hello".into(),
+                );
+                write_frame(&mut stream, &e).await?;
                 return Ok(());
             }
             (ControlRequest::Hello { .. }, true) => {
-                write_response(&mut stream, &protocol_error("hello sent twice".into())).await?;
+                let e = error_response(ErrorKind::Protocol, "hello sent twice".into());
+                write_frame(&mut stream, &e).await?;
                 return Ok(());
             }
-            (_, true) => {
-                let arbiter = arbiter.clone();
-                tokio::task::spawn_blocking(move || dispatch(&arbiter, request))
-                    .await
-                    .unwrap_or_else(|e| internal_error(format!("handler failed: {e}")))
-            }
+            (_, true) => dispatch(&arbiter, request).await,
         };
-        write_response(&mut stream, &response).await?;
+        write_frame(&mut stream, &response).await?;
     }
 }
 
-/// Lease changes persist to disk (fsync), so they run off the async workers.
-fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlResponse {
-    let mut arbiter = match arbiter.lock() {
-        Ok(guard) => guard,
-        // A panic mid-change never left memory ahead of disk (every change persists
-        // before it is visible), so the table is still the durable one.
-        Err(poisoned) => poisoned.into_inner(),
+fn refused(e: StateError) -> ControlResponse {
+    error_response(e.kind(), e.to_string())
+}
+
+/// Runs one request; a change is answered only once it is durable.
+async fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlResponse {
+    let store: Arc<LeaseStore> = lock(arbiter).store().clone();
+    let durable = |ticket| {
+        let store = store.clone();
+        async move {
+            match ticket {
+                Some(t) => store.wait(t).await.map_err(StateError::from),
+                None => Ok(()),
+            }
+        }
     };
-    let result = match request {
+    match request {
         ControlRequest::Reserve(r) => {
-            let container = r.container_id.clone();
-            arbiter.reserve(r).map(|lease| {
-                tracing::info!(lease = %lease.id, container, gpus = ?lease.gpus, memory = lease.memory_bytes, priority = %lease.priority, "reserved");
-                ControlResponse::Reserved { lease }
-            })
+            let reply = lock(arbiter).submit(r, Instant::now());
+            let granted = match reply.await {
+                Ok(Ok(g)) => g,
+                Ok(Err(e)) => return refused(e),
+                Err(_) => {
+                    return error_response(ErrorKind::Internal, "the reserve was dropped".into())
+                }
+            };
+            match durable(granted.ticket).await {
+                Ok(()) => ControlResponse::Reserved {
+                    lease: granted.lease,
+                },
+                Err(e) => refused(e),
+            }
         }
         ControlRequest::Confirm { container_id, pid } => {
-            arbiter.confirm(&container_id, pid).map(|()| {
-                tracing::info!(container = container_id, pid, "confirmed");
-                ControlResponse::Confirmed
-            })
+            let ticket = lock(arbiter).confirm(&container_id, pid);
+            match ticket {
+                Ok(t) => match durable(t).await {
+                    Ok(()) => {
+                        tracing::info!(container = container_id, pid, "confirmed");
+                        ControlResponse::Confirmed
+                    }
+                    Err(e) => refused(e),
+                },
+                Err(e) => refused(e),
+            }
         }
-        ControlRequest::Release { lease } => arbiter.release(&lease).map(|existed| {
-            tracing::info!(%lease, existed, "released");
-            ControlResponse::Released { existed }
-        }),
+        ControlRequest::Release { lease } => {
+            let result = lock(arbiter).release(&lease);
+            released(result, durable, format!("lease {lease}")).await
+        }
         ControlRequest::Bind {
             lease,
             container_id,
             pid,
-        } => arbiter.bind(&lease, &container_id, pid).map(|()| {
-            tracing::info!(%lease, container = container_id, pid, "bound and confirmed");
-            ControlResponse::Confirmed
-        }),
-        ControlRequest::ReleaseContainer { container_id } => {
-            arbiter.release_container(&container_id).map(|existed| {
-                tracing::info!(container = container_id, existed, "released by container");
-                ControlResponse::Released { existed }
-            })
+        } => {
+            let result = lock(arbiter).bind(&lease, &container_id, pid);
+            match result {
+                Ok(t) => match durable(t).await {
+                    Ok(()) => {
+                        tracing::info!(%lease, container = container_id, pid, "bound and confirmed");
+                        ControlResponse::Confirmed
+                    }
+                    Err(e) => refused(e),
+                },
+                Err(e) => refused(e),
+            }
         }
-        ControlRequest::Status => Ok(ControlResponse::Status(arbiter.status())),
+        ControlRequest::ReleaseContainer { container_id } => {
+            let result = lock(arbiter).release_container(&container_id);
+            released(result, durable, format!("container {container_id}")).await
+        }
+        ControlRequest::Status => ControlResponse::Status(lock(arbiter).status()),
+        ControlRequest::List => ControlResponse::Leases {
+            leases: lock(arbiter).list(),
+        },
+        ControlRequest::Drain { gpu, drain } => {
+            let result = lock(arbiter).drain(&gpu, drain);
+            match result {
+                Ok((uuid, ticket)) => match durable(Some(ticket)).await {
+                    Ok(()) => {
+                        tracing::info!(gpu = uuid, drained = drain, "drain changed");
+                        ControlResponse::Drained {
+                            gpu: uuid,
+                            drained: drain,
+                        }
+                    }
+                    Err(e) => refused(e),
+                },
+                Err(e) => refused(e),
+            }
+        }
         ControlRequest::Hello { .. } => unreachable!("hello is handled by the connection"),
+    }
+}
+
+async fn released<F, Fut>(
+    result: Result<(bool, Option<crate::store::Ticket>), StateError>,
+    durable: F,
+    what: String,
+) -> ControlResponse
+where
+    F: FnOnce(Option<crate::store::Ticket>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), StateError>>,
+{
+    match result {
+        Ok((existed, ticket)) => match durable(ticket).await {
+            Ok(()) => {
+                if existed {
+                    tracing::info!(what, "released");
+                }
+                ControlResponse::Released { existed }
+            }
+            Err(e) => refused(e),
+        },
+        Err(e) => refused(e),
+    }
+}
+
+// ----- lease sockets -----
+
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// Creates each lease's directory and socket and serves it; closing a lease
+/// stops its accept loop and drops its connections.
+pub struct SocketEndpoints {
+    dirs: LeaseDirs,
+    runtime: tokio::runtime::Handle,
+    arbiter: Arc<OnceLock<Weak<Mutex<Arbiter>>>>,
+    tasks: HashMap<LeaseId, JoinHandle<()>>,
+}
+
+impl SocketEndpoints {
+    /// Call `attach` with the arbiter once it exists; connections arriving before
+    /// that wait for it.
+    pub fn new(run_dir: PathBuf, runtime: tokio::runtime::Handle) -> Self {
+        SocketEndpoints {
+            dirs: LeaseDirs { run_dir },
+            runtime,
+            arbiter: Arc::new(OnceLock::new()),
+            tasks: HashMap::new(),
+        }
+    }
+
+    pub fn arbiter_slot(&self) -> Arc<OnceLock<Weak<Mutex<Arbiter>>>> {
+        self.arbiter.clone()
+    }
+}
+
+impl LeaseEndpoints for SocketEndpoints {
+    fn open(&mut self, lease: &LeaseId) -> Result<(), StateError> {
+        if self.tasks.contains_key(lease) {
+            return Ok(());
+        }
+        let dir = self.dirs.create(lease)?;
+        let path = dir.join(LEASE_SOCKET);
+        let err = |source| StateError::LeaseDir {
+            path: path.clone(),
+            source,
+        };
+        // A socket file left by the previous arbiter is dead: its listener died with it.
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(err(e)),
+            _ => {}
+        }
+        let std_listener = std::os::unix::net::UnixListener::bind(&path).map_err(err)?;
+        // Any uid inside the container may connect; only that container sees this directory.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).map_err(err)?;
+        std_listener.set_nonblocking(true).map_err(err)?;
+        let listener = {
+            let _guard = self.runtime.enter();
+            UnixListener::from_std(std_listener).map_err(err)?
+        };
+        let slot = self.arbiter.clone();
+        let id = lease.clone();
+        let task = self.runtime.spawn(serve_lease(listener, id, slot));
+        self.tasks.insert(lease.clone(), task);
+        Ok(())
+    }
+
+    fn close(&mut self, lease: &LeaseId) {
+        // Aborting the accept loop drops its JoinSet, which aborts (and so closes)
+        // every connection of the lease.
+        if let Some(task) = self.tasks.remove(lease) {
+            task.abort();
+        }
+        self.dirs.remove(lease);
+    }
+}
+
+impl Drop for SocketEndpoints {
+    /// A dropped arbiter (tests, benchmarks) stops serving its lease sockets.
+    fn drop(&mut self) {
+        for task in self.tasks.values() {
+            task.abort();
+        }
+    }
+}
+
+async fn serve_lease(
+    listener: UnixListener,
+    lease: LeaseId,
+    slot: Arc<OnceLock<Weak<Mutex<Arbiter>>>>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let lease = lease.clone();
+                    let slot = slot.clone();
+                    connections.spawn(async move {
+                        let Some(arbiter) = wait_for_arbiter(&slot).await else { return };
+                        if let Err(e) = handle_lease_connection(stream, &lease, &arbiter).await {
+                            tracing::debug!(%lease, error = %e, "lease connection closed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(%lease, error = %e, "lease socket accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn wait_for_arbiter(slot: &OnceLock<Weak<Mutex<Arbiter>>>) -> Option<SharedArbiter> {
+    loop {
+        if let Some(weak) = slot.get() {
+            return weak.upgrade();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn lease_error(kind: ErrorKind, message: String) -> LeaseResponse {
+    LeaseResponse::Error { kind, message }
+}
+
+/// Detaches the connection from the ledger however the handler ends.
+struct Attachment<'a> {
+    arbiter: &'a SharedArbiter,
+    lease: &'a LeaseId,
+    connection: u64,
+    attached: bool,
+}
+
+impl Drop for Attachment<'_> {
+    fn drop(&mut self) {
+        if self.attached {
+            lock(self.arbiter).lease_detach(self.lease, self.connection);
+        }
+    }
+}
+
+async fn handle_lease_connection(
+    mut stream: UnixStream,
+    lease: &LeaseId,
+    arbiter: &SharedArbiter,
+) -> Result<(), FrameError> {
+    let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
+    let peer_pid = stream
+        .peer_cred()
+        .ok()
+        .and_then(|c| c.pid())
+        .and_then(|p| u32::try_from(p).ok());
+    let mut state = Attachment {
+        arbiter,
+        lease,
+        connection,
+        attached: false,
     };
-    result.unwrap_or_else(|e| ControlResponse::Error {
-        kind: e.kind(),
-        message: e.to_string(),
-    })
-}
-
-fn protocol_error(message: String) -> ControlResponse {
-    ControlResponse::Error {
-        kind: ErrorKind::Protocol,
-        message,
+    let mut greeted = false;
+    loop {
+        let request: LeaseRequest = match read_frame(&mut stream).await {
+            Ok(r) => r,
+            Err(FrameError::Closed) => return Ok(()),
+            Err(e) => {
+                let _ = write_frame(
+                    &mut stream,
+                    &lease_error(ErrorKind::Protocol, e.to_string()),
+                )
+                .await;
+                return Err(e);
+            }
+        };
+        let out_of_order = |why: &str| lease_error(ErrorKind::Protocol, why.to_owned());
+        let (response, close) = match (request, greeted, state.attached) {
+            (LeaseRequest::Hello { protocol }, false, _) => {
+                let answer = LeaseResponse::Hello {
+                    protocol: PROTOCOL_VERSION,
+                };
+                greeted = protocol == PROTOCOL_VERSION;
+                (answer, !greeted)
+            }
+            (_, false, _) => (out_of_order("the first message must be hello"), true),
+            (LeaseRequest::Hello { .. }, true, _) => (out_of_order("hello sent twice"), true),
+            (LeaseRequest::Attach { .. }, true, true) => (out_of_order("attach sent twice"), true),
+            (LeaseRequest::Attach { memory_held }, true, false) => {
+                let Some(pid) = peer_pid else {
+                    let e = lease_error(
+                        ErrorKind::PermissionDenied,
+                        "cannot read the peer's credentials".into(),
+                    );
+                    write_frame(&mut stream, &e).await?;
+                    return Ok(());
+                };
+                let result = lock(arbiter).lease_attach(lease, connection, pid, memory_held);
+                match result {
+                    Ok(quota) => {
+                        state.attached = true;
+                        (LeaseResponse::Attached { pid, quota }, false)
+                    }
+                    Err(e) => {
+                        let close =
+                            matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::Protocol);
+                        (lease_error(e.kind(), e.to_string()), close)
+                    }
+                }
+            }
+            (LeaseRequest::Query, true, _) => (
+                LeaseResponse::Quota(lock(arbiter).lease_query(lease, connection)),
+                false,
+            ),
+            (LeaseRequest::Charge { .. } | LeaseRequest::Credit { .. }, true, false) => {
+                (out_of_order("attach before charging or crediting"), true)
+            }
+            (LeaseRequest::Charge { bytes }, true, true) => {
+                let result = lock(arbiter).lease_charge(lease, connection, bytes);
+                match result {
+                    Ok(c) => (
+                        LeaseResponse::Charged {
+                            granted: c.granted,
+                            memory_used: c.used,
+                            memory_quota: c.quota,
+                        },
+                        false,
+                    ),
+                    Err(e) => (lease_error(e.kind(), e.to_string()), false),
+                }
+            }
+            (LeaseRequest::Credit { bytes }, true, true) => {
+                let result = lock(arbiter).lease_credit(lease, connection, bytes);
+                match result {
+                    Ok(used) => (LeaseResponse::Credited { memory_used: used }, false),
+                    Err(e) => (lease_error(e.kind(), e.to_string()), false),
+                }
+            }
+        };
+        write_frame(&mut stream, &response).await?;
+        if close {
+            return Ok(());
+        }
     }
 }
 
-fn internal_error(message: String) -> ControlResponse {
-    ControlResponse::Error {
-        kind: ErrorKind::Internal,
-        message,
+// ----- periodic work -----
+
+/// How often utilisation is sampled (Algorithm 1 looks at the last minute).
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often waiting requests are checked against their bound.
+const QUEUE_TICK: Duration = Duration::from_millis(200);
+
+pub fn spawn_background(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>) {
+    let (watchdog_interval, kill) = {
+        let a = lock(&arbiter);
+        (
+            Duration::from_millis(a.config().watchdog_interval_ms),
+            a.config().watchdog_kill,
+        )
+    };
+    {
+        let arbiter = arbiter.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(QUEUE_TICK);
+            loop {
+                tick.tick().await;
+                lock(&arbiter).expire_waiters(Instant::now());
+            }
+        });
     }
+    {
+        let arbiter = arbiter.clone();
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
+            loop {
+                tick.tick().await;
+                let backend = backend.clone();
+                let samples = tokio::task::spawn_blocking(move || {
+                    backend
+                        .gpus()
+                        .into_iter()
+                        .filter_map(|g| match backend.sample(&g.uuid) {
+                            Ok(Some(s)) => Some((g.uuid, s)),
+                            Ok(None) => None,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "sampling failed");
+                                None
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .unwrap_or_default();
+                if !samples.is_empty() {
+                    lock(&arbiter).record_samples(Instant::now(), &samples);
+                }
+            }
+        });
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(watchdog_interval);
+        let mut reported: Vec<Violation> = Vec::new();
+        loop {
+            tick.tick().await;
+            lock(&arbiter).reconcile(Instant::now());
+            let input = lock(&arbiter).watchdog_input();
+            let backend = backend.clone();
+            let gpus = input.gpus.clone();
+            let processes = tokio::task::spawn_blocking(move || {
+                let mut table = ProcessTable::new();
+                for uuid in gpus {
+                    match backend.processes(&uuid) {
+                        Ok(Some(list)) => {
+                            table.insert(uuid, list);
+                        }
+                        Ok(None) => return None,
+                        Err(e) => tracing::warn!(error = %e, "listing GPU processes failed"),
+                    }
+                }
+                Some(table)
+            })
+            .await
+            .ok()
+            .flatten();
+            let Some(processes) = processes else { continue };
+            let mut found = watchdog::audit(&processes, &input.views());
+            let own = std::process::id();
+            for v in &mut found {
+                let is_new = !reported
+                    .iter()
+                    .any(|r| r.kind == v.kind && r.pid == v.pid && r.gpu == v.gpu);
+                if is_new {
+                    tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, memory = v.memory_used, quota = ?v.memory_quota, "watchdog violation");
+                }
+                if kill && v.pid > 1 && v.pid != own {
+                    match nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(v.pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    ) {
+                        Ok(()) => {
+                            v.killed = true;
+                            tracing::warn!(pid = v.pid, gpu = %v.gpu, "watchdog killed the process");
+                        }
+                        Err(e) => {
+                            tracing::warn!(pid = v.pid, error = %e, "watchdog could not kill")
+                        }
+                    }
+                }
+            }
+            reported = found.clone();
+            lock(&arbiter).record_violations(found);
+        }
+    });
 }

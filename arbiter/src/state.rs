@@ -1,33 +1,57 @@
-//! The lease table: every grant, confirmation and release, persisted before it is acknowledged.
+//! The arbiter's state: leases, the admission queue, the memory ledger, drained
+//! GPUs, utilisation and the watchdog's findings, behind one lock.
+//!
+//! Every lease change is appended to the store while the lock is held (so the
+//! log's order is the order of the changes) and acknowledged only once the
+//! returned ticket is durable; callers wait for it after dropping the lock, so
+//! concurrent changes share one fsync. Lease sockets are opened and closed
+//! through `LeaseEndpoints`, so unit tests run without sockets.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpushare_config::ArbiterConfig;
 use gpushare_proto::message::PENDING_PREFIX;
 use gpushare_proto::{
-    ErrorKind, GpuStatus, Lease, LeaseId, LeaseState, MemoryRequest, ReserveRequest, StatusReport,
+    ByteSize, ClientStatus, ErrorKind, GpuStatus, Lease, LeaseId, LeaseState, LeaseUsage,
+    MemoryRequest, Priority, QueuedRequest, Quota, ReserveRequest, StatusReport, Violation,
+    ViolationKind,
 };
+use tokio::sync::oneshot;
 
-use crate::inventory::Gpu;
-use crate::placement::{self, GpuLoad, PlacementError};
-use crate::store::{LeaseStore, StoreError};
+use crate::inventory::{Gpu, GpuProcess, GpuSample, UtilizationWindow};
+use crate::ledger::{Charge, ConnectionId, Ledger, LedgerError};
+use crate::placement::{self, GpuView, PlacementError, Policy};
+use crate::process::{check_peer, PeerCheck, ProcessProbe};
+use crate::queue::{AdmissionQueue, Attempt};
+use crate::reconcile::{self, Bounds, Verdict};
+use crate::store::{LeaseRecord, LeaseStore, Record, StoreError, Table, Ticket};
+use crate::watchdog::LeaseView;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error(transparent)]
     Placement(#[from] PlacementError),
+    #[error("waited {waited_s}s in the admission queue: {reason}; the node has: {free}")]
+    QueueTimeout {
+        waited_s: u64,
+        reason: String,
+        free: String,
+    },
     #[error("container id {0:?}: must be 1 to 1024 printable characters")]
     BadContainerId(String),
+    #[error("container {0:?} holds no lease")]
+    NoLeaseForContainer(String),
     #[error("lease {0} is not waiting to be bound to a container")]
     NotPending(LeaseId),
     #[error("container {0:?} already holds a lease")]
     AlreadyHoldsLease(String),
-    #[error("container {0:?} holds no lease")]
-    NoLeaseForContainer(String),
+    #[error("no shared GPU {asked:?}; this node shares: {available}")]
+    UnknownGpu { asked: String, available: String },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("lease directory {path}: {source}")]
@@ -35,221 +59,66 @@ pub enum StateError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("lease {0} has been released")]
+    LeaseReleased(LeaseId),
+    #[error("refused: {0}")]
+    PeerRefused(String),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
 }
 
 impl StateError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            StateError::Placement(PlacementError::NoRoom { .. }) => ErrorKind::Unplaceable,
+            StateError::QueueTimeout { .. } => ErrorKind::Unplaceable,
+            StateError::Placement(PlacementError::NoFit { .. }) => ErrorKind::Unplaceable,
             StateError::Placement(_)
             | StateError::BadContainerId(_)
             | StateError::NotPending(_)
             | StateError::AlreadyHoldsLease(_) => ErrorKind::InvalidRequest,
-            StateError::NoLeaseForContainer(_) => ErrorKind::NotFound,
+            StateError::NoLeaseForContainer(_)
+            | StateError::UnknownGpu { .. }
+            | StateError::LeaseReleased(_) => ErrorKind::NotFound,
             StateError::Store(_) | StateError::LeaseDir { .. } => ErrorKind::Internal,
+            StateError::PeerRefused(_) => ErrorKind::PermissionDenied,
+            StateError::Ledger(LedgerError::CreditTooLarge { .. }) => ErrorKind::InvalidRequest,
+            StateError::Ledger(LedgerError::UnknownLease(_)) => ErrorKind::NotFound,
+            StateError::Ledger(_) => ErrorKind::Protocol,
         }
     }
 }
 
-pub struct Arbiter {
-    config: ArbiterConfig,
-    gpus: Vec<Gpu>,
-    leases: BTreeMap<LeaseId, Lease>,
-    store: LeaseStore,
+/// Where a lease's socket lives: created when the lease is granted (or reloaded),
+/// removed when it is released.
+pub trait LeaseEndpoints: Send {
+    fn open(&mut self, lease: &LeaseId) -> Result<(), StateError>;
+    fn close(&mut self, lease: &LeaseId);
 }
 
-impl Arbiter {
-    /// Loads the persisted leases; their directories are re-created so running
-    /// containers' mounts keep pointing at something after a reboot of /run.
-    pub fn open(config: ArbiterConfig, gpus: Vec<Gpu>) -> Result<Self, StateError> {
-        let store = LeaseStore::open(&config.state_dir)?;
-        let leases = store
-            .load()?
-            .into_iter()
-            .map(|l| (l.id.clone(), l))
-            .collect();
-        let arbiter = Arbiter {
-            config,
-            gpus,
-            leases,
-            store,
-        };
-        for id in arbiter.leases.keys() {
-            arbiter.create_lease_dir(id)?;
-        }
-        Ok(arbiter)
+/// Only the directory (unit tests, and what a socket is created in).
+pub struct LeaseDirs {
+    pub run_dir: PathBuf,
+}
+
+impl LeaseDirs {
+    pub fn path(&self, lease: &LeaseId) -> PathBuf {
+        self.run_dir.join("leases").join(&lease.0)
     }
 
-    pub fn reserve(&mut self, request: ReserveRequest) -> Result<Lease, StateError> {
-        let id_ok = !request.container_id.is_empty()
-            && request.container_id.len() <= 1024
-            && !request.container_id.chars().any(char::is_control);
-        if !id_ok {
-            return Err(StateError::BadContainerId(request.container_id));
-        }
-        // A retried reserve for the same container (a wrapper that timed out after
-        // the arbiter answered) gets its existing lease, not a second one.
-        if let Some(existing) = self
-            .leases
-            .values()
-            .find(|l| l.container_id == request.container_id)
-        {
-            return Ok(existing.clone());
-        }
-        let memory: MemoryRequest = request.memory.unwrap_or(self.config.default_memory);
-        let chosen = placement::place(&request.gpu, memory, &self.gpus, &self.loads())?;
-        let lease = Lease {
-            id: new_lease_id(),
-            container_id: request.container_id,
-            sandbox_id: request.sandbox_id,
-            gpus: chosen
-                .gpus
-                .iter()
-                .map(|&i| self.gpus[i].uuid.clone())
-                .collect(),
-            priority: request.priority,
-            memory_bytes: chosen.memory_bytes,
-            compute_request: request.compute_request,
-            compute_limit: request.compute_limit,
-            tenant: request.tenant,
-            state: LeaseState::Reserved,
-            pid: None,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-        };
-        self.create_lease_dir(&lease.id)?;
-        self.leases.insert(lease.id.clone(), lease.clone());
-        if let Err(e) = self.persist() {
-            self.leases.remove(&lease.id);
-            self.remove_lease_dir(&lease.id);
-            return Err(e);
-        }
-        Ok(lease)
-    }
-
-    pub fn confirm(&mut self, container_id: &str, pid: u32) -> Result<(), StateError> {
-        let id = self
-            .leases
-            .values()
-            .find(|l| l.container_id == container_id)
-            .map(|l| l.id.clone())
-            .ok_or_else(|| StateError::NoLeaseForContainer(container_id.to_owned()))?;
-        let id = &id;
-        let lease = self.leases.get_mut(id).expect("found above");
-        let before = (lease.state, lease.pid);
-        lease.state = LeaseState::Confirmed;
-        lease.pid = Some(pid);
-        if let Err(e) = self.persist() {
-            let lease = self.leases.get_mut(id).expect("present above");
-            (lease.state, lease.pid) = before;
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Binds a pending lease (reserved by podman's precreate hook, which sees no
-    /// container id) to its container, and confirms it.
-    pub fn bind(&mut self, id: &LeaseId, container_id: &str, pid: u32) -> Result<(), StateError> {
-        let pending = self
-            .leases
-            .get(id)
-            .is_some_and(|l| l.container_id.starts_with(PENDING_PREFIX));
-        if !pending {
-            return Err(StateError::NotPending(id.clone()));
-        }
-        if self.leases.values().any(|l| l.container_id == container_id) {
-            return Err(StateError::AlreadyHoldsLease(container_id.to_owned()));
-        }
-        let lease = self.leases.get_mut(id).expect("checked above");
-        let before = lease.clone();
-        lease.container_id = container_id.to_owned();
-        lease.state = LeaseState::Confirmed;
-        lease.pid = Some(pid);
-        if let Err(e) = self.persist() {
-            self.leases.insert(id.clone(), before);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Idempotent: returns whether the lease existed.
-    pub fn release(&mut self, id: &LeaseId) -> Result<bool, StateError> {
-        let Some(lease) = self.leases.remove(id) else {
-            return Ok(false);
-        };
-        if let Err(e) = self.persist() {
-            self.leases.insert(id.clone(), lease);
-            return Err(e);
-        }
-        self.remove_lease_dir(id);
-        Ok(true)
-    }
-
-    pub fn release_container(&mut self, container_id: &str) -> Result<bool, StateError> {
-        match self
-            .leases
-            .values()
-            .find(|l| l.container_id == container_id)
-            .map(|l| l.id.clone())
-        {
-            Some(id) => self.release(&id),
-            None => Ok(false),
-        }
-    }
-
-    pub fn status(&self) -> StatusReport {
-        let loads = self.loads();
-        StatusReport {
-            gpus: self
-                .gpus
-                .iter()
-                .zip(&loads)
-                .map(|(g, load)| GpuStatus {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    name: g.name.clone(),
-                    memory_total: g.memory_total,
-                    memory_leased: load.memory_leased,
-                })
-                .collect(),
-            leases: self.leases.values().cloned().collect(),
-        }
-    }
-
-    fn loads(&self) -> Vec<GpuLoad> {
-        self.gpus
-            .iter()
-            .map(|g| {
-                self.leases
-                    .values()
-                    .filter(|l| l.gpus.contains(&g.uuid))
-                    .fold(GpuLoad::default(), |acc, l| GpuLoad {
-                        leases: acc.leases + 1,
-                        memory_leased: acc.memory_leased + l.memory_bytes,
-                    })
-            })
-            .collect()
-    }
-
-    fn persist(&self) -> Result<(), StateError> {
-        Ok(self.store.save(&self.leases.values().collect::<Vec<_>>())?)
-    }
-
-    fn create_lease_dir(&self, id: &LeaseId) -> Result<(), StateError> {
-        let path = self.config.lease_dir(id);
+    pub fn create(&self, lease: &LeaseId) -> Result<PathBuf, StateError> {
+        let path = self.path(lease);
         let err = |source| StateError::LeaseDir {
             path: path.clone(),
             source,
         };
         fs::create_dir_all(&path).map_err(err)?;
         // Containers may run as any user and must reach the lease socket inside.
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).map_err(err)
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).map_err(err)?;
+        Ok(path)
     }
 
-    fn remove_lease_dir(&self, id: &LeaseId) {
-        let path = self.config.lease_dir(id);
+    pub fn remove(&self, lease: &LeaseId) {
+        let path = self.path(lease);
         if let Err(e) = fs::remove_dir_all(&path) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(path = %path.display(), error = %e, "could not remove lease directory");
@@ -257,6 +126,778 @@ impl Arbiter {
         }
     }
 }
+
+impl LeaseEndpoints for LeaseDirs {
+    fn open(&mut self, lease: &LeaseId) -> Result<(), StateError> {
+        self.create(lease).map(|_| ())
+    }
+    fn close(&mut self, lease: &LeaseId) {
+        self.remove(lease)
+    }
+}
+
+/// A granted lease and the ticket to wait for before telling anyone.
+#[derive(Debug)]
+pub struct Granted {
+    pub lease: Lease,
+    pub ticket: Option<Ticket>,
+}
+
+pub type ReserveReply = oneshot::Receiver<Result<Granted, StateError>>;
+
+pub struct Waiter {
+    request: ReserveRequest,
+    reply: oneshot::Sender<Result<Granted, StateError>>,
+}
+
+/// What the watchdog needs from the state, copied out so NVML is called without the lock.
+pub struct WatchdogInput {
+    pub gpus: Vec<String>,
+    pub leases: Vec<(LeaseId, Vec<String>, u64, Vec<u32>)>,
+}
+
+impl WatchdogInput {
+    pub fn views(&self) -> Vec<LeaseView<'_>> {
+        self.leases
+            .iter()
+            .map(|(id, gpus, quota, pids)| LeaseView {
+                id,
+                gpus,
+                memory_quota: *quota,
+                client_pids: pids.clone(),
+            })
+            .collect()
+    }
+}
+
+pub struct Inventory {
+    pub gpus: Vec<Gpu>,
+    pub source: &'static str,
+    pub cuda_driver_version: Option<u32>,
+}
+
+pub struct Arbiter {
+    config: ArbiterConfig,
+    inventory: Inventory,
+    utilization: Vec<UtilizationWindow>,
+    memory_used: Vec<Option<u64>>,
+    leases: BTreeMap<LeaseId, LeaseRecord>,
+    by_container: HashMap<String, LeaseId>,
+    drained: BTreeSet<String>,
+    queue: AdmissionQueue<Waiter>,
+    ledger: Ledger,
+    suspects: HashMap<LeaseId, Instant>,
+    violations: Vec<Violation>,
+    violation_totals: BTreeMap<&'static str, u64>,
+    store: Arc<LeaseStore>,
+    last_ticket: Option<Ticket>,
+    endpoints: Box<dyn LeaseEndpoints>,
+    probe: Box<dyn ProcessProbe>,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Arbiter {
+    /// Takes the durable table (from `LeaseStore::open`), re-opens every lease's
+    /// endpoint and removes lease directories no lease owns (left by a crash
+    /// between creating one and persisting its lease).
+    pub fn open(
+        config: ArbiterConfig,
+        inventory: Inventory,
+        store: Arc<LeaseStore>,
+        table: Table,
+        endpoints: Box<dyn LeaseEndpoints>,
+        probe: Box<dyn ProcessProbe>,
+    ) -> Result<Self, StateError> {
+        let n = inventory.gpus.len();
+        let mut arbiter = Arbiter {
+            utilization: vec![UtilizationWindow::new(UtilizationWindow::LAST_MINUTE); n],
+            memory_used: vec![None; n],
+            by_container: table
+                .leases
+                .values()
+                .map(|r| (r.lease.container_id.clone(), r.lease.id.clone()))
+                .collect(),
+            leases: table.leases,
+            drained: table.drained,
+            queue: AdmissionQueue::default(),
+            ledger: Ledger::default(),
+            suspects: HashMap::new(),
+            violations: Vec::new(),
+            violation_totals: BTreeMap::new(),
+            store,
+            last_ticket: None,
+            endpoints,
+            probe,
+            config,
+            inventory,
+        };
+        let dirs = arbiter.config.run_dir.join("leases");
+        if let Ok(entries) = fs::read_dir(&dirs) {
+            for entry in entries.flatten() {
+                let id = LeaseId(entry.file_name().to_string_lossy().into_owned());
+                if !arbiter.leases.contains_key(&id) {
+                    tracing::info!(lease = %id, "removing the directory of a lease that was never acknowledged");
+                    let _ = fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let records: Vec<(LeaseId, u64)> = arbiter
+            .leases
+            .values()
+            .map(|r| (r.lease.id.clone(), ledger_quota(&r.lease)))
+            .collect();
+        for (id, quota) in records {
+            arbiter.endpoints.open(&id)?;
+            arbiter.ledger.open(&id, quota);
+        }
+        for record in arbiter.leases.values() {
+            for gpu in &record.lease.gpus {
+                if !arbiter.inventory.gpus.iter().any(|g| &g.uuid == gpu) {
+                    tracing::warn!(lease = %record.lease.id, gpu, "a reloaded lease names a GPU this node no longer shares");
+                }
+            }
+        }
+        Ok(arbiter)
+    }
+
+    pub fn config(&self) -> &ArbiterConfig {
+        &self.config
+    }
+
+    fn append(&mut self, record: Record) -> Result<Ticket, StateError> {
+        let ticket = self.store.append(record)?;
+        self.last_ticket = Some(ticket);
+        Ok(ticket)
+    }
+
+    pub fn store(&self) -> &Arc<LeaseStore> {
+        &self.store
+    }
+
+    // ----- reserve, confirm, release -----
+
+    /// Validates and queues a reserve, then runs an admission pass: the reply
+    /// arrives at once when the request fits (or can never fit), else when a
+    /// release makes room or the admission bound passes.
+    pub fn submit(&mut self, request: ReserveRequest, now: Instant) -> ReserveReply {
+        let (tx, rx) = oneshot::channel();
+        let id_ok = !request.container_id.is_empty()
+            && request.container_id.len() <= 1024
+            && !request.container_id.chars().any(char::is_control);
+        if !id_ok {
+            let _ = tx.send(Err(StateError::BadContainerId(request.container_id)));
+            return rx;
+        }
+        let priority = request.priority;
+        let bound = self.config.admission_wait();
+        self.queue
+            .push(priority, now, bound, Waiter { request, reply: tx });
+        self.run_admission();
+        rx
+    }
+
+    /// Blocking convenience for tests and tools: submit, then take the answer
+    /// if it came at once.
+    pub fn reserve_now(&mut self, request: ReserveRequest) -> Result<Granted, StateError> {
+        let mut rx = self.submit(request, Instant::now());
+        match rx.try_recv() {
+            Ok(answer) => answer,
+            Err(_) => Err(StateError::QueueTimeout {
+                waited_s: 0,
+                reason: "the request is waiting in the admission queue".into(),
+                free: self.free_summary(),
+            }),
+        }
+    }
+
+    fn run_admission(&mut self) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let mut queue = std::mem::take(&mut self.queue);
+        let left = queue.admit(|w: &Waiter| match self.try_grant(&w.request) {
+            Ok(granted) => Attempt::Admitted(granted),
+            Err(StateError::Placement(e)) if e.is_transient() => Attempt::Wait,
+            Err(e) => Attempt::Failed(e),
+        });
+        self.queue = queue;
+        for (waiter, answer) in left {
+            if let Ok(g) = &answer {
+                tracing::info!(lease = %g.lease.id, container = %g.lease.container_id, gpus = ?g.lease.gpus, memory = g.lease.memory_bytes, priority = %g.lease.priority, waited_ms = waiter.arrived.elapsed().as_millis() as u64, "reserved");
+            }
+            // The requester may have gone; its lease then waits for reconciliation.
+            let _ = waiter.item.reply.send(answer);
+        }
+    }
+
+    fn views(&self) -> Vec<GpuView<'_>> {
+        let now = Instant::now();
+        let mut views: Vec<GpuView> = self
+            .inventory
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuView {
+                index: g.index,
+                uuid: &g.uuid,
+                memory_total: g.memory_total,
+                memory_leased: 0,
+                high_leases: 0,
+                low_leases: 0,
+                utilization: self.utilization[i].mean(now).unwrap_or(0.0),
+                drained: self.drained.contains(&g.uuid),
+                reserved_for: self.config.reserved_for(&g.uuid),
+            })
+            .collect();
+        for record in self.leases.values() {
+            let l = &record.lease;
+            for uuid in &l.gpus {
+                if let Some(v) = views.iter_mut().find(|v| v.uuid == uuid) {
+                    v.memory_leased += l.memory_bytes;
+                    match l.priority {
+                        Priority::High => v.high_leases += 1,
+                        Priority::Low => v.low_leases += 1,
+                    }
+                }
+            }
+        }
+        views
+    }
+
+    fn policy(&self) -> Policy {
+        Policy {
+            gpu_util_limit: self.config.gpu_util_limit,
+            low_nums_limit: self.config.low_nums_limit,
+        }
+    }
+
+    fn memory_request(&self, request: &ReserveRequest) -> MemoryRequest {
+        request.memory.unwrap_or(self.config.default_memory)
+    }
+
+    /// Places and records one lease (not yet durable: see `Granted::ticket`).
+    fn try_grant(&mut self, request: &ReserveRequest) -> Result<Granted, StateError> {
+        // A retried reserve for the same container (a wrapper that timed out after
+        // the arbiter answered) gets its existing lease, not a second one.
+        if let Some(id) = self.by_container.get(&request.container_id) {
+            return Ok(Granted {
+                lease: self.leases[id].lease.clone(),
+                ticket: self.last_ticket,
+            });
+        }
+        let memory = self.memory_request(request);
+        let chosen = {
+            let views = self.views();
+            let r = placement::Request {
+                priority: request.priority,
+                memory,
+                gpu: &request.gpu,
+                tenant: request.tenant.as_deref(),
+            };
+            let p = placement::place(&r, &views, &self.policy())?;
+            placement::Placement {
+                gpus: p.gpus,
+                memory_bytes: p.memory_bytes,
+            }
+        };
+        let lease = Lease {
+            id: new_lease_id(),
+            container_id: request.container_id.clone(),
+            sandbox_id: request.sandbox_id.clone(),
+            gpus: chosen
+                .gpus
+                .iter()
+                .map(|&i| self.inventory.gpus[i].uuid.clone())
+                .collect(),
+            priority: request.priority,
+            memory_bytes: chosen.memory_bytes,
+            compute_request: request.compute_request,
+            compute_limit: request.compute_limit,
+            tenant: request.tenant.clone(),
+            state: LeaseState::Reserved,
+            pid: None,
+            created_unix_ms: unix_ms(),
+        };
+        let record = LeaseRecord {
+            lease: lease.clone(),
+            cgroup: None,
+            pid_start_time: None,
+        };
+        self.endpoints.open(&lease.id)?;
+        let ticket = match self.append(Record::Put {
+            lease: Box::new(record.clone()),
+        }) {
+            Ok(t) => t,
+            Err(e) => {
+                self.endpoints.close(&lease.id);
+                return Err(e);
+            }
+        };
+        self.ledger.open(&lease.id, ledger_quota(&lease));
+        self.by_container
+            .insert(lease.container_id.clone(), lease.id.clone());
+        self.leases.insert(lease.id.clone(), record);
+        Ok(Granted {
+            lease,
+            ticket: Some(ticket),
+        })
+    }
+
+    /// Records the container's init pid (and, from /proc, its start time and cgroup).
+    pub fn confirm(&mut self, container_id: &str, pid: u32) -> Result<Option<Ticket>, StateError> {
+        let id = self
+            .by_container
+            .get(container_id)
+            .cloned()
+            .ok_or_else(|| StateError::NoLeaseForContainer(container_id.to_owned()))?;
+        let mut record = self.leases[&id].clone();
+        if record.lease.state == LeaseState::Confirmed && record.lease.pid == Some(pid) {
+            return Ok(self.last_ticket);
+        }
+        record.lease.state = LeaseState::Confirmed;
+        record.lease.pid = Some(pid);
+        record.pid_start_time = self.probe.start_time(pid);
+        record.cgroup = self.probe.cgroup(pid);
+        let ticket = self.append(Record::Put {
+            lease: Box::new(record.clone()),
+        })?;
+        self.suspects.remove(&id);
+        self.leases.insert(id, record);
+        Ok(Some(ticket))
+    }
+
+    /// Binds a pending lease (reserved by podman's precreate hook, which sees no
+    /// container id) to its container, and confirms it.
+    pub fn bind(
+        &mut self,
+        id: &LeaseId,
+        container_id: &str,
+        pid: u32,
+    ) -> Result<Option<Ticket>, StateError> {
+        let pending = self
+            .leases
+            .get(id)
+            .is_some_and(|r| r.lease.container_id.starts_with(PENDING_PREFIX));
+        if !pending {
+            return Err(StateError::NotPending(id.clone()));
+        }
+        if self.by_container.contains_key(container_id) {
+            return Err(StateError::AlreadyHoldsLease(container_id.to_owned()));
+        }
+        let mut record = self.leases[id].clone();
+        let pending_name =
+            std::mem::replace(&mut record.lease.container_id, container_id.to_owned());
+        record.lease.state = LeaseState::Confirmed;
+        record.lease.pid = Some(pid);
+        record.pid_start_time = self.probe.start_time(pid);
+        record.cgroup = self.probe.cgroup(pid);
+        let ticket = self.append(Record::Put {
+            lease: Box::new(record.clone()),
+        })?;
+        self.by_container.remove(&pending_name);
+        self.by_container
+            .insert(container_id.to_owned(), id.clone());
+        self.suspects.remove(id);
+        self.leases.insert(id.clone(), record);
+        Ok(Some(ticket))
+    }
+
+    /// Idempotent: returns whether the lease existed.
+    pub fn release(&mut self, id: &LeaseId) -> Result<(bool, Option<Ticket>), StateError> {
+        if !self.leases.contains_key(id) {
+            return Ok((false, self.last_ticket));
+        }
+        let ticket = self.append(Record::Delete { id: id.clone() })?;
+        let record = self.leases.remove(id).expect("checked above");
+        self.by_container.remove(&record.lease.container_id);
+        self.ledger.close(id);
+        self.suspects.remove(id);
+        self.endpoints.close(id);
+        self.run_admission();
+        Ok((true, Some(ticket)))
+    }
+
+    pub fn release_container(
+        &mut self,
+        container_id: &str,
+    ) -> Result<(bool, Option<Ticket>), StateError> {
+        match self.by_container.get(container_id).cloned() {
+            Some(id) => self.release(&id),
+            None => Ok((false, self.last_ticket)),
+        }
+    }
+
+    /// `gpu`: a UUID or an index of a shared GPU.
+    pub fn drain(&mut self, gpu: &str, drain: bool) -> Result<(String, Ticket), StateError> {
+        let uuid = self
+            .inventory
+            .gpus
+            .iter()
+            .find(|g| g.uuid == gpu || g.index.to_string() == gpu)
+            .map(|g| g.uuid.clone())
+            .ok_or_else(|| StateError::UnknownGpu {
+                asked: gpu.to_owned(),
+                available: self
+                    .inventory
+                    .gpus
+                    .iter()
+                    .map(|g| format!("{} ({})", g.index, g.uuid))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let ticket = self.append(Record::Drain {
+            gpu: uuid.clone(),
+            drained: drain,
+        })?;
+        if drain {
+            self.drained.insert(uuid.clone());
+        } else {
+            self.drained.remove(&uuid);
+            self.run_admission();
+        }
+        Ok((uuid, ticket))
+    }
+
+    // ----- periodic work -----
+
+    /// Fails the waiters whose bound has passed, saying what they asked for and
+    /// what the node has.
+    pub fn expire_waiters(&mut self, now: Instant) {
+        for w in self.queue.take_expired(now) {
+            let memory = self.memory_request(&w.item.request);
+            let r = &w.item.request;
+            let reason = {
+                let views = self.views();
+                let req = placement::Request {
+                    priority: r.priority,
+                    memory,
+                    gpu: &r.gpu,
+                    tenant: r.tenant.as_deref(),
+                };
+                match placement::place(&req, &views, &self.policy()) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => format!(
+                        "{} was held back behind a waiting high-priority request",
+                        placement::describe(&req)
+                    ),
+                }
+            };
+            let err = StateError::QueueTimeout {
+                waited_s: now.duration_since(w.arrived).as_secs(),
+                reason,
+                free: self.free_summary(),
+            };
+            tracing::warn!(container = %r.container_id, error = %err, "admission timed out");
+            let _ = w.item.reply.send(Err(err));
+        }
+    }
+
+    /// One line per GPU: free memory, jobs, utilisation, drained/reserved.
+    pub fn free_summary(&self) -> String {
+        self.views()
+            .iter()
+            .map(|v| {
+                let mut s = format!(
+                    "GPU {} ({}) {} of {} free, {} high + {} low, {:.0}% busy",
+                    v.index,
+                    v.uuid,
+                    ByteSize(v.memory_free()),
+                    ByteSize(v.memory_total),
+                    v.high_leases,
+                    v.low_leases,
+                    v.utilization * 100.0
+                );
+                if v.drained {
+                    s += ", drained";
+                }
+                if let Some(t) = v.reserved_for {
+                    s += &format!(", reserved for {t:?}");
+                }
+                s
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    pub fn record_samples(&mut self, now: Instant, samples: &[(String, GpuSample)]) {
+        for (uuid, sample) in samples {
+            if let Some(i) = self.inventory.gpus.iter().position(|g| &g.uuid == uuid) {
+                self.utilization[i].record(now, sample.utilization);
+                self.memory_used[i] = Some(sample.memory_used);
+            }
+        }
+        // Utilisation falling may open a GPU to a waiting low-priority request.
+        self.run_admission();
+    }
+
+    /// Releases leases whose container is gone (after the grace period) or that
+    /// were never confirmed; returns what it released and why.
+    pub fn reconcile(&mut self, now: Instant) -> Vec<(LeaseId, String)> {
+        let bounds = Bounds {
+            grace: Duration::from_millis(self.config.reconcile_grace_ms),
+            reserved_timeout: Duration::from_millis(self.config.reserved_timeout_ms),
+        };
+        let wall = unix_ms();
+        let mut to_release = Vec::new();
+        let mut still_suspect = HashMap::new();
+        for (id, record) in &self.leases {
+            let presence = reconcile::presence(record, self.probe.as_ref());
+            let age = Duration::from_millis(wall.saturating_sub(record.lease.created_unix_ms));
+            match reconcile::decide(presence, self.suspects.get(id).copied(), now, age, &bounds) {
+                Verdict::Keep => {}
+                Verdict::Suspect => {
+                    still_suspect.insert(id.clone(), self.suspects.get(id).copied().unwrap_or(now));
+                }
+                Verdict::Release(why) => to_release.push((id.clone(), why)),
+            }
+        }
+        self.suspects = still_suspect;
+        let mut released = Vec::new();
+        for (id, why) in to_release {
+            match self.release(&id) {
+                Ok(_) => {
+                    tracing::info!(lease = %id, reason = %why, "released by reconciliation");
+                    released.push((id, why));
+                }
+                Err(e) => {
+                    tracing::error!(lease = %id, error = %e, "reconciliation could not release")
+                }
+            }
+        }
+        released
+    }
+
+    pub fn watchdog_input(&self) -> WatchdogInput {
+        WatchdogInput {
+            gpus: self.inventory.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            leases: self
+                .leases
+                .values()
+                .map(|r| {
+                    let pids = self
+                        .ledger
+                        .get(&r.lease.id)
+                        .map(|l| l.clients.values().map(|c| c.pid).collect())
+                        .unwrap_or_default();
+                    (
+                        r.lease.id.clone(),
+                        r.lease.gpus.clone(),
+                        r.lease.memory_bytes,
+                        pids,
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    pub fn record_violations(&mut self, violations: Vec<Violation>) {
+        for v in &violations {
+            let kind = match v.kind {
+                ViolationKind::Unregistered => "unregistered",
+                ViolationKind::OverQuota => "over_quota",
+            };
+            *self.violation_totals.entry(kind).or_default() += 1;
+        }
+        self.violations = violations;
+    }
+
+    pub fn violation_totals(&self) -> &BTreeMap<&'static str, u64> {
+        &self.violation_totals
+    }
+
+    // ----- lease sockets -----
+
+    fn quota(&self, id: &LeaseId, connection: ConnectionId) -> Result<Quota, StateError> {
+        let record = self
+            .leases
+            .get(id)
+            .ok_or_else(|| StateError::LeaseReleased(id.clone()))?;
+        let l = &record.lease;
+        let ledger = self.ledger.get(id);
+        Ok(Quota {
+            lease: id.clone(),
+            state: l.state,
+            gpus: l.gpus.clone(),
+            priority: l.priority,
+            memory_quota: ledger_quota(l),
+            memory_used: ledger.map(|x| x.used()).unwrap_or(0),
+            memory_held: ledger
+                .and_then(|x| x.clients.get(&connection))
+                .map(|c| c.held)
+                .unwrap_or(0),
+            compute_request: l.compute_request,
+            compute_limit: l.compute_limit,
+        })
+    }
+
+    /// A released lease answers with state `released` rather than an error, so
+    /// a client can tell "revoked" from "broken".
+    pub fn lease_query(&self, id: &LeaseId, connection: ConnectionId) -> Quota {
+        self.quota(id, connection).unwrap_or_else(|_| Quota {
+            lease: id.clone(),
+            state: LeaseState::Released,
+            gpus: Vec::new(),
+            priority: Priority::Low,
+            memory_quota: 0,
+            memory_used: 0,
+            memory_held: 0,
+            compute_request: gpushare_proto::Fraction::ZERO,
+            compute_limit: gpushare_proto::Fraction::ZERO,
+        })
+    }
+
+    /// Registers a process (pid from SO_PEERCRED), after checking that it belongs
+    /// to the lease's container where that can be told.
+    pub fn lease_attach(
+        &mut self,
+        id: &LeaseId,
+        connection: ConnectionId,
+        peer_pid: u32,
+        held: u64,
+    ) -> Result<Quota, StateError> {
+        let record = self
+            .leases
+            .get(id)
+            .ok_or_else(|| StateError::LeaseReleased(id.clone()))?;
+        match check_peer(
+            self.probe.as_ref(),
+            peer_pid,
+            record.lease.pid,
+            record.cgroup.as_deref(),
+        ) {
+            PeerCheck::Accepted => {}
+            PeerCheck::Unverified(why) => {
+                tracing::debug!(lease = %id, pid = peer_pid, why, "lease client not verified")
+            }
+            PeerCheck::Refused(why) => {
+                tracing::warn!(lease = %id, pid = peer_pid, why, "lease client refused");
+                return Err(StateError::PeerRefused(why));
+            }
+        }
+        self.ledger.attach(id, connection, peer_pid, held)?;
+        tracing::info!(lease = %id, pid = peer_pid, held, "lease client attached");
+        self.quota(id, connection)
+    }
+
+    pub fn lease_charge(
+        &mut self,
+        id: &LeaseId,
+        connection: ConnectionId,
+        bytes: u64,
+    ) -> Result<Charge, StateError> {
+        let charge = self.ledger.charge(id, connection, bytes)?;
+        if !charge.granted {
+            tracing::info!(lease = %id, bytes, used = charge.used, quota = charge.quota, "charge refused: over quota");
+        }
+        Ok(charge)
+    }
+
+    pub fn lease_credit(
+        &mut self,
+        id: &LeaseId,
+        connection: ConnectionId,
+        bytes: u64,
+    ) -> Result<u64, StateError> {
+        Ok(self.ledger.credit(id, connection, bytes)?)
+    }
+
+    pub fn lease_detach(&mut self, id: &LeaseId, connection: ConnectionId) {
+        let credited = self.ledger.detach(id, connection);
+        tracing::debug!(lease = %id, credited, "lease client detached");
+    }
+
+    // ----- reports -----
+
+    pub fn list(&self) -> Vec<Lease> {
+        self.leases.values().map(|r| r.lease.clone()).collect()
+    }
+
+    pub fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+
+    pub fn status(&self) -> StatusReport {
+        let now = Instant::now();
+        let views = self.views();
+        StatusReport {
+            gpus: self
+                .inventory
+                .gpus
+                .iter()
+                .zip(&views)
+                .enumerate()
+                .map(|(i, (g, v))| GpuStatus {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_total: g.memory_total,
+                    memory_leased: v.memory_leased,
+                    memory_used: self.memory_used[i],
+                    utilization_last_minute: self.utilization[i].mean(now),
+                    drained: v.drained,
+                    reserved_for: v.reserved_for.map(str::to_owned),
+                })
+                .collect(),
+            leases: self.list(),
+            driver_cuda_version: self.inventory.cuda_driver_version,
+            inventory_source: self.inventory.source.to_owned(),
+            usage: self
+                .leases
+                .values()
+                .map(|r| {
+                    let ledger = self.ledger.get(&r.lease.id);
+                    LeaseUsage {
+                        lease: r.lease.id.clone(),
+                        memory_used: ledger.map(|l| l.used()).unwrap_or(0),
+                        memory_quota: ledger_quota(&r.lease),
+                        clients: ledger
+                            .map(|l| {
+                                l.clients
+                                    .values()
+                                    .map(|c| ClientStatus {
+                                        pid: c.pid,
+                                        memory_held: c.held,
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                        cgroup: r.cgroup.clone(),
+                    }
+                })
+                .collect(),
+            queue: self
+                .queue
+                .iter()
+                .enumerate()
+                .map(|(position, w)| QueuedRequest {
+                    container_id: w.item.request.container_id.clone(),
+                    priority: w.priority,
+                    memory: w.item.request.memory,
+                    gpu: w.item.request.gpu.clone(),
+                    position,
+                    waited_ms: now.duration_since(w.arrived).as_millis() as u64,
+                })
+                .collect(),
+            violations: self.violations.clone(),
+        }
+    }
+}
+
+/// The ledger's quota: the lease's memory on each of its GPUs.
+fn ledger_quota(lease: &Lease) -> u64 {
+    lease
+        .memory_bytes
+        .saturating_mul(lease.gpus.len().max(1) as u64)
+}
+
+/// Helper for the watchdog tick: NVML's processes per GPU.
+pub type ProcessTable = BTreeMap<String, Vec<GpuProcess>>;
 
 /// 64 random bits: unique across restarts without coordinating with the store.
 fn new_lease_id() -> LeaseId {
@@ -277,30 +918,75 @@ fn new_lease_id() -> LeaseId {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpushare_proto::{Fraction, GpuSelector, Priority};
+    use crate::process::tests::FakeProcs;
+    use crate::store::StoreOptions;
+    use gpushare_proto::{Fraction, GpuSelector};
 
-    fn setup() -> (tempfile::TempDir, Arbiter) {
-        let dir = tempfile::tempdir().unwrap();
-        let config = ArbiterConfig {
-            run_dir: dir.path().join("run"),
-            state_dir: dir.path().join("state"),
-            ..Default::default()
-        };
-        let gpus = vec![Gpu {
-            index: 0,
-            uuid: "GPU-0".into(),
-            name: "t".into(),
-            memory_total: 8 << 30,
-        }];
-        let arbiter = Arbiter::open(config, gpus).unwrap();
-        (dir, arbiter)
+    const GI: u64 = 1 << 30;
+
+    struct SharedProbe(Arc<FakeProcs>);
+    impl ProcessProbe for SharedProbe {
+        fn start_time(&self, pid: u32) -> Option<u64> {
+            self.0.start_time(pid)
+        }
+        fn pid_namespace(&self, pid: u32) -> Option<String> {
+            self.0.pid_namespace(pid)
+        }
+        fn cgroup(&self, pid: u32) -> Option<String> {
+            self.0.cgroup(pid)
+        }
     }
 
-    fn request(container: &str, memory: &str) -> ReserveRequest {
+    fn config(dir: &std::path::Path) -> ArbiterConfig {
+        ArbiterConfig {
+            run_dir: dir.join("run"),
+            state_dir: dir.join("state"),
+            admission_wait_ms: 30_000,
+            reconcile_grace_ms: 5_000,
+            ..Default::default()
+        }
+    }
+
+    fn open_with(config: ArbiterConfig, gpus: usize, procs: Arc<FakeProcs>) -> Arbiter {
+        let (store, table) = LeaseStore::open(&config.state_dir, StoreOptions::default()).unwrap();
+        let inventory = Inventory {
+            gpus: (0..gpus)
+                .map(|i| Gpu {
+                    index: i as u32,
+                    uuid: format!("GPU-{i}"),
+                    name: "t".into(),
+                    memory_total: 8 * GI,
+                })
+                .collect(),
+            source: "declared",
+            cuda_driver_version: None,
+        };
+        let endpoints = Box::new(LeaseDirs {
+            run_dir: config.run_dir.clone(),
+        });
+        Arbiter::open(
+            config,
+            inventory,
+            Arc::new(store),
+            table,
+            endpoints,
+            Box::new(SharedProbe(procs)),
+        )
+        .unwrap()
+    }
+
+    fn setup() -> (tempfile::TempDir, Arbiter, Arc<FakeProcs>) {
+        let dir = tempfile::tempdir().unwrap();
+        let procs = Arc::new(FakeProcs::default());
+        let arbiter = open_with(config(dir.path()), 1, procs.clone());
+        (dir, arbiter, procs)
+    }
+
+    fn request(container: &str, memory: &str, priority: Priority) -> ReserveRequest {
         ReserveRequest {
             container_id: container.into(),
             sandbox_id: None,
-            priority: Priority::Low,
+            priority,
             memory: Some(memory.parse().unwrap()),
             compute_request: Fraction::ZERO,
             compute_limit: Fraction::ONE,
@@ -309,72 +995,94 @@ mod tests {
         }
     }
 
-    #[test]
-    fn reserve_persists_and_survives_reopen() {
-        let (dir, mut arbiter) = setup();
-        let lease = arbiter.reserve(request("c1", "1Gi")).unwrap();
-        assert_eq!(lease.gpus, vec!["GPU-0".to_string()]);
-        assert!(dir.path().join("run/leases").join(&lease.id.0).is_dir());
-        arbiter.confirm("c1", 42).unwrap();
+    fn durable(arbiter: &Arbiter, ticket: Option<Ticket>) {
+        if let Some(t) = ticket {
+            arbiter.store().wait_blocking(t).unwrap();
+        }
+    }
+
+    fn reopen(dir: &std::path::Path, arbiter: Arbiter, procs: Arc<FakeProcs>) -> Arbiter {
         let config = arbiter.config.clone();
-        let gpus = arbiter.gpus.clone();
         drop(arbiter);
-        let reopened = Arbiter::open(config, gpus).unwrap();
+        let _ = dir;
+        open_with(config, 1, procs)
+    }
+
+    #[test]
+    fn reserve_confirm_persist_and_survive_reopen() {
+        let (dir, mut arbiter, procs) = setup();
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(42, (7, "pid:[1]".into(), "/ctr/x".into()));
+        let g = arbiter
+            .reserve_now(request("c1", "1Gi", Priority::Low))
+            .unwrap();
+        durable(&arbiter, g.ticket);
+        assert_eq!(g.lease.gpus, vec!["GPU-0".to_string()]);
+        assert!(dir.path().join("run/leases").join(&g.lease.id.0).is_dir());
+        let t = arbiter.confirm("c1", 42).unwrap();
+        durable(&arbiter, t);
+        let reopened = reopen(dir.path(), arbiter, procs);
         let status = reopened.status();
         assert_eq!(status.leases.len(), 1);
         assert_eq!(status.leases[0].pid, Some(42));
         assert_eq!(status.leases[0].state, LeaseState::Confirmed);
-        assert_eq!(status.gpus[0].memory_leased, 1 << 30);
+        assert_eq!(status.usage[0].cgroup.as_deref(), Some("/ctr/x"));
+        assert_eq!(status.gpus[0].memory_leased, GI);
     }
 
     #[test]
     fn release_is_idempotent_and_removes_the_directory() {
-        let (dir, mut arbiter) = setup();
-        let lease = arbiter.reserve(request("c1", "1Gi")).unwrap();
-        assert!(arbiter.release(&lease.id).unwrap());
-        assert!(!arbiter.release(&lease.id).unwrap());
-        assert!(!dir.path().join("run/leases").join(&lease.id.0).exists());
+        let (dir, mut arbiter, _) = setup();
+        let g = arbiter
+            .reserve_now(request("c1", "1Gi", Priority::Low))
+            .unwrap();
+        assert!(arbiter.release(&g.lease.id).unwrap().0);
+        assert!(!arbiter.release(&g.lease.id).unwrap().0);
+        assert!(!dir.path().join("run/leases").join(&g.lease.id.0).exists());
         assert!(arbiter.status().leases.is_empty());
     }
 
     #[test]
     fn same_container_gets_the_same_lease() {
-        let (_dir, mut arbiter) = setup();
-        let a = arbiter.reserve(request("c1", "1Gi")).unwrap();
-        let b = arbiter.reserve(request("c1", "1Gi")).unwrap();
-        assert_eq!(a.id, b.id);
+        let (_dir, mut arbiter, _) = setup();
+        let a = arbiter
+            .reserve_now(request("c1", "1Gi", Priority::Low))
+            .unwrap();
+        let b = arbiter
+            .reserve_now(request("c1", "1Gi", Priority::Low))
+            .unwrap();
+        assert_eq!(a.lease.id, b.lease.id);
         assert_eq!(arbiter.status().leases.len(), 1);
-        assert!(arbiter.release_container("c1").unwrap());
-        assert!(!arbiter.release_container("c1").unwrap());
+        assert!(arbiter.release_container("c1").unwrap().0);
+        assert!(!arbiter.release_container("c1").unwrap().0);
     }
 
     #[test]
     fn only_a_pending_lease_can_be_bound_and_only_once() {
-        let (_dir, mut arbiter) = setup();
-        let victim = arbiter.reserve(request("victim", "1Gi")).unwrap();
+        let (_dir, mut arbiter, _) = setup();
+        let victim = arbiter
+            .reserve_now(request("victim", "1Gi", Priority::Low))
+            .unwrap()
+            .lease;
         let err = arbiter.bind(&victim.id, "attacker", 7).unwrap_err();
         assert!(matches!(err, StateError::NotPending(_)), "{err}");
-        assert_eq!(
-            arbiter
-                .status()
-                .leases
-                .iter()
-                .find(|l| l.id == victim.id)
-                .unwrap()
-                .container_id,
-            "victim"
-        );
+        assert_eq!(arbiter.list()[0].container_id, "victim");
 
-        let pending = arbiter.reserve(request("pending:5eed", "1Gi")).unwrap();
+        let pending = arbiter
+            .reserve_now(request("pending:5eed", "1Gi", Priority::Low))
+            .unwrap()
+            .lease;
         let err = arbiter.bind(&pending.id, "victim", 7).unwrap_err();
         assert!(
             matches!(err, StateError::AlreadyHoldsLease(_)),
             "one lease per container: {err}"
         );
-        arbiter.bind(&pending.id, "podman-ctr", 42).unwrap();
+        let _ = arbiter.bind(&pending.id, "podman-ctr", 42).unwrap();
         let bound = arbiter
-            .status()
-            .leases
+            .list()
             .into_iter()
             .find(|l| l.id == pending.id)
             .unwrap();
@@ -389,22 +1097,196 @@ mod tests {
             ),
             "bound once"
         );
-        assert!(arbiter.release_container("podman-ctr").unwrap());
+        assert!(arbiter.release_container("podman-ctr").unwrap().0);
+        assert!(!arbiter.release_container("pending:5eed").unwrap().0);
     }
 
     #[test]
-    fn memory_is_accounted_across_leases() {
-        let (_dir, mut arbiter) = setup();
-        arbiter.reserve(request("c1", "6Gi")).unwrap();
-        let err = arbiter.reserve(request("c2", "3Gi")).unwrap_err();
+    fn a_request_that_does_not_fit_waits_and_is_admitted_on_release() {
+        let (_dir, mut arbiter, _) = setup();
+        let big = arbiter
+            .reserve_now(request("c1", "6Gi", Priority::Low))
+            .unwrap();
+        let mut waiting = arbiter.submit(request("c2", "3Gi", Priority::Low), Instant::now());
+        assert!(waiting.try_recv().is_err(), "no room: it waits");
+        assert_eq!(arbiter.status().queue.len(), 1);
+        arbiter.release(&big.lease.id).unwrap();
+        let granted = waiting.try_recv().unwrap().unwrap();
+        assert_eq!(granted.lease.container_id, "c2");
+        assert!(arbiter.status().queue.is_empty());
+    }
+
+    #[test]
+    fn the_queue_gives_room_to_high_priority_first() {
+        let (_dir, mut arbiter, _) = setup();
+        let first = arbiter
+            .reserve_now(request("c0", "7Gi", Priority::Low))
+            .unwrap();
+        let t = Instant::now();
+        let mut low = arbiter.submit(request("low", "3Gi", Priority::Low), t);
+        let mut high = arbiter.submit(request("high", "3Gi", Priority::High), t);
+        let mut late_low = arbiter.submit(request("late-low", "1Gi", Priority::Low), t);
+        assert!(
+            late_low.try_recv().is_err(),
+            "a later low request does not overtake the waiting high one"
+        );
+        arbiter.release(&first.lease.id).unwrap();
+        assert_eq!(high.try_recv().unwrap().unwrap().lease.container_id, "high");
+        assert_eq!(low.try_recv().unwrap().unwrap().lease.container_id, "low");
+        assert_eq!(
+            late_low.try_recv().unwrap().unwrap().lease.container_id,
+            "late-low"
+        );
+    }
+
+    #[test]
+    fn waiting_past_the_bound_fails_naming_the_request_and_what_is_free() {
+        let (_dir, mut arbiter, _) = setup();
+        arbiter
+            .reserve_now(request("c1", "6Gi", Priority::Low))
+            .unwrap();
+        let t = Instant::now();
+        let mut rx = arbiter.submit(request("c2", "3Gi", Priority::Low), t);
+        arbiter.expire_waiters(t + Duration::from_secs(29));
+        assert!(rx.try_recv().is_err());
+        arbiter.expire_waiters(t + Duration::from_secs(30));
+        let err = rx.try_recv().unwrap().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unplaceable);
-        arbiter.reserve(request("c3", "2Gi")).unwrap();
+        let text = err.to_string();
+        assert!(text.contains("waited 30s"), "{text}");
+        assert!(
+            text.contains("low-priority request for 3Gi on count:1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("GPU 0 (GPU-0) 2Gi of 8Gi free, 0 high + 1 low"),
+            "{text}"
+        );
     }
 
     #[test]
-    fn confirm_of_unknown_container_is_not_found() {
-        let (_dir, mut arbiter) = setup();
-        let err = arbiter.confirm("nope", 1).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::NotFound);
+    fn impossible_requests_fail_at_once() {
+        let (_dir, mut arbiter, _) = setup();
+        let err = arbiter
+            .reserve_now(request("c1", "9Gi", Priority::Low))
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+        let mut r = request("c2", "1Gi", Priority::Low);
+        r.gpu = GpuSelector::Index(vec![3]);
+        assert_eq!(
+            arbiter.reserve_now(r).unwrap_err().kind(),
+            ErrorKind::InvalidRequest
+        );
+        let err = arbiter
+            .reserve_now(request("", "1Gi", Priority::Low))
+            .unwrap_err();
+        assert!(matches!(err, StateError::BadContainerId(_)));
+    }
+
+    #[test]
+    fn drain_blocks_new_leases_survives_restart_and_undrain_admits() {
+        let (dir, mut arbiter, procs) = setup();
+        let (uuid, t) = arbiter.drain("0", true).unwrap();
+        arbiter.store().wait_blocking(t).unwrap();
+        assert_eq!(uuid, "GPU-0");
+        assert!(arbiter
+            .drain("GPU-9", true)
+            .unwrap_err()
+            .to_string()
+            .contains("0 (GPU-0)"));
+        let mut arbiter = reopen(dir.path(), arbiter, procs);
+        assert!(arbiter.status().gpus[0].drained);
+        let mut rx = arbiter.submit(request("c1", "1Gi", Priority::High), Instant::now());
+        assert!(rx.try_recv().is_err());
+        let _ = arbiter.drain("GPU-0", false).unwrap();
+        assert!(rx.try_recv().unwrap().is_ok());
+    }
+
+    #[test]
+    fn reconciliation_releases_dead_containers_after_the_grace_and_keeps_live_ones() {
+        let (_dir, mut arbiter, procs) = setup();
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(10, (1, "ns".into(), "/a".into()));
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(11, (1, "ns".into(), "/b".into()));
+        arbiter
+            .reserve_now(request("live", "1Gi", Priority::Low))
+            .unwrap();
+        arbiter
+            .reserve_now(request("dies", "1Gi", Priority::Low))
+            .unwrap();
+        arbiter
+            .reserve_now(request("never-confirmed", "1Gi", Priority::Low))
+            .unwrap();
+        arbiter.confirm("live", 10).unwrap();
+        arbiter.confirm("dies", 11).unwrap();
+        procs.kill(11);
+        let t = Instant::now();
+        assert!(arbiter.reconcile(t).is_empty(), "grace starts");
+        assert!(arbiter.reconcile(t + Duration::from_secs(4)).is_empty());
+        let released = arbiter.reconcile(t + Duration::from_secs(5));
+        assert_eq!(released.len(), 1);
+        let left: Vec<String> = arbiter.list().into_iter().map(|l| l.container_id).collect();
+        assert_eq!(left.len(), 2);
+        assert!(
+            left.contains(&"live".to_string()) && left.contains(&"never-confirmed".to_string())
+        );
+    }
+
+    #[test]
+    fn ledger_through_the_state_with_peer_checks() {
+        let (_dir, mut arbiter, procs) = setup();
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(10, (1, "pid:[9]".into(), "/ctr".into()));
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(20, (1, "pid:[9]".into(), "/ctr/app".into()));
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(30, (1, "pid:[1]".into(), "/host".into()));
+        let g = arbiter
+            .reserve_now(request("c", "1Gi", Priority::High))
+            .unwrap();
+        arbiter.confirm("c", 10).unwrap();
+        let id = g.lease.id;
+        let q = arbiter.lease_attach(&id, 1, 20, 0).unwrap();
+        assert_eq!((q.memory_quota, q.priority), (GI, Priority::High));
+        let err = arbiter.lease_attach(&id, 2, 30, 0).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+        assert!(arbiter.lease_charge(&id, 1, GI).unwrap().granted);
+        assert!(!arbiter.lease_charge(&id, 1, 1).unwrap().granted);
+        assert_eq!(arbiter.status().usage[0].memory_used, GI);
+        assert_eq!(arbiter.status().usage[0].clients[0].pid, 20);
+        arbiter.lease_detach(&id, 1);
+        assert_eq!(arbiter.status().usage[0].memory_used, 0);
+        arbiter.release(&id).unwrap();
+        assert_eq!(arbiter.lease_query(&id, 1).state, LeaseState::Released);
+        assert_eq!(
+            arbiter.lease_attach(&id, 3, 20, 0).unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+    }
+
+    #[test]
+    fn stale_lease_directories_are_removed_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        fs::create_dir_all(config.run_dir.join("leases/deadbeef")).unwrap();
+        let arbiter = open_with(config, 1, Arc::new(FakeProcs::default()));
+        assert!(!dir.path().join("run/leases/deadbeef").exists());
+        drop(arbiter);
     }
 }

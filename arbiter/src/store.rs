@@ -1,71 +1,639 @@
-//! Durable lease records: one JSON file, replaced atomically.
+//! Durable lease records: an append-only log with group commit, compacted into
+//! a snapshot.
 //!
-//! Write to a temporary file, fsync it, rename over the old one, fsync the
-//! directory: after a crash at any point the file holds either the old or the new
-//! table, never a torn one. A lease is acknowledged only after this returns.
+//! Why not rewrite one JSON file per change (the first version): that costs two
+//! fsyncs and a rewrite of every lease per change, ~4 ms here, so one container
+//! start waited behind every other. Appending one line per change and letting a
+//! single writer thread fsync whatever has accumulated since its last fsync (group
+//! commit) makes a change cost one `fdatasync` shared by every change made
+//! meanwhile: `cargo bench -p gpushare-arbiter` measures both.
+//!
+//! Durability: a change is acknowledged only after the fsync that covers it
+//! (`wait`). Records are whole-state (`put` a lease, `delete` an id), so replaying
+//! any prefix of the log over the snapshot it follows — or over a newer snapshot,
+//! if a crash struck between writing a snapshot and truncating the log — yields
+//! the state after that prefix. A torn last line (crash mid-append) is dropped; a
+//! bad line followed by good ones is corruption and refuses to load.
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 
-use gpushare_proto::Lease;
+use gpushare_proto::{Lease, LeaseId};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
-const FILE_NAME: &str = "leases.json";
+const SNAPSHOT: &str = "leases.json";
+const LOG: &str = "leases.log";
 
-#[derive(Debug, thiserror::Error)]
+/// A lease plus what the arbiter learnt about its container at confirmation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    #[serde(flatten)]
+    pub lease: Lease,
+    /// The container's cgroup (host view), for peer checks.
+    #[serde(default)]
+    pub cgroup: Option<String>,
+    /// Start time of the confirmed pid (clock ticks since boot), so a reused pid
+    /// is not mistaken for the container.
+    #[serde(default)]
+    pub pid_start_time: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Record {
+    Put { lease: Box<LeaseRecord> },
+    Delete { id: LeaseId },
+    Drain { gpu: String, drained: bool },
+}
+
+/// Everything the store holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Table {
+    pub leases: BTreeMap<LeaseId, LeaseRecord>,
+    pub drained: BTreeSet<String>,
+}
+
+impl Table {
+    pub fn apply(&mut self, record: &Record) {
+        match record {
+            Record::Put { lease } => {
+                self.leases
+                    .insert(lease.lease.id.clone(), (**lease).clone());
+            }
+            Record::Delete { id } => {
+                self.leases.remove(id);
+            }
+            Record::Drain { gpu, drained } => {
+                if *drained {
+                    self.drained.insert(gpu.clone());
+                } else {
+                    self.drained.remove(gpu);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Snapshot {
+    version: u32,
+    leases: Vec<LeaseRecord>,
+    drained: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SnapshotFile {
+    Current(Snapshot),
+    /// The first arbiter's format: a bare array of leases.
+    Legacy(Vec<LeaseRecord>),
+}
+
+#[derive(Debug, thiserror::Error, Clone)]
 pub enum StoreError {
-    #[error("lease store {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("lease store {path} is corrupt: {source}")]
+    #[error("lease store {path}: {message}")]
+    Io { path: PathBuf, message: String },
+    #[error("lease store {path} is corrupt at line {line}: {message}")]
     Corrupt {
         path: PathBuf,
-        source: serde_json::Error,
+        line: usize,
+        message: String,
     },
+    #[error(
+        "the lease store failed earlier ({0}); restart the arbiter to reload the durable state"
+    )]
+    Failed(Arc<str>),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |e| StoreError::Io {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Durable {
+    seq: u64,
+    failed: Option<Arc<str>>,
+}
+
+#[derive(Default)]
+struct Pending {
+    lines: Vec<u8>,
+    records: Vec<Record>,
+    appended: u64,
+    shutdown: bool,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    work: Condvar,
+    durable: Mutex<Durable>,
+    durable_changed: Condvar,
+    durable_watch: watch::Sender<Durable>,
+}
+
+/// A change's place in the log: wait for it before acknowledging the change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[must_use = "a change is durable only once its ticket has been waited for"]
+pub struct Ticket(u64);
+
+pub struct StoreOptions {
+    /// Compact once the log holds this many records beyond twice the live leases.
+    pub compact_after: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        // Replaying a few thousand lines costs milliseconds; compacting more often
+        // would rewrite every lease for little gain.
+        StoreOptions {
+            compact_after: 4096,
+        }
+    }
 }
 
 pub struct LeaseStore {
-    dir: PathBuf,
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
 }
 
 impl LeaseStore {
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        fs::create_dir_all(dir).map_err(|source| StoreError::Io {
-            path: dir.to_owned(),
-            source,
-        })?;
-        Ok(LeaseStore {
+    /// Loads the durable table and starts the writer.
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<(Self, Table), StoreError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut table = load_snapshot(&dir.join(SNAPSHOT))?;
+        let log_path = dir.join(LOG);
+        let (records, valid_len) = read_log(&log_path)?;
+        for r in &records {
+            table.apply(r);
+        }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io_err(&log_path))?;
+        // Drop a torn tail now, so new records do not follow garbage.
+        if log.metadata().map_err(io_err(&log_path))?.len() != valid_len {
+            log.set_len(valid_len).map_err(io_err(&log_path))?;
+            log.sync_all().map_err(io_err(&log_path))?;
+        }
+        let (durable_watch, _) = watch::channel(Durable::default());
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending::default()),
+            work: Condvar::new(),
+            durable: Mutex::new(Durable::default()),
+            durable_changed: Condvar::new(),
+            durable_watch,
+        });
+        let writer = Writer {
             dir: dir.to_owned(),
-        })
+            log,
+            log_records: records.len(),
+            table: table.clone(),
+            compact_after: options.compact_after,
+            shared: shared.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("lease-store".into())
+            .spawn(move || writer.run())
+            .map_err(io_err(dir))?;
+        Ok((
+            LeaseStore {
+                shared,
+                writer: Some(handle),
+            },
+            table,
+        ))
     }
 
-    pub fn load(&self) -> Result<Vec<Lease>, StoreError> {
-        let path = self.dir.join(FILE_NAME);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|source| StoreError::Corrupt { path, source }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(source) => Err(StoreError::Io { path, source }),
+    /// Queues a record; the caller must `wait` for the ticket before acknowledging.
+    /// Records are written in the order they are appended.
+    pub fn append(&self, record: Record) -> Result<Ticket, StoreError> {
+        if let Some(failed) = lock(&self.shared.durable).failed.clone() {
+            return Err(StoreError::Failed(failed));
+        }
+        let mut line = serde_json::to_vec(&record).expect("records always serialise");
+        line.push(b'\n');
+        let mut pending = lock(&self.shared.pending);
+        pending.lines.extend_from_slice(&line);
+        pending.records.push(record);
+        pending.appended += 1;
+        let ticket = Ticket(pending.appended);
+        drop(pending);
+        self.shared.work.notify_one();
+        Ok(ticket)
+    }
+
+    pub fn wait_blocking(&self, ticket: Ticket) -> Result<(), StoreError> {
+        let mut durable = lock(&self.shared.durable);
+        loop {
+            if durable.seq >= ticket.0 {
+                return Ok(());
+            }
+            if let Some(failed) = &durable.failed {
+                return Err(StoreError::Failed(failed.clone()));
+            }
+            durable = self
+                .shared
+                .durable_changed
+                .wait(durable)
+                .unwrap_or_else(|p| p.into_inner());
         }
     }
 
-    pub fn save(&self, leases: &[&Lease]) -> Result<(), StoreError> {
-        let path = self.dir.join(FILE_NAME);
-        let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
-        let io = |path: &Path| {
-            let path = path.to_owned();
-            move |source| StoreError::Io { path, source }
-        };
-        let body = serde_json::to_vec_pretty(leases).expect("leases always serialise");
-        let mut file = File::create(&tmp).map_err(io(&tmp))?;
-        file.write_all(&body).map_err(io(&tmp))?;
-        file.sync_all().map_err(io(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io(&path))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&self.dir))?;
+    pub async fn wait(&self, ticket: Ticket) -> Result<(), StoreError> {
+        let mut rx = self.shared.durable_watch.subscribe();
+        let durable = rx
+            .wait_for(|d| d.seq >= ticket.0 || d.failed.is_some())
+            .await
+            .map_err(|_| StoreError::Failed("the lease store writer stopped".into()))?
+            .clone();
+        match durable.failed {
+            Some(failed) if durable.seq < ticket.0 => Err(StoreError::Failed(failed)),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for LeaseStore {
+    /// Flushes what is queued, then stops the writer.
+    fn drop(&mut self) {
+        lock(&self.shared.pending).shutdown = true;
+        self.shared.work.notify_one();
+        if let Some(handle) = self.writer.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every critical section here leaves its data consistent, so a panic
+    // elsewhere while holding the lock does not make it unusable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Writer {
+    dir: PathBuf,
+    log: File,
+    log_records: usize,
+    table: Table,
+    compact_after: usize,
+    shared: Arc<Shared>,
+}
+
+impl Writer {
+    fn run(mut self) {
+        loop {
+            let (lines, records, upto, shutdown) = {
+                let mut pending = lock(&self.shared.pending);
+                while pending.lines.is_empty() && !pending.shutdown {
+                    pending = self
+                        .shared
+                        .work
+                        .wait(pending)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                (
+                    std::mem::take(&mut pending.lines),
+                    std::mem::take(&mut pending.records),
+                    pending.appended,
+                    pending.shutdown,
+                )
+            };
+            if !lines.is_empty() {
+                let result = self.commit(&lines, &records);
+                let mut durable = lock(&self.shared.durable);
+                match result {
+                    Ok(()) => durable.seq = upto,
+                    Err(e) => {
+                        tracing::error!(error = %e, "lease store write failed; refusing further changes");
+                        durable.failed = Some(e.to_string().into());
+                    }
+                }
+                let snapshot = durable.clone();
+                drop(durable);
+                self.shared.durable_changed.notify_all();
+                self.shared.durable_watch.send_replace(snapshot);
+                if lock(&self.shared.durable).failed.is_some() {
+                    return;
+                }
+            }
+            if shutdown && lock(&self.shared.pending).lines.is_empty() {
+                return;
+            }
+        }
+    }
+
+    fn commit(&mut self, lines: &[u8], records: &[Record]) -> Result<(), StoreError> {
+        let path = self.dir.join(LOG);
+        self.log.write_all(lines).map_err(io_err(&path))?;
+        self.log.sync_data().map_err(io_err(&path))?;
+        for r in records {
+            self.table.apply(r);
+        }
+        self.log_records += records.len();
+        if self.log_records > self.compact_after + 2 * self.table.leases.len() {
+            self.compact()?;
+        }
         Ok(())
+    }
+
+    fn compact(&mut self) -> Result<(), StoreError> {
+        write_snapshot(&self.dir, &self.table)?;
+        let path = self.dir.join(LOG);
+        self.log.set_len(0).map_err(io_err(&path))?;
+        self.log.sync_all().map_err(io_err(&path))?;
+        self.log_records = 0;
+        Ok(())
+    }
+}
+
+/// Atomic replace: temporary file, fsync, rename, fsync the directory.
+fn write_snapshot(dir: &Path, table: &Table) -> Result<(), StoreError> {
+    let path = dir.join(SNAPSHOT);
+    let tmp = dir.join(format!("{SNAPSHOT}.tmp"));
+    let snapshot = Snapshot {
+        version: 1,
+        leases: table.leases.values().cloned().collect(),
+        drained: table.drained.iter().cloned().collect(),
+    };
+    let body = serde_json::to_vec(&snapshot).expect("snapshots always serialise");
+    let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
+    file.write_all(&body).map_err(io_err(&tmp))?;
+    file.sync_all().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))?;
+    Ok(())
+}
+
+fn load_snapshot(path: &Path) -> Result<Table, StoreError> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Table::default()),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let file: SnapshotFile = serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+        path: path.to_owned(),
+        line: e.line(),
+        message: e.to_string(),
+    })?;
+    let (leases, drained) = match file {
+        SnapshotFile::Current(s) => (s.leases, s.drained),
+        SnapshotFile::Legacy(leases) => (leases, Vec::new()),
+    };
+    Ok(Table {
+        leases: leases
+            .into_iter()
+            .map(|l| (l.lease.id.clone(), l))
+            .collect(),
+        drained: drained.into_iter().collect(),
+    })
+}
+
+/// The records of the log and the length of its valid prefix.
+fn read_log(path: &Path) -> Result<(Vec<Record>, u64), StoreError> {
+    let mut bytes = Vec::new();
+    match File::open(path) {
+        Ok(mut f) => {
+            f.read_to_end(&mut bytes).map_err(io_err(path))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(io_err(path)(e)),
+    }
+    parse_log(&bytes).map_err(|(line, message)| StoreError::Corrupt {
+        path: path.to_owned(),
+        line,
+        message,
+    })
+}
+
+/// Pure: whole lines that parse, up to a torn tail. Err((line, why)) when a bad
+/// line is followed by a good one.
+pub fn parse_log(bytes: &[u8]) -> Result<(Vec<Record>, u64), (usize, String)> {
+    let mut records = Vec::new();
+    let mut valid_len = 0u64;
+    let mut offset = 0usize;
+    let mut bad: Option<(usize, String)> = None;
+    for (n, chunk) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+        offset += chunk.len();
+        let parsed = match chunk.strip_suffix(b"\n") {
+            Some(line) => serde_json::from_slice::<Record>(line).map_err(|e| e.to_string()),
+            None => Err("incomplete last line".to_owned()),
+        };
+        match (parsed, &bad) {
+            (Ok(r), None) => {
+                records.push(r);
+                valid_len = offset as u64;
+            }
+            (Ok(_), Some((line, why))) => return Err((*line, why.clone())),
+            (Err(why), None) => bad = Some((n + 1, why)),
+            (Err(_), Some(_)) => {}
+        }
+    }
+    if let Some((line, why)) = &bad {
+        tracing::warn!(line, reason = %why, "dropping a torn tail of the lease log");
+    }
+    Ok((records, valid_len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_proto::{Fraction, LeaseState, Priority};
+
+    pub(crate) fn record(id: &str) -> LeaseRecord {
+        LeaseRecord {
+            lease: Lease {
+                id: LeaseId(id.into()),
+                container_id: format!("c-{id}"),
+                sandbox_id: None,
+                gpus: vec!["GPU-0".into()],
+                priority: Priority::Low,
+                memory_bytes: 1 << 30,
+                compute_request: Fraction::ZERO,
+                compute_limit: Fraction::ONE,
+                tenant: None,
+                state: LeaseState::Reserved,
+                pid: None,
+                created_unix_ms: 0,
+            },
+            cgroup: None,
+            pid_start_time: None,
+        }
+    }
+
+    fn put(id: &str) -> Record {
+        Record::Put {
+            lease: Box::new(record(id)),
+        }
+    }
+
+    fn open(dir: &Path, compact_after: usize) -> (LeaseStore, Table) {
+        LeaseStore::open(dir, StoreOptions { compact_after }).unwrap()
+    }
+
+    #[test]
+    fn changes_survive_reopen_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, table) = open(dir.path(), 4096);
+        assert!(table.leases.is_empty());
+        let mut last = None;
+        for r in [
+            put("a"),
+            put("b"),
+            Record::Delete {
+                id: LeaseId("a".into()),
+            },
+            Record::Drain {
+                gpu: "GPU-0".into(),
+                drained: true,
+            },
+        ] {
+            last = Some(store.append(r).unwrap());
+        }
+        store.wait_blocking(last.unwrap()).unwrap();
+        drop(store);
+        let (_store, table) = open(dir.path(), 4096);
+        assert_eq!(
+            table
+                .leases
+                .keys()
+                .map(|k| k.0.as_str())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
+        assert!(table.drained.contains("GPU-0"));
+    }
+
+    #[test]
+    fn compaction_keeps_the_state_and_empties_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path(), 10);
+        for i in 0..50 {
+            let t = store.append(put(&format!("l{i}"))).unwrap();
+            if i % 2 == 0 {
+                store.wait_blocking(t).unwrap();
+                let t = store
+                    .append(Record::Delete {
+                        id: LeaseId(format!("l{i}")),
+                    })
+                    .unwrap();
+                store.wait_blocking(t).unwrap();
+            }
+        }
+        drop(store);
+        let log_lines = fs::read(dir.path().join(LOG))
+            .unwrap()
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        assert!(
+            log_lines < 75,
+            "75 records were appended; the log was compacted to {log_lines}"
+        );
+        assert!(dir.path().join(SNAPSHOT).exists());
+        let (_s, table) = open(dir.path(), 10);
+        assert_eq!(table.leases.len(), 25);
+        assert!(table.leases.contains_key(&LeaseId("l49".into())));
+        assert!(!table.leases.contains_key(&LeaseId("l48".into())));
+    }
+
+    #[test]
+    fn replaying_an_old_log_over_a_newer_snapshot_is_harmless() {
+        // A crash between the snapshot's rename and the log's truncation.
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = Table::default();
+        let history = [
+            put("a"),
+            put("b"),
+            Record::Delete {
+                id: LeaseId("a".into()),
+            },
+        ];
+        let mut log = Vec::new();
+        for r in &history {
+            table.apply(r);
+            log.extend(serde_json::to_vec(r).unwrap());
+            log.push(b'\n');
+        }
+        write_snapshot(dir.path(), &table).unwrap();
+        fs::write(dir.path().join(LOG), &log).unwrap();
+        let (_s, loaded) = open(dir.path(), 4096);
+        assert_eq!(loaded, table);
+    }
+
+    #[test]
+    fn torn_tail_is_dropped_and_truncated_but_mid_log_garbage_is_corruption() {
+        let good = |id: &str| {
+            let mut l = serde_json::to_vec(&put(id)).unwrap();
+            l.push(b'\n');
+            l
+        };
+        let mut bytes = good("a");
+        let valid = bytes.len() as u64;
+        bytes.extend_from_slice(&good("b")[..20]);
+        let (records, len) = parse_log(&bytes).unwrap();
+        assert_eq!((records.len(), len), (1, valid));
+
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(LOG), &bytes).unwrap();
+        let (store, table) = open(dir.path(), 4096);
+        assert_eq!(table.leases.len(), 1);
+        let t = store.append(put("c")).unwrap();
+        store.wait_blocking(t).unwrap();
+        drop(store);
+        let (_s, table) = open(dir.path(), 4096);
+        assert_eq!(
+            table.leases.len(),
+            2,
+            "the new record follows the valid prefix"
+        );
+
+        let mut corrupt = good("a");
+        corrupt.extend_from_slice(b"{garbage\n");
+        corrupt.extend_from_slice(&good("b"));
+        assert_eq!(parse_log(&corrupt).unwrap_err().0, 2);
+    }
+
+    #[test]
+    fn the_first_arbiters_snapshot_format_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let legacy = serde_json::to_vec_pretty(&vec![record("old").lease]).unwrap();
+        fs::write(dir.path().join(SNAPSHOT), legacy).unwrap();
+        let (_s, table) = open(dir.path(), 4096);
+        assert!(table.leases.contains_key(&LeaseId("old".into())));
+    }
+
+    #[test]
+    fn concurrent_appends_share_fsyncs_and_all_become_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path(), 100_000);
+        let store = Arc::new(store);
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for i in 0..50 {
+                        let ticket = store.append(put(&format!("t{t}-{i}"))).unwrap();
+                        store.wait_blocking(ticket).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(Arc::try_unwrap(store).ok().unwrap());
+        let (_s, table) = open(dir.path(), 100_000);
+        assert_eq!(table.leases.len(), 400);
     }
 }

@@ -53,6 +53,49 @@ pub struct ArbiterConfig {
     pub default_memory: gpushare_proto::MemoryRequest,
     /// How long the client tools wait for the arbiter before failing a container start.
     pub client_timeout_ms: u64,
+    /// The NVML library the arbiter loads at run time for inventory, utilisation and
+    /// the watchdog. Default `libnvidia-ml.so.1`, the soname the driver installs, found
+    /// by the dynamic linker like any CUDA program would; tests point it at the
+    /// simulated GPU's library. An empty string skips NVML and uses `devices`.
+    pub nvml_library: String,
+    /// Wang et al.: a low-priority job is not placed on a GPU whose utilisation over
+    /// the last minute is above this. 0.8 is the paper's value.
+    pub gpu_util_limit: f64,
+    /// Wang et al.: at most this many low-priority leases per GPU. 4 matches the
+    /// default quota of a quarter of a GPU.
+    pub low_nums_limit: u32,
+    /// Sun et al.: how long a request that fits nowhere waits in the admission queue
+    /// before it fails. 30 s rides out a container restart's release/reserve gap
+    /// without holding a container start for long.
+    pub admission_wait_ms: u64,
+    /// Xiao et al.: GPUs reserved for one tenant are offered to that tenant's
+    /// requests only. None by default: every GPU is in the common pool.
+    pub reservations: Vec<TenantReservation>,
+    /// How often the watchdog compares NVML's processes with the registered clients
+    /// and reconciliation looks for vanished containers. 2 s: "every few seconds",
+    /// cheap (one NVML call per GPU) yet quick to notice a bypassing process.
+    pub watchdog_interval_ms: u64,
+    /// Kill processes the watchdog reports (unregistered on a shared GPU, or in a
+    /// lease over its quota). Off by default: killing is a policy an operator opts into.
+    pub watchdog_kill: bool,
+    /// A lease whose container is gone is released only after this long, so the
+    /// runtime's own poststop release (the normal path) goes first. 5 s.
+    pub reconcile_grace_ms: u64,
+    /// A lease reserved but never confirmed (the wrapper died before `runc create`)
+    /// is released after this long. 5 min is far beyond any container creation.
+    pub reserved_timeout_ms: u64,
+    /// `host:port` of the Prometheus text endpoint (`GET /metrics`). Off by default:
+    /// an operator chooses to expose it (normally on loopback, e.g. `127.0.0.1:9400`).
+    pub metrics_address: Option<String>,
+}
+
+/// GPUs set aside for one tenant.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantReservation {
+    pub tenant: String,
+    /// UUIDs.
+    pub gpus: Vec<String>,
 }
 
 impl Default for ArbiterConfig {
@@ -67,6 +110,16 @@ impl Default for ArbiterConfig {
                 gpushare_proto::Fraction::new(0.25).expect("0.25 is a fraction"),
             ),
             client_timeout_ms: 10_000,
+            nvml_library: "libnvidia-ml.so.1".into(),
+            gpu_util_limit: 0.8,
+            low_nums_limit: 4,
+            admission_wait_ms: 30_000,
+            reservations: Vec::new(),
+            watchdog_interval_ms: 2_000,
+            watchdog_kill: false,
+            reconcile_grace_ms: 5_000,
+            reserved_timeout_ms: 300_000,
+            metrics_address: None,
         }
     }
 }
@@ -85,6 +138,18 @@ impl ArbiterConfig {
 
     pub fn client_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.client_timeout_ms)
+    }
+
+    pub fn admission_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.admission_wait_ms)
+    }
+
+    /// The tenant a GPU is reserved for, if any.
+    pub fn reserved_for(&self, uuid: &str) -> Option<&str> {
+        self.reservations
+            .iter()
+            .find(|r| r.gpus.iter().any(|g| g == uuid))
+            .map(|r| r.tenant.as_str())
     }
 }
 
@@ -233,6 +298,44 @@ impl Config {
         if self.runtime.hook_timeout_seconds == 0 {
             return Err("runtime.hook_timeout_seconds = 0: must be at least 1 (runc would otherwise wait forever)".into());
         }
+        let a = &self.arbiter;
+        if !(a.gpu_util_limit.is_finite() && (0.0..=1.0).contains(&a.gpu_util_limit)) {
+            return Err(format!(
+                "arbiter.gpu_util_limit = {}: must be a fraction from 0 to 1",
+                a.gpu_util_limit
+            ));
+        }
+        if a.low_nums_limit == 0 {
+            return Err("arbiter.low_nums_limit = 0: must be at least 1 (0 would refuse every low-priority request)".into());
+        }
+        for (key, value) in [
+            ("arbiter.watchdog_interval_ms", a.watchdog_interval_ms),
+            ("arbiter.client_timeout_ms", a.client_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(format!("{key} = 0: must be at least 1"));
+            }
+        }
+        if let Some(address) = &a.metrics_address {
+            if address.parse::<std::net::SocketAddr>().is_err() {
+                return Err(format!(
+                    "arbiter.metrics_address = {address:?}: expected host:port, e.g. \"127.0.0.1:9400\""
+                ));
+            }
+        }
+        let mut reserved = std::collections::BTreeSet::new();
+        for r in &a.reservations {
+            if r.tenant.is_empty() {
+                return Err("arbiter.reservations: tenant must not be empty".into());
+            }
+            for gpu in &r.gpus {
+                if !reserved.insert(gpu) {
+                    return Err(format!(
+                        "arbiter.reservations: GPU {gpu:?} is reserved twice"
+                    ));
+                }
+            }
+        }
         let mut seen = std::collections::BTreeSet::new();
         for d in &self.arbiter.devices {
             if !seen.insert(&d.uuid) {
@@ -275,6 +378,7 @@ mod tests {
         let config = parse(text).unwrap();
         assert_eq!(config.runtime, RuntimeConfig::default());
         assert_eq!(config.requests, RequestPolicy::default());
+        assert_eq!(config.arbiter, ArbiterConfig::default());
     }
 
     #[test]
@@ -321,6 +425,16 @@ mod tests {
                 "runtime.hook_timeout_seconds",
             ),
             ("[requests]\nunrequested = \"drop\"\n", "unrequested"),
+            ("[arbiter]\ngpu_util_limit = 1.5\n", "arbiter.gpu_util_limit"),
+            ("[arbiter]\nlow_nums_limit = 0\n", "arbiter.low_nums_limit"),
+            (
+                "[arbiter]\nmetrics_address = \"localhost\"\n",
+                "arbiter.metrics_address",
+            ),
+            (
+                "[[arbiter.reservations]]\ntenant = \"a\"\ngpus = [\"GPU-1\"]\n[[arbiter.reservations]]\ntenant = \"b\"\ngpus = [\"GPU-1\"]\n",
+                "reserved twice",
+            ),
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(key), "{text:?}: {err}");

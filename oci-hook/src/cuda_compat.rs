@@ -103,9 +103,15 @@ fn evaluate(term: &str, driver: CudaVersion) -> Result<Option<bool>, ()> {
 
 /// Checks a container spec against the driver's CUDA version as NVML reports it
 /// (e.g. 12040); nothing to check when the driver's version is unknown.
-pub fn check_spec(spec: &serde_json::Value, driver_cuda_version: Option<u32>) -> Result<(), CompatError> {
+pub fn check_spec(
+    spec: &serde_json::Value,
+    driver_cuda_version: Option<u32>,
+) -> Result<(), CompatError> {
     match driver_cuda_version {
-        Some(encoded) => check(&crate::request::env_list(spec), CudaVersion::from_driver(encoded)),
+        Some(encoded) => check(
+            &crate::request::env_list(spec),
+            CudaVersion::from_driver(encoded),
+        ),
         None => Ok(()),
     }
 }
@@ -258,7 +264,10 @@ mod tests {
     #[test]
     fn spec_level_check() {
         let spec = serde_json::json!({"process": {"env": ["CUDA_VERSION=12.4.1"]}});
-        assert!(check_spec(&spec, None).is_ok(), "unknown driver: nothing to check");
+        assert!(
+            check_spec(&spec, None).is_ok(),
+            "unknown driver: nothing to check"
+        );
         assert!(check_spec(&spec, Some(12040)).is_ok());
         assert!(check_spec(&spec, Some(12020)).is_err());
     }

@@ -1,5 +1,6 @@
-//! A blocking client for the control socket: no async runtime, so short-lived
-//! tools (hook, wrapper, CLI) and the interposer can all use it.
+//! Blocking clients for the control socket and for a lease's socket: no async
+//! runtime, so short-lived tools (hook, wrapper, CLI) and the interposer can all
+//! use them.
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -8,8 +9,13 @@ use std::time::Duration;
 
 use crate::frame::{read_message, write_message, FrameError};
 use crate::lease::{Lease, LeaseId};
+use crate::lease_socket::{LeaseRequest, LeaseResponse, Quota};
 use crate::message::{ControlRequest, ControlResponse, ErrorKind, ReserveRequest, StatusReport};
 use crate::PROTOCOL_VERSION;
+
+/// Beyond the arbiter's admission bound, how long a reserve waits for the answer
+/// (the arbiter answers at the bound; this covers persistence and scheduling).
+const RESERVE_MARGIN: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -27,33 +33,56 @@ pub enum ClientError {
     Refused { kind: ErrorKind, message: String },
     #[error("unexpected answer from the gpushare arbiter: {0:?}")]
     Unexpected(Box<ControlResponse>),
+    #[error("unexpected answer on the lease socket: {0:?}")]
+    UnexpectedOnLeaseSocket(Box<LeaseResponse>),
+}
+
+fn open(path: &Path, timeout: Duration) -> Result<UnixStream, ClientError> {
+    let connect_err = |source| ClientError::Connect {
+        path: path.to_owned(),
+        source,
+    };
+    let stream = UnixStream::connect(path).map_err(connect_err)?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(connect_err)?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(connect_err)?;
+    Ok(stream)
 }
 
 pub struct ControlClient {
     stream: UnixStream,
+    timeout: Duration,
+    /// How long the arbiter may keep a reserve in its admission queue.
+    admission_wait: Duration,
 }
 
 impl ControlClient {
     /// `timeout` bounds every read and write, so a wedged arbiter cannot hang a
-    /// container start (runc hooks have no timeout of their own).
+    /// container start (runc hooks have no timeout of their own). A reserve,
+    /// which may wait in the admission queue, waits that long on top.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, ClientError> {
-        let connect_err = |source| ClientError::Connect {
-            path: path.to_owned(),
-            source,
+        let stream = open(path, timeout)?;
+        let mut client = ControlClient {
+            stream,
+            timeout,
+            admission_wait: Duration::ZERO,
         };
-        let stream = UnixStream::connect(path).map_err(connect_err)?;
-        stream
-            .set_read_timeout(Some(timeout))
-            .map_err(connect_err)?;
-        stream
-            .set_write_timeout(Some(timeout))
-            .map_err(connect_err)?;
-        let mut client = ControlClient { stream };
         match client.call(&ControlRequest::Hello {
             protocol: PROTOCOL_VERSION,
         })? {
-            ControlResponse::Hello { protocol } if protocol == PROTOCOL_VERSION => Ok(client),
-            ControlResponse::Hello { protocol } => Err(ClientError::Version { theirs: protocol }),
+            ControlResponse::Hello {
+                protocol,
+                admission_wait_ms,
+            } if protocol == PROTOCOL_VERSION => {
+                client.admission_wait = Duration::from_millis(admission_wait_ms.unwrap_or(0));
+                Ok(client)
+            }
+            ControlResponse::Hello { protocol, .. } => {
+                Err(ClientError::Version { theirs: protocol })
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -66,8 +95,17 @@ impl ControlClient {
         }
     }
 
+    /// May block up to the arbiter's admission bound (plus the usual timeout)
+    /// while the request waits in the queue.
     pub fn reserve(&mut self, request: ReserveRequest) -> Result<Lease, ClientError> {
-        match self.call(&ControlRequest::Reserve(request))? {
+        let queued_timeout = self.timeout + self.admission_wait + RESERVE_MARGIN;
+        self.stream
+            .set_read_timeout(Some(queued_timeout))
+            .map_err(|e| ClientError::Frame(FrameError::Io(e)))?;
+        let answer = self.call(&ControlRequest::Reserve(request));
+        // Restore the bound for later calls on this connection, whatever happened.
+        let _ = self.stream.set_read_timeout(Some(self.timeout));
+        match answer? {
             ControlResponse::Reserved { lease } => Ok(lease),
             other => Err(unexpected(other)),
         }
@@ -117,8 +155,103 @@ impl ControlClient {
             other => Err(unexpected(other)),
         }
     }
+
+    pub fn list(&mut self) -> Result<Vec<Lease>, ClientError> {
+        match self.call(&ControlRequest::List)? {
+            ControlResponse::Leases { leases } => Ok(leases),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `gpu` is a UUID or an index; returns the GPU's UUID.
+    pub fn drain(&mut self, gpu: String, drain: bool) -> Result<String, ClientError> {
+        match self.call(&ControlRequest::Drain { gpu, drain })? {
+            ControlResponse::Drained { gpu, .. } => Ok(gpu),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// The answer to a charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChargeOutcome {
+    pub granted: bool,
+    pub memory_used: u64,
+    pub memory_quota: u64,
+}
+
+/// A process's connection to its lease's socket (`/run/gpushare/arbiter.sock`
+/// inside the container). One per process: the arbiter keeps the ledger per
+/// connection and credits it back when the connection closes.
+pub struct LeaseClient {
+    stream: UnixStream,
+}
+
+impl LeaseClient {
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Self, ClientError> {
+        let mut client = LeaseClient {
+            stream: open(path, timeout)?,
+        };
+        match client.call(&LeaseRequest::Hello {
+            protocol: PROTOCOL_VERSION,
+        })? {
+            LeaseResponse::Hello { protocol } if protocol == PROTOCOL_VERSION => Ok(client),
+            LeaseResponse::Hello { protocol } => Err(ClientError::Version { theirs: protocol }),
+            other => Err(unexpected_on_lease(other)),
+        }
+    }
+
+    pub fn call(&mut self, request: &LeaseRequest) -> Result<LeaseResponse, ClientError> {
+        write_message(&mut self.stream, request)?;
+        match read_message(&mut self.stream)? {
+            LeaseResponse::Error { kind, message } => Err(ClientError::Refused { kind, message }),
+            response => Ok(response),
+        }
+    }
+
+    /// Registers this process; returns the pid the arbiter saw and the quota.
+    pub fn attach(&mut self, memory_held: u64) -> Result<(u32, Quota), ClientError> {
+        match self.call(&LeaseRequest::Attach { memory_held })? {
+            LeaseResponse::Attached { pid, quota } => Ok((pid, quota)),
+            other => Err(unexpected_on_lease(other)),
+        }
+    }
+
+    pub fn query(&mut self) -> Result<Quota, ClientError> {
+        match self.call(&LeaseRequest::Query)? {
+            LeaseResponse::Quota(quota) => Ok(quota),
+            other => Err(unexpected_on_lease(other)),
+        }
+    }
+
+    pub fn charge(&mut self, bytes: u64) -> Result<ChargeOutcome, ClientError> {
+        match self.call(&LeaseRequest::Charge { bytes })? {
+            LeaseResponse::Charged {
+                granted,
+                memory_used,
+                memory_quota,
+            } => Ok(ChargeOutcome {
+                granted,
+                memory_used,
+                memory_quota,
+            }),
+            other => Err(unexpected_on_lease(other)),
+        }
+    }
+
+    /// Returns the lease's memory in use after the credit.
+    pub fn credit(&mut self, bytes: u64) -> Result<u64, ClientError> {
+        match self.call(&LeaseRequest::Credit { bytes })? {
+            LeaseResponse::Credited { memory_used } => Ok(memory_used),
+            other => Err(unexpected_on_lease(other)),
+        }
+    }
 }
 
 fn unexpected(response: ControlResponse) -> ClientError {
     ClientError::Unexpected(Box::new(response))
+}
+
+fn unexpected_on_lease(response: LeaseResponse) -> ClientError {
+    ClientError::UnexpectedOnLeaseSocket(Box::new(response))
 }

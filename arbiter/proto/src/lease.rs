@@ -34,6 +34,10 @@ pub enum LeaseState {
     Reserved,
     /// The runtime reported the container's pid.
     Confirmed,
+    /// Given back (poststop, shim, reconciliation or an operator). The arbiter
+    /// drops released leases from its table; a lease-socket client whose lease
+    /// was released hears this state so it can stop using the GPU.
+    Released,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

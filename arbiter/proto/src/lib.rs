@@ -7,13 +7,16 @@
 pub mod client;
 pub mod frame;
 pub mod lease;
+pub mod lease_socket;
 pub mod message;
 pub mod quantity;
 
-pub use client::{ClientError, ControlClient};
+pub use client::{ChargeOutcome, ClientError, ControlClient, LeaseClient};
 pub use lease::{Lease, LeaseId, LeaseState};
+pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{
-    ControlRequest, ControlResponse, ErrorKind, GpuStatus, ReserveRequest, StatusReport,
+    ClientStatus, ControlRequest, ControlResponse, ErrorKind, GpuStatus, LeaseUsage, QueuedRequest,
+    ReserveRequest, StatusReport, Violation, ViolationKind,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
 

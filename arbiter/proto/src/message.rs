@@ -30,6 +30,8 @@ pub enum ControlRequest {
     Hello {
         protocol: u32,
     },
+    /// May wait in the admission queue (up to the bound the hello answer names)
+    /// when no GPU has room.
     Reserve(ReserveRequest),
     /// The container exists and this is its init pid (from the createRuntime hook).
     /// Keyed by the container id runc reports, never by an annotation the
@@ -56,17 +58,46 @@ pub enum ControlRequest {
         container_id: String,
     },
     Status,
+    /// The leases alone (cheaper than a status report).
+    List,
+    /// Stop (or resume) placing new leases on one GPU, named by UUID or index;
+    /// leases already on it stay.
+    Drain {
+        gpu: String,
+        drain: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum ControlResponse {
-    Hello { protocol: u32 },
-    Reserved { lease: Lease },
+    Hello {
+        protocol: u32,
+        /// How long a reserve may wait in the admission queue, so a client can
+        /// keep its read timeout above it. Absent from arbiters that never queue.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        admission_wait_ms: Option<u64>,
+    },
+    Reserved {
+        lease: Lease,
+    },
     Confirmed,
-    Released { existed: bool },
+    Released {
+        existed: bool,
+    },
     Status(StatusReport),
-    Error { kind: ErrorKind, message: String },
+    Leases {
+        leases: Vec<Lease>,
+    },
+    Drained {
+        /// The GPU's UUID, whatever name the request used.
+        gpu: String,
+        drained: bool,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,15 +105,17 @@ pub enum ControlResponse {
 pub enum ErrorKind {
     /// The request itself is wrong (e.g. an index that does not exist).
     InvalidRequest,
-    /// Valid, but nothing on this node can hold it.
+    /// Valid, but nothing on this node can hold it (after waiting in the queue).
     Unplaceable,
     NotFound,
     /// The peer broke the protocol; the connection is closed after this.
     Protocol,
     Internal,
+    /// The peer is not who the socket it came through belongs to.
+    PermissionDenied,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuStatus {
     pub index: u32,
     pub uuid: String,
@@ -90,10 +123,95 @@ pub struct GpuStatus {
     pub memory_total: u64,
     /// Sum of the memory quotas of the leases on this GPU.
     pub memory_leased: u64,
+    /// Device memory in use as NVML reports it (None with declared devices).
+    #[serde(default)]
+    pub memory_used: Option<u64>,
+    /// Mean GPU utilisation (0–1) over the last minute; None until sampled.
+    #[serde(default)]
+    pub utilization_last_minute: Option<f64>,
+    /// No new leases are placed on a drained GPU.
+    #[serde(default)]
+    pub drained: bool,
+    /// The tenant this GPU is reserved for, if any.
+    #[serde(default)]
+    pub reserved_for: Option<String>,
 }
 
+/// One process that registered through a lease socket.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientStatus {
+    /// Host pid, from SO_PEERCRED.
+    pub pid: u32,
+    /// Bytes this process has charged and not credited.
+    pub memory_held: u64,
+}
+
+/// What the arbiter knows about a lease beyond the grant itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseUsage {
+    pub lease: LeaseId,
+    /// Sum of the ledger over all of the lease's processes.
+    pub memory_used: u64,
+    pub memory_quota: u64,
+    pub clients: Vec<ClientStatus>,
+    /// The container's cgroup, recorded at confirmation.
+    pub cgroup: Option<String>,
+}
+
+/// A request waiting in the admission queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuedRequest {
+    pub container_id: String,
+    pub priority: Priority,
+    pub memory: Option<MemoryRequest>,
+    pub gpu: GpuSelector,
+    /// 0 is the next to be considered.
+    pub position: usize,
+    pub waited_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViolationKind {
+    /// A process uses a shared GPU without having registered through a lease socket
+    /// (it bypassed the interposer).
+    Unregistered,
+    /// A lease's processes hold more GPU memory than its quota.
+    OverQuota,
+}
+
+/// Something the watchdog saw on a shared GPU that should not be there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub gpu: String,
+    pub pid: u32,
+    pub lease: Option<LeaseId>,
+    /// Memory NVML attributes to the process (or the lease, for over-quota).
+    pub memory_used: u64,
+    /// The lease's quota, for over-quota.
+    pub memory_quota: Option<u64>,
+    /// Whether the arbiter killed the process (configuration `watchdog_kill`).
+    pub killed: bool,
+}
+
+/// `Default` so code (and tests) that build a report name only the fields they
+/// care about: `StatusReport { leases, ..Default::default() }`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     pub gpus: Vec<GpuStatus>,
     pub leases: Vec<Lease>,
+    /// The driver's CUDA version as NVML encodes it (12040 for 12.4); None without NVML.
+    #[serde(default)]
+    pub driver_cuda_version: Option<u32>,
+    /// "nvml" or "declared".
+    #[serde(default)]
+    pub inventory_source: String,
+    #[serde(default)]
+    pub usage: Vec<LeaseUsage>,
+    #[serde(default)]
+    pub queue: Vec<QueuedRequest>,
+    /// From the watchdog's latest pass.
+    #[serde(default)]
+    pub violations: Vec<Violation>,
 }

@@ -1,11 +1,11 @@
 //! gpushare-arbiter: the node daemon.
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use gpushare_arbiter::{inventory, server, state::Arbiter};
+use gpushare_arbiter::{daemon, inventory, metrics, server};
 use gpushare_config::Config;
 
 #[derive(Parser)]
@@ -46,24 +46,48 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => tracing::info!(config = %path.display(), "configuration loaded"),
         None => tracing::info!("no configuration file; using defaults"),
     }
-    let gpus = inventory::from_declared(&config.arbiter)?;
-    if gpus.is_empty() {
-        tracing::warn!("no GPUs to share: declare [[arbiter.devices]] in the configuration");
+    let config = config.arbiter;
+    let _lock = daemon::lock_state_dir(&config)?;
+    daemon::raise_open_files_limit();
+    let backend: Arc<dyn inventory::GpuBackend> = Arc::from(inventory::open_backend(&config));
+    let shared_gpus = inventory::narrow_to_shared(backend.gpus(), &config.shared_gpus)?;
+    if shared_gpus.is_empty() {
+        tracing::warn!("no GPUs to share: no NVML GPUs and no [[arbiter.devices]] declared");
     }
-    for gpu in &gpus {
-        tracing::info!(index = gpu.index, uuid = %gpu.uuid, name = %gpu.name, memory = gpu.memory_total, "sharing GPU");
+    for gpu in &shared_gpus {
+        tracing::info!(index = gpu.index, uuid = %gpu.uuid, name = %gpu.name, memory = gpu.memory_total, source = backend.source(), "sharing GPU");
     }
-    let socket = config.arbiter.control_socket();
-    let arbiter = Arbiter::open(config.arbiter.clone(), gpus).context("opening the lease table")?;
+    let socket = config.control_socket();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
+        // Bind first: it refuses to start beside a live arbiter before any lease
+        // socket is touched. Connections wait in the backlog until recovery is done.
         let listener = server::bind_control_socket(&socket)?;
+        let started = std::time::Instant::now();
+        let shared =
+            daemon::recover(&config, backend.as_ref()).context("recovering the lease table")?;
+        tracing::info!(
+            leases = server::lock(&shared).lease_count(),
+            recovery_ms = started.elapsed().as_millis() as u64,
+            "lease table recovered"
+        );
+        server::spawn_background(shared.clone(), backend.clone());
+        if let Some(address) = &config.metrics_address {
+            let tcp = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding the metrics endpoint {address}"))?;
+            tracing::info!(address, "serving metrics at /metrics");
+            let arbiter = shared.clone();
+            tokio::spawn(metrics::serve(tcp, move || {
+                let a = server::lock(&arbiter);
+                metrics::render(&a.status(), a.violation_totals())
+            }));
+        }
         tracing::info!(socket = %socket.display(), "serving");
-        let shared = Arc::new(Mutex::new(arbiter));
         tokio::select! {
             () = server::serve(listener, shared) => {}
             _ = shutdown_signal() => tracing::info!("shutting down; leases stay on disk"),

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gpushare_config::Config;
-use gpushare_proto::{ByteSize, ControlClient, LeaseId, StatusReport};
+use gpushare_proto::{ByteSize, ControlClient, LeaseId, Priority, StatusReport};
 
 #[derive(Parser)]
 #[command(version, about = "Inspect and manage the gpushare arbiter")]
@@ -23,14 +23,23 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
-    /// GPUs and the leases on them.
+    /// GPUs, utilisation, leases by priority, memory used/quota, the queue and the watchdog's findings.
     Status {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
     },
+    /// The leases alone.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
     /// Release a lease by id (idempotent).
     Release { lease: String },
+    /// Place no new leases on a GPU (UUID or index); its leases stay.
+    Drain { gpu: String },
+    /// Place leases on a drained GPU again.
+    Undrain { gpu: String },
 }
 
 fn main() -> ExitCode {
@@ -64,6 +73,27 @@ fn run(args: Args) -> anyhow::Result<()> {
                 print!("{}", render_status(&report));
             }
         }
+        Command::List { json } => {
+            let leases = client.list()?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&leases).context("encoding leases")?
+                );
+            } else {
+                for l in leases {
+                    println!(
+                        "{} container={} gpus={} priority={} memory={} state={:?}",
+                        l.id,
+                        l.container_id,
+                        l.gpus.join(","),
+                        l.priority,
+                        ByteSize(l.memory_bytes),
+                        l.state
+                    );
+                }
+            }
+        }
         Command::Release { lease } => {
             let existed = client.release(LeaseId(lease.clone()))?;
             println!(
@@ -75,33 +105,110 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
             );
         }
+        Command::Drain { gpu } => println!("drained {}", client.drain(gpu, true)?),
+        Command::Undrain { gpu } => println!("undrained {}", client.drain(gpu, false)?),
     }
     Ok(())
 }
 
+fn percent(x: Option<f64>) -> String {
+    x.map(|u| format!("{:.0}%", u * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
 fn render_status(report: &StatusReport) -> String {
-    let mut out = String::from("GPUS\n");
+    let mut out = format!(
+        "INVENTORY {}  driver CUDA {}\n",
+        if report.inventory_source.is_empty() {
+            "?"
+        } else {
+            &report.inventory_source
+        },
+        report
+            .driver_cuda_version
+            .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
+            .unwrap_or_else(|| "-".into())
+    );
+    out += "GPUS\n";
     for g in &report.gpus {
+        let mut flags = String::new();
+        if g.drained {
+            flags += " drained";
+        }
+        if let Some(t) = &g.reserved_for {
+            flags += &format!(" reserved-for={t}");
+        }
         out += &format!(
-            "  {} {} {}  memory leased {} of {}\n",
+            "  {} {} {}  leased {} of {}  used {}  util(1m) {}{}\n",
             g.index,
             g.uuid,
             g.name,
             ByteSize(g.memory_leased),
-            ByteSize(g.memory_total)
+            ByteSize(g.memory_total),
+            g.memory_used
+                .map(|b| ByteSize(b).to_string())
+                .unwrap_or_else(|| "-".into()),
+            percent(g.utilization_last_minute),
+            flags
         );
     }
-    out += &format!("LEASES ({})\n", report.leases.len());
-    for l in &report.leases {
+    for priority in [Priority::High, Priority::Low] {
+        let leases: Vec<_> = report
+            .leases
+            .iter()
+            .filter(|l| l.priority == priority)
+            .collect();
+        out += &format!("LEASES {priority} ({})\n", leases.len());
+        for l in leases {
+            let usage = report.usage.iter().find(|u| u.lease == l.id);
+            out += &format!(
+                "  {} container={} gpus={} memory used {} of {} state={:?} pid={} clients={}\n",
+                l.id,
+                l.container_id,
+                l.gpus.join(","),
+                ByteSize(usage.map(|u| u.memory_used).unwrap_or(0)),
+                ByteSize(usage.map(|u| u.memory_quota).unwrap_or(l.memory_bytes)),
+                l.state,
+                l.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                usage
+                    .map(|u| u
+                        .clients
+                        .iter()
+                        .map(|c| c.pid.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","))
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| "-".into()),
+            );
+        }
+    }
+    out += &format!("QUEUE ({})\n", report.queue.len());
+    for q in &report.queue {
         out += &format!(
-            "  {} container={} gpus={} priority={} memory={} state={:?} pid={}\n",
-            l.id,
-            l.container_id,
-            l.gpus.join(","),
-            l.priority,
-            ByteSize(l.memory_bytes),
-            l.state,
-            l.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            "  {}. container={} priority={} memory={} gpu={} waited {}s\n",
+            q.position,
+            q.container_id,
+            q.priority,
+            q.memory
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "default".into()),
+            q.gpu,
+            q.waited_ms / 1000
+        );
+    }
+    out += &format!("VIOLATIONS ({})\n", report.violations.len());
+    for v in &report.violations {
+        out += &format!(
+            "  {:?} gpu={} pid={} lease={} memory={}{}{}\n",
+            v.kind,
+            v.gpu,
+            v.pid,
+            v.lease.as_ref().map(|l| l.0.as_str()).unwrap_or("-"),
+            ByteSize(v.memory_used),
+            v.memory_quota
+                .map(|q| format!(" quota={}", ByteSize(q)))
+                .unwrap_or_default(),
+            if v.killed { " killed" } else { "" }
         );
     }
     out

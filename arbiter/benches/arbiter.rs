@@ -1,0 +1,366 @@
+//! `cargo bench -p gpushare-arbiter`: prints medians; asserts nothing about speed.
+//!
+//! - placement: one decision over 16 GPUs carrying 64 leases (views rebuilt from
+//!   the lease table each time, as the daemon does);
+//! - commit: one durable lease change, append-only log vs rewriting the table;
+//! - reserve+release round trips per second over the control socket of the real
+//!   daemon (spawned binary, declared devices), 1 and 32 concurrent clients;
+//! - recovery of 1,000 leases: load, re-create 1,000 lease sockets, reconcile.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpushare_arbiter::inventory::DeclaredBackend;
+use gpushare_arbiter::placement::{self, GpuView, Policy};
+use gpushare_arbiter::store::{LeaseRecord, LeaseStore, Record, StoreOptions};
+use gpushare_config::{ArbiterConfig, DeclaredDevice};
+use gpushare_proto::{
+    ByteSize, ControlClient, Fraction, GpuSelector, Lease, LeaseId, LeaseState, MemoryRequest,
+    Priority, ReserveRequest,
+};
+
+const GI: u64 = 1 << 30;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn lease(i: usize, gpus: usize) -> Lease {
+    Lease {
+        id: LeaseId(format!("{i:016x}")),
+        container_id: format!("bench-{i}"),
+        sandbox_id: None,
+        gpus: vec![format!("GPU-{}", i % gpus)],
+        priority: if i.is_multiple_of(16) {
+            Priority::High
+        } else {
+            Priority::Low
+        },
+        memory_bytes: GI,
+        compute_request: Fraction::ZERO,
+        compute_limit: Fraction::ONE,
+        tenant: None,
+        state: LeaseState::Confirmed,
+        pid: Some(1),
+        created_unix_ms: 0,
+    }
+}
+
+fn bench_placement() {
+    const GPUS: usize = 16;
+    let uuids: Vec<String> = (0..GPUS).map(|i| format!("GPU-{i}")).collect();
+    let leases: Vec<Lease> = (0..64).map(|i| lease(i, GPUS)).collect();
+    let policy = Policy {
+        gpu_util_limit: 0.8,
+        low_nums_limit: 8,
+    };
+    let selector = GpuSelector::Count(1);
+    let decide = || {
+        let mut views: Vec<GpuView> = uuids
+            .iter()
+            .enumerate()
+            .map(|(i, u)| GpuView {
+                index: i as u32,
+                uuid: u,
+                memory_total: 80 * GI,
+                memory_leased: 0,
+                high_leases: 0,
+                low_leases: 0,
+                utilization: 0.5,
+                drained: false,
+                reserved_for: None,
+            })
+            .collect();
+        for l in &leases {
+            for g in &l.gpus {
+                if let Some(v) = views.iter_mut().find(|v| v.uuid == g) {
+                    v.memory_leased += l.memory_bytes;
+                    match l.priority {
+                        Priority::High => v.high_leases += 1,
+                        Priority::Low => v.low_leases += 1,
+                    }
+                }
+            }
+        }
+        let r = placement::Request {
+            priority: Priority::Low,
+            memory: MemoryRequest::Bytes(2 * GI),
+            gpu: &selector,
+            tenant: None,
+        };
+        placement::place(&r, &views, &policy).map(|p| p.gpus[0])
+    };
+    assert!(decide().is_ok());
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        let start = Instant::now();
+        for _ in 0..100 {
+            std::hint::black_box(decide()).ok();
+        }
+        samples.push(start.elapsed().as_secs_f64() / 100.0 * 1e6);
+    }
+    println!(
+        "placement, 16 GPUs x 64 leases: median {:.2} us per decision (target <= 100 us)",
+        median(samples)
+    );
+}
+
+fn bench_commit() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (store, _) = LeaseStore::open(dir.path(), StoreOptions::default()).unwrap();
+    let records: Vec<LeaseRecord> = (0..64)
+        .map(|i| LeaseRecord {
+            lease: lease(i, 16),
+            cgroup: None,
+            pid_start_time: None,
+        })
+        .collect();
+    let mut log_samples = Vec::new();
+    for r in records.iter().cycle().take(100) {
+        let start = Instant::now();
+        let t = store
+            .append(Record::Put {
+                lease: Box::new(r.clone()),
+            })
+            .unwrap();
+        store.wait_blocking(t).unwrap();
+        log_samples.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    // The first arbiter's way: rewrite the whole table, fsync it, rename, fsync the directory.
+    let mut rewrite_samples = Vec::new();
+    let leases: Vec<&Lease> = records.iter().map(|r| &r.lease).collect();
+    for _ in 0..100 {
+        let start = Instant::now();
+        let tmp = dir.path().join("rewrite.tmp");
+        let body = serde_json::to_vec_pretty(&leases).unwrap();
+        let mut f = std::fs::File::create(&tmp).unwrap();
+        std::io::Write::write_all(&mut f, &body).unwrap();
+        f.sync_all().unwrap();
+        std::fs::rename(&tmp, dir.path().join("rewrite.json")).unwrap();
+        std::fs::File::open(dir.path()).unwrap().sync_all().unwrap();
+        rewrite_samples.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    println!(
+        "one durable change with 64 leases: append-only log median {:.2} ms, whole-table rewrite median {:.2} ms",
+        median(log_samples),
+        median(rewrite_samples)
+    );
+}
+
+struct Daemon {
+    child: std::process::Child,
+    socket: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    _run: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The run directory on tmpfs, as `/run/gpushare` is in production (lease
+/// directories and sockets live there); the lease log on the disk, fsynced.
+fn run_dir_on_tmpfs() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gsb-run-")
+        .tempdir_in("/dev/shm")
+        .expect("a tmpfs at /dev/shm")
+}
+
+fn config_text(dir: &Path, run_dir: &Path, gpus: usize) -> String {
+    let mut text = format!(
+        "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nnvml_library = \"\"\nlow_nums_limit = 1000000\n",
+        run_dir.display(),
+        dir.join("state").display()
+    );
+    for i in 0..gpus {
+        text += &format!(
+            "[[arbiter.devices]]\nuuid = \"GPU-51a6d0e0-0000-4000-8000-{i:012x}\"\nmemory = \"1Ti\"\n"
+        );
+    }
+    text
+}
+
+fn start_daemon() -> Daemon {
+    let dir = tempfile::Builder::new()
+        .prefix("gsb-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let run = run_dir_on_tmpfs();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        config_text(dir.path(), run.path(), 4),
+    )
+    .unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_gpushare-arbiter"))
+        .arg("--config")
+        .arg(dir.path().join("config.toml"))
+        .env("GPUSHARE_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let socket = run.path().join("control.sock");
+    let start = Instant::now();
+    while ControlClient::connect(&socket, Duration::from_secs(5)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "daemon did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Daemon {
+        child,
+        socket,
+        _dir: dir,
+        _run: run,
+    }
+}
+
+fn round_trips(daemon: &Daemon, clients: usize, for_: Duration) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|t| {
+            let (socket, stop, done) = (daemon.socket.clone(), stop.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut c = ControlClient::connect(&socket, Duration::from_secs(30)).unwrap();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let lease = c
+                        .reserve(ReserveRequest {
+                            container_id: format!("rt-{t}-{i}"),
+                            sandbox_id: None,
+                            priority: Priority::Low,
+                            memory: Some(MemoryRequest::Bytes(1 << 20)),
+                            compute_request: Fraction::ZERO,
+                            compute_limit: Fraction::ONE,
+                            gpu: GpuSelector::Count(1),
+                            tenant: None,
+                        })
+                        .unwrap();
+                    c.release(lease.id).unwrap();
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(for_);
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn bench_round_trips() {
+    let daemon = start_daemon();
+    for clients in [1, 32] {
+        let rates: Vec<f64> = (0..3)
+            .map(|_| round_trips(&daemon, clients, Duration::from_secs(3)))
+            .collect();
+        println!(
+            "reserve+release round trips over the control socket, {clients} client(s): median {:.0}/s (target >= 5,000/s)",
+            median(rates)
+        );
+    }
+}
+
+fn bench_recovery() {
+    let dir = tempfile::Builder::new()
+        .prefix("gsr-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let run = run_dir_on_tmpfs();
+    let config = ArbiterConfig {
+        run_dir: run.path().to_owned(),
+        state_dir: dir.path().join("state"),
+        nvml_library: String::new(),
+        devices: (0..4)
+            .map(|i| DeclaredDevice {
+                uuid: format!("GPU-{i}"),
+                name: "bench".into(),
+                memory: ByteSize(1 << 40),
+            })
+            .collect(),
+        ..Default::default()
+    };
+    {
+        let (store, _) = LeaseStore::open(&config.state_dir, StoreOptions::default()).unwrap();
+        let me = std::process::id();
+        let mut last = None;
+        for i in 0..1000 {
+            let mut l = lease(i, 4);
+            l.pid = Some(me);
+            last = Some(
+                store
+                    .append(Record::Put {
+                        lease: Box::new(LeaseRecord {
+                            lease: l,
+                            cgroup: None,
+                            pid_start_time: None,
+                        }),
+                    })
+                    .unwrap(),
+            );
+        }
+        store.wait_blocking(last.unwrap()).unwrap();
+    }
+    gpushare_arbiter::daemon::raise_open_files_limit();
+    let backend = DeclaredBackend::new(&config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        let elapsed = runtime.block_on(async {
+            let start = Instant::now();
+            let shared = gpushare_arbiter::daemon::recover(&config, &backend).unwrap();
+            let elapsed = start.elapsed();
+            assert_eq!(gpushare_arbiter::server::lock(&shared).lease_count(), 1000);
+            assert!(run
+                .path()
+                .join("leases")
+                .join(format!("{:016x}", 999))
+                .join("arbiter.sock")
+                .exists());
+            drop(shared);
+            elapsed
+        });
+        samples.push(elapsed.as_secs_f64() * 1e3);
+    }
+    println!(
+        "recovery of 1,000 leases (load, 1,000 lease sockets, reconcile): median {:.1} ms (target <= 1 s)",
+        median(samples)
+    );
+}
+
+fn main() {
+    // `cargo test --benches` passes --bench-less flags; run everything only under `cargo bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    // GPUSHARE_BENCH=round_trips (etc.) runs one part only, e.g. under a profiler.
+    let only = std::env::var("GPUSHARE_BENCH").ok();
+    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if run("placement") {
+        bench_placement();
+    }
+    if run("commit") {
+        bench_commit();
+    }
+    if run("recovery") {
+        bench_recovery();
+    }
+    if run("round_trips") {
+        bench_round_trips();
+    }
+}

@@ -1,0 +1,78 @@
+//! Messages on a lease's own socket, `/run/gpushare/arbiter.sock` inside the
+//! container. The arbiter knows which lease a client belongs to from the socket
+//! it connected through, so no message names a lease.
+//!
+//! Order: `Hello` first; `Attach` before `Charge`/`Credit`; `Query` any time after
+//! `Hello`. Anything else closes the connection.
+
+use serde::{Deserialize, Serialize};
+
+use crate::lease::{LeaseId, LeaseState};
+use crate::message::ErrorKind;
+use crate::quantity::{Fraction, Priority};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum LeaseRequest {
+    Hello {
+        protocol: u32,
+    },
+    /// Registers this process (the arbiter takes its pid from SO_PEERCRED).
+    /// `memory_held` is what the process already holds: non-zero only when it
+    /// reconnects after an arbiter restart, so the ledger is rebuilt.
+    Attach {
+        memory_held: u64,
+    },
+    Query,
+    /// Ask to allocate `bytes` more device memory; refused beyond the quota.
+    Charge {
+        bytes: u64,
+    },
+    /// `bytes` of device memory were freed.
+    Credit {
+        bytes: u64,
+    },
+}
+
+/// The share a lease grants, and how much of its memory is in use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quota {
+    pub lease: LeaseId,
+    pub state: LeaseState,
+    pub gpus: Vec<String>,
+    pub priority: Priority,
+    pub memory_quota: u64,
+    /// Across every process of the lease.
+    pub memory_used: u64,
+    /// This connection's own share of `memory_used`.
+    pub memory_held: u64,
+    pub compute_request: Fraction,
+    pub compute_limit: Fraction,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum LeaseResponse {
+    Hello {
+        protocol: u32,
+    },
+    Attached {
+        /// Host pid the arbiter recorded for this connection.
+        pid: u32,
+        quota: Quota,
+    },
+    Quota(Quota),
+    /// `granted`: the bytes are now charged; otherwise nothing changed.
+    Charged {
+        granted: bool,
+        memory_used: u64,
+        memory_quota: u64,
+    },
+    Credited {
+        memory_used: u64,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+}

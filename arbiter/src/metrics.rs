@@ -1,0 +1,313 @@
+//! Prometheus text exposition: a pure renderer over the status report, and a
+//! tiny HTTP/1.0 responder (`GET /metrics`) for the configured local address.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use gpushare_proto::{LeaseState, Priority, StatusReport, ViolationKind};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u64>) -> String {
+    let mut out = String::new();
+    family(
+        &mut out,
+        "gpushare_gpu_memory_total_bytes",
+        "gauge",
+        "GPU memory.",
+    );
+    for g in &report.gpus {
+        let _ = writeln!(
+            out,
+            "gpushare_gpu_memory_total_bytes{{gpu=\"{}\",index=\"{}\"}} {}",
+            escape(&g.uuid),
+            g.index,
+            g.memory_total
+        );
+    }
+    family(
+        &mut out,
+        "gpushare_gpu_memory_leased_bytes",
+        "gauge",
+        "Sum of the memory quotas of the leases on the GPU.",
+    );
+    for g in &report.gpus {
+        let _ = writeln!(
+            out,
+            "gpushare_gpu_memory_leased_bytes{{gpu=\"{}\"}} {}",
+            escape(&g.uuid),
+            g.memory_leased
+        );
+    }
+    family(
+        &mut out,
+        "gpushare_gpu_memory_used_bytes",
+        "gauge",
+        "GPU memory in use as NVML reports it.",
+    );
+    for g in &report.gpus {
+        if let Some(used) = g.memory_used {
+            let _ = writeln!(
+                out,
+                "gpushare_gpu_memory_used_bytes{{gpu=\"{}\"}} {used}",
+                escape(&g.uuid)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "gpushare_gpu_utilization_ratio",
+        "gauge",
+        "Mean GPU utilisation over the last minute (0-1).",
+    );
+    for g in &report.gpus {
+        if let Some(u) = g.utilization_last_minute {
+            let _ = writeln!(
+                out,
+                "gpushare_gpu_utilization_ratio{{gpu=\"{}\"}} {u}",
+                escape(&g.uuid)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "gpushare_gpu_drained",
+        "gauge",
+        "1 when no new leases are placed on the GPU.",
+    );
+    for g in &report.gpus {
+        let _ = writeln!(
+            out,
+            "gpushare_gpu_drained{{gpu=\"{}\"}} {}",
+            escape(&g.uuid),
+            u8::from(g.drained)
+        );
+    }
+    family(
+        &mut out,
+        "gpushare_leases",
+        "gauge",
+        "Leases by priority and state.",
+    );
+    for priority in [Priority::High, Priority::Low] {
+        for state in [LeaseState::Reserved, LeaseState::Confirmed] {
+            let n = report
+                .leases
+                .iter()
+                .filter(|l| l.priority == priority && l.state == state)
+                .count();
+            let state = if state == LeaseState::Reserved {
+                "reserved"
+            } else {
+                "confirmed"
+            };
+            let _ = writeln!(
+                out,
+                "gpushare_leases{{priority=\"{priority}\",state=\"{state}\"}} {n}"
+            );
+        }
+    }
+    family(
+        &mut out,
+        "gpushare_lease_memory_used_bytes",
+        "gauge",
+        "GPU memory charged to the lease by its processes.",
+    );
+    for u in &report.usage {
+        let _ = writeln!(
+            out,
+            "gpushare_lease_memory_used_bytes{{lease=\"{}\"}} {}",
+            escape(&u.lease.0),
+            u.memory_used
+        );
+    }
+    family(
+        &mut out,
+        "gpushare_lease_memory_quota_bytes",
+        "gauge",
+        "The lease's memory quota.",
+    );
+    for u in &report.usage {
+        let _ = writeln!(
+            out,
+            "gpushare_lease_memory_quota_bytes{{lease=\"{}\"}} {}",
+            escape(&u.lease.0),
+            u.memory_quota
+        );
+    }
+    family(
+        &mut out,
+        "gpushare_queue_length",
+        "gauge",
+        "Requests waiting in the admission queue.",
+    );
+    for priority in [Priority::High, Priority::Low] {
+        let n = report
+            .queue
+            .iter()
+            .filter(|q| q.priority == priority)
+            .count();
+        let _ = writeln!(out, "gpushare_queue_length{{priority=\"{priority}\"}} {n}");
+    }
+    family(
+        &mut out,
+        "gpushare_watchdog_violations",
+        "gauge",
+        "Violations seen by the watchdog's latest pass.",
+    );
+    for (kind, name) in [
+        (ViolationKind::Unregistered, "unregistered"),
+        (ViolationKind::OverQuota, "over_quota"),
+    ] {
+        let n = report.violations.iter().filter(|v| v.kind == kind).count();
+        let _ = writeln!(out, "gpushare_watchdog_violations{{kind=\"{name}\"}} {n}");
+    }
+    family(
+        &mut out,
+        "gpushare_watchdog_violations_total",
+        "counter",
+        "Violations seen by the watchdog, summed over its passes.",
+    );
+    for name in ["unregistered", "over_quota"] {
+        let n = violation_totals.get(name).copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "gpushare_watchdog_violations_total{{kind=\"{name}\"}} {n}"
+        );
+    }
+    out
+}
+
+/// Serves `GET /metrics` with whatever `report` returns; anything else is a 404.
+/// Each connection gets one answer and is closed (HTTP/1.0), with a bounded
+/// request size and time, so a stuck client cannot hold anything.
+pub async fn serve<F>(listener: TcpListener, report: F)
+where
+    F: Fn() -> String + Send + Sync + Clone + 'static,
+{
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let report = report.clone();
+        tokio::spawn(async move {
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+            })
+            .await;
+            if read.is_err() {
+                return;
+            }
+            let line = String::from_utf8_lossy(&request);
+            let path_ok = line.starts_with("GET /metrics ") || line.starts_with("GET /metrics?");
+            let (status, body) = if path_ok {
+                ("200 OK", report())
+            } else {
+                ("404 Not Found", "not found: try GET /metrics\n".to_owned())
+            };
+            let answer = format!(
+                "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_proto::{Fraction, GpuStatus, Lease, LeaseId, LeaseUsage, Violation};
+
+    #[test]
+    fn renders_gpus_leases_queue_and_violations() {
+        let report = StatusReport {
+            gpus: vec![GpuStatus {
+                index: 0,
+                uuid: "GPU-0".into(),
+                name: "t".into(),
+                memory_total: 100,
+                memory_leased: 40,
+                memory_used: Some(30),
+                utilization_last_minute: Some(0.5),
+                drained: false,
+                reserved_for: None,
+            }],
+            leases: vec![Lease {
+                id: LeaseId("l1".into()),
+                container_id: "c".into(),
+                sandbox_id: None,
+                gpus: vec!["GPU-0".into()],
+                priority: Priority::High,
+                memory_bytes: 40,
+                compute_request: Fraction::ZERO,
+                compute_limit: Fraction::ONE,
+                tenant: None,
+                state: LeaseState::Confirmed,
+                pid: Some(1),
+                created_unix_ms: 0,
+            }],
+            driver_cuda_version: None,
+            inventory_source: "declared".into(),
+            usage: vec![LeaseUsage {
+                lease: LeaseId("l1".into()),
+                memory_used: 12,
+                memory_quota: 40,
+                clients: vec![],
+                cgroup: None,
+            }],
+            queue: vec![],
+            violations: vec![Violation {
+                kind: ViolationKind::Unregistered,
+                gpu: "GPU-0".into(),
+                pid: 9,
+                lease: None,
+                memory_used: 1,
+                memory_quota: None,
+                killed: false,
+            }],
+        };
+        let mut totals = BTreeMap::new();
+        totals.insert("unregistered", 3);
+        let text = render(&report, &totals);
+        for line in [
+            "gpushare_gpu_memory_total_bytes{gpu=\"GPU-0\",index=\"0\"} 100",
+            "gpushare_gpu_memory_leased_bytes{gpu=\"GPU-0\"} 40",
+            "gpushare_gpu_memory_used_bytes{gpu=\"GPU-0\"} 30",
+            "gpushare_gpu_utilization_ratio{gpu=\"GPU-0\"} 0.5",
+            "gpushare_leases{priority=\"high\",state=\"confirmed\"} 1",
+            "gpushare_leases{priority=\"low\",state=\"reserved\"} 0",
+            "gpushare_lease_memory_used_bytes{lease=\"l1\"} 12",
+            "gpushare_queue_length{priority=\"high\"} 0",
+            "gpushare_watchdog_violations{kind=\"unregistered\"} 1",
+            "gpushare_watchdog_violations_total{kind=\"unregistered\"} 3",
+            "gpushare_watchdog_violations_total{kind=\"over_quota\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+    }
+}

@@ -1,0 +1,170 @@
+//! The real NVML path, against the simulated GPU's libnvidia-ml.so.1: inventory,
+//! driver CUDA version, utilisation sampling, and the watchdog catching a process
+//! that uses a shared GPU without registering (and killing it when configured).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use common::*;
+use gpushare_proto::ViolationKind;
+
+const GI: u64 = 1 << 30;
+
+fn target_dir() -> PathBuf {
+    Path::new(ARBITER).parent().unwrap().to_owned()
+}
+
+fn simgpu_built() -> (PathBuf, PathBuf) {
+    let nvml = target_dir().join("libnvidia_ml.so");
+    let cuda = target_dir().join("libcuda.so");
+    let workload = target_dir().join("simgpu-workload");
+    for p in [&nvml, &cuda, &workload] {
+        assert!(
+            p.exists(),
+            "{} missing: cargo build -p simgpu-libnvml -p simgpu-libcuda -p simgpu-workload",
+            p.display()
+        );
+    }
+    (nvml, workload)
+}
+
+/// A CUDA program on GPU 0 that never talks to the arbiter (it "bypassed the interposer").
+fn rogue_workload(sim_dir: &Path, lib_dir: &Path, workload: &Path) -> Child {
+    Command::new(workload)
+        .args([
+            "--device",
+            "0",
+            "--memory",
+            "1073741824",
+            "--kernels",
+            "4",
+            "--kernel",
+            "fixed:1ms",
+        ])
+        .args(["--gap", "1ms", "--duration", "60s"])
+        .env("SIMGPU_DIR", sim_dir)
+        .env("LD_LIBRARY_PATH", lib_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The daemon, the simulated GPU's state directory and library directory (and
+/// the temporary directory holding both, removed when dropped).
+fn nvml_daemon(kill: bool) -> (Daemon, PathBuf, PathBuf, tempfile::TempDir) {
+    let (nvml, _) = simgpu_built();
+    let tmp = tempfile::Builder::new()
+        .prefix("gss-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let sim = tmp.path().to_owned();
+    let lib_dir = sim.join("lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    std::fs::copy(
+        target_dir().join("libcuda.so"),
+        lib_dir.join("libcuda.so.1"),
+    )
+    .unwrap();
+    std::fs::copy(&nvml, lib_dir.join("libnvidia-ml.so.1")).unwrap();
+    let extra = format!(
+        "nvml_library = \"{}\"\nwatchdog_interval_ms = 200\nwatchdog_kill = {kill}\n",
+        lib_dir.join("libnvidia-ml.so.1").display()
+    );
+    let sim_dir = sim.join("state");
+    let d = Daemon::start_with_env(
+        0,
+        "16Gi",
+        &extra,
+        &[
+            ("SIMGPU_DIR", sim_dir.to_str().unwrap()),
+            ("SIMGPU_GPUS", "2"),
+            ("SIMGPU_MEMORY", "16Gi"),
+        ],
+    );
+    (d, sim_dir, lib_dir, tmp)
+}
+
+#[test]
+fn inventory_utilisation_and_driver_version_come_from_nvml() {
+    let (d, _sim, _lib, _tmp) = nvml_daemon(false);
+    let mut c = d.client();
+    let status = c.status().unwrap();
+    assert_eq!(status.inventory_source, "nvml", "{}", d.log());
+    assert_eq!(status.gpus.len(), 2);
+    assert_eq!(status.gpus[1].uuid, sim_uuid(1));
+    assert_eq!(status.gpus[0].memory_total, 16 * GI);
+    assert_eq!(status.driver_cuda_version, Some(12080));
+    wait_until("a utilisation sample", Duration::from_secs(20), || {
+        c.status()
+            .unwrap()
+            .gpus
+            .iter()
+            .all(|g| g.utilization_last_minute.is_some() && g.memory_used.is_some())
+    });
+    let lease = c
+        .reserve(request("n", "25%", gpushare_proto::Priority::Low))
+        .unwrap();
+    assert_eq!(
+        lease.memory_bytes,
+        4 * GI,
+        "a fraction resolves against NVML's memory"
+    );
+}
+
+#[test]
+fn the_watchdog_reports_an_unregistered_process() {
+    let (d, sim, lib, _tmp) = nvml_daemon(false);
+    let (_, workload) = simgpu_built();
+    let mut rogue = rogue_workload(&sim, &lib, &workload);
+    let mut c = d.client();
+    wait_until(
+        "the watchdog to report the rogue process",
+        Duration::from_secs(30),
+        || {
+            c.status().unwrap().violations.iter().any(|v| {
+                v.kind == ViolationKind::Unregistered
+                    && v.pid == rogue.id()
+                    && v.gpu == sim_uuid(0)
+                    && !v.killed
+            })
+        },
+    );
+    let text = String::from_utf8_lossy(&d.ctl(&["status"]).stdout).into_owned();
+    assert!(
+        text.contains(&format!(
+            "Unregistered gpu={} pid={}",
+            sim_uuid(0),
+            rogue.id()
+        )),
+        "{text}"
+    );
+    assert!(
+        rogue.try_wait().unwrap().is_none(),
+        "reported, not killed, by default"
+    );
+    let _ = rogue.kill();
+    let _ = rogue.wait();
+}
+
+#[test]
+fn the_watchdog_kills_an_unregistered_process_when_configured() {
+    let (d, sim, lib, _tmp) = nvml_daemon(true);
+    let (_, workload) = simgpu_built();
+    let mut rogue = rogue_workload(&sim, &lib, &workload);
+    let mut exited = None;
+    wait_until(
+        "the watchdog to kill the rogue process",
+        Duration::from_secs(30),
+        || {
+            exited = rogue.try_wait().unwrap();
+            exited.is_some()
+        },
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(exited.unwrap().signal(), Some(9), "killed by SIGKILL");
+    assert!(d.log().contains("watchdog killed the process"));
+}
