@@ -527,15 +527,12 @@ mod tests {
         let mut spec = json!({"process": {"env": []}});
         apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
         let status = gpushare_proto::StatusReport {
-            gpus: vec![],
             leases: vec![lease()],
+            ..Default::default()
         };
         assert!(marker_is_genuine(&spec, "c1", &status));
         assert!(!marker_is_genuine(&spec, "someone-else", &status));
-        let empty = gpushare_proto::StatusReport {
-            gpus: vec![],
-            leases: vec![],
-        };
+        let empty = gpushare_proto::StatusReport::default();
         assert!(!marker_is_genuine(&spec, "c1", &empty));
     }
 
