@@ -60,18 +60,23 @@ pub fn is_marked(spec: &Value) -> bool {
 }
 
 /// A marked spec is genuine only if its lease annotation names a lease the
-/// arbiter granted to this very container; otherwise someone copied gpushare's
-/// annotations to skip gpushare (and a `void` policy with it).
+/// arbiter granted to this very container, or a still-pending one (podman's
+/// precreate hook edited the spec before the container had an id; the
+/// createRuntime hook binds it). Otherwise someone copied gpushare's annotations
+/// to skip gpushare (and a `void` policy with it). A pending lease's id is 64
+/// random bits written only into the spec it was reserved for.
 pub fn marker_is_genuine(
     spec: &Value,
     container_id: &str,
     status: &gpushare_proto::StatusReport,
 ) -> bool {
     let claimed = lease_annotation(spec).unwrap_or("");
-    status
-        .leases
-        .iter()
-        .any(|l| l.id.0 == claimed && l.container_id == container_id)
+    status.leases.iter().any(|l| {
+        l.id.0 == claimed
+            && (l.container_id == container_id
+                || l.container_id
+                    .starts_with(gpushare_proto::message::PENDING_PREFIX))
+    })
 }
 
 pub fn lease_annotation(spec: &Value) -> Option<&str> {
@@ -532,6 +537,14 @@ mod tests {
         };
         assert!(marker_is_genuine(&spec, "c1", &status));
         assert!(!marker_is_genuine(&spec, "someone-else", &status));
+        // podman's precreate hook, then gpushare-runc as its runtime: the lease is still pending.
+        let mut pending = lease();
+        pending.container_id = format!("{}5eed", gpushare_proto::message::PENDING_PREFIX);
+        let status_pending = gpushare_proto::StatusReport {
+            leases: vec![pending],
+            ..Default::default()
+        };
+        assert!(marker_is_genuine(&spec, "podman-ctr", &status_pending));
         let empty = gpushare_proto::StatusReport::default();
         assert!(!marker_is_genuine(&spec, "c1", &empty));
     }

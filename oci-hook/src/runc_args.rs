@@ -11,8 +11,20 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-/// Global flags of runc that take a value.
-const GLOBAL_VALUE_FLAGS: &[&str] = &["root", "log", "log-format", "criu", "rootless"];
+/// Global flags of runc that take a value, and gpushare's own.
+const GLOBAL_VALUE_FLAGS: &[&str] = &[
+    "root",
+    "log",
+    "log-format",
+    "criu",
+    "rootless",
+    GPUSHARE_CONFIG_FLAG,
+];
+/// `--gpushare-config PATH`: gpushare-runc's own global flag, removed before the
+/// command line is handed on. Engines that do not pass their environment to the
+/// runtime (podman through conmon) can set it with `--runtime-flag`, docker with
+/// `runtimeArgs`.
+pub const GPUSHARE_CONFIG_FLAG: &str = "gpushare-config";
 /// Flags of `create`, `run` and `exec` that take a value.
 const COMMAND_VALUE_FLAGS: &[&str] = &[
     "bundle",
@@ -51,6 +63,31 @@ pub struct Invocation {
     /// `--log`: where containerd's shim looks for runc's last error.
     pub log: Option<PathBuf>,
     pub log_format_json: bool,
+    pub gpushare_config: Option<PathBuf>,
+}
+
+/// Removes `--gpushare-config` (both `--flag value` and `--flag=value`, one or
+/// two dashes) from the global flags, leaving every other argument as it was.
+pub fn strip_gpushare_flags(args: &[OsString]) -> Vec<OsString> {
+    let subcommand = scan(args).subcommand_index.unwrap_or(args.len());
+    let mut kept = Vec::with_capacity(args.len());
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].to_string_lossy();
+        let name = arg.trim_start_matches('-');
+        let dashed = arg.starts_with('-');
+        if i < subcommand && dashed && name == GPUSHARE_CONFIG_FLAG {
+            i += 2;
+            continue;
+        }
+        if i < subcommand && dashed && name.starts_with(&format!("{GPUSHARE_CONFIG_FLAG}=")) {
+            i += 1;
+            continue;
+        }
+        kept.push(args[i].clone());
+        i += 1;
+    }
+    kept
 }
 
 /// `args` excludes the program name.
@@ -88,6 +125,7 @@ pub fn scan(args: &[OsString]) -> Invocation {
             match (in_command, name, value) {
                 (false, "log", Some(v)) => inv.log = Some(v.into()),
                 (false, "log-format", Some(v)) => inv.log_format_json = v == "json",
+                (false, GPUSHARE_CONFIG_FLAG, Some(v)) => inv.gpushare_config = Some(v.into()),
                 (true, "bundle" | "b", Some(v)) => inv.bundle = Some(v.into()),
                 (true, "process" | "p", Some(v)) => inv.process = Some(v.into()),
                 _ => {}
@@ -160,6 +198,36 @@ mod tests {
         assert_eq!(inv.process, Some(PathBuf::from("/tmp/p.json")));
         assert_eq!(inv.container_id.as_deref(), Some("cid"));
         assert_eq!(inv.bundle, None);
+    }
+
+    #[test]
+    fn gpushare_config_flag_is_read_and_stripped() {
+        let args: Vec<OsString> =
+            "--root /r --gpushare-config /etc/g.toml exec --process p.json id --gpushare-config x"
+                .split_whitespace()
+                .map(OsString::from)
+                .collect();
+        let inv = scan(&args);
+        assert_eq!(inv.gpushare_config, Some(PathBuf::from("/etc/g.toml")));
+        assert_eq!(inv.subcommand.as_deref(), Some("exec"));
+        let kept: Vec<String> = strip_gpushare_flags(&args)
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        // The command's own arguments are not ours to touch, even if they look alike.
+        assert_eq!(
+            kept.join(" "),
+            "--root /r exec --process p.json id --gpushare-config x"
+        );
+        let eq: Vec<OsString> = ["-gpushare-config=/c.toml", "create", "x"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(scan(&eq).gpushare_config, Some(PathBuf::from("/c.toml")));
+        assert_eq!(
+            strip_gpushare_flags(&eq),
+            vec![OsString::from("create"), OsString::from("x")]
+        );
     }
 
     #[test]

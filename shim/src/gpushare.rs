@@ -38,6 +38,9 @@ pub enum GpushareError {
         container_id: String,
         marker: &'static str,
     },
+    /// The image needs a newer CUDA than the host driver provides.
+    #[error(transparent)]
+    Incompatible(#[from] gpushare_oci::cuda_compat::CompatError),
     #[error("exec process spec is not JSON: {0}")]
     ExecSpec(serde_json::Error),
 }
@@ -47,7 +50,9 @@ impl GpushareError {
     pub fn is_invalid_request(&self) -> bool {
         matches!(
             self,
-            GpushareError::Request(_) | GpushareError::ForgedMarker { .. }
+            GpushareError::Request(_)
+                | GpushareError::ForgedMarker { .. }
+                | GpushareError::Incompatible(_)
         )
     }
 }
@@ -109,6 +114,9 @@ pub fn prepare_create(container_id: &str, bundle_dir: &Path) -> Result<Prepared,
         config.arbiter.client_timeout(),
     )
     .map_err(arbiter_error)?;
+    // Before anything is reserved: an image the driver cannot run is refused here.
+    let driver = client.status().map_err(arbiter_error)?.driver_cuda_version;
+    gpushare_oci::cuda_compat::check_spec(&spec, driver)?;
     let lease = client
         .reserve(wanted.into_reserve(container_id.to_owned(), layout::sandbox_id(&spec)))
         .map_err(arbiter_error)?;

@@ -157,6 +157,11 @@ fn precreate(
     };
     let pending_id = format!("{PENDING_PREFIX}{}", random_hex()?);
     let mut client = connect()?;
+    let driver = client
+        .status()
+        .map_err(|e| e.to_string())?
+        .driver_cuda_version;
+    gpushare_oci::cuda_compat::check_spec(&spec, driver).map_err(|e| e.to_string())?;
     let lease = client
         .reserve(wanted.into_reserve(pending_id, None))
         .map_err(|e| e.to_string())?;

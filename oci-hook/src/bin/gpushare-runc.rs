@@ -13,13 +13,15 @@ use std::process::{Command, ExitCode};
 use gpushare_config::{Config, Unrequested};
 use gpushare_oci::bundle::BundleSpec;
 use gpushare_oci::runc_args::{self, Invocation};
-use gpushare_oci::{mutate, request};
+use gpushare_oci::{cuda_compat, mutate, request};
 use gpushare_proto::ControlClient;
 use serde_json::Value;
 
 fn main() -> ExitCode {
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let invocation = runc_args::scan(&args);
+    let given: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let invocation = runc_args::scan(&given);
+    // What the next runtime sees: the command line without gpushare's own flag.
+    let args = runc_args::strip_gpushare_flags(&given);
     match run(&args, &invocation) {
         Ok(code) => code,
         Err(message) => {
@@ -30,7 +32,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &[OsString], inv: &Invocation) -> Result<ExitCode, String> {
-    let (config, _) = Config::load_default().map_err(|e| e.to_string())?;
+    let config = match &inv.gpushare_config {
+        Some(path) => Config::load(path).map_err(|e| e.to_string())?,
+        None => Config::load_default().map_err(|e| e.to_string())?.0,
+    };
     let runtime = next_runtime(&config.runtime.runtimes)?;
     match inv.subcommand.as_deref() {
         Some("create") | Some("run") => create(args, inv, &config, &runtime),
@@ -92,6 +97,12 @@ fn create(
     let socket = config.arbiter.control_socket();
     let timeout = config.arbiter.client_timeout();
     let mut client = ControlClient::connect(&socket, timeout).map_err(|e| e.to_string())?;
+    // Before anything is reserved: an image the driver cannot run is refused here.
+    let driver = client
+        .status()
+        .map_err(|e| e.to_string())?
+        .driver_cuda_version;
+    cuda_compat::check_spec(&spec, driver).map_err(|e| format!("container {container_id}: {e}"))?;
     let lease = client
         .reserve(wanted.into_reserve(container_id.clone(), sandbox_id))
         .map_err(|e| format!("container {container_id}: {e}"))?;
@@ -121,9 +132,11 @@ fn create(
 /// `exec --process <file>` (how containerd's shim and so `docker exec` run
 /// processes): the exec process gets the container's injected environment.
 fn exec(args: &[OsString], inv: &Invocation, runtime: &Path) -> Result<ExitCode, String> {
-    let (Some(process_file), Some(container_id), Some(index)) =
-        (&inv.process, &inv.container_id, inv.subcommand_index)
-    else {
+    let (Some(process_file), Some(container_id), Some(index)) = (
+        &inv.process,
+        &inv.container_id,
+        runc_args::scan(args).subcommand_index,
+    ) else {
         // `runc exec <id> <command…>` without a process file: nothing to edit.
         return Err(format!(
             "cannot run {}: {}",

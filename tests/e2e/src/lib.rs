@@ -121,6 +121,9 @@ pub struct ArbiterOptions {
     pub gpus: u32,
     pub memory: &'static str,
     pub extra: &'static str,
+    /// Some(CUDA version as NVML encodes it, e.g. "12020"): the arbiter takes its
+    /// inventory through the simulated GPU's NVML instead of declared devices.
+    pub simulated_driver: Option<&'static str>,
 }
 
 impl Default for ArbiterOptions {
@@ -129,6 +132,7 @@ impl Default for ArbiterOptions {
             gpus: 2,
             memory: "16Gi",
             extra: "",
+            simulated_driver: None,
         }
     }
 }
@@ -136,8 +140,36 @@ impl Default for ArbiterOptions {
 impl Arbiter {
     pub fn start(dir: &Path, options: ArbiterOptions) -> Arbiter {
         let run_dir = dir.join("run");
+        let mut simulated_env: Vec<(&str, String)> = Vec::new();
+        let mut nvml = String::from("nvml_library = \"\"\n");
+        if let Some(cuda) = options.simulated_driver {
+            let libs = dir.join("simgpu-lib");
+            let profile = bin_dir()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let install =
+                Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../simgpu/install.sh"))
+                    .arg(&libs)
+                    .arg(&profile)
+                    .env("CARGO_TARGET_DIR", bin_dir().parent().unwrap())
+                    .status()
+                    .unwrap();
+            assert!(install.success(), "tests/simgpu/install.sh failed");
+            nvml = format!(
+                "nvml_library = \"{}\"\n",
+                libs.join("libnvidia-ml.so.1").display()
+            );
+            simulated_env = vec![
+                ("SIMGPU_DIR", dir.join("simgpu").display().to_string()),
+                ("SIMGPU_GPUS", options.gpus.to_string()),
+                ("SIMGPU_MEMORY", options.memory.to_string()),
+                ("SIMGPU_CUDA_VERSION", cuda.to_string()),
+            ];
+        }
         let mut config = format!(
-            "[arbiter]\nrun_dir = \"{run}\"\nstate_dir = \"{state}\"\nclient_timeout_ms = 5000\n\n\
+            "[arbiter]\n{nvml}run_dir = \"{run}\"\nstate_dir = \"{state}\"\nclient_timeout_ms = 5000\n\n\
              [runtime]\nruntimes = [\"runc\"]\nlibrary = \"{lib}\"\nhook = \"{hook}\"\n\n",
             run = run_dir.display(),
             state = dir.join("state").display(),
@@ -160,6 +192,7 @@ impl Arbiter {
             .arg(&config_path)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
+            .envs(simulated_env)
             .spawn()
             .expect("start gpushare-arbiter");
         let arbiter = Arbiter {
@@ -386,13 +419,21 @@ pub struct Podman {
     pub dir: PathBuf,
     hooks_dir: PathBuf,
     conf: PathBuf,
+    runtime: PathBuf,
+    gpushare_config: PathBuf,
 }
 
 pub const PODMAN: &str = "/usr/bin/podman";
 pub const PODMAN_IMAGE: &str = "localhost/busybox:e2e";
 
 impl Podman {
+    /// podman with runc as its runtime and gpushare's precreate hook.
     pub fn start(dir: &Path, gpushare_config: &Path) -> Podman {
+        Self::with_runtime(dir, gpushare_config, Path::new("runc"))
+    }
+
+    /// podman with another runtime (e.g. gpushare-runc), the precreate hook still installed.
+    pub fn with_runtime(dir: &Path, gpushare_config: &Path, runtime: &Path) -> Podman {
         let dir = dir.join("podman");
         let hooks_dir = dir.join("hooks.d");
         std::fs::create_dir_all(&hooks_dir).unwrap();
@@ -421,6 +462,8 @@ impl Podman {
             dir: dir.clone(),
             hooks_dir,
             conf,
+            runtime: runtime.to_owned(),
+            gpushare_config: gpushare_config.to_owned(),
         };
         let rootfs = dir.join("image-rootfs");
         busybox_rootfs(&rootfs);
@@ -459,8 +502,17 @@ impl Podman {
             .arg(self.dir.join("tmp"))
             .arg("--hooks-dir")
             .arg(&self.hooks_dir)
-            .args(["--storage-driver", "vfs", "--runtime", "runc"])
-            .args(args);
+            .args(["--storage-driver", "vfs", "--runtime"])
+            .arg(&self.runtime);
+        if self.runtime != Path::new("runc") {
+            // podman (through conmon) does not pass its environment on to the
+            // runtime: gpushare-runc takes its configuration as a runtime flag.
+            c.arg("--runtime-flag").arg(format!(
+                "gpushare-config={}",
+                self.gpushare_config.display()
+            ));
+        }
+        c.args(args);
         c
     }
 

@@ -292,3 +292,112 @@ fn a_crashed_container_releases_its_lease() {
     );
     assert_eq!(arbiter.lease_dirs(), 0);
 }
+
+/// Runs a detached sleeping container with the given `-e` requests; returns (id, its GPU).
+fn place(docker: &Dockerd, arbiter: &Arbiter, requests: &[&str]) -> (String, String) {
+    let mut args = vec!["run", "-d", "--runtime", "gpushare"];
+    for r in requests {
+        args.extend(["-e", r]);
+    }
+    args.extend([IMAGE, "sleep", "600"]);
+    let id = docker.ok(&args).trim().to_owned();
+    let gpu = arbiter
+        .leases()
+        .into_iter()
+        .find(|l| l["container_id"] == id.as_str())
+        .map(|l| l["gpus"][0].as_str().unwrap().to_owned())
+        .expect("a lease for the container");
+    let env = env_map(&docker.ok(&["exec", &id, "env"]));
+    assert_eq!(
+        env["NVIDIA_VISIBLE_DEVICES"], gpu,
+        "the container sees the GPU its lease names"
+    );
+    (id, gpu)
+}
+
+#[test]
+fn high_and_low_priority_containers_land_where_algorithm_1_says() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+
+    let (_, high_a) = place(
+        &docker,
+        &arbiter,
+        &["GPUSHARE_PRIORITY=high", "GPUSHARE_MEMORY=4Gi"],
+    );
+    // Low priority soaks up a busy GPU's idle time rather than taking an unused GPU.
+    let (_, low_b) = place(
+        &docker,
+        &arbiter,
+        &["GPUSHARE_PRIORITY=low", "GPUSHARE_MEMORY=4Gi"],
+    );
+    assert_eq!(low_b, high_a);
+    // At most one high-priority job per GPU.
+    let (_, high_c) = place(
+        &docker,
+        &arbiter,
+        &["GPUSHARE_PRIORITY=high", "GPUSHARE_MEMORY=4Gi"],
+    );
+    assert_ne!(high_c, high_a);
+    // Among GPUs with a high-priority job, the one with fewer low-priority jobs.
+    let (_, low_d) = place(
+        &docker,
+        &arbiter,
+        &["GPUSHARE_PRIORITY=low", "GPUSHARE_MEMORY=4Gi"],
+    );
+    assert_eq!(low_d, high_c);
+    assert_eq!(arbiter.leases().len(), 4);
+}
+
+#[test]
+fn image_needing_a_newer_cuda_than_the_driver_is_rejected() {
+    require_root();
+    let dir = scratch();
+    // The (simulated) driver supports CUDA 12.2.
+    let options = ArbiterOptions {
+        simulated_driver: Some("12020"),
+        ..Default::default()
+    };
+    let arbiter = Arbiter::start(dir.path(), options);
+    assert_eq!(arbiter.status()["driver_cuda_version"], 12020);
+    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+
+    let out = docker.docker(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "gpushare",
+        "-e",
+        "GPUSHARE_MEMORY=1Gi",
+        "-e",
+        "CUDA_VERSION=12.4.1",
+        IMAGE,
+        "true",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("CUDA_VERSION=12.4.1") && stderr.contains("CUDA 12.2"),
+        "names both versions: {stderr}"
+    );
+    assert!(arbiter.leases().is_empty(), "nothing reserved");
+
+    let ok = docker.ok(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "gpushare",
+        "-e",
+        "GPUSHARE_MEMORY=1Gi",
+        "-e",
+        "NVIDIA_REQUIRE_CUDA=cuda>=12.0",
+        IMAGE,
+        "true",
+    ]);
+    assert!(ok.is_empty());
+    wait_until("the lease to be released", Duration::from_secs(15), || {
+        arbiter.leases().is_empty()
+    });
+}

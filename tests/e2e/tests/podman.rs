@@ -142,3 +142,97 @@ fn podman_crashed_container_releases_its_lease() {
         arbiter.leases().is_empty()
     });
 }
+
+#[test]
+fn podman_high_and_low_priority_containers_land_where_algorithm_1_says() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let podman = Podman::start(dir.path(), &arbiter.config_path);
+
+    let place = |priority: &str| -> String {
+        let annotation = format!("gpushare.io/priority={priority}");
+        let id = podman
+            .ok(&[
+                &RUN[..],
+                &[
+                    "-d",
+                    "--annotation",
+                    &annotation,
+                    "--annotation",
+                    "gpushare.io/memory=4Gi",
+                ],
+                &[PODMAN_IMAGE, "sleep", "600"],
+            ]
+            .concat())
+            .trim()
+            .to_owned();
+        let mut gpu = String::new();
+        wait_until(
+            "the lease to be bound to the container",
+            Duration::from_secs(15),
+            || match arbiter
+                .leases()
+                .into_iter()
+                .find(|l| l["container_id"] == id.as_str())
+            {
+                Some(l) => {
+                    gpu = l["gpus"][0].as_str().unwrap().to_owned();
+                    true
+                }
+                None => false,
+            },
+        );
+        gpu
+    };
+    let high_a = place("high");
+    assert_eq!(place("low"), high_a, "low priority joins the busy GPU");
+    let high_c = place("high");
+    assert_ne!(high_c, high_a, "one high-priority job per GPU");
+    assert_eq!(place("low"), high_c, "the GPU with fewer low-priority jobs");
+}
+
+/// `podman exec` builds its process from podman's own copy of the spec, which the
+/// precreate hook's edits never reach; with gpushare-runc as podman's runtime the
+/// exec process is patched like docker's.
+#[test]
+fn podman_exec_sees_the_environment_with_gpushare_runc_as_runtime() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let podman = Podman::with_runtime(dir.path(), &arbiter.config_path, &bin("gpushare-runc"));
+
+    let id = podman
+        .ok(&[
+            &RUN[..],
+            &[
+                "-d",
+                "--annotation",
+                "gpushare.io/memory=1Gi",
+                "-e",
+                "NVIDIA_VISIBLE_DEVICES=all",
+            ],
+            &[PODMAN_IMAGE, "sleep", "600"],
+        ]
+        .concat())
+        .trim()
+        .to_owned();
+    wait_until("the lease to be confirmed", Duration::from_secs(15), || {
+        arbiter
+            .leases()
+            .first()
+            .is_some_and(|l| l["state"] == "confirmed" && l["container_id"] == id.as_str())
+    });
+    let lease = arbiter.leases().remove(0);
+    let env = env_map(&podman.ok(&["exec", &id, "env"]));
+    assert_eq!(
+        env["NVIDIA_VISIBLE_DEVICES"],
+        lease["gpus"][0].as_str().unwrap()
+    );
+    assert_eq!(env["GPUSHARE_LEASE"], lease["id"].as_str().unwrap());
+    assert_eq!(env["LD_PRELOAD"], "/usr/local/gpushare/libgpushare.so");
+    podman.ok(&["rm", "-f", "-t", "0", &id]);
+    wait_until("the lease to be released", Duration::from_secs(15), || {
+        arbiter.leases().is_empty()
+    });
+}
