@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, from the distribution's packages,
 # when it is missing: containerd, runc, docker.io (dockerd 20.10 on Debian 12),
-# busybox-static (the root filesystem of every test container).
+# podman, busybox-static (the root filesystem of every test container).
 set -euo pipefail
 
 need_packages=()
@@ -11,6 +11,7 @@ have /usr/bin/ctr || need_packages+=(containerd)
 have /usr/sbin/runc || have /usr/bin/runc || need_packages+=(runc)
 have /usr/sbin/dockerd || need_packages+=(docker.io)
 have /usr/bin/docker || need_packages+=(docker.io)
+have /usr/bin/podman || need_packages+=(podman)
 # The image's busybox must be static: the test containers hold nothing else.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need_packages+=(busybox-static); fi
 have tar || need_packages+=(tar)
