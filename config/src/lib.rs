@@ -479,9 +479,22 @@ mod snippet_tests {
                 Some("gpushare.io/*"),
                 "{file}"
             );
+            // Either the gpushare shim (containerd 1.6/1.7, tested end to end there) or
+            // gpushare-runc as runc's binary (containerd 2.x, whose runc shim we cannot
+            // run here); never neither, which would silently bypass gpushare.
+            let shim = runtime["runtime_path"].as_str();
+            let binary = runtime
+                .get("options")
+                .and_then(|o| o.get("BinaryName"))
+                .and_then(|b| b.as_str());
+            assert!(
+                shim == Some("/usr/local/bin/containerd-shim-gpushare-v2")
+                    || binary == Some("/usr/local/bin/gpushare-runc"),
+                "{file}: runtime_path {shim:?}, BinaryName {binary:?}"
+            );
             assert_eq!(
-                runtime["options"]["BinaryName"].as_str(),
-                Some("/usr/local/bin/gpushare-runc"),
+                runtime["runtime_type"].as_str(),
+                Some("io.containerd.runc.v2"),
                 "{file}"
             );
         }
