@@ -482,7 +482,7 @@ mod snippet_tests {
             // Either the gpushare shim (containerd 1.6/1.7, tested end to end there) or
             // gpushare-runc as runc's binary (containerd 2.x, whose runc shim we cannot
             // run here); never neither, which would silently bypass gpushare.
-            let shim = runtime["runtime_path"].as_str();
+            let shim = runtime.get("runtime_path").and_then(|p| p.as_str());
             let binary = runtime
                 .get("options")
                 .and_then(|o| o.get("BinaryName"))
