@@ -23,6 +23,7 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 # --- GPUs: the real ones when an NVIDIA driver answers, simulated ones otherwise.
 devices=""
 simulated=""
+nvml=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   say "NVIDIA driver found: sharing the real GPUs"
   while IFS=, read -r uuid name mem; do
@@ -33,6 +34,10 @@ else
   simulated=1
   mkdir -p "$work/simgpu-lib" "$work/simgpu"
   "$(dirname "$0")/../tests/simgpu/install.sh" "$work/simgpu-lib" "$(basename "$BIN")" >/dev/null
+  # The arbiter takes its inventory, utilisation and process list through the simulated
+  # GPU's NVML: the same code path as on a real node.
+  nvml="nvml_library = \"$work/simgpu-lib/libnvidia-ml.so.1\""
+  export SIMGPU_DIR="$work/simgpu" SIMGPU_GPUS=2 SIMGPU_MEMORY=16Gi
   for i in 0 1; do
     devices+=$'\n'"[[arbiter.devices]]"$'\n'"uuid = \"GPU-51a6d0e0-0000-4000-8000-00000000000$i\""$'\n'"name = \"simulated GPU $i\""$'\n'"memory = \"16Gi\""$'\n'
   done
@@ -42,6 +47,7 @@ cat > "$work/config.toml" <<TOML
 [arbiter]
 run_dir = "$work/run"
 state_dir = "$work/state"
+$nvml
 
 [runtime]
 runtimes = ["nvidia-container-runtime", "runc"]
@@ -138,8 +144,12 @@ if [ -n "$simulated" ]; then
   The interposer (libgpushare.so) is still inert, so today the GPU time-slices between the
   two jobs as the hardware would: the high-priority job slows down. The time-slice scheduler
   (its own issue) is what will keep it near its alone figures.
+  For the same reason the jobs never register with the arbiter, and its watchdog lists them
+  under VIOLATIONS as processes that bypass gpushare (reported only: watchdog_kill is off).
 NOTE
 fi
 
+# One watchdog pass (every 2 s) so the status no longer lists the exited processes.
+sleep 2.5
 say "gpusharectl status after both exited (their leases are released)"
 "$BIN/gpusharectl" status
