@@ -9,11 +9,6 @@ use gpushare_e2e::*;
 
 const RUNS: usize = 20;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2] + v[(v.len() - 1) / 2]) / 2.0
-}
-
 fn main() {
     require_root();
     let dir = scratch();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{bin_dir, busybox_rootfs, wait_until};
+use crate::{bin_dir, busybox_rootfs, unmount_under, wait_until};
 
 pub const CONTAINERD: &str = "/usr/bin/containerd";
 pub const CTR: &str = "/usr/bin/ctr";
@@ -216,13 +216,7 @@ impl Drop for Containerd {
                 .arg(pid.to_string())
                 .status();
         }
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "grep -o ' {}/[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l",
-                self.dir.display()
-            ))
-            .status();
+        unmount_under(&self.dir);
     }
 }
 

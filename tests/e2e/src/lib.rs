@@ -301,28 +301,10 @@ impl Dockerd {
         wait_until("dockerd to answer", Duration::from_secs(60), || {
             d.docker(&["version"]).status.success()
         });
-        let rootfs = dir.join("image-rootfs");
-        busybox_rootfs(&rootfs);
-        let mut tar = Command::new("tar")
-            .arg("-C")
-            .arg(&rootfs)
-            .args(["-c", "."])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let import = d
-            .command(&["import", "-", IMAGE])
-            .stdin(tar.stdout.take().unwrap())
-            .output()
-            .unwrap();
-        assert!(
-            tar.wait().unwrap().success(),
-            "tar of the busybox rootfs failed"
-        );
-        assert!(
-            import.status.success(),
-            "docker import: {}",
-            String::from_utf8_lossy(&import.stderr)
+        import_busybox_image(
+            &dir.join("image-rootfs"),
+            d.command(&["import", "-", IMAGE]),
+            "docker import",
         );
         d
     }
@@ -394,14 +376,51 @@ impl Drop for Dockerd {
         let _ = self.child.kill();
         let _ = self.child.wait();
         // Anything dockerd left mounted under the private directory must go before it is deleted.
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "grep -o ' {}/[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l",
-                self.dir.display()
-            ))
-            .status();
+        unmount_under(&self.dir);
     }
+}
+
+/// Builds a busybox root filesystem at `rootfs` and streams it as a tar into
+/// `import` (`docker import - IMAGE`, `podman import - IMAGE`): no registry here.
+pub fn import_busybox_image(rootfs: &Path, mut import: Command, what: &str) {
+    busybox_rootfs(rootfs);
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(rootfs)
+        .args(["-c", "."])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = import.stdin(tar.stdout.take().unwrap()).output().unwrap();
+    assert!(
+        tar.wait().unwrap().success(),
+        "tar of the busybox rootfs failed"
+    );
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Lazily unmounts everything a daemon left mounted below `dir`, deepest first,
+/// so the temporary directory can be deleted.
+pub fn unmount_under(dir: &Path) {
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "grep -o ' {}/[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l",
+            dir.display()
+        ))
+        .status();
+}
+
+/// Median of samples (mean of the two middle ones for an even count).
+pub fn median(mut samples: Vec<f64>) -> f64 {
+    assert!(!samples.is_empty(), "median of nothing");
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    (samples[n / 2] + samples[(n - 1) / 2]) / 2.0
 }
 
 /// `KEY=value` lines into (key, value) pairs.
@@ -465,28 +484,10 @@ impl Podman {
             runtime: runtime.to_owned(),
             gpushare_config: gpushare_config.to_owned(),
         };
-        let rootfs = dir.join("image-rootfs");
-        busybox_rootfs(&rootfs);
-        let mut tar = Command::new("tar")
-            .arg("-C")
-            .arg(&rootfs)
-            .args(["-c", "."])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let import = podman
-            .command(&["import", "-", PODMAN_IMAGE])
-            .stdin(tar.stdout.take().unwrap())
-            .output()
-            .unwrap();
-        assert!(
-            tar.wait().unwrap().success(),
-            "tar of the busybox rootfs failed"
-        );
-        assert!(
-            import.status.success(),
-            "podman import: {}",
-            String::from_utf8_lossy(&import.stderr)
+        import_busybox_image(
+            &dir.join("image-rootfs"),
+            podman.command(&["import", "-", PODMAN_IMAGE]),
+            "podman import",
         );
         podman
     }
@@ -534,12 +535,6 @@ impl Podman {
 impl Drop for Podman {
     fn drop(&mut self) {
         let _ = self.command(&["rm", "-a", "-f", "-t", "0"]).output();
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "grep -o ' {}/[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l",
-                self.dir.display()
-            ))
-            .status();
+        unmount_under(&self.dir);
     }
 }
