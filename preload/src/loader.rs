@@ -56,7 +56,10 @@ extern "C" fn no_symbol(_: *mut c_void, _: *const c_char) -> *mut c_void {
 }
 
 /// Calls glibc's `dlsym` from this library (so `RTLD_NEXT` means "after libgpushare").
-pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+///
+/// # Safety
+/// `handle` is a handle from `dlopen` or a pseudo-handle (`RTLD_NEXT`, `RTLD_DEFAULT`).
+pub unsafe fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     // SAFETY: real_dlsym_address returns glibc's dlsym (or a stub with its signature).
     let f: DlsymFn = unsafe { std::mem::transmute(real_dlsym_address()) };
     // SAFETY: a valid handle or pseudo-handle, and a NUL-terminated name.
@@ -96,6 +99,9 @@ mod export {
     /// `RTLD_NEXT` ((void *)-1): save the arguments, fetch the real `dlsym`, restore
     /// and jump (the stack is as the caller left it, so glibc sees the caller's return
     /// address). Anything else: tail-jump to the substituting lookup.
+    ///
+    /// # Safety
+    /// glibc's contract for `dlsym`.
     #[unsafe(no_mangle)]
     #[unsafe(naked)]
     pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
@@ -125,6 +131,9 @@ mod export {
 
     /// Portable fallback: `RTLD_NEXT` lookups made through it search after
     /// libgpushare instead of after their caller.
+    ///
+    /// # Safety
+    /// glibc's contract for `dlsym`.
     #[unsafe(no_mangle)]
     pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         dlsym_substituting(handle, symbol)
@@ -148,10 +157,12 @@ pub fn find_in_driver(library: Library, name: &CStr) -> Option<*mut c_void> {
     let handle = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
     let mut found = std::ptr::null_mut();
     if !handle.is_null() {
-        found = real_dlsym(handle, name);
+        // SAFETY: a handle dlopen just returned.
+        found = unsafe { real_dlsym(handle, name) };
     }
     if found.is_null() {
-        found = real_dlsym(libc::RTLD_NEXT, name);
+        // SAFETY: RTLD_NEXT is a pseudo-handle.
+        found = unsafe { real_dlsym(libc::RTLD_NEXT, name) };
     }
     let ours = Hook::from_exact_name(name.to_bytes()).map(Hook::wrapper);
     (!found.is_null() && Some(found) != ours).then_some(found)
