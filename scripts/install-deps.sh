@@ -29,6 +29,23 @@ if [ ${#need_packages[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_packages[@]}" >/dev/null
 fi
 
+# libgpushare.so is linked against an old glibc (2.28) so it loads into any usual CUDA
+# image: cargo-zigbuild with zig as the linker, both from PyPI (zig ships glibc stubs
+# for every version). objdump (binutils, above) checks the result.
+if ! command -v cargo-zigbuild >/dev/null 2>&1 || ! { command -v zig >/dev/null 2>&1 || python3 -m ziglang version >/dev/null 2>&1; }; then
+  if ! command -v python3 >/dev/null 2>&1; then
+    if [ "$(id -u)" -ne 0 ]; then echo "missing python3 (for ziglang and cargo-zigbuild from PyPI)" >&2; exit 1; fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3 python3-pip >/dev/null
+  fi
+  echo "installing: ziglang cargo-zigbuild (PyPI)"
+  python3 -m pip install -q ziglang cargo-zigbuild 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages ziglang cargo-zigbuild
+  hash -r
+  command -v cargo-zigbuild >/dev/null 2>&1 || { echo "cargo-zigbuild is not on PATH after pip install" >&2; exit 1; }
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   cat >&2 <<'MSG'
 cargo not found. gpushare builds with the Rust toolchain pinned in rust-toolchain.toml;
