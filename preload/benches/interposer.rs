@@ -40,7 +40,8 @@ extern "C" fn stub_launch(
     _: *mut *mut c_void,
     _: *mut *mut c_void,
 ) -> CUresult {
-    black_box(f) as CUresult & 0
+    black_box(f);
+    0
 }
 
 #[inline(never)]
@@ -70,7 +71,21 @@ fn time_launch(f: LaunchFn, n: u64) -> f64 {
     let start = Instant::now();
     for i in 0..n {
         // SAFETY: the stub ignores its pointer arguments.
-        unsafe { f(i as Handle, 1, 1, 1, 32, 1, 1, 0, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
+        unsafe {
+            f(
+                i as Handle,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
     }
     start.elapsed().as_nanos() as f64 / n as f64
 }
@@ -96,7 +111,10 @@ fn in_process() {
         direct.push(time_launch(stub_launch, n));
         wrapped.push(time_launch(gpushare::hooks::launch::cuLaunchKernel, n));
         direct_tm.push(time_total_mem(stub_total_mem, n));
-        wrapped_tm.push(time_total_mem(gpushare::hooks::info::cuDeviceTotalMem_v2, n));
+        wrapped_tm.push(time_total_mem(
+            gpushare::hooks::info::cuDeviceTotalMem_v2,
+            n,
+        ));
     }
     let (d, w) = (median(direct), median(wrapped));
     println!("in process, cuLaunchKernel (gate + forward):      direct {d:6.2} ns  wrapped {w:6.2} ns  added {:6.2} ns per call (target <= 100)", w - d);
@@ -113,7 +131,18 @@ fn profile_dir() -> PathBuf {
 fn end_to_end() {
     let target = profile_dir();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "-q", "--release", "-p", "simgpu-libcuda", "-p", "simgpu-libnvml", "-p", "gpushare-preload", "--target-dir"])
+        .args([
+            "build",
+            "-q",
+            "--release",
+            "-p",
+            "simgpu-libcuda",
+            "-p",
+            "simgpu-libnvml",
+            "-p",
+            "gpushare-preload",
+            "--target-dir",
+        ])
         .arg(target.parent().unwrap())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
@@ -121,12 +150,13 @@ fn end_to_end() {
     assert!(status.success());
     let libs = tempfile::tempdir().unwrap();
     let sim = tempfile::tempdir().unwrap();
-    let status = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/simgpu/install.sh"))
-        .arg(libs.path())
-        .arg("release")
-        .env("CARGO_TARGET_DIR", target.parent().unwrap())
-        .status()
-        .unwrap();
+    let status =
+        Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/simgpu/install.sh"))
+            .arg(libs.path())
+            .arg("release")
+            .env("CARGO_TARGET_DIR", target.parent().unwrap())
+            .status()
+            .unwrap();
     assert!(status.success());
     let library = std::env::var_os("GPUSHARE_PRELOAD_LIB")
         .map(PathBuf::from)
@@ -143,16 +173,30 @@ fn end_to_end() {
         }
         if lease {
             // Active: launches never reach the arbiter, so none is needed here.
-            cmd.env("GPUSHARE_LEASE", "bench").env("GPUSHARE_SOCKET", "/nonexistent");
+            cmd.env("GPUSHARE_LEASE", "bench")
+                .env("GPUSHARE_SOCKET", "/nonexistent");
         }
         let out = cmd.output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-        text.split("ns_per_call=").nth(1).unwrap().trim().parse().unwrap()
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.split("ns_per_call=")
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
     };
     for (step, lease, what) in [
         ("bench-launch", true, "cuLaunchKernel, active lease"),
-        ("bench-totalmem", false, "cuDeviceTotalMem_v2, inert (driver pointer)"),
+        (
+            "bench-totalmem",
+            false,
+            "cuDeviceTotalMem_v2, inert (driver pointer)",
+        ),
     ] {
         let (mut bare, mut with) = (vec![], vec![]);
         for _ in 0..RUNS {
