@@ -293,6 +293,47 @@ fn cu_get_proc_address_honours_version_and_flags() {
 }
 
 #[test]
+fn rtld_next_lookups_stay_relative_to_their_caller() {
+    let mut m = Machine::start();
+    let lease = m.lease("64Mi");
+    // glibc finds the caller from the return address: the exported dlsym jumps to the
+    // real one for RTLD_NEXT, so the probe's lookup searches after the probe, where
+    // the preloaded library is. Forwarded from inside libgpushare, it would find libc.
+    let s = run(&mut m.probe(
+        Some(&lease),
+        &["next", "dlsym", "next", "cuMemAlloc_v2", "next", "malloc"],
+    ));
+    assert_eq!(s.value("next", 0, "via"), "libgpushare.so:dlsym");
+    assert_eq!(s.value("next", 1, "via"), "libgpushare.so:cuMemAlloc_v2");
+    assert!(
+        s.value("next", 2, "via").starts_with("libc.so"),
+        "{}",
+        s.nth("next", 2)
+    );
+    let bare = run(&mut m.bare_probe(&["next", "dlsym"]));
+    assert!(bare.value("next", 0, "via").starts_with("libc.so"));
+}
+
+#[test]
+fn programs_linked_against_libcuda_are_caught_by_the_exported_names() {
+    let mut m = Machine::start();
+    let lease = m.lease("64Mi");
+    // The first call of the export resolves the driver's function itself (no
+    // dlsym or cuGetProcAddress lookup of it happened before).
+    let s = run(&mut m.probe(
+        Some(&lease),
+        &["linked-alloc", "40Mi", "linked-alloc", "40Mi", "meminfo"],
+    ));
+    assert_eq!(
+        s.value("linked-alloc", 0, "via"),
+        "libgpushare.so:cuMemAlloc_v2"
+    );
+    assert_eq!(s.result("linked-alloc", 0), "CUDA_SUCCESS", "{}", s.stderr);
+    assert_eq!(s.result("linked-alloc", 1), "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(s.number("meminfo", 0, "free"), 24 * MI);
+}
+
+#[test]
 fn the_ptsz_wrapper_reaches_the_per_thread_stream() {
     let mut m = Machine::start();
     let lease = m.lease("64Mi");

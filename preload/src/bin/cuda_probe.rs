@@ -5,10 +5,10 @@
 //! command line, printing one line per step: `<step> <CUDA result> [key=value ...]`.
 //!
 //! Options: `--cuda-version N` (default 12040), `--ptds` (per-thread default stream).
-//! Steps: `alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
+//! Steps: `alloc B`, `linked-alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
 //! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
-//! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `nvml-meminfo`,
+//! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-getinfo N`.
 #![allow(clippy::missing_transmute_annotations)]
 
@@ -314,6 +314,20 @@ fn run_step(
                 p.held.push(Held::Device(ptr));
             }
             p.report(step, rc, &format!("bytes={bytes}"));
+        }
+        "linked-alloc" => {
+            // What a program linked with -lcuda does: its `cuMemAlloc_v2` reference is
+            // bound through the global scope, where the preloaded library comes first.
+            let bytes = num(args) as usize;
+            // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the global scope.
+            let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cuMemAlloc_v2".as_ptr()) };
+            let f: unsafe extern "C" fn(*mut Ptr, usize) -> R = unsafe { std::mem::transmute(sym) };
+            let mut ptr = 0;
+            let rc = unsafe { f(&mut ptr, bytes) };
+            if rc == 0 {
+                p.held.push(Held::Device(ptr));
+            }
+            p.report(step, rc, &format!("bytes={bytes} via={}", who(sym)));
         }
         "pitch" => {
             let (w, h) = (num(args) as usize, num(args) as usize);
@@ -643,6 +657,15 @@ fn run_step(
             let cname = CString::new(name.clone()).unwrap();
             // SAFETY: a live handle and a NUL-terminated name.
             let ptr = unsafe { libc::dlsym(c.handle, cname.as_ptr()) };
+            p.report(step, 0, &format!("name={name} via={}", who(ptr)));
+        }
+        "next" => {
+            // dlsym(RTLD_NEXT) searches after the *calling* object: from this program,
+            // the preloaded library comes next.
+            let name = args.next().unwrap_or_else(|| fatal("next NAME"));
+            let cname = CString::new(name.clone()).unwrap();
+            // SAFETY: a pseudo-handle and a NUL-terminated name.
+            let ptr = unsafe { libc::dlsym(libc::RTLD_NEXT, cname.as_ptr()) };
             p.report(step, 0, &format!("name={name} via={}", who(ptr)));
         }
         "wait" => {
