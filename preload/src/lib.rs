@@ -42,6 +42,10 @@ pub mod symbols;
 /// nothing.
 extern "C" fn on_load() {
     guard::quietly(|| {
+        // Find glibc's dlsym now: where the GLIBC_2.34 version is missing (glibc < 2.34)
+        // the failed lookup allocates its error message, which must not happen inside
+        // a later dlsym call (a malloc replacement's own lookups would re-enter it).
+        loader::resolve_real_dlsym();
         let settings = config::Settings::from_environment();
         log::set_level(settings.log);
         if config::install(settings) {

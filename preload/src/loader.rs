@@ -51,6 +51,11 @@ extern "C" fn real_dlsym_address() -> *mut c_void {
     found
 }
 
+/// Resolves glibc's `dlsym` ahead of any lookup (called from the constructor).
+pub fn resolve_real_dlsym() {
+    real_dlsym_address();
+}
+
 extern "C" fn no_symbol(_: *mut c_void, _: *const c_char) -> *mut c_void {
     std::ptr::null_mut()
 }

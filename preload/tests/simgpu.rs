@@ -77,6 +77,55 @@ fn every_allocation_path_with_the_per_thread_default_stream() {
 }
 
 #[test]
+fn destroying_a_pool_credits_its_cache_and_keeps_its_live_blocks_charged() {
+    let mut m = Machine::start();
+    let lease = m.lease("64Mi");
+    let s = run(&mut m.probe(
+        Some(&lease),
+        &[
+            "pool-async",
+            "40Mi",
+            "pool-destroy",
+            "meminfo",
+            "free-all",
+            "meminfo",
+        ],
+    ));
+    assert_eq!(s.result("pool-destroy", 0), "CUDA_SUCCESS");
+    assert_eq!(
+        s.number("meminfo", 0, "free"),
+        24 * MI,
+        "the live block still holds the device"
+    );
+    assert_eq!(
+        s.number("meminfo", 1, "free"),
+        64 * MI,
+        "freed after its pool was destroyed"
+    );
+    let s = run(&mut m.probe(
+        Some(&lease),
+        &[
+            "pool-async",
+            "40Mi",
+            "free-all",
+            "meminfo",
+            "pool-destroy",
+            "meminfo",
+        ],
+    ));
+    assert_eq!(
+        s.number("meminfo", 0, "free"),
+        24 * MI,
+        "freed blocks stay reserved in the pool"
+    );
+    assert_eq!(
+        s.number("meminfo", 1, "free"),
+        64 * MI,
+        "destroying the pool gives its cache back"
+    );
+}
+
+#[test]
 fn a_refused_allocation_allocates_nothing_and_the_process_can_retry() {
     let mut m = Machine::start();
     let lease = m.lease("64Mi");
