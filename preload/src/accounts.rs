@@ -624,6 +624,35 @@ mod tests {
     }
 
     #[test]
+    fn a_fork_child_starts_from_fresh_accounts_and_its_own_connection() {
+        let (_d, path) = fake_arbiter(1000);
+        crate::config::install(crate::config::Settings {
+            lease: Some("l".into()),
+            socket: path,
+            log: crate::log::Level::Off,
+        });
+        let parent = {
+            let mut a = lock().expect("active");
+            assert_eq!(a.allocate_device(100, "t", || Ok(1)), CUDA_SUCCESS);
+            assert_eq!(a.link.held(), 100);
+            &*a as *const Accounts
+        };
+        // What the pthread_atfork child handler does; a lock held elsewhere at the
+        // fork would not matter: the child never touches the parent's mutex again.
+        let held_elsewhere = lock().expect("active");
+        crate::fork::in_child_for_tests();
+        let mut child = lock().expect("active");
+        assert_ne!(&*child as *const Accounts, parent, "fresh accounts");
+        assert_eq!(child.link.held(), 0, "the parent's memory is the parent's");
+        assert_eq!(
+            child.allocate_device(100, "t", || Ok(2)),
+            CUDA_SUCCESS,
+            "its own connection works"
+        );
+        drop(held_elsewhere);
+    }
+
+    #[test]
     fn failed_allocation_is_credited_back() {
         let (_d, path) = fake_arbiter(100);
         let mut a = Accounts::new(LeaseLink::new(path));

@@ -15,6 +15,12 @@ extern "C" fn in_child() {
     crate::gate::reset_after_fork();
 }
 
+/// The child handler, for the unit tests (which cannot fork a test harness).
+#[cfg(test)]
+pub fn in_child_for_tests() {
+    in_child();
+}
+
 pub fn install_handlers() {
     INSTALLED.call_once(|| {
         // SAFETY: registers a handler with the signature pthread_atfork expects.
