@@ -193,9 +193,10 @@ fn end_to_end() {
     for (step, lease, what) in [
         ("bench-launch", true, "cuLaunchKernel, active lease"),
         (
-            "bench-totalmem",
+            // Inert, looked up as a linked program binds it: the exported wrapper forwards.
+            "bench-linked-totalmem",
             false,
-            "cuDeviceTotalMem_v2, inert (driver pointer)",
+            "cuDeviceTotalMem_v2, pass-through export",
         ),
     ] {
         let (mut bare, mut with) = (vec![], vec![]);

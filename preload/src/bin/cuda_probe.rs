@@ -9,7 +9,7 @@
 //! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
-//! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-getinfo N`.
+//! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`.
 #![allow(clippy::missing_transmute_annotations)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
@@ -698,9 +698,20 @@ fn run_step(
             unsafe { sync() };
             p.report(step, 0, &format!("ns_per_call={ns:.1}"));
         }
-        "bench-totalmem" => {
+        "bench-totalmem" | "bench-linked-totalmem" => {
             let n = num(args);
-            let f: unsafe extern "C" fn(*mut usize, c_int) -> R = c.get("cuDeviceTotalMem");
+            let f: unsafe extern "C" fn(*mut usize, c_int) -> R = if step == "bench-totalmem" {
+                c.get("cuDeviceTotalMem")
+            } else {
+                // As a program linked with -lcuda binds it: the preloaded export, if any.
+                // SAFETY: a NUL-terminated name; the symbol has this signature.
+                unsafe {
+                    std::mem::transmute(libc::dlsym(
+                        libc::RTLD_DEFAULT,
+                        c"cuDeviceTotalMem_v2".as_ptr(),
+                    ))
+                }
+            };
             let mut total = 0;
             let start = Instant::now();
             for _ in 0..n {
