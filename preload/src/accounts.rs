@@ -434,7 +434,9 @@ fn instance() -> Option<&'static Mutex<Accounts>> {
         return Some(unsafe { &*current });
     }
     let socket = crate::config::get()?.socket.clone();
-    let fresh = Box::into_raw(Box::new(Mutex::new(Accounts::new(LeaseLink::new(socket)))));
+    let fresh = Box::into_raw(Box::new(Mutex::new(Accounts::new(LeaseLink::for_process(
+        socket,
+    )))));
     match CURRENT.compare_exchange(
         std::ptr::null_mut(),
         fresh,

@@ -175,6 +175,9 @@ pub struct LeaseLink {
     held: u64,
     last: Option<QuotaView>,
     backoff: Backoff,
+    /// The process's own link publishes its descriptor for a fork child to close;
+    /// other links (tests) leave CONNECTION_FD alone.
+    publishes_fd: bool,
 }
 
 impl LeaseLink {
@@ -185,6 +188,15 @@ impl LeaseLink {
             held: 0,
             last: None,
             backoff: Backoff::new(),
+            publishes_fd: false,
+        }
+    }
+
+    /// The link of the process's accounts (the one a fork child must close).
+    pub fn for_process(socket: PathBuf) -> LeaseLink {
+        LeaseLink {
+            publishes_fd: true,
+            ..LeaseLink::new(socket)
         }
     }
 
@@ -199,7 +211,9 @@ impl LeaseLink {
 
     fn drop_connection(&mut self) {
         if self.connection.is_some() {
-            CONNECTION_FD.store(-1, Ordering::Release);
+            if self.publishes_fd {
+                CONNECTION_FD.store(-1, Ordering::Release);
+            }
             self.connection = None;
         }
     }
@@ -251,7 +265,9 @@ impl LeaseLink {
                     view.used,
                     self.held
                 );
-                CONNECTION_FD.store(c.stream.as_raw_fd(), Ordering::Release);
+                if self.publishes_fd {
+                    CONNECTION_FD.store(c.stream.as_raw_fd(), Ordering::Release);
+                }
                 self.connection = Some(c);
                 self.last = Some(view);
                 Ok(())

@@ -54,3 +54,129 @@ gated!(
 gated!(cuLaunchGrid(Launch::Legacy; f: Handle, grid_width: c_int, grid_height: c_int));
 gated!(cuLaunchGridAsync(Launch::Legacy; f: Handle, grid_width: c_int, grid_height: c_int,
     stream: Handle));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbols::{record_real, Hook};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static SEEN: AtomicUsize = AtomicUsize::new(0);
+
+    extern "C" fn legacy(f: Handle) -> CUresult {
+        SEEN.store(f, Ordering::SeqCst);
+        7
+    }
+    extern "C" fn grid(f: Handle, w: c_int, h: c_int) -> CUresult {
+        SEEN.store(f + (w * 10 + h) as usize, Ordering::SeqCst);
+        8
+    }
+    extern "C" fn grid_async(f: Handle, w: c_int, h: c_int, stream: Handle) -> CUresult {
+        SEEN.store(f + (w * 10 + h) as usize + stream, Ordering::SeqCst);
+        9
+    }
+    extern "C" fn graph(exec: Handle, stream: Handle) -> CUresult {
+        SEEN.store(exec * 100 + stream, Ordering::SeqCst);
+        10
+    }
+    extern "C" fn ex(config: *const LaunchConfig, f: Handle, _: Params, _: Params) -> CUresult {
+        // SAFETY: the test passes a valid config.
+        SEEN.store(f + unsafe { (*config).stream }, Ordering::SeqCst);
+        11
+    }
+    extern "C" fn coop(
+        f: Handle,
+        gx: c_uint,
+        _: c_uint,
+        _: c_uint,
+        bx: c_uint,
+        _: c_uint,
+        _: c_uint,
+        _: c_uint,
+        stream: Handle,
+        _: Params,
+    ) -> CUresult {
+        SEEN.store(
+            f + gx as usize * 10 + bx as usize + stream,
+            Ordering::SeqCst,
+        );
+        12
+    }
+
+    /// Each gated wrapper reaches the driver function of its own variant with the
+    /// caller's arguments and returns its answer (the ABI is the declared one).
+    #[test]
+    #[allow(clippy::fn_to_numeric_cast_any)]
+    fn every_gated_wrapper_forwards_its_arguments() {
+        let p = |f: *const ()| f as *mut c_void;
+        record_real(Hook::cuLaunch, p(legacy as *const ()));
+        record_real(Hook::cuLaunchGrid, p(grid as *const ()));
+        record_real(Hook::cuLaunchGridAsync, p(grid_async as *const ()));
+        record_real(Hook::cuGraphLaunch, p(graph as *const ()));
+        record_real(Hook::cuGraphLaunch_ptsz, p(graph as *const ()));
+        record_real(Hook::cuLaunchKernelEx, p(ex as *const ()));
+        record_real(Hook::cuLaunchKernelEx_ptsz, p(ex as *const ()));
+        record_real(Hook::cuLaunchCooperativeKernel, p(coop as *const ()));
+        record_real(Hook::cuLaunchCooperativeKernel_ptsz, p(coop as *const ()));
+        let null: Params = std::ptr::null_mut();
+        let config = LaunchConfig {
+            grid_dim: [1; 3],
+            block_dim: [1; 3],
+            shared_mem_bytes: 0,
+            stream: 5,
+            attrs: std::ptr::null_mut(),
+            num_attrs: 0,
+        };
+        // SAFETY: every stub ignores or checks its pointers.
+        unsafe {
+            assert_eq!((cuLaunch(1000), SEEN.load(Ordering::SeqCst)), (7, 1000));
+            assert_eq!(
+                (cuLaunchGrid(1000, 2, 3), SEEN.load(Ordering::SeqCst)),
+                (8, 1023)
+            );
+            assert_eq!(
+                (
+                    cuLaunchGridAsync(1000, 2, 3, 4),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (9, 1027)
+            );
+            assert_eq!(
+                (cuGraphLaunch(3, 4), SEEN.load(Ordering::SeqCst)),
+                (10, 304)
+            );
+            assert_eq!(
+                (cuGraphLaunch_ptsz(4, 5), SEEN.load(Ordering::SeqCst)),
+                (10, 405)
+            );
+            assert_eq!(
+                (
+                    cuLaunchKernelEx(&config, 1000, null, null),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (11, 1005)
+            );
+            assert_eq!(
+                (
+                    cuLaunchKernelEx_ptsz(&config, 2000, null, null),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (11, 2005)
+            );
+            assert_eq!(
+                (
+                    cuLaunchCooperativeKernel(1000, 2, 1, 1, 3, 1, 1, 0, 4, null),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (12, 1027)
+            );
+            assert_eq!(
+                (
+                    cuLaunchCooperativeKernel_ptsz(2000, 2, 1, 1, 3, 1, 1, 0, 4, null),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (12, 2027)
+            );
+        }
+    }
+}
