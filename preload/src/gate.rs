@@ -16,9 +16,11 @@ pub const HELD_FOREVER: u64 = u64::MAX;
 
 static TOKEN_DEADLINE_NS: AtomicU64 = AtomicU64::new(HELD_FOREVER);
 
-/// What is being submitted (for the scheduler's accounting; graph launches are
-/// gated here, the launches captured into them are not: a captured launch runs
-/// nothing).
+/// What is being submitted (for the scheduler's accounting). Launches made while
+/// their stream is being captured pass here too, though they run nothing until
+/// their graph is launched: the scheduler's slow path must let them through
+/// (`cuStreamIsCapturing`) and gate the `cuGraphLaunch` instead. The fast path
+/// never asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launch {
     Kernel,
