@@ -65,7 +65,8 @@ bench: deps
 demo: deps build
 	@GPUSHARE_BIN_DIR=$(BIN_DIR) scripts/demo.sh
 
-install: deps
+install:
+	@scripts/install-deps.sh --build
 	$(CARGO) build --workspace --release
 	$(MAKE) --no-print-directory preload-baseline-release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/gpushare $(DESTDIR)/etc/gpushare

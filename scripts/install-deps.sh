@@ -3,9 +3,12 @@
 # when it is missing: containerd, runc, docker.io (dockerd 20.10 on Debian 12),
 # busybox-static (the root filesystem of every test container).
 set -euo pipefail
+# --build: only what building needs (make install): the glibc-baseline linker and objdump.
+build_only=${1:-}
 
 need_packages=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "$1" ]; }
+if [ "$build_only" != --build ]; then
 have /usr/bin/containerd || need_packages+=(containerd)
 have /usr/bin/ctr || need_packages+=(containerd)
 have /usr/sbin/runc || have /usr/bin/runc || need_packages+=(runc)
@@ -14,8 +17,10 @@ have /usr/bin/docker || need_packages+=(docker.io)
 # The image's busybox must be static: the test containers hold nothing else.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need_packages+=(busybox-static); fi
 have tar || need_packages+=(tar)
-# readelf: the simulated driver's tests check its soname and -Bsymbolic linking.
-have readelf || need_packages+=(binutils)
+fi
+# readelf: the simulated driver's tests check its soname and -Bsymbolic linking; objdump:
+# the GLIBC_ versions libgpushare.so needs.
+{ have readelf && have objdump; } || need_packages+=(binutils)
 
 if [ ${#need_packages[@]} -gt 0 ]; then
   mapfile -t need_packages < <(printf '%s\n' "${need_packages[@]}" | sort -u)
@@ -40,8 +45,8 @@ if ! command -v cargo-zigbuild >/dev/null 2>&1 || ! { command -v zig >/dev/null 
     apt-get install -y -qq --no-install-recommends python3 python3-pip >/dev/null
   fi
   echo "installing: ziglang cargo-zigbuild (PyPI)"
-  python3 -m pip install -q ziglang cargo-zigbuild 2>/dev/null \
-    || python3 -m pip install -q --break-system-packages ziglang cargo-zigbuild
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q ziglang cargo-zigbuild 2>/dev/null \
+    || PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --break-system-packages ziglang cargo-zigbuild
   hash -r
   command -v cargo-zigbuild >/dev/null 2>&1 || { echo "cargo-zigbuild is not on PATH after pip install" >&2; exit 1; }
 fi
