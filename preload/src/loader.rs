@@ -111,6 +111,8 @@ mod export {
     #[unsafe(naked)]
     pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
         core::arch::naked_asm!(
+            // A landing pad for indirect-branch tracking (a no-op without CET).
+            "endbr64",
             "cmp rdi, -1",
             "je 2f",
             "jmp {substituting}",
