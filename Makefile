@@ -6,8 +6,14 @@ CARGO ?= cargo
 BIN_DIR := $(CURDIR)/target/debug
 RELEASE_DIR := $(CURDIR)/target/release
 BINARIES := gpushare-arbiter gpusharectl gpushare-runc gpushare-hook containerd-shim-gpushare-v2
+# libgpushare.so is loaded into containers' processes, whose glibc may be as old as
+# 2.28 (Rocky 8, Ubuntu 20.04+): it is linked against that baseline with
+# cargo-zigbuild, and the build fails if it needs any newer GLIBC_ symbol version.
+GLIBC_BASELINE := 2.28
+BASELINE_TARGET := x86_64-unknown-linux-gnu.$(GLIBC_BASELINE)
+BASELINE_DIR := $(CURDIR)/target/x86_64-unknown-linux-gnu
 
-.PHONY: all build deps lint test bench demo install uninstall clean
+.PHONY: all build deps lint test bench demo install uninstall clean preload-baseline preload-baseline-release check-glibc
 
 all: build
 
@@ -16,6 +22,29 @@ deps:
 
 build:
 	$(CARGO) build --workspace
+	$(MAKE) --no-print-directory preload-baseline
+
+# The baseline build replaces target/<profile>/libgpushare.so, so the demo uses the
+# library that ships. Any later cargo build links cargo's own (host-glibc) build back
+# there, so the tests are told where the baseline build is: GPUSHARE_PRELOAD_LIB.
+preload-baseline:
+	$(CARGO) zigbuild -q -p gpushare-preload --lib --target $(BASELINE_TARGET)
+	@$(MAKE) --no-print-directory check-glibc LIB=$(BASELINE_DIR)/debug/libgpushare.so
+	install -m 0755 $(BASELINE_DIR)/debug/libgpushare.so $(BIN_DIR)/libgpushare.so
+
+preload-baseline-release:
+	$(CARGO) zigbuild -q --release -p gpushare-preload --lib --target $(BASELINE_TARGET)
+	@$(MAKE) --no-print-directory check-glibc LIB=$(BASELINE_DIR)/release/libgpushare.so
+	install -m 0755 $(BASELINE_DIR)/release/libgpushare.so $(RELEASE_DIR)/libgpushare.so
+
+# The highest GLIBC_ version LIB needs must not exceed the baseline.
+check-glibc:
+	@need=$$(objdump -T $(LIB) | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1); \
+	highest=$$(printf '%s\n%s\n' "$$need" "$(GLIBC_BASELINE)" | sort -V | tail -n1); \
+	if [ "$$highest" != "$(GLIBC_BASELINE)" ]; then \
+	  echo "$(LIB) needs GLIBC_$$need, newer than the baseline $(GLIBC_BASELINE)" >&2; exit 1; \
+	fi; \
+	echo "$(notdir $(LIB)): highest GLIBC_ version needed: $$need (baseline $(GLIBC_BASELINE))"
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -24,21 +53,25 @@ lint:
 # Unit tests, then the e2e tests against real runc/containerd/dockerd in private
 # daemons (they need root and the packages `deps` installs).
 test: deps lint build
-	GPUSHARE_BIN_DIR=$(BIN_DIR) $(CARGO) test --workspace
+	@$(MAKE) --no-print-directory check-glibc LIB=$(BASELINE_DIR)/debug/libgpushare.so
+	GPUSHARE_BIN_DIR=$(BIN_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/debug/libgpushare.so $(CARGO) test --workspace
 
 # Benchmarks measure release builds, what `make install` ships (root; real dockerd).
 bench: deps
 	$(CARGO) build --workspace --release
-	GPUSHARE_BIN_DIR=$(RELEASE_DIR) $(CARGO) bench --workspace
+	$(MAKE) --no-print-directory preload-baseline-release
+	GPUSHARE_BIN_DIR=$(RELEASE_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so $(CARGO) bench --workspace
 
 demo: deps build
 	@GPUSHARE_BIN_DIR=$(BIN_DIR) scripts/demo.sh
 
 install:
+	@scripts/install-deps.sh --build
 	$(CARGO) build --workspace --release
+	$(MAKE) --no-print-directory preload-baseline-release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/gpushare $(DESTDIR)/etc/gpushare
 	for b in $(BINARIES); do install -m 0755 $(RELEASE_DIR)/$$b $(DESTDIR)$(PREFIX)/bin/$$b; done
-	install -m 0644 $(RELEASE_DIR)/libgpushare.so $(DESTDIR)$(PREFIX)/lib/gpushare/libgpushare.so
+	install -m 0644 $(BASELINE_DIR)/release/libgpushare.so $(DESTDIR)$(PREFIX)/lib/gpushare/libgpushare.so
 	[ -e $(DESTDIR)/etc/gpushare/config.toml ] || install -m 0644 config/config.toml $(DESTDIR)/etc/gpushare/config.toml
 	install -D -m 0644 config/systemd/gpushare-arbiter.service $(DESTDIR)/etc/systemd/system/gpushare-arbiter.service
 	@if [ "$(PREFIX)" != /usr/local ]; then echo "note: set runtime.library and runtime.hook in /etc/gpushare/config.toml to $(PREFIX)/lib/gpushare/libgpushare.so and $(PREFIX)/bin/gpushare-hook"; fi

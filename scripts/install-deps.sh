@@ -3,9 +3,12 @@
 # when it is missing: containerd, runc, docker.io (dockerd 20.10 on Debian 12),
 # podman, busybox-static (the root filesystem of every test container).
 set -euo pipefail
+# --build: only what building needs (make install): the glibc-baseline linker and objdump.
+build_only=${1:-}
 
 need_packages=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "$1" ]; }
+if [ "$build_only" != --build ]; then
 have /usr/bin/containerd || need_packages+=(containerd)
 have /usr/bin/ctr || need_packages+=(containerd)
 have /usr/sbin/runc || have /usr/bin/runc || need_packages+=(runc)
@@ -15,8 +18,10 @@ have /usr/bin/podman || need_packages+=(podman)
 # The image's busybox must be static: the test containers hold nothing else.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need_packages+=(busybox-static); fi
 have tar || need_packages+=(tar)
-# readelf: the simulated driver's tests check its soname and -Bsymbolic linking.
-have readelf || need_packages+=(binutils)
+fi
+# readelf: the simulated driver's tests check its soname and -Bsymbolic linking; objdump:
+# the GLIBC_ versions libgpushare.so needs.
+{ have readelf && have objdump; } || need_packages+=(binutils)
 
 if [ ${#need_packages[@]} -gt 0 ]; then
   mapfile -t need_packages < <(printf '%s\n' "${need_packages[@]}" | sort -u)
@@ -28,6 +33,23 @@ if [ ${#need_packages[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_packages[@]}" >/dev/null
+fi
+
+# libgpushare.so is linked against an old glibc (2.28) so it loads into any usual CUDA
+# image: cargo-zigbuild with zig as the linker, both from PyPI (zig ships glibc stubs
+# for every version). objdump (binutils, above) checks the result.
+if ! command -v cargo-zigbuild >/dev/null 2>&1 || ! { command -v zig >/dev/null 2>&1 || python3 -m ziglang version >/dev/null 2>&1; }; then
+  if ! command -v python3 >/dev/null 2>&1; then
+    if [ "$(id -u)" -ne 0 ]; then echo "missing python3 (for ziglang and cargo-zigbuild from PyPI)" >&2; exit 1; fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3 python3-pip >/dev/null
+  fi
+  echo "installing: ziglang cargo-zigbuild (PyPI)"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q ziglang cargo-zigbuild 2>/dev/null \
+    || PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --break-system-packages ziglang cargo-zigbuild
+  hash -r
+  command -v cargo-zigbuild >/dev/null 2>&1 || { echo "cargo-zigbuild is not on PATH after pip install" >&2; exit 1; }
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -1,6 +1,65 @@
 //! libgpushare.so — the CUDA driver interposer loaded into every sharing container.
 //!
-//! Today the library is inert: it loads into any process (so the wrapper's
-//! `LD_PRELOAD` and bind mount are exercised end to end) and changes nothing.
-//! Interception, memory quotas and the time-slice gate arrive with their issues;
-//! the design is in ../shared/DESIGN.md, "The preload library".
+//! The container runtime preloads it (`LD_PRELOAD`); with `GPUSHARE_LEASE` in the
+//! environment it takes over the process's view of the driver:
+//!
+//! - **Interposition** ([`loader`], [`procaddr`], [`symbols`]): the CUDA runtime does
+//!   not call `cu*` by name. It `dlopen`s `libcuda.so.1`, takes `cuGetProcAddress_v2`
+//!   with `dlsym`, and asks it for every other entry point by (name, CUDA version,
+//!   flags). So `dlsym` and `cuGetProcAddress`/`_v2` hand out our wrappers, chosen for
+//!   the exact variant (ABI) the request selects, and the `cu*` names are exported too
+//!   for programs that link `libcuda` directly.
+//! - **Memory** ([`accounts`], [`ledger`]): every device allocation path is charged to
+//!   the container's ledger in the arbiter before it happens, and credited after it is
+//!   freed; over quota the call answers `CUDA_ERROR_OUT_OF_MEMORY` with nothing
+//!   allocated.
+//! - **Virtualised answers** ([`hooks::info`]): `cuMemGetInfo_v2`,
+//!   `cuDeviceTotalMem_v2` and NVML's memory info report the quota.
+//! - **Launch gate** ([`gate`]): every launch entry point passes one gate, an atomic
+//!   load today; the time-slice scheduler fills it.
+//!
+//! Without `GPUSHARE_LEASE` the library is inert: the exports forward, `dlsym` and
+//! `cuGetProcAddress` hand out the driver's own pointers.
+
+pub mod accounts;
+pub mod config;
+pub mod cuda;
+pub mod driver;
+pub mod fork;
+pub mod gate;
+pub mod guard;
+pub mod hooks;
+pub mod ledger;
+pub mod loader;
+pub mod log;
+pub mod procaddr;
+pub mod symbols;
+
+/// Runs once when the library is loaded, before the program's `main`: reads the
+/// environment (the only place it is read) and, when a lease is present, arms the
+/// interposer. No I/O here: the arbiter is reached lazily, at the first allocation or
+/// memory query, so loading the library into a process that never uses CUDA costs
+/// nothing.
+extern "C" fn on_load() {
+    guard::quietly(|| {
+        // Find glibc's dlsym now: where the GLIBC_2.34 version is missing (glibc < 2.34)
+        // the failed lookup allocates its error message, which must not happen inside
+        // a later dlsym call (a malloc replacement's own lookups would re-enter it).
+        loader::resolve_real_dlsym();
+        let settings = config::Settings::from_environment();
+        log::set_level(settings.log);
+        if config::install(settings) {
+            fork::install_handlers();
+            crate::log_info!(
+                "active for lease {}",
+                config::get().map_or("?", |c| c.lease.as_str())
+            );
+        }
+    });
+}
+
+// SAFETY: a constructor in `.init_array` is called by the dynamic loader with no
+// arguments, once, after the library's dependencies are initialised.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

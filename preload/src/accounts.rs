@@ -1,0 +1,674 @@
+//! The process's memory accounts: what each live allocation was charged, so that
+//! its free credits exactly that, and the charge/credit protocol for every
+//! allocation path.
+//!
+//! Allocation paths are not hot (the design budgets one arbiter round trip per
+//! allocation), so the state sits behind one mutex, held across the driver call: a
+//! charge, the allocation and its record are one step for the process.
+//!
+//! Stream-ordered pools keep freed blocks *reserved* (still taken from the device)
+//! until a synchronisation or `cuMemPoolTrimTo` trims them. What a pool costs the
+//! device is its reserved size, so that is what is charged: before an allocation
+//! from a pool, the part of the request its cached bytes cannot cover; after it, the
+//! difference to the pool's actual growth; trims are credited when seen (a trim, a
+//! free, a memory query, or a refused charge settles the pools).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::cuda::*;
+use crate::ledger::{LeaseLink, QuotaView, Refusal};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PoolAccount {
+    /// What is charged for this pool (its reserved bytes when last settled).
+    charged: u64,
+    /// Host-located pools take no device memory.
+    host: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Physical {
+    bytes: u64,
+    released: bool,
+    mappings: u32,
+}
+
+/// Where a pool allocation came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PoolBlock {
+    pool: Handle,
+    bytes: u64,
+}
+
+pub struct Accounts {
+    pub link: LeaseLink,
+    /// `cuMemAlloc`, `cuMemAllocPitch`, `cuMemAllocManaged`: pointer → bytes charged.
+    device: HashMap<CUdeviceptr, u64>,
+    pooled: HashMap<CUdeviceptr, PoolBlock>,
+    arrays: HashMap<Handle, u64>,
+    mipmapped: HashMap<Handle, u64>,
+    pools: HashMap<Handle, PoolAccount>,
+    /// Allocations of destroyed pools that are still live: charged per block.
+    orphaned_blocks: u64,
+    physical: HashMap<PhysicalHandle, Physical>,
+    /// VMM mappings of tracked physical allocations: address → (size, handle).
+    mappings: BTreeMap<CUdeviceptr, (u64, PhysicalHandle)>,
+}
+
+/// What a driver call that allocates needs from the accounts.
+pub type Outcome<T> = Result<T, CUresult>;
+
+impl Accounts {
+    pub fn new(link: LeaseLink) -> Accounts {
+        Accounts {
+            link,
+            device: HashMap::new(),
+            pooled: HashMap::new(),
+            arrays: HashMap::new(),
+            mipmapped: HashMap::new(),
+            pools: HashMap::new(),
+            orphaned_blocks: 0,
+            physical: HashMap::new(),
+            mappings: BTreeMap::new(),
+        }
+    }
+
+    /// Charges `bytes`; over quota, settles the pools (credits trims nobody has seen
+    /// yet) and tries once more.
+    pub fn charge(&mut self, bytes: u64, what: &str) -> Outcome<()> {
+        match self.link.charge(bytes) {
+            Ok(()) => Ok(()),
+            Err(Refusal::OverQuota { .. }) if self.settle_all_pools() > 0 => self
+                .link
+                .charge(bytes)
+                .map_err(|r| self.refused(r, bytes, what)),
+            Err(r) => Err(self.refused(r, bytes, what)),
+        }
+    }
+
+    fn refused(&self, refusal: Refusal, bytes: u64, what: &str) -> CUresult {
+        crate::log_info!("{what} of {bytes} bytes refused: {refusal:?}");
+        CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    pub fn credit(&mut self, bytes: u64) {
+        self.link.credit(bytes);
+    }
+
+    // ----- plain device allocations -----
+
+    /// Charge, allocate, record; a failed allocation is credited back.
+    pub fn allocate_device(
+        &mut self,
+        bytes: u64,
+        what: &str,
+        allocate: impl FnOnce() -> Outcome<CUdeviceptr>,
+    ) -> CUresult {
+        if let Err(rc) = self.charge(bytes, what) {
+            return rc;
+        }
+        match allocate() {
+            Ok(ptr) => {
+                self.device.insert(ptr, bytes);
+                CUDA_SUCCESS
+            }
+            Err(rc) => {
+                self.credit(bytes);
+                rc
+            }
+        }
+    }
+
+    /// `cuMemAllocPitch`: the driver picks the pitch, so an estimate is charged first
+    /// and corrected to the real pitch × height after; if the real size does not fit,
+    /// the allocation is freed and refused.
+    pub fn allocate_pitched(
+        &mut self,
+        estimate: u64,
+        allocate: impl FnOnce() -> Outcome<(CUdeviceptr, u64)>,
+        free: impl FnOnce(CUdeviceptr),
+    ) -> CUresult {
+        if let Err(rc) = self.charge(estimate, "cuMemAllocPitch") {
+            return rc;
+        }
+        let (ptr, actual) = match allocate() {
+            Ok(v) => v,
+            Err(rc) => {
+                self.credit(estimate);
+                return rc;
+            }
+        };
+        if actual > estimate {
+            if let Err(rc) = self.charge(actual - estimate, "cuMemAllocPitch (real pitch)") {
+                free(ptr);
+                self.credit(estimate);
+                return rc;
+            }
+        } else {
+            self.credit(estimate - actual);
+        }
+        self.device.insert(ptr, actual);
+        CUDA_SUCCESS
+    }
+
+    /// After a successful `cuMemFree`: credit what the pointer was charged.
+    pub fn freed(&mut self, ptr: CUdeviceptr) {
+        if let Some(bytes) = self.device.remove(&ptr) {
+            self.credit(bytes);
+        } else if self.pooled.contains_key(&ptr) {
+            self.freed_to_pool(ptr);
+        }
+    }
+
+    // ----- arrays -----
+
+    pub fn allocate_array(
+        &mut self,
+        mipmapped: bool,
+        bytes: u64,
+        allocate: impl FnOnce() -> Outcome<Handle>,
+    ) -> CUresult {
+        let what = if mipmapped {
+            "cuMipmappedArrayCreate"
+        } else {
+            "cuArrayCreate"
+        };
+        if let Err(rc) = self.charge(bytes, what) {
+            return rc;
+        }
+        match allocate() {
+            Ok(handle) => {
+                let map = if mipmapped {
+                    &mut self.mipmapped
+                } else {
+                    &mut self.arrays
+                };
+                map.insert(handle, bytes);
+                CUDA_SUCCESS
+            }
+            Err(rc) => {
+                self.credit(bytes);
+                rc
+            }
+        }
+    }
+
+    pub fn array_destroyed(&mut self, mipmapped: bool, handle: Handle) {
+        let map = if mipmapped {
+            &mut self.mipmapped
+        } else {
+            &mut self.arrays
+        };
+        if let Some(bytes) = map.remove(&handle) {
+            self.credit(bytes);
+        }
+    }
+
+    // ----- stream-ordered pools -----
+
+    pub fn pool_created(&mut self, pool: Handle, host: bool) {
+        self.pools.insert(pool, PoolAccount { charged: 0, host });
+    }
+
+    fn pool_account(&mut self, pool: Handle) -> &mut PoolAccount {
+        // Pools nobody created through us (each device's default pool) are device pools.
+        self.pools.entry(pool).or_insert(PoolAccount {
+            charged: 0,
+            host: false,
+        })
+    }
+
+    /// Brings the pool's charge to its reserved size; returns the bytes credited.
+    fn settle_pool(&mut self, pool: Handle, usage: Option<(u64, u64)>) -> u64 {
+        let Some((reserved, _)) = usage else { return 0 };
+        let account = *self.pool_account(pool);
+        if account.host {
+            return 0;
+        }
+        if reserved < account.charged {
+            self.credit(account.charged - reserved);
+            self.pool_account(pool).charged = reserved;
+            account.charged - reserved
+        } else {
+            if reserved > account.charged && self.link.charge(reserved - account.charged).is_ok() {
+                // Growth we did not cause (e.g. graph memory nodes): charged when seen.
+                self.pool_account(pool).charged = reserved;
+            }
+            0
+        }
+    }
+
+    /// Settles every device pool; returns the bytes credited.
+    pub fn settle_all_pools(&mut self) -> u64 {
+        let pools: Vec<Handle> = self
+            .pools
+            .iter()
+            .filter(|(_, a)| !a.host)
+            .map(|(p, _)| *p)
+            .collect();
+        pools
+            .into_iter()
+            .map(|p| self.settle_pool(p, crate::driver::pool_usage(p)))
+            .sum()
+    }
+
+    /// An allocation from `pool`. `usage` reads the pool's (reserved, used) bytes;
+    /// `free` gives a block back (stream-ordered) and trims the pool to a size.
+    pub fn allocate_from_pool(
+        &mut self,
+        pool: Handle,
+        bytes: u64,
+        usage: impl Fn() -> Option<(u64, u64)>,
+        allocate: impl FnOnce() -> Outcome<CUdeviceptr>,
+        give_back: impl FnOnce(CUdeviceptr, u64),
+    ) -> CUresult {
+        if self.pool_account(pool).host {
+            return allocate().err().unwrap_or(CUDA_SUCCESS);
+        }
+        let before = usage();
+        self.settle_pool(pool, before);
+        let cached = before.map_or(0, |(reserved, used)| reserved.saturating_sub(used));
+        let provisional = bytes.saturating_sub(cached);
+        if let Err(rc) = self.charge(provisional, "cuMemAllocAsync") {
+            return rc;
+        }
+        let ptr = match allocate() {
+            Ok(ptr) => ptr,
+            Err(rc) => {
+                self.credit(provisional);
+                return rc;
+            }
+        };
+        let charged = self.pool_account(pool).charged + provisional;
+        let reserved = usage().map_or(charged, |(reserved, _)| reserved);
+        if reserved > charged {
+            // The pool grew more than its cache suggested (fragmentation).
+            if let Err(rc) = self.charge(reserved - charged, "cuMemAllocAsync (pool growth)") {
+                give_back(ptr, charged);
+                self.credit(provisional);
+                let after = usage();
+                self.settle_pool(pool, after);
+                return rc;
+            }
+        } else if reserved < charged {
+            self.credit(charged - reserved);
+        }
+        self.pool_account(pool).charged = reserved;
+        self.pooled.insert(ptr, PoolBlock { pool, bytes });
+        CUDA_SUCCESS
+    }
+
+    /// After a successful stream-ordered free (or a `cuMemFree` of pool memory).
+    pub fn freed_to_pool(&mut self, ptr: CUdeviceptr) {
+        let Some(block) = self.pooled.remove(&ptr) else {
+            // cuMemFreeAsync of a cuMemAlloc pointer is legal too.
+            if let Some(bytes) = self.device.remove(&ptr) {
+                self.credit(bytes);
+            }
+            return;
+        };
+        if self.pools.contains_key(&block.pool) {
+            // The block stays reserved in its pool until a trim: settle in case the
+            // driver released it already.
+            self.settle_pool(block.pool, crate::driver::pool_usage(block.pool));
+        } else {
+            // Its pool was destroyed: the block held the device on its own.
+            self.orphaned_blocks = self.orphaned_blocks.saturating_sub(block.bytes);
+            self.credit(block.bytes);
+        }
+    }
+
+    pub fn pool_trimmed(&mut self, pool: Handle) {
+        self.settle_pool(pool, crate::driver::pool_usage(pool));
+    }
+
+    /// `used_before`: the pool's bytes in use just before it was destroyed; those
+    /// blocks stay allocated (each is credited when freed), the cache went back.
+    pub fn pool_destroyed(&mut self, pool: Handle, used_before: Option<u64>) {
+        let Some(account) = self.pools.remove(&pool) else {
+            return;
+        };
+        if account.host {
+            return;
+        }
+        let live: u64 = self
+            .pooled
+            .values()
+            .filter(|b| b.pool == pool)
+            .map(|b| b.bytes)
+            .sum();
+        let keep = used_before.unwrap_or(live).min(account.charged);
+        self.credit(account.charged - keep);
+        self.orphaned_blocks += keep;
+    }
+
+    // ----- virtual memory management -----
+
+    pub fn create_physical(
+        &mut self,
+        bytes: u64,
+        allocate: impl FnOnce() -> Outcome<PhysicalHandle>,
+    ) -> CUresult {
+        if let Err(rc) = self.charge(bytes, "cuMemCreate") {
+            return rc;
+        }
+        match allocate() {
+            Ok(handle) => {
+                self.physical.insert(
+                    handle,
+                    Physical {
+                        bytes,
+                        released: false,
+                        mappings: 0,
+                    },
+                );
+                CUDA_SUCCESS
+            }
+            Err(rc) => {
+                self.credit(bytes);
+                rc
+            }
+        }
+    }
+
+    /// The driver frees a physical allocation once it is released *and* unmapped
+    /// everywhere (the usual idiom releases right after mapping): credit then.
+    fn credit_physical_if_gone(&mut self, handle: PhysicalHandle) {
+        if let Some(p) = self.physical.get(&handle).copied() {
+            if p.released && p.mappings == 0 {
+                self.physical.remove(&handle);
+                self.credit(p.bytes);
+            }
+        }
+    }
+
+    pub fn physical_released(&mut self, handle: PhysicalHandle) {
+        if let Some(p) = self.physical.get_mut(&handle) {
+            p.released = true;
+            self.credit_physical_if_gone(handle);
+        }
+    }
+
+    pub fn mapped(&mut self, address: CUdeviceptr, size: u64, handle: PhysicalHandle) {
+        if let Some(p) = self.physical.get_mut(&handle) {
+            p.mappings += 1;
+            self.mappings.insert(address, (size, handle));
+        }
+    }
+
+    pub fn unmapped(&mut self, address: CUdeviceptr, size: u64) {
+        let end = address.saturating_add(size);
+        let inside: Vec<CUdeviceptr> = self.mappings.range(address..end).map(|(a, _)| *a).collect();
+        for a in inside {
+            if let Some((_, handle)) = self.mappings.remove(&a) {
+                if let Some(p) = self.physical.get_mut(&handle) {
+                    p.mappings = p.mappings.saturating_sub(1);
+                }
+                self.credit_physical_if_gone(handle);
+            }
+        }
+    }
+
+    // ----- queries -----
+
+    /// The lease's share now, after crediting pool trims nobody has seen yet.
+    pub fn view(&mut self) -> Option<QuotaView> {
+        self.settle_all_pools();
+        self.link.query()
+    }
+}
+
+// ----- the process's one instance -----
+
+/// The accounts of this process. A pointer rather than a `static Mutex` so that a
+/// fork child can abandon its parent's (whose lock another parent thread may have
+/// held at the fork) without touching it; the abandoned copy is leaked, never used.
+static CURRENT: AtomicPtr<Mutex<Accounts>> = AtomicPtr::new(std::ptr::null_mut());
+
+fn instance() -> Option<&'static Mutex<Accounts>> {
+    let current = CURRENT.load(Ordering::Acquire);
+    if !current.is_null() {
+        // SAFETY: every pointer stored in CURRENT comes from Box::leak and is never freed.
+        return Some(unsafe { &*current });
+    }
+    let socket = crate::config::get()?.socket.clone();
+    let fresh = Box::into_raw(Box::new(Mutex::new(Accounts::new(LeaseLink::for_process(
+        socket,
+    )))));
+    match CURRENT.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: just leaked above; never freed.
+        Ok(_) => Some(unsafe { &*fresh }),
+        Err(winner) => {
+            // SAFETY: `fresh` was never shared; `winner` was leaked by another thread.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                Some(&*winner)
+            }
+        }
+    }
+}
+
+/// The locked accounts, or `None` when the library is inert.
+pub fn lock() -> Option<MutexGuard<'static, Accounts>> {
+    if !crate::config::is_active() {
+        return None;
+    }
+    let m = instance()?;
+    Some(m.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
+
+/// Fork child: drop the parent's accounts and connection (see `fork`).
+pub fn forget_after_fork() {
+    CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+    crate::ledger::close_inherited_connection();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    use gpushare_proto::frame::{read_message, write_message};
+    use gpushare_proto::{
+        Fraction, LeaseId, LeaseRequest, LeaseResponse, LeaseState, Priority, Quota,
+    };
+
+    /// A stand-in arbiter: one lease of `quota` bytes, a ledger for this one client.
+    fn fake_arbiter(quota: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arbiter.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                let mut used = 0u64;
+                let q = |used| Quota {
+                    lease: LeaseId("l".into()),
+                    state: LeaseState::Confirmed,
+                    gpus: vec!["GPU-0".into()],
+                    priority: Priority::Low,
+                    memory_quota: quota,
+                    memory_used: used,
+                    memory_held: used,
+                    compute_request: Fraction::ZERO,
+                    compute_limit: Fraction::ONE,
+                };
+                while let Ok(req) = read_message::<LeaseRequest>(&mut s) {
+                    let resp = match req {
+                        LeaseRequest::Hello { protocol } => LeaseResponse::Hello { protocol },
+                        LeaseRequest::Attach { memory_held } => {
+                            used = memory_held;
+                            LeaseResponse::Attached {
+                                pid: 1,
+                                quota: q(used),
+                            }
+                        }
+                        LeaseRequest::Query => LeaseResponse::Quota(q(used)),
+                        LeaseRequest::Charge { bytes } => {
+                            let granted = used + bytes <= quota;
+                            if granted {
+                                used += bytes;
+                            }
+                            LeaseResponse::Charged {
+                                granted,
+                                memory_used: used,
+                                memory_quota: quota,
+                            }
+                        }
+                        LeaseRequest::Credit { bytes } => {
+                            used -= bytes;
+                            LeaseResponse::Credited { memory_used: used }
+                        }
+                    };
+                    if write_message(&mut s, &resp).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        (dir, path)
+    }
+
+    #[test]
+    fn pitched_allocation_is_corrected_to_the_real_pitch() {
+        let (_d, path) = fake_arbiter(10_000);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        // Estimate 1000, driver chose 1200: 200 more charged.
+        assert_eq!(
+            a.allocate_pitched(1000, || Ok((7, 1200)), |_| panic!("kept")),
+            CUDA_SUCCESS
+        );
+        assert_eq!(a.link.held(), 1200);
+        // Estimate 1000, driver chose 800: 200 credited.
+        assert_eq!(
+            a.allocate_pitched(1000, || Ok((8, 800)), |_| panic!("kept")),
+            CUDA_SUCCESS
+        );
+        assert_eq!(a.link.held(), 2000);
+        // Real size beyond the quota: freed and refused, nothing left charged.
+        let mut freed = None;
+        let rc = a.allocate_pitched(1000, || Ok((9, 9000)), |p| freed = Some(p));
+        assert_eq!(
+            (rc, freed, a.link.held()),
+            (CUDA_ERROR_OUT_OF_MEMORY, Some(9), 2000)
+        );
+        a.freed(7);
+        a.freed(8);
+        assert_eq!(a.link.held(), 0);
+    }
+
+    #[test]
+    fn pool_charges_growth_not_cached_reuse() {
+        let (_d, path) = fake_arbiter(1000);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        let pool = 5;
+        // Empty pool, 600 requested: grows by 600.
+        let usage = std::cell::Cell::new((0u64, 0u64));
+        let rc = a.allocate_from_pool(
+            pool,
+            600,
+            || Some(usage.get()),
+            || {
+                usage.set((600, 600));
+                Ok(1)
+            },
+            |_, _| panic!(),
+        );
+        assert_eq!((rc, a.link.held()), (CUDA_SUCCESS, 600));
+        // Freed into the pool: still reserved, still charged.
+        usage.set((600, 0));
+        a.pooled.remove(&1);
+        // 600 more from the cache: no growth, no charge, although 1200 > quota.
+        let rc = a.allocate_from_pool(
+            pool,
+            600,
+            || Some(usage.get()),
+            || {
+                usage.set((600, 600));
+                Ok(2)
+            },
+            |_, _| panic!(),
+        );
+        assert_eq!((rc, a.link.held()), (CUDA_SUCCESS, 600));
+        // Beyond: refused before the driver is called.
+        let rc = a.allocate_from_pool(
+            pool,
+            500,
+            || Some(usage.get()),
+            || panic!("not called"),
+            |_, _| panic!(),
+        );
+        assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
+        // A trim seen later is credited.
+        usage.set((0, 0));
+        a.pooled.clear();
+        assert_eq!(a.settle_pool(pool, Some(usage.get())), 600);
+        assert_eq!(a.link.held(), 0);
+    }
+
+    #[test]
+    fn physical_memory_is_credited_after_release_and_unmap() {
+        let (_d, path) = fake_arbiter(1 << 30);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        assert_eq!(a.create_physical(2 << 20, || Ok(42)), CUDA_SUCCESS);
+        a.mapped(0x1000_0000, 2 << 20, 42);
+        a.physical_released(42);
+        assert_eq!(a.link.held(), 2 << 20, "still mapped");
+        a.unmapped(0x1000_0000, 2 << 20);
+        assert_eq!(a.link.held(), 0);
+    }
+
+    #[test]
+    fn a_fork_child_starts_from_fresh_accounts_and_its_own_connection() {
+        let (_d, path) = fake_arbiter(1000);
+        crate::config::install(crate::config::Settings {
+            lease: Some("l".into()),
+            socket: path,
+            log: crate::log::Level::Off,
+        });
+        let parent = {
+            let mut a = lock().expect("active");
+            assert_eq!(a.allocate_device(100, "t", || Ok(1)), CUDA_SUCCESS);
+            assert_eq!(a.link.held(), 100);
+            &*a as *const Accounts
+        };
+        // What the pthread_atfork child handler does; a lock held elsewhere at the
+        // fork would not matter: the child never touches the parent's mutex again.
+        let held_elsewhere = lock().expect("active");
+        crate::fork::in_child_for_tests();
+        let mut child = lock().expect("active");
+        assert_ne!(&*child as *const Accounts, parent, "fresh accounts");
+        assert_eq!(child.link.held(), 0, "the parent's memory is the parent's");
+        assert_eq!(
+            child.allocate_device(100, "t", || Ok(2)),
+            CUDA_SUCCESS,
+            "its own connection works"
+        );
+        drop(held_elsewhere);
+    }
+
+    #[test]
+    fn failed_allocation_is_credited_back() {
+        let (_d, path) = fake_arbiter(100);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        assert_eq!(
+            a.allocate_device(60, "t", || Err(CUDA_ERROR_OUT_OF_MEMORY)),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        assert_eq!(a.link.held(), 0);
+        assert_eq!(a.allocate_device(60, "t", || Ok(1)), CUDA_SUCCESS);
+        assert_eq!(
+            a.allocate_device(60, "t", || panic!("not called")),
+            CUDA_ERROR_OUT_OF_MEMORY
+        );
+        a.freed(1);
+        assert_eq!(a.allocate_device(60, "t", || Ok(2)), CUDA_SUCCESS);
+    }
+}

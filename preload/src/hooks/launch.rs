@@ -1,0 +1,182 @@
+//! Launch wrappers: the gate, then the driver. Nothing else happens here — this is
+//! the hot path (no allocation, lock, logging or system call).
+
+use libc::{c_int, c_uint, c_void};
+
+use super::real_fn;
+use crate::cuda::*;
+use crate::gate::{self, Launch};
+
+type Params = *mut *mut c_void;
+
+/// Defines a gated wrapper: `name(kind; arg: type, ...)`.
+macro_rules! gated {
+    ($(#[$doc:meta])* $name:ident ($kind:expr; $($arg:ident : $ty:ty),*)) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            crate::guard::cuda(|| {
+                gate::admit($kind);
+                let real = real_fn!($name: fn($($ty),*) -> CUresult);
+                // SAFETY: the caller's arguments, forwarded unchanged.
+                unsafe { real($($arg),*) }
+            })
+        }
+    };
+}
+
+gated!(cuLaunchKernel(Launch::Kernel; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
+    block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint, stream: Handle,
+    params: Params, extra: Params));
+gated!(cuLaunchKernel_ptsz(Launch::Kernel; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
+    block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint, stream: Handle,
+    params: Params, extra: Params));
+gated!(cuLaunchKernelEx(Launch::Kernel; config: *const LaunchConfig, f: Handle, params: Params,
+    extra: Params));
+gated!(cuLaunchKernelEx_ptsz(Launch::Kernel; config: *const LaunchConfig, f: Handle,
+    params: Params, extra: Params));
+gated!(cuLaunchCooperativeKernel(Launch::Cooperative; f: Handle, grid_x: c_uint, grid_y: c_uint,
+    grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint,
+    stream: Handle, params: Params));
+gated!(cuLaunchCooperativeKernel_ptsz(Launch::Cooperative; f: Handle, grid_x: c_uint,
+    grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint,
+    shared_mem: c_uint, stream: Handle, params: Params));
+gated!(
+    /// Graphs are gated when launched; the launches captured into them ran nothing.
+    cuGraphLaunch(Launch::Graph; exec: Handle, stream: Handle));
+gated!(cuGraphLaunch_ptsz(Launch::Graph; exec: Handle, stream: Handle));
+gated!(
+    /// Pre-4.0 launch API (block shape and parameters set beforehand).
+    cuLaunch(Launch::Legacy; f: Handle));
+gated!(cuLaunchGrid(Launch::Legacy; f: Handle, grid_width: c_int, grid_height: c_int));
+gated!(cuLaunchGridAsync(Launch::Legacy; f: Handle, grid_width: c_int, grid_height: c_int,
+    stream: Handle));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::symbols::{record_real, Hook};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static SEEN: AtomicUsize = AtomicUsize::new(0);
+
+    extern "C" fn legacy(f: Handle) -> CUresult {
+        SEEN.store(f, Ordering::SeqCst);
+        7
+    }
+    extern "C" fn grid(f: Handle, w: c_int, h: c_int) -> CUresult {
+        SEEN.store(f + (w * 10 + h) as usize, Ordering::SeqCst);
+        8
+    }
+    extern "C" fn grid_async(f: Handle, w: c_int, h: c_int, stream: Handle) -> CUresult {
+        SEEN.store(f + (w * 10 + h) as usize + stream, Ordering::SeqCst);
+        9
+    }
+    extern "C" fn graph(exec: Handle, stream: Handle) -> CUresult {
+        SEEN.store(exec * 100 + stream, Ordering::SeqCst);
+        10
+    }
+    extern "C" fn ex(config: *const LaunchConfig, f: Handle, _: Params, _: Params) -> CUresult {
+        // SAFETY: the test passes a valid config.
+        SEEN.store(f + unsafe { (*config).stream }, Ordering::SeqCst);
+        11
+    }
+    extern "C" fn coop(
+        f: Handle,
+        gx: c_uint,
+        _: c_uint,
+        _: c_uint,
+        bx: c_uint,
+        _: c_uint,
+        _: c_uint,
+        _: c_uint,
+        stream: Handle,
+        _: Params,
+    ) -> CUresult {
+        SEEN.store(
+            f + gx as usize * 10 + bx as usize + stream,
+            Ordering::SeqCst,
+        );
+        12
+    }
+
+    /// Each gated wrapper reaches the driver function of its own variant with the
+    /// caller's arguments and returns its answer (the ABI is the declared one).
+    #[test]
+    #[allow(clippy::fn_to_numeric_cast_any)]
+    fn every_gated_wrapper_forwards_its_arguments() {
+        let p = |f: *const ()| f as *mut c_void;
+        record_real(Hook::cuLaunch, p(legacy as *const ()));
+        record_real(Hook::cuLaunchGrid, p(grid as *const ()));
+        record_real(Hook::cuLaunchGridAsync, p(grid_async as *const ()));
+        record_real(Hook::cuGraphLaunch, p(graph as *const ()));
+        record_real(Hook::cuGraphLaunch_ptsz, p(graph as *const ()));
+        record_real(Hook::cuLaunchKernelEx, p(ex as *const ()));
+        record_real(Hook::cuLaunchKernelEx_ptsz, p(ex as *const ()));
+        record_real(Hook::cuLaunchCooperativeKernel, p(coop as *const ()));
+        record_real(Hook::cuLaunchCooperativeKernel_ptsz, p(coop as *const ()));
+        let null: Params = std::ptr::null_mut();
+        let config = LaunchConfig {
+            grid_dim: [1; 3],
+            block_dim: [1; 3],
+            shared_mem_bytes: 0,
+            stream: 5,
+            attrs: std::ptr::null_mut(),
+            num_attrs: 0,
+        };
+        // SAFETY: every stub ignores or checks its pointers.
+        unsafe {
+            assert_eq!((cuLaunch(1000), SEEN.load(Ordering::SeqCst)), (7, 1000));
+            assert_eq!(
+                (cuLaunchGrid(1000, 2, 3), SEEN.load(Ordering::SeqCst)),
+                (8, 1023)
+            );
+            assert_eq!(
+                (
+                    cuLaunchGridAsync(1000, 2, 3, 4),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (9, 1027)
+            );
+            assert_eq!(
+                (cuGraphLaunch(3, 4), SEEN.load(Ordering::SeqCst)),
+                (10, 304)
+            );
+            assert_eq!(
+                (cuGraphLaunch_ptsz(4, 5), SEEN.load(Ordering::SeqCst)),
+                (10, 405)
+            );
+            assert_eq!(
+                (
+                    cuLaunchKernelEx(&config, 1000, null, null),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (11, 1005)
+            );
+            assert_eq!(
+                (
+                    cuLaunchKernelEx_ptsz(&config, 2000, null, null),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (11, 2005)
+            );
+            assert_eq!(
+                (
+                    cuLaunchCooperativeKernel(1000, 2, 1, 1, 3, 1, 1, 0, 4, null),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (12, 1027)
+            );
+            assert_eq!(
+                (
+                    cuLaunchCooperativeKernel_ptsz(2000, 2, 1, 1, 3, 1, 1, 0, 4, null),
+                    SEEN.load(Ordering::SeqCst)
+                ),
+                (12, 2027)
+            );
+        }
+    }
+}

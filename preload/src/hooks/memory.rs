@@ -1,0 +1,540 @@
+//! Allocation wrappers: charge the container's ledger before the driver allocates,
+//! credit it after the driver frees. Inert library: straight to the driver.
+
+use libc::{c_uint, c_void};
+
+use super::real_fn;
+use crate::accounts::{self, Accounts};
+use crate::cuda::*;
+use crate::symbols::{self, Hook};
+
+/// The row alignment `cuMemAllocPitch` uses on current GPUs: the estimate charged
+/// before the driver reveals the real pitch.
+const PITCH_ESTIMATE_ALIGN: u64 = 512;
+
+/// Reads an out-parameter the driver has just written.
+fn written<T: Copy>(out: *const T) -> Option<T> {
+    // SAFETY: the driver returned success, so a non-null out-pointer holds its answer.
+    (!out.is_null()).then(|| unsafe { *out })
+}
+
+/// Runs `with_accounts` when the library is active, else the plain driver call.
+fn accounted(
+    plain: impl FnOnce() -> CUresult,
+    with_accounts: impl FnOnce(&mut Accounts) -> CUresult,
+) -> CUresult {
+    match accounts::lock() {
+        Some(mut a) => with_accounts(&mut a),
+        None => plain(),
+    }
+}
+
+fn result<T>(rc: CUresult, value: impl FnOnce() -> Option<T>) -> Result<T, CUresult> {
+    if rc != CUDA_SUCCESS {
+        return Err(rc);
+    }
+    value().ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// # Safety
+/// The driver's contract for `cuMemAlloc_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemAlloc_v2: fn(*mut CUdeviceptr, usize) -> CUresult);
+        // SAFETY (every `real` call in this file): the caller's arguments, forwarded.
+        accounted(
+            || unsafe { real(dptr, bytes) },
+            |a| {
+                a.allocate_device(bytes as u64, "cuMemAlloc", || {
+                    result(unsafe { real(dptr, bytes) }, || written(dptr))
+                })
+            },
+        )
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMemAllocManaged`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    flags: c_uint,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint) -> CUresult);
+        accounted(
+            || unsafe { real(dptr, bytes, flags) },
+            |a| {
+                a.allocate_device(bytes as u64, "cuMemAllocManaged", || {
+                    result(unsafe { real(dptr, bytes, flags) }, || written(dptr))
+                })
+            },
+        )
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMemAllocPitch_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width_bytes: usize,
+    height: usize,
+    element_bytes: c_uint,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemAllocPitch_v2: fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult);
+        accounted(
+            || unsafe { real(dptr, pitch, width_bytes, height, element_bytes) },
+            |a| {
+                let estimate = (width_bytes as u64)
+                    .div_ceil(PITCH_ESTIMATE_ALIGN)
+                    .saturating_mul(PITCH_ESTIMATE_ALIGN)
+                    .saturating_mul(height as u64);
+                a.allocate_pitched(
+                    estimate,
+                    || {
+                        let rc = unsafe { real(dptr, pitch, width_bytes, height, element_bytes) };
+                        result(rc, || {
+                            Some((
+                                written(dptr)?,
+                                (written(pitch)? as u64).saturating_mul(height as u64),
+                            ))
+                        })
+                    },
+                    free_device,
+                )
+            },
+        )
+    })
+}
+
+/// Gives back an allocation the accounts refused after the fact.
+fn free_device(ptr: CUdeviceptr) {
+    if let Some(p) = symbols::real(Hook::cuMemFree_v2) {
+        // SAFETY: the driver's cuMemFree_v2 on a pointer it just allocated.
+        unsafe {
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(CUdeviceptr) -> CUresult>(p)(
+                ptr,
+            )
+        };
+    }
+}
+
+/// # Safety
+/// The driver's contract for `cuMemFree_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemFree_v2: fn(CUdeviceptr) -> CUresult);
+        accounted(
+            || unsafe { real(dptr) },
+            |a| {
+                let rc = unsafe { real(dptr) };
+                if rc == CUDA_SUCCESS {
+                    a.freed(dptr);
+                }
+                rc
+            },
+        )
+    })
+}
+
+// ----- arrays -----
+
+/// # Safety
+/// The driver's contract for `cuArrayCreate_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    array: *mut Handle,
+    desc: *const ArrayDescriptor,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuArrayCreate_v2: fn(*mut Handle, *const ArrayDescriptor) -> CUresult);
+        accounted(
+            || unsafe { real(array, desc) },
+            |a| {
+                let Some(d) = written(desc) else {
+                    return unsafe { real(array, desc) };
+                };
+                let bytes = array_charge(d.width, d.height, 0, d.format, d.num_channels, 1);
+                a.allocate_array(false, bytes, || {
+                    result(unsafe { real(array, desc) }, || written(array))
+                })
+            },
+        )
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuArray3DCreate_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    array: *mut Handle,
+    desc: *const Array3DDescriptor,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real =
+            real_fn!(cuArray3DCreate_v2: fn(*mut Handle, *const Array3DDescriptor) -> CUresult);
+        accounted(
+            || unsafe { real(array, desc) },
+            |a| {
+                let Some(d) = written(desc) else {
+                    return unsafe { real(array, desc) };
+                };
+                let bytes = array_charge(d.width, d.height, d.depth, d.format, d.num_channels, 1);
+                a.allocate_array(false, bytes, || {
+                    result(unsafe { real(array, desc) }, || written(array))
+                })
+            },
+        )
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMipmappedArrayCreate`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    array: *mut Handle,
+    desc: *const Array3DDescriptor,
+    levels: c_uint,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMipmappedArrayCreate: fn(*mut Handle, *const Array3DDescriptor, c_uint) -> CUresult);
+        accounted(
+            || unsafe { real(array, desc, levels) },
+            |a| {
+                let Some(d) = written(desc) else {
+                    return unsafe { real(array, desc, levels) };
+                };
+                let bytes =
+                    array_charge(d.width, d.height, d.depth, d.format, d.num_channels, levels);
+                a.allocate_array(true, bytes, || {
+                    result(unsafe { real(array, desc, levels) }, || written(array))
+                })
+            },
+        )
+    })
+}
+
+/// Bytes charged for an array. A format whose size is not known is charged as 4
+/// bytes per channel, the largest channel there is: overcharging an exotic format
+/// is better than leaving it uncharged.
+fn array_charge(
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+    levels: c_uint,
+) -> u64 {
+    let format = if array_format_bytes(format).is_some() {
+        format
+    } else {
+        0x03
+    };
+    array_bytes(width, height, depth, format, channels, levels).unwrap_or(u64::MAX)
+}
+
+/// # Safety
+/// The driver's contract for `cuArrayDestroy`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuArrayDestroy: fn(Handle) -> CUresult);
+        let rc = unsafe { real(array) };
+        if rc == CUDA_SUCCESS {
+            if let Some(mut a) = accounts::lock() {
+                a.array_destroyed(false, array);
+            }
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMipmappedArrayDestroy`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMipmappedArrayDestroy: fn(Handle) -> CUresult);
+        let rc = unsafe { real(array) };
+        if rc == CUDA_SUCCESS {
+            if let Some(mut a) = accounts::lock() {
+                a.array_destroyed(true, array);
+            }
+        }
+        rc
+    })
+}
+
+// ----- stream-ordered allocation and pools -----
+
+type FreeAsyncFn = unsafe extern "C" fn(CUdeviceptr, Handle) -> CUresult;
+type TrimFn = unsafe extern "C" fn(Handle, usize) -> CUresult;
+
+/// Gives a block back to its pool and trims the pool to `keep` bytes (the charge
+/// before the allocation that overshot).
+fn give_back(ptr: CUdeviceptr, stream: Handle, pool: Handle, keep: u64) {
+    if let Some(p) = symbols::real(Hook::cuMemFreeAsync) {
+        // SAFETY: the driver's cuMemFreeAsync on a block it just allocated on `stream`.
+        unsafe { std::mem::transmute::<*mut c_void, FreeAsyncFn>(p)(ptr, stream) };
+    }
+    if let Some(p) = symbols::real(Hook::cuMemPoolTrimTo) {
+        // SAFETY: the driver's cuMemPoolTrimTo on a live pool.
+        unsafe { std::mem::transmute::<*mut c_void, TrimFn>(p)(pool, keep as usize) };
+    }
+}
+
+/// `pool`: `None` for `cuMemAllocAsync` (the current pool of the current device).
+fn allocate_async(
+    a: &mut Accounts,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: Option<Handle>,
+    stream: Handle,
+    allocate: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let pool =
+        pool.or_else(|| crate::driver::current_device().and_then(crate::driver::current_pool));
+    let Some(pool) = pool else {
+        // No pool to watch: charge the block itself.
+        return a.allocate_device(bytes as u64, "cuMemAllocAsync", || {
+            result(allocate(), || written(dptr))
+        });
+    };
+    a.allocate_from_pool(
+        pool,
+        bytes as u64,
+        || crate::driver::pool_usage(pool),
+        || result(allocate(), || written(dptr)),
+        |ptr, keep| give_back(ptr, stream, pool, keep),
+    )
+}
+
+macro_rules! alloc_async {
+    ($name:ident) => {
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dptr: *mut CUdeviceptr, bytes: usize, stream: Handle) -> CUresult {
+            crate::guard::cuda(|| {
+                let real = real_fn!($name: fn(*mut CUdeviceptr, usize, Handle) -> CUresult);
+                accounted(
+                    || unsafe { real(dptr, bytes, stream) },
+                    |a| allocate_async(a, dptr, bytes, None, stream, || unsafe { real(dptr, bytes, stream) }),
+                )
+            })
+        }
+    };
+}
+alloc_async!(cuMemAllocAsync);
+alloc_async!(cuMemAllocAsync_ptsz);
+
+macro_rules! alloc_from_pool_async {
+    ($name:ident) => {
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            dptr: *mut CUdeviceptr,
+            bytes: usize,
+            pool: Handle,
+            stream: Handle,
+        ) -> CUresult {
+            crate::guard::cuda(|| {
+                let real = real_fn!($name: fn(*mut CUdeviceptr, usize, Handle, Handle) -> CUresult);
+                accounted(
+                    || unsafe { real(dptr, bytes, pool, stream) },
+                    |a| {
+                        allocate_async(a, dptr, bytes, Some(pool), stream, || unsafe {
+                            real(dptr, bytes, pool, stream)
+                        })
+                    },
+                )
+            })
+        }
+    };
+}
+alloc_from_pool_async!(cuMemAllocFromPoolAsync);
+alloc_from_pool_async!(cuMemAllocFromPoolAsync_ptsz);
+
+macro_rules! free_async {
+    ($name:ident) => {
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: Handle) -> CUresult {
+            crate::guard::cuda(|| {
+                let real = real_fn!($name: fn(CUdeviceptr, Handle) -> CUresult);
+                accounted(
+                    || unsafe { real(dptr, stream) },
+                    |a| {
+                        let rc = unsafe { real(dptr, stream) };
+                        if rc == CUDA_SUCCESS {
+                            a.freed_to_pool(dptr);
+                        }
+                        rc
+                    },
+                )
+            })
+        }
+    };
+}
+free_async!(cuMemFreeAsync);
+free_async!(cuMemFreeAsync_ptsz);
+
+/// # Safety
+/// The driver's contract for `cuMemPoolCreate`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut Handle,
+    props: *const AllocationPropHead,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real =
+            real_fn!(cuMemPoolCreate: fn(*mut Handle, *const AllocationPropHead) -> CUresult);
+        let rc = unsafe { real(pool, props) };
+        if rc == CUDA_SUCCESS {
+            if let (Some(mut a), Some(p), Some(props)) =
+                (accounts::lock(), written(pool), written(props))
+            {
+                a.pool_created(p, props.location_type != CU_MEM_LOCATION_TYPE_DEVICE);
+            }
+        }
+        rc
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMemPoolDestroy`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemPoolDestroy: fn(Handle) -> CUresult);
+        accounted(
+            || unsafe { real(pool) },
+            |a| {
+                let used = crate::driver::pool_usage(pool).map(|(_, used)| used);
+                let rc = unsafe { real(pool) };
+                if rc == CUDA_SUCCESS {
+                    a.pool_destroyed(pool, used);
+                }
+                rc
+            },
+        )
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMemPoolTrimTo`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemPoolTrimTo: fn(Handle, usize) -> CUresult);
+        accounted(
+            || unsafe { real(pool, keep) },
+            |a| {
+                let rc = unsafe { real(pool, keep) };
+                if rc == CUDA_SUCCESS {
+                    a.pool_trimmed(pool);
+                }
+                rc
+            },
+        )
+    })
+}
+
+// ----- virtual memory management -----
+
+/// # Safety
+/// The driver's contract for `cuMemCreate`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut PhysicalHandle,
+    bytes: usize,
+    prop: *const AllocationPropHead,
+    flags: u64,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemCreate: fn(*mut PhysicalHandle, usize, *const AllocationPropHead, u64) -> CUresult);
+        let on_device =
+            written(prop).is_some_and(|p| p.location_type == CU_MEM_LOCATION_TYPE_DEVICE);
+        // Host-located physical memory (HOST, HOST_NUMA) takes nothing from the GPU.
+        match accounts::lock() {
+            Some(mut a) if on_device => a.create_physical(bytes as u64, || {
+                result(unsafe { real(handle, bytes, prop, flags) }, || {
+                    written(handle)
+                })
+            }),
+            _ => unsafe { real(handle, bytes, prop, flags) },
+        }
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMemRelease`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRelease(handle: PhysicalHandle) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemRelease: fn(PhysicalHandle) -> CUresult);
+        accounted(
+            || unsafe { real(handle) },
+            |a| {
+                let rc = unsafe { real(handle) };
+                if rc == CUDA_SUCCESS {
+                    a.physical_released(handle);
+                }
+                rc
+            },
+        )
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMemMap`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    address: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: PhysicalHandle,
+    flags: u64,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real =
+            real_fn!(cuMemMap: fn(CUdeviceptr, usize, usize, PhysicalHandle, u64) -> CUresult);
+        accounted(
+            || unsafe { real(address, size, offset, handle, flags) },
+            |a| {
+                let rc = unsafe { real(address, size, offset, handle, flags) };
+                if rc == CUDA_SUCCESS {
+                    a.mapped(address, size as u64, handle);
+                }
+                rc
+            },
+        )
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMemUnmap`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(address: CUdeviceptr, size: usize) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemUnmap: fn(CUdeviceptr, usize) -> CUresult);
+        accounted(
+            || unsafe { real(address, size) },
+            |a| {
+                let rc = unsafe { real(address, size) };
+                if rc == CUDA_SUCCESS {
+                    a.unmapped(address, size as u64);
+                }
+                rc
+            },
+        )
+    })
+}

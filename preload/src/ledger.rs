@@ -1,0 +1,450 @@
+//! The process's link to its lease's ledger in the arbiter, over the lease socket
+//! (`/run/gpushare/arbiter.sock` inside the container).
+//!
+//! One connection per process: the arbiter keeps the ledger per connection, so when
+//! the process dies its memory is credited back. The library speaks the protocol of
+//! `gpushare_proto::lease_socket` itself (its frames and messages) rather than
+//! through `LeaseClient`, because it must know the socket's descriptor: a fork child
+//! closes its inherited copy without touching any lock (see `fork`).
+//!
+//! If the arbiter goes away (restart, crash) the next ledger operation reconnects
+//! with exponential backoff and re-attaches with what the process still holds, so the
+//! new arbiter's ledger is rebuilt. While it cannot be reached, charges fail closed
+//! (`CUDA_ERROR_OUT_OF_MEMORY`): the quota is never exceeded for want of a ledger.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use gpushare_proto::frame::{read_message, write_message, FrameError};
+use gpushare_proto::{ErrorKind, LeaseRequest, LeaseResponse, LeaseState, Quota, PROTOCOL_VERSION};
+
+/// Bound on every read and write: a wedged arbiter cannot hang an allocation for ever.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a charge keeps trying to reach an arbiter that is away (a restart takes
+/// about a second).
+pub const CHARGE_PATIENCE: Duration = Duration::from_secs(3);
+/// How long a memory query waits for it (it can answer from what it last knew).
+pub const QUERY_PATIENCE: Duration = Duration::from_millis(200);
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The connection's descriptor, for a fork child to close (-1: none). Stored after
+/// the socket exists and cleared before it is closed, so at any instant — the one a
+/// fork snapshots — a value here is our socket.
+static CONNECTION_FD: AtomicI32 = AtomicI32::new(-1);
+
+#[derive(Debug)]
+pub enum LinkError {
+    Io(String),
+    Refused { kind: ErrorKind, message: String },
+    Version(u32),
+    Unexpected(String),
+}
+
+impl std::error::Error for LinkError {}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::Io(e) => write!(f, "{e}"),
+            LinkError::Refused { kind, message } => write!(f, "refused ({kind:?}): {message}"),
+            LinkError::Version(v) => write!(
+                f,
+                "the arbiter speaks protocol {v}, this library {PROTOCOL_VERSION}"
+            ),
+            LinkError::Unexpected(r) => write!(f, "unexpected answer {r}"),
+        }
+    }
+}
+
+impl From<FrameError> for LinkError {
+    fn from(e: FrameError) -> Self {
+        LinkError::Io(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for LinkError {
+    fn from(e: std::io::Error) -> Self {
+        LinkError::Io(e.to_string())
+    }
+}
+
+struct Connection {
+    stream: UnixStream,
+}
+
+impl Connection {
+    fn open(path: &std::path::Path) -> Result<Connection, LinkError> {
+        let stream = UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        let mut c = Connection { stream };
+        match c.call(&LeaseRequest::Hello {
+            protocol: PROTOCOL_VERSION,
+        })? {
+            LeaseResponse::Hello { protocol } if protocol == PROTOCOL_VERSION => Ok(c),
+            LeaseResponse::Hello { protocol } => Err(LinkError::Version(protocol)),
+            other => Err(LinkError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    fn call(&mut self, request: &LeaseRequest) -> Result<LeaseResponse, LinkError> {
+        write_message(&mut self.stream, request)?;
+        match read_message(&mut self.stream)? {
+            LeaseResponse::Error { kind, message } => Err(LinkError::Refused { kind, message }),
+            response => Ok(response),
+        }
+    }
+}
+
+/// What the library knows of its lease's share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaView {
+    /// The lease's memory quota (its per-GPU memory × its GPUs).
+    pub quota: u64,
+    /// In use across every process of the lease.
+    pub used: u64,
+    pub gpus: u32,
+    pub released: bool,
+}
+
+impl QuotaView {
+    fn from_quota(q: &Quota) -> QuotaView {
+        QuotaView {
+            quota: q.memory_quota,
+            used: q.memory_used,
+            gpus: q.gpus.len() as u32,
+            released: q.state == LeaseState::Released,
+        }
+    }
+
+    /// The quota of one GPU of the lease.
+    pub fn per_gpu(&self) -> u64 {
+        self.quota / u64::from(self.gpus.max(1))
+    }
+
+    pub fn remaining(&self) -> u64 {
+        self.quota.saturating_sub(self.used)
+    }
+}
+
+/// Why a charge was not granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    OverQuota {
+        used: u64,
+        quota: u64,
+    },
+    /// The arbiter could not be reached within the patience.
+    Unreachable,
+    /// The lease is gone (the container is being torn down, or an operator released it).
+    Released,
+}
+
+#[derive(Debug)]
+struct Backoff {
+    next_attempt: Option<Instant>,
+    delay: Duration,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            next_attempt: None,
+            delay: FIRST_BACKOFF,
+        }
+    }
+
+    fn failed(&mut self, now: Instant) {
+        self.next_attempt = Some(now + self.delay);
+        self.delay = (self.delay * 2).min(MAX_BACKOFF);
+    }
+
+    fn succeeded(&mut self) {
+        *self = Backoff::new();
+    }
+}
+
+pub struct LeaseLink {
+    socket: PathBuf,
+    connection: Option<Connection>,
+    /// What this process has charged and not credited: re-attached after a reconnect.
+    held: u64,
+    last: Option<QuotaView>,
+    backoff: Backoff,
+    /// The process's own link publishes its descriptor for a fork child to close;
+    /// other links (tests) leave CONNECTION_FD alone.
+    publishes_fd: bool,
+}
+
+impl LeaseLink {
+    pub fn new(socket: PathBuf) -> LeaseLink {
+        LeaseLink {
+            socket,
+            connection: None,
+            held: 0,
+            last: None,
+            backoff: Backoff::new(),
+            publishes_fd: false,
+        }
+    }
+
+    /// The link of the process's accounts (the one a fork child must close).
+    pub fn for_process(socket: PathBuf) -> LeaseLink {
+        LeaseLink {
+            publishes_fd: true,
+            ..LeaseLink::new(socket)
+        }
+    }
+
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// What was last heard from the arbiter.
+    pub fn last_known(&self) -> Option<QuotaView> {
+        self.last
+    }
+
+    fn drop_connection(&mut self) {
+        if self.connection.is_some() {
+            if self.publishes_fd {
+                CONNECTION_FD.store(-1, Ordering::Release);
+            }
+            self.connection = None;
+        }
+    }
+
+    /// Connected (and attached), trying until `patience` runs out, with backoff.
+    fn ensure_connected(&mut self, patience: Duration) -> bool {
+        let deadline = Instant::now() + patience;
+        loop {
+            if self.connection.is_some() {
+                return true;
+            }
+            let now = Instant::now();
+            if let Some(at) = self.backoff.next_attempt {
+                if at > now {
+                    if at > deadline {
+                        return false;
+                    }
+                    std::thread::sleep(at - now);
+                }
+            }
+            match self.attach() {
+                Ok(()) => {
+                    self.backoff.succeeded();
+                    return true;
+                }
+                Err(e) => {
+                    crate::log_info!("arbiter at {} unreachable: {e}", self.socket.display());
+                    self.backoff.failed(Instant::now());
+                    if Instant::now() >= deadline {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    fn attach(&mut self) -> Result<(), LinkError> {
+        let mut c = Connection::open(&self.socket)?;
+        match c.call(&LeaseRequest::Attach {
+            memory_held: self.held,
+        })? {
+            LeaseResponse::Attached { pid, quota } => {
+                let view = QuotaView::from_quota(&quota);
+                crate::log_info!(
+                    "attached to lease {} as pid {pid}: quota {} bytes on {} GPU(s), {} in use, {} held here",
+                    quota.lease,
+                    view.quota,
+                    view.gpus,
+                    view.used,
+                    self.held
+                );
+                if self.publishes_fd {
+                    CONNECTION_FD.store(c.stream.as_raw_fd(), Ordering::Release);
+                }
+                self.connection = Some(c);
+                self.last = Some(view);
+                Ok(())
+            }
+            other => Err(LinkError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// One request, reconnecting once if the connection turns out dead (the arbiter
+    /// restarted since the last request).
+    fn request(
+        &mut self,
+        request: &LeaseRequest,
+        patience: Duration,
+    ) -> Result<LeaseResponse, LinkError> {
+        let mut last_error = LinkError::Io("not connected".into());
+        for _ in 0..2 {
+            if !self.ensure_connected(patience) {
+                return Err(last_error);
+            }
+            let c = self.connection.as_mut().expect("connected above");
+            match c.call(request) {
+                Ok(r) => return Ok(r),
+                Err(e @ LinkError::Refused { .. }) => return Err(e),
+                Err(e) => {
+                    crate::log_info!("arbiter connection lost: {e}; reconnecting");
+                    self.drop_connection();
+                    last_error = e;
+                }
+            }
+        }
+        Err(last_error)
+    }
+
+    /// Asks to hold `bytes` more. Zero is granted without asking.
+    pub fn charge(&mut self, bytes: u64) -> Result<(), Refusal> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        match self.request(&LeaseRequest::Charge { bytes }, CHARGE_PATIENCE) {
+            Ok(LeaseResponse::Charged {
+                granted,
+                memory_used,
+                memory_quota,
+            }) => {
+                if let Some(last) = self.last.as_mut() {
+                    last.used = memory_used;
+                    last.quota = memory_quota;
+                }
+                if granted {
+                    self.held += bytes;
+                    Ok(())
+                } else {
+                    Err(Refusal::OverQuota {
+                        used: memory_used,
+                        quota: memory_quota,
+                    })
+                }
+            }
+            Ok(other) => {
+                crate::log_error!("charge answered with {other:?}");
+                Err(Refusal::Unreachable)
+            }
+            Err(LinkError::Refused {
+                kind: ErrorKind::NotFound,
+                ..
+            }) => {
+                if let Some(last) = self.last.as_mut() {
+                    last.released = true;
+                }
+                Err(Refusal::Released)
+            }
+            Err(e) => {
+                crate::log_error!("charge of {bytes} bytes not granted: {e}");
+                Err(Refusal::Unreachable)
+            }
+        }
+    }
+
+    /// `bytes` were freed. Never fails: if the arbiter is away, the re-attach after
+    /// the reconnect carries the corrected holdings.
+    pub fn credit(&mut self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.held = self.held.saturating_sub(bytes);
+        if self.connection.is_none() {
+            return;
+        }
+        match self.request(&LeaseRequest::Credit { bytes }, Duration::ZERO) {
+            Ok(LeaseResponse::Credited { memory_used }) => {
+                if let Some(last) = self.last.as_mut() {
+                    last.used = memory_used;
+                }
+            }
+            Ok(other) => crate::log_error!("credit answered with {other:?}"),
+            Err(e) => {
+                crate::log_error!("credit of {bytes} bytes: {e}");
+                // Out of step with the arbiter: a fresh attach reports the truth.
+                self.drop_connection();
+            }
+        }
+    }
+
+    /// The lease's share as the arbiter sees it now, or what was last heard.
+    pub fn query(&mut self) -> Option<QuotaView> {
+        match self.request(&LeaseRequest::Query, QUERY_PATIENCE) {
+            Ok(LeaseResponse::Quota(q)) => {
+                self.last = Some(QuotaView::from_quota(&q));
+            }
+            Ok(other) => crate::log_error!("query answered with {other:?}"),
+            Err(e) => crate::log_info!("query: {e}; answering from what was last known"),
+        }
+        self.last
+    }
+
+    /// The quota, connecting if nothing is known yet.
+    pub fn known_quota(&mut self) -> Option<QuotaView> {
+        if self.last.is_none() {
+            self.ensure_connected(QUERY_PATIENCE);
+        }
+        self.last
+    }
+}
+
+/// In a fork child: close the child's copy of the parent's connection, so the
+/// parent's ledger entry closes when the parent's does. Async-signal-safe.
+pub fn close_inherited_connection() {
+    let fd = CONNECTION_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: this descriptor is the child's copy of our socket (see CONNECTION_FD);
+        // the parent's state that owns the number is abandoned in the child, never dropped.
+        unsafe { libc::close(fd) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_ceiling_and_resets() {
+        let mut b = Backoff::new();
+        let t = Instant::now();
+        b.failed(t);
+        assert_eq!(b.next_attempt, Some(t + FIRST_BACKOFF));
+        for _ in 0..20 {
+            b.failed(t);
+        }
+        assert_eq!(b.delay, MAX_BACKOFF);
+        b.succeeded();
+        assert_eq!(b.next_attempt, None);
+        assert_eq!(b.delay, FIRST_BACKOFF);
+    }
+
+    #[test]
+    fn unreachable_arbiter_fails_closed_within_the_patience() {
+        let mut link = LeaseLink::new("/nonexistent/gpushare.sock".into());
+        let start = Instant::now();
+        assert_eq!(link.charge(1), Err(Refusal::Unreachable));
+        assert!(start.elapsed() < CHARGE_PATIENCE * 2);
+        assert_eq!(link.held(), 0);
+        link.credit(5);
+        assert_eq!(link.query(), None);
+    }
+
+    #[test]
+    fn per_gpu_share() {
+        let v = QuotaView {
+            quota: 8,
+            used: 3,
+            gpus: 2,
+            released: false,
+        };
+        assert_eq!(v.per_gpu(), 4);
+        assert_eq!(v.remaining(), 5);
+        let none = QuotaView { gpus: 0, ..v };
+        assert_eq!(none.per_gpu(), 8);
+    }
+}

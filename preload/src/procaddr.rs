@@ -1,0 +1,254 @@
+//! `cuGetProcAddress` / `_v2`: the way the CUDA runtime (11.3+) obtains every entry
+//! point. The request names a *base* name, the CUDA version the caller was built
+//! against, and flags; the driver answers with the variant of that ABI. We forward
+//! the request, and when the variant is one we wrap, record the driver's pointer and
+//! answer with our wrapper for exactly that variant.
+//!
+//! The variant is selected here from the same thresholds the driver uses
+//! (cudaTypedefs.h: `PFN_cuMemAlloc_v3020` is `cuMemAlloc_v2`), so a caller built
+//! for an older CUDA never gets a newer ABI, and a per-thread-default-stream request
+//! gets the `_ptsz` wrapper that calls the driver's `_ptsz` function. A request this
+//! table cannot place (an older ABI than any variant we wrap) keeps the driver's own
+//! answer.
+
+use libc::{c_char, c_int, c_void};
+use std::ffi::CStr;
+
+use crate::cuda::*;
+use crate::symbols::{self, Hook};
+
+type Variants = &'static [(c_int, Hook)];
+
+/// (base name, variants newest first, per-thread-default-stream variants newest
+/// first). An empty per-thread list: the function takes no stream, the flag changes
+/// nothing.
+#[rustfmt::skip]
+const TABLE: &[(&str, Variants, Variants)] = &[
+    ("cuGetProcAddress", &[(12000, Hook::cuGetProcAddress_v2), (11030, Hook::cuGetProcAddress)], &[]),
+    ("cuLaunchKernel", &[(4000, Hook::cuLaunchKernel)], &[(7000, Hook::cuLaunchKernel_ptsz)]),
+    ("cuLaunchKernelEx", &[(11060, Hook::cuLaunchKernelEx)], &[(11060, Hook::cuLaunchKernelEx_ptsz)]),
+    ("cuLaunchCooperativeKernel", &[(9000, Hook::cuLaunchCooperativeKernel)], &[(9000, Hook::cuLaunchCooperativeKernel_ptsz)]),
+    ("cuGraphLaunch", &[(10000, Hook::cuGraphLaunch)], &[(10000, Hook::cuGraphLaunch_ptsz)]),
+    ("cuLaunch", &[(2000, Hook::cuLaunch)], &[]),
+    ("cuLaunchGrid", &[(2000, Hook::cuLaunchGrid)], &[]),
+    ("cuLaunchGridAsync", &[(2000, Hook::cuLaunchGridAsync)], &[]),
+    ("cuMemAlloc", &[(3020, Hook::cuMemAlloc_v2)], &[]),
+    ("cuMemAllocPitch", &[(3020, Hook::cuMemAllocPitch_v2)], &[]),
+    ("cuMemAllocManaged", &[(6000, Hook::cuMemAllocManaged)], &[]),
+    ("cuMemFree", &[(3020, Hook::cuMemFree_v2)], &[]),
+    ("cuArrayCreate", &[(3020, Hook::cuArrayCreate_v2)], &[]),
+    ("cuArray3DCreate", &[(3020, Hook::cuArray3DCreate_v2)], &[]),
+    ("cuArrayDestroy", &[(2000, Hook::cuArrayDestroy)], &[]),
+    ("cuMipmappedArrayCreate", &[(5000, Hook::cuMipmappedArrayCreate)], &[]),
+    ("cuMipmappedArrayDestroy", &[(5000, Hook::cuMipmappedArrayDestroy)], &[]),
+    ("cuMemAllocAsync", &[(11020, Hook::cuMemAllocAsync)], &[(11020, Hook::cuMemAllocAsync_ptsz)]),
+    ("cuMemAllocFromPoolAsync", &[(11020, Hook::cuMemAllocFromPoolAsync)], &[(11020, Hook::cuMemAllocFromPoolAsync_ptsz)]),
+    ("cuMemFreeAsync", &[(11020, Hook::cuMemFreeAsync)], &[(11020, Hook::cuMemFreeAsync_ptsz)]),
+    ("cuMemPoolCreate", &[(11020, Hook::cuMemPoolCreate)], &[]),
+    ("cuMemPoolDestroy", &[(11020, Hook::cuMemPoolDestroy)], &[]),
+    ("cuMemPoolTrimTo", &[(11020, Hook::cuMemPoolTrimTo)], &[]),
+    ("cuMemCreate", &[(10020, Hook::cuMemCreate)], &[]),
+    ("cuMemRelease", &[(10020, Hook::cuMemRelease)], &[]),
+    ("cuMemMap", &[(10020, Hook::cuMemMap)], &[]),
+    ("cuMemUnmap", &[(10020, Hook::cuMemUnmap)], &[]),
+    ("cuMemGetInfo", &[(3020, Hook::cuMemGetInfo_v2)], &[]),
+    ("cuDeviceTotalMem", &[(3020, Hook::cuDeviceTotalMem_v2)], &[]),
+];
+
+/// The variant a request selects, if it is one we wrap.
+pub fn select(name: &[u8], cuda_version: c_int, flags: u64) -> Option<Hook> {
+    let (_, default, per_thread) = TABLE.iter().find(|(n, _, _)| n.as_bytes() == name)?;
+    let variants =
+        if flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 && !per_thread.is_empty() {
+            per_thread
+        } else {
+            default
+        };
+    variants
+        .iter()
+        .find(|(min, _)| *min <= cuda_version)
+        .map(|(_, hook)| *hook)
+}
+
+/// After a successful real lookup: swap in the wrapper for the selected variant.
+fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) {
+    if symbol.is_null() || pfn.is_null() || !crate::config::is_active() {
+        return;
+    }
+    // SAFETY: the driver accepted the request, so `symbol` is a NUL-terminated name and
+    // `pfn` points at the pointer it wrote.
+    let (name, found) = unsafe { (CStr::from_ptr(symbol), *pfn) };
+    if found.is_null() {
+        return;
+    }
+    match select(name.to_bytes(), cuda_version, flags) {
+        Some(hook) => {
+            symbols::record_real(hook, found);
+            crate::log_debug!(
+                "cuGetProcAddress({}, {cuda_version}, {flags}) -> {}",
+                name.to_string_lossy(),
+                hook.name().to_string_lossy()
+            );
+            // SAFETY: as above.
+            unsafe { *pfn = hook.wrapper() };
+        }
+        None if TABLE
+            .iter()
+            .any(|(n, _, _)| n.as_bytes() == name.to_bytes()) =>
+        {
+            crate::log_info!(
+                "cuGetProcAddress({}, {cuda_version}): an ABI older than any wrapped variant; passed through",
+                name.to_string_lossy()
+            );
+        }
+        None => {}
+    }
+}
+
+/// CUDA 11.3–11.8 form.
+///
+/// # Safety
+/// The driver's contract for `cuGetProcAddress`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let Some(real) = symbols::real(Hook::cuGetProcAddress) else {
+            return CUDA_ERROR_NOT_FOUND;
+        };
+        // SAFETY: the driver's cuGetProcAddress, called with the caller's arguments.
+        let result = unsafe {
+            std::mem::transmute::<*mut c_void, GetProcAddressFn>(real)(
+                symbol,
+                pfn,
+                cuda_version,
+                flags,
+            )
+        };
+        if result == CUDA_SUCCESS {
+            substitute(symbol, pfn, cuda_version, flags);
+        }
+        result
+    })
+}
+
+/// CUDA 12.0+ form (`cuGetProcAddress` in 12.x headers is a macro for it).
+///
+/// # Safety
+/// The driver's contract for `cuGetProcAddress_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let Some(real) = symbols::real(Hook::cuGetProcAddress_v2) else {
+            return CUDA_ERROR_NOT_FOUND;
+        };
+        // SAFETY: the driver's cuGetProcAddress_v2, called with the caller's arguments.
+        let result = unsafe {
+            std::mem::transmute::<*mut c_void, GetProcAddressV2Fn>(real)(
+                symbol,
+                pfn,
+                cuda_version,
+                flags,
+                status,
+            )
+        };
+        if result == CUDA_SUCCESS {
+            substitute(symbol, pfn, cuda_version, flags);
+        }
+        result
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PTDS: u64 = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    const LEGACY: u64 = CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+
+    #[test]
+    fn version_and_flags_pick_the_variant() {
+        let rows: &[(&str, c_int, u64, Option<Hook>)] = &[
+            ("cuMemAlloc", 12040, 0, Some(Hook::cuMemAlloc_v2)),
+            ("cuMemAlloc", 3020, PTDS, Some(Hook::cuMemAlloc_v2)),
+            ("cuMemAlloc", 3010, 0, None),
+            ("cuLaunchKernel", 12040, 0, Some(Hook::cuLaunchKernel)),
+            ("cuLaunchKernel", 12040, LEGACY, Some(Hook::cuLaunchKernel)),
+            (
+                "cuLaunchKernel",
+                12040,
+                PTDS,
+                Some(Hook::cuLaunchKernel_ptsz),
+            ),
+            ("cuLaunchKernel", 6050, PTDS, None),
+            ("cuLaunchKernel", 6050, 0, Some(Hook::cuLaunchKernel)),
+            ("cuLaunchKernelEx", 11050, 0, None),
+            ("cuGraphLaunch", 12000, PTDS, Some(Hook::cuGraphLaunch_ptsz)),
+            ("cuMemAllocAsync", 11010, 0, None),
+            (
+                "cuMemAllocAsync",
+                11020,
+                PTDS,
+                Some(Hook::cuMemAllocAsync_ptsz),
+            ),
+            (
+                "cuMemFreeAsync",
+                12040,
+                PTDS,
+                Some(Hook::cuMemFreeAsync_ptsz),
+            ),
+            ("cuGetProcAddress", 11030, 0, Some(Hook::cuGetProcAddress)),
+            ("cuGetProcAddress", 11080, 0, Some(Hook::cuGetProcAddress)),
+            (
+                "cuGetProcAddress",
+                12000,
+                0,
+                Some(Hook::cuGetProcAddress_v2),
+            ),
+            (
+                "cuLaunchGridAsync",
+                12000,
+                PTDS,
+                Some(Hook::cuLaunchGridAsync),
+            ),
+            ("cuMemAlloc_v2", 12040, 0, None),
+            ("cuCtxCreate", 12040, 0, None),
+        ];
+        for &(name, version, flags, want) in rows {
+            assert_eq!(
+                select(name.as_bytes(), version, flags),
+                want,
+                "{name} {version} {flags}"
+            );
+        }
+    }
+
+    #[test]
+    fn variants_newest_first_and_every_wrapped_variant_reachable() {
+        for (name, default, per_thread) in TABLE {
+            for list in [default, per_thread] {
+                assert!(list.windows(2).all(|w| w[0].0 > w[1].0), "{name}");
+            }
+        }
+        for hook in Hook::ALL {
+            let reachable = TABLE
+                .iter()
+                .any(|(_, d, p)| d.iter().chain(p.iter()).any(|(_, h)| h == hook));
+            let nvml = hook.name().to_bytes().starts_with(b"nvml");
+            assert!(
+                reachable || nvml,
+                "{hook:?} is never handed out by cuGetProcAddress"
+            );
+        }
+    }
+}
