@@ -141,11 +141,10 @@ if [ -n "$simulated" ]; then
   summary "high priority, sharing" "$(grep '^{' "$work/high.out")"
   summary "low priority, sharing" "$(grep '^{' "$work/low.out")"
   cat <<'NOTE'
-  The interposer (libgpushare.so) is still inert, so today the GPU time-slices between the
-  two jobs as the hardware would: the high-priority job slows down. The time-slice scheduler
-  (its own issue) is what will keep it near its alone figures.
-  For the same reason the jobs never register with the arbiter, and its watchdog lists them
-  under VIOLATIONS as processes that bypass gpushare (reported only: watchdog_kill is off).
+  libgpushare.so enforces each container's memory quota (see "used" in the status above) but
+  does not gate kernel launches yet, so today the GPU time-slices between the two jobs as the
+  hardware would: the high-priority job slows down. The time-slice scheduler (its own issue)
+  is what will keep it near its alone figures.
 NOTE
 fi
 

@@ -45,9 +45,11 @@ if ! command -v cargo-zigbuild >/dev/null 2>&1 || ! { command -v zig >/dev/null 
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends python3 python3-pip >/dev/null
   fi
-  echo "installing: ziglang cargo-zigbuild (PyPI)"
-  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q ziglang cargo-zigbuild 2>/dev/null \
-    || PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --break-system-packages ziglang cargo-zigbuild
+  # The versions the baseline build was verified with.
+  ZIG_PACKAGES="ziglang==0.17.1 cargo-zigbuild==0.24.0"
+  echo "installing: $ZIG_PACKAGES (PyPI)"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q $ZIG_PACKAGES 2>/dev/null \
+    || PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --break-system-packages $ZIG_PACKAGES
   hash -r
   command -v cargo-zigbuild >/dev/null 2>&1 || { echo "cargo-zigbuild is not on PATH after pip install" >&2; exit 1; }
 fi
