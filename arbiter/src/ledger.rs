@@ -27,8 +27,13 @@ pub struct LeaseLedger {
 }
 
 impl LeaseLedger {
+    /// Saturating: `held` at attach is the client's own claim (after an arbiter
+    /// restart), so a hostile claim must make its lease look full, never wrap
+    /// around to look empty (or panic the daemon in a debug build).
     pub fn used(&self) -> u64 {
-        self.clients.values().map(|c| c.held).sum()
+        self.clients
+            .values()
+            .fold(0u64, |sum, c| sum.saturating_add(c.held))
     }
 }
 
@@ -231,6 +236,24 @@ mod tests {
         assert_eq!(
             l.attach(&lease(), 7, 10, 0),
             Err(LedgerError::AlreadyAttached)
+        );
+    }
+
+    #[test]
+    fn hostile_held_claims_saturate_instead_of_wrapping() {
+        let mut l = ledger(100);
+        l.attach(&lease(), 1, 10, u64::MAX).unwrap();
+        l.attach(&lease(), 2, 11, u64::MAX).unwrap();
+        assert_eq!(
+            l.get(&lease()).unwrap().used(),
+            u64::MAX,
+            "no wrap-around to a small number"
+        );
+        l.attach(&lease(), 3, 12, 0).unwrap();
+        let charge = l.charge(&lease(), 3, 1).unwrap();
+        assert!(
+            !charge.granted,
+            "a lease that claims everything has no room left"
         );
     }
 

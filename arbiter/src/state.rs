@@ -112,6 +112,16 @@ impl LeaseDirs {
             source,
         };
         fs::create_dir_all(&path).map_err(err)?;
+        // Searchable but not listable: a lease id is what entitles a pending lease
+        // to be bound (podman's precreate), so host users must not be able to read
+        // the ids off the directory. Containers see only their own lease directory.
+        let leases = self.run_dir.join("leases");
+        fs::set_permissions(&leases, fs::Permissions::from_mode(0o711)).map_err(|source| {
+            StateError::LeaseDir {
+                path: leases.clone(),
+                source,
+            }
+        })?;
         // Containers may run as any user and must reach the lease socket inside.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).map_err(err)?;
         Ok(path)
@@ -1039,6 +1049,16 @@ mod tests {
         let g = arbiter
             .reserve_now(request("c1", "1Gi", Priority::Low))
             .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let leases_mode = fs::metadata(dir.path().join("run/leases"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            leases_mode & 0o777,
+            0o711,
+            "lease ids must not be listable by host users"
+        );
         assert!(arbiter.release(&g.lease.id).unwrap().0);
         assert!(!arbiter.release(&g.lease.id).unwrap().0);
         assert!(!dir.path().join("run/leases").join(&g.lease.id.0).exists());

@@ -69,9 +69,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_held_token_admits_at_once() {
-        admit(Launch::Kernel);
+    fn a_fork_child_gives_up_its_parents_token_state() {
+        // A parent whose token had a deadline (expired long ago)...
+        TOKEN_DEADLINE_NS.store(1, Ordering::Release);
+        reset_after_fork();
+        // ...leaves the child with the no-scheduler state, not the parent's deadline.
         assert_eq!(TOKEN_DEADLINE_NS.load(Ordering::Acquire), HELD_FOREVER);
-        assert!(monotonic_ns() > 0);
+    }
+
+    #[test]
+    fn the_gate_clock_is_monotonic_nanoseconds() {
+        let before = monotonic_ns();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let elapsed = monotonic_ns() - before;
+        assert!(elapsed >= 2_000_000, "{elapsed} ns for a 2 ms sleep");
+        assert!(elapsed < 10_000_000_000, "{elapsed} ns: not nanoseconds");
     }
 }

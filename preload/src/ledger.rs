@@ -354,10 +354,14 @@ impl LeaseLink {
             return;
         }
         self.held = self.held.saturating_sub(bytes);
-        if self.connection.is_none() {
+        // Only on the connection that existed when the memory was freed, never
+        // resent after a reconnect: the re-attach already reports the lowered
+        // holdings, so a resent credit would be subtracted twice and let the
+        // container allocate past its quota.
+        let Some(connection) = self.connection.as_mut() else {
             return;
-        }
-        match self.request(&LeaseRequest::Credit { bytes }, Duration::ZERO) {
+        };
+        match connection.call(&LeaseRequest::Credit { bytes }) {
             Ok(LeaseResponse::Credited { memory_used }) => {
                 if let Some(last) = self.last.as_mut() {
                     last.used = memory_used;
