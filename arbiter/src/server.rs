@@ -362,6 +362,12 @@ impl Drop for SocketEndpoints {
     }
 }
 
+/// One connection per CUDA process of the container; far above any real
+/// container, low enough that one container cannot exhaust the arbiter's
+/// descriptors or memory (each connection may buffer a frame of up to 1 MiB)
+/// and fail every other container's start.
+pub const MAX_CONNECTIONS_PER_LEASE: usize = 256;
+
 async fn serve_lease(
     listener: UnixListener,
     lease: LeaseId,
@@ -371,6 +377,10 @@ async fn serve_lease(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
+                Ok((stream, _)) if connections.len() >= MAX_CONNECTIONS_PER_LEASE => {
+                    tracing::warn!(%lease, limit = MAX_CONNECTIONS_PER_LEASE, "too many connections on a lease socket; refusing one");
+                    drop(stream);
+                }
                 Ok((stream, _)) => {
                     let lease = lease.clone();
                     let slot = slot.clone();

@@ -482,3 +482,40 @@ fn metrics_endpoint_serves_prometheus_text() {
     )));
     assert!(get("/").starts_with("HTTP/1.0 404"));
 }
+
+/// A container that opens connection after connection on its own lease socket is
+/// cut off at the cap; other leases and the control socket keep working.
+#[test]
+fn a_flood_of_connections_on_one_lease_socket_is_capped() {
+    let d = Daemon::start(1, "16Gi", "");
+    let mut c = d.client();
+    let flooded = c.reserve(request("flood", "1Gi", Priority::Low)).unwrap();
+    let other = c.reserve(request("quiet", "1Gi", Priority::Low)).unwrap();
+    let path = d.lease_socket(&flooded.id.0);
+    let cap = gpushare_arbiter::server::MAX_CONNECTIONS_PER_LEASE;
+    // Held open: each accepted connection waits for its hello.
+    let held: Vec<UnixStream> = (0..cap + 20)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    let mut probe = UnixStream::connect(&path).unwrap();
+    probe.set_read_timeout(Some(T)).unwrap();
+    let mut byte = [0u8; 1];
+    // The arbiter closes connections beyond the cap at once: EOF, not a timeout.
+    assert_eq!(
+        probe.read(&mut byte).unwrap(),
+        0,
+        "a connection past the cap is closed"
+    );
+    let mut quiet = LeaseClient::connect(&d.lease_socket(&other.id.0), T).unwrap();
+    quiet.attach(0).unwrap();
+    assert!(
+        quiet.charge(GI / 2).unwrap().granted,
+        "other leases are unaffected"
+    );
+    assert_eq!(
+        c.status().unwrap().leases.len(),
+        2,
+        "the control socket is unaffected"
+    );
+    drop(held);
+}
