@@ -415,6 +415,25 @@ pub fn unmount_under(dir: &Path) {
         .status();
 }
 
+/// `runc spec` in `bundle` (which must exist), read back with a terminal-less
+/// process, for tests that drive runc or gpushare-runc without an engine.
+pub fn runc_default_spec(bundle: &Path) -> Value {
+    let out = Command::new("runc")
+        .arg("spec")
+        .current_dir(bundle)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "runc spec: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    spec["process"]["terminal"] = serde_json::json!(false);
+    spec
+}
+
 /// Median of samples (mean of the two middle ones for an even count).
 pub fn median(mut samples: Vec<f64>) -> f64 {
     assert!(!samples.is_empty(), "median of nothing");

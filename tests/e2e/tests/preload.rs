@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use gpushare_e2e::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const MI: u64 = 1 << 20;
 
@@ -145,19 +145,7 @@ fn quota_inside_a_container_started_through_gpushare_runc() {
 
     let bundle = dir.path().join("bundle");
     cuda_rootfs(&bundle.join("rootfs"));
-    let out = Command::new("runc")
-        .arg("spec")
-        .current_dir(&bundle)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "runc spec: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut spec: Value =
-        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
-    spec["process"]["terminal"] = json!(false);
+    let mut spec = runc_default_spec(&bundle);
     spec["process"]["args"] = json!(["/bin/sh", "-c", script()]);
     spec["process"]["env"] = json!([
         "PATH=/bin",

@@ -16,19 +16,7 @@ impl Bundle {
     fn new(parent: &Path, name: &str, args: &[&str], annotations: Value) -> Bundle {
         let dir = parent.join(name);
         busybox_rootfs(&dir.join("rootfs"));
-        let out = Command::new("runc")
-            .arg("spec")
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "runc spec: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut spec: Value =
-            serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-        spec["process"]["terminal"] = json!(false);
+        let mut spec = runc_default_spec(&dir);
         spec["process"]["args"] = json!(args);
         spec["annotations"] = annotations;
         // Pretty-printed with a trailing space: any rewrite would show in the bytes.
