@@ -516,6 +516,15 @@ async fn handle_lease_connection(
                     Err(e) => (lease_error(e.kind(), e.to_string()), false),
                 }
             }
+            // Placeholder until the token service lands (issue 6): refused, so an
+            // interposer that asks keeps running as before.
+            (LeaseRequest::Schedule, true, _) => (
+                lease_error(
+                    ErrorKind::InvalidRequest,
+                    "this arbiter does not schedule GPU time".into(),
+                ),
+                true,
+            ),
             (LeaseRequest::Credit { bytes }, true, true) => {
                 let result = lock(arbiter).lease_credit(lease, connection, bytes);
                 match result {

@@ -3,7 +3,8 @@
 //! it connected through, so no message names a lease.
 //!
 //! Order: `Hello` first; `Attach` before `Charge`/`Credit`; `Query` any time after
-//! `Hello`. Anything else closes the connection.
+//! `Hello`; or, on a connection of its own, `Schedule` right after `Hello`, which turns
+//! it into a token connection (see `token`). Anything else closes the connection.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +33,10 @@ pub enum LeaseRequest {
     Credit {
         bytes: u64,
     },
+    /// Make this connection a token connection for the lease's GPU: the answer is
+    /// `Scheduled` with the token page's memfd attached (`SCM_RIGHTS`), and only
+    /// `token::TokenRequest` frames may follow.
+    Schedule,
 }
 
 /// The share a lease grants, and how much of its memory is in use.
@@ -71,6 +76,9 @@ pub enum LeaseResponse {
     Credited {
         memory_used: u64,
     },
+    /// The connection is now a token connection; the page's descriptor travels with
+    /// this frame.
+    Scheduled(crate::token::ScheduleTerms),
     Error {
         kind: ErrorKind,
         message: String,

@@ -10,6 +10,7 @@ pub mod lease;
 pub mod lease_socket;
 pub mod message;
 pub mod quantity;
+pub mod token;
 
 pub use client::{ChargeOutcome, ClientError, ControlClient, LeaseClient};
 pub use lease::{Lease, LeaseId, LeaseState};
@@ -19,6 +20,7 @@ pub use message::{
     ReserveRequest, StatusReport, Violation, ViolationKind,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
+pub use token::{LossPolicy, ScheduleTerms, TokenPage, TokenRequest};
 
 /// Bumped on any incompatible change to the messages; the first frame of every
 /// connection carries it and a mismatch closes the connection with a clear error.

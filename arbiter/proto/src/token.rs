@@ -1,0 +1,154 @@
+//! The time-slice token: how a client process learns, without a system call, whether it
+//! may submit GPU work, and how it asks for and returns the token.
+//!
+//! Two channels, each in the direction where it is cheap:
+//!
+//! * **arbiter → client: a shared page** ([`TokenPage`]). The arbiter creates one memfd
+//!   per scheduled connection, maps it writable, seals it against further writable
+//!   mappings and passes the descriptor with the `Scheduled` answer (`SCM_RIGHTS`). The
+//!   client maps it read-only. A grant or a revocation is a store to the page, seen by
+//!   the client's next launch (one atomic load and one vDSO clock read); the arbiter
+//!   then bumps [`TokenPage::seq`] and `FUTEX_WAKE`s it, so a client blocked waiting for
+//!   the token wakes without another message. Revocation therefore needs no round trip:
+//!   the holder stops submitting at its next launch.
+//! * **client → arbiter: frames on the connection** ([`TokenRequest`]), one-way; the
+//!   arbiter never answers them on the socket.
+//!
+//! Opening: `Hello`, then `LeaseRequest::Schedule` on a connection of its own (not the
+//! ledger's). The answer is `LeaseResponse::Scheduled` with the memfd attached to the
+//! frame's first byte. From then on only `TokenRequest` frames may follow; anything else
+//! closes the connection, which — like the client's death — loses the token at once.
+//!
+//! A page is per connection, so a container can neither read nor write another's; what
+//! a client does to its own mapping only affects itself (it could as well skip the
+//! interposer, which is what the watchdog is for).
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use serde::{Deserialize, Serialize};
+
+use crate::quantity::Priority;
+
+/// `TokenPage::magic` once the arbiter has initialised the page.
+pub const TOKEN_PAGE_MAGIC: u32 = 0x6770_746b; // "gptk"
+/// Bytes the arbiter allocates (and the client maps) for one page.
+pub const TOKEN_PAGE_SIZE: usize = 4096;
+
+/// `deadline_ns`: the token is not held.
+pub const NOT_HELD: u64 = 0;
+/// `deadline_ns`: held until the client releases it or the arbiter revokes it.
+pub const HELD_UNTIL_RELEASED: u64 = u64::MAX;
+
+/// `flags`: the arbiter has cut this client off (it ignored a revocation, or its lease
+/// ended). The connection is closed right after; the client must not ask again on it.
+pub const FLAG_CUT_OFF: u32 = 1;
+
+/// The shared page, as both sides see it. All fields are written by the arbiter only.
+///
+/// Store order, which the client relies on: `launch_ahead` and `flags` before
+/// `deadline_ns` (Release), `deadline_ns` before `seq` (Release), then `FUTEX_WAKE` on
+/// `seq`. A client that reads `deadline_ns` with Acquire therefore sees the limits that
+/// came with the grant.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct TokenPage {
+    pub magic: AtomicU32,
+    /// Futex word: incremented (wrapping) on every change, then woken.
+    pub seq: AtomicU32,
+    /// CLOCK_MONOTONIC nanoseconds until which the client may submit work;
+    /// [`NOT_HELD`] or [`HELD_UNTIL_RELEASED`].
+    pub deadline_ns: AtomicU64,
+    /// At most this many submitted-but-unfinished launches while holding; 0 = unbounded.
+    /// Small while a high-priority client shares the GPU, so that a revoked holder's
+    /// queued work drains in about one kernel.
+    pub launch_ahead: AtomicU32,
+    /// [`FLAG_CUT_OFF`].
+    pub flags: AtomicU32,
+    /// Bumped with each grant (the count of grants so far); lets a client tell a new
+    /// grant from the one it already answered.
+    pub grants: AtomicU64,
+}
+
+impl TokenPage {
+    /// A page in its initial state (not held, unbounded), for the arbiter to write into a
+    /// fresh mapping and for tests.
+    pub const fn new() -> TokenPage {
+        TokenPage {
+            magic: AtomicU32::new(TOKEN_PAGE_MAGIC),
+            seq: AtomicU32::new(0),
+            deadline_ns: AtomicU64::new(NOT_HELD),
+            launch_ahead: AtomicU32::new(0),
+            flags: AtomicU32::new(0),
+            grants: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Default for TokenPage {
+    fn default() -> Self {
+        TokenPage::new()
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<TokenPage>() <= TOKEN_PAGE_SIZE);
+
+/// What a client does while it cannot reach the arbiter (restart, crash), per class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossPolicy {
+    /// Submit ungated until the arbiter is back.
+    Run,
+    /// Submit nothing until the arbiter is back (and grants the token).
+    Wait,
+}
+
+/// What the arbiter tells a client when its connection becomes a token connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleTerms {
+    /// The GPU whose token this connection competes for.
+    pub gpu: String,
+    /// The lease's class, as the arbiter recorded it (never what the container says).
+    pub priority: Priority,
+    /// A holder whose submitted work has all completed and that has launched nothing for
+    /// this long returns the token.
+    pub idle_ns: u64,
+    /// What to do while the arbiter is unreachable.
+    pub on_arbiter_loss: LossPolicy,
+}
+
+/// Client → arbiter, after `Scheduled`. One-way: the answer is a change of the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum TokenRequest {
+    /// The client has work to submit and wants the token. Repeating it is harmless.
+    Want,
+    /// The client gives the token back (it went idle, its slice ran out, or it was
+    /// revoked — this is also the acknowledgement of a revocation). Its submitted work
+    /// has completed. `again`: it still has work and wants the token back.
+    Release { again: bool },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_layout_is_stable() {
+        // The layout is an ABI between two binaries built at different times.
+        assert_eq!(std::mem::offset_of!(TokenPage, magic), 0);
+        assert_eq!(std::mem::offset_of!(TokenPage, seq), 4);
+        assert_eq!(std::mem::offset_of!(TokenPage, deadline_ns), 8);
+        assert_eq!(std::mem::offset_of!(TokenPage, launch_ahead), 16);
+        assert_eq!(std::mem::offset_of!(TokenPage, flags), 20);
+        assert_eq!(std::mem::offset_of!(TokenPage, grants), 24);
+        assert_eq!(std::mem::size_of::<TokenPage>(), 64);
+    }
+
+    #[test]
+    fn token_requests_are_tagged_json() {
+        let json = serde_json::to_string(&TokenRequest::Release { again: true }).unwrap();
+        assert_eq!(json, r#"{"op":"release","again":true}"#);
+        let back: TokenRequest = serde_json::from_str(r#"{"op":"want"}"#).unwrap();
+        assert_eq!(back, TokenRequest::Want);
+    }
+}
