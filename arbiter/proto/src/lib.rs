@@ -11,6 +11,7 @@ pub mod lease_socket;
 pub mod message;
 pub mod quantity;
 pub mod token;
+pub mod token_client;
 
 pub use client::{ChargeOutcome, ClientError, ControlClient, LeaseClient};
 pub use lease::{Lease, LeaseId, LeaseState};
