@@ -526,6 +526,10 @@ mod tests {
                             used -= bytes;
                             LeaseResponse::Credited { memory_used: used }
                         }
+                        LeaseRequest::Schedule => LeaseResponse::Error {
+                            kind: gpushare_proto::ErrorKind::InvalidRequest,
+                            message: "this stand-in does not schedule".into(),
+                        },
                     };
                     if write_message(&mut s, &resp).is_err() {
                         break;

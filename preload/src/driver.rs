@@ -86,3 +86,90 @@ pub fn pool_usage(pool: Handle) -> Option<(u64, u64)> {
         read(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
     ))
 }
+
+// The gate's helpers: the token agent drains the process's context, the launch-ahead
+// bound records and waits on events, and captured launches are recognised.
+
+static CTX_GET_CURRENT: Lazy = Lazy::new(c"cuCtxGetCurrent");
+static CTX_SET_CURRENT: Lazy = Lazy::new(c"cuCtxSetCurrent");
+static CTX_SYNCHRONIZE: Lazy = Lazy::new(c"cuCtxSynchronize");
+static STREAM_IS_CAPTURING: Lazy = Lazy::new(c"cuStreamIsCapturing");
+static EVENT_CREATE: Lazy = Lazy::new(c"cuEventCreate");
+static EVENT_RECORD: Lazy = Lazy::new(c"cuEventRecord");
+static EVENT_SYNCHRONIZE: Lazy = Lazy::new(c"cuEventSynchronize");
+static EVENT_DESTROY: Lazy = Lazy::new(c"cuEventDestroy_v2");
+
+/// `CU_EVENT_DISABLE_TIMING`: the cheapest event, for completion only.
+const CU_EVENT_DISABLE_TIMING: libc::c_uint = 0x2;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+
+/// Calls a resolved driver function with the given C signature.
+macro_rules! call {
+    ($lazy:expr, fn($($ty:ty),*) $(, $arg:expr)*) => {
+        match $lazy.get() {
+            // SAFETY: the slot holds the driver's function of this name, whose C
+            // signature (cuda.h) is the one given here.
+            Some(f) => Some(unsafe {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> CUresult>(f)($($arg),*)
+            }),
+            None => None,
+        }
+    };
+}
+
+/// The calling thread's current context (0: none, or no driver).
+pub fn current_context() -> Handle {
+    let mut context: Handle = 0;
+    match call!(CTX_GET_CURRENT, fn(*mut Handle), &mut context) {
+        Some(CUDA_SUCCESS) => context,
+        _ => 0,
+    }
+}
+
+/// Makes `context` current on the calling thread.
+pub fn set_current_context(context: Handle) -> bool {
+    call!(CTX_SET_CURRENT, fn(Handle), context) == Some(CUDA_SUCCESS)
+}
+
+/// Waits until the current context's submitted work has completed.
+pub fn synchronize_context() -> Option<CUresult> {
+    call!(CTX_SYNCHRONIZE, fn())
+}
+
+/// Whether `stream` is being captured into a graph (an error counts as no: the
+/// launch will meet the same error in the driver).
+pub fn stream_is_capturing(stream: Handle) -> bool {
+    let mut status: c_int = CU_STREAM_CAPTURE_STATUS_NONE;
+    call!(
+        STREAM_IS_CAPTURING,
+        fn(Handle, *mut c_int),
+        stream,
+        &mut status
+    ) == Some(CUDA_SUCCESS)
+        && status != CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// A completion-only event in the current context.
+pub fn create_event() -> Option<Handle> {
+    let mut event: Handle = 0;
+    let rc = call!(
+        EVENT_CREATE,
+        fn(*mut Handle, libc::c_uint),
+        &mut event,
+        CU_EVENT_DISABLE_TIMING
+    );
+    (rc == Some(CUDA_SUCCESS) && event != 0).then_some(event)
+}
+
+pub fn record_event(event: Handle, stream: Handle) -> bool {
+    call!(EVENT_RECORD, fn(Handle, Handle), event, stream) == Some(CUDA_SUCCESS)
+}
+
+pub fn synchronize_event(event: Handle) {
+    let _ = call!(EVENT_SYNCHRONIZE, fn(Handle), event);
+}
+
+pub fn destroy_event(event: Handle) {
+    let _ = call!(EVENT_DESTROY, fn(Handle), event);
+}

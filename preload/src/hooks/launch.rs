@@ -1,17 +1,20 @@
-//! Launch wrappers: the gate, then the driver. Nothing else happens here — this is
-//! the hot path (no allocation, lock, logging or system call).
+//! Launch wrappers: the gate, the driver, and the gate again (a launch under the
+//! launch-ahead bound records its completion). Nothing else happens here — this is
+//! the hot path (no allocation, lock, logging or system call while the token is held
+//! without a bound).
 
 use libc::{c_int, c_uint, c_void};
 
 use super::real_fn;
 use crate::cuda::*;
-use crate::gate::{self, Launch};
+use crate::gate::{self, Target};
 
 type Params = *mut *mut c_void;
 
-/// Defines a gated wrapper: `name(kind; arg: type, ...)`.
+/// Defines a gated wrapper:
+/// `name(per_thread_default_stream, stream expression; arg: type, ...)`.
 macro_rules! gated {
-    ($(#[$doc:meta])* $name:ident ($kind:expr; $($arg:ident : $ty:ty),*)) => {
+    ($(#[$doc:meta])* $name:ident ($per_thread:expr, $stream:expr; $($arg:ident : $ty:ty),*)) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -19,40 +22,52 @@ macro_rules! gated {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
             crate::guard::cuda(|| {
-                gate::admit($kind);
                 let real = real_fn!($name: fn($($ty),*) -> CUresult);
+                let ticket = gate::admit(Target { stream: $stream, per_thread: $per_thread });
                 // SAFETY: the caller's arguments, forwarded unchanged.
-                unsafe { real($($arg),*) }
+                let result = unsafe { real($($arg),*) };
+                gate::launched(ticket, result);
+                result
             })
         }
     };
 }
 
-gated!(cuLaunchKernel(Launch::Kernel; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
+/// The stream of a `CUlaunchConfig` (a null config is the driver's to refuse).
+fn config_stream(config: *const LaunchConfig) -> Handle {
+    if config.is_null() {
+        0
+    } else {
+        // SAFETY: a non-null config the caller passes to the driver, which reads it too.
+        unsafe { (*config).stream }
+    }
+}
+
+gated!(cuLaunchKernel(false, stream; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
     block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint, stream: Handle,
     params: Params, extra: Params));
-gated!(cuLaunchKernel_ptsz(Launch::Kernel; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
+gated!(cuLaunchKernel_ptsz(true, stream; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
     block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint, stream: Handle,
     params: Params, extra: Params));
-gated!(cuLaunchKernelEx(Launch::Kernel; config: *const LaunchConfig, f: Handle, params: Params,
-    extra: Params));
-gated!(cuLaunchKernelEx_ptsz(Launch::Kernel; config: *const LaunchConfig, f: Handle,
+gated!(cuLaunchKernelEx(false, config_stream(config); config: *const LaunchConfig, f: Handle,
     params: Params, extra: Params));
-gated!(cuLaunchCooperativeKernel(Launch::Cooperative; f: Handle, grid_x: c_uint, grid_y: c_uint,
+gated!(cuLaunchKernelEx_ptsz(true, config_stream(config); config: *const LaunchConfig, f: Handle,
+    params: Params, extra: Params));
+gated!(cuLaunchCooperativeKernel(false, stream; f: Handle, grid_x: c_uint, grid_y: c_uint,
     grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint,
     stream: Handle, params: Params));
-gated!(cuLaunchCooperativeKernel_ptsz(Launch::Cooperative; f: Handle, grid_x: c_uint,
+gated!(cuLaunchCooperativeKernel_ptsz(true, stream; f: Handle, grid_x: c_uint,
     grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint,
     shared_mem: c_uint, stream: Handle, params: Params));
 gated!(
     /// Graphs are gated when launched; the launches captured into them ran nothing.
-    cuGraphLaunch(Launch::Graph; exec: Handle, stream: Handle));
-gated!(cuGraphLaunch_ptsz(Launch::Graph; exec: Handle, stream: Handle));
+    cuGraphLaunch(false, stream; exec: Handle, stream: Handle));
+gated!(cuGraphLaunch_ptsz(true, stream; exec: Handle, stream: Handle));
 gated!(
-    /// Pre-4.0 launch API (block shape and parameters set beforehand).
-    cuLaunch(Launch::Legacy; f: Handle));
-gated!(cuLaunchGrid(Launch::Legacy; f: Handle, grid_width: c_int, grid_height: c_int));
-gated!(cuLaunchGridAsync(Launch::Legacy; f: Handle, grid_width: c_int, grid_height: c_int,
+    /// Pre-4.0 launch API (block shape and parameters set beforehand), on stream 0.
+    cuLaunch(false, 0; f: Handle));
+gated!(cuLaunchGrid(false, 0; f: Handle, grid_width: c_int, grid_height: c_int));
+gated!(cuLaunchGridAsync(false, stream; f: Handle, grid_width: c_int, grid_height: c_int,
     stream: Handle));
 
 #[cfg(test)]

@@ -1,0 +1,487 @@
+//! The launch gate: every kernel-submitting entry point (`cuLaunchKernel`, `…Ex`,
+//! `…CooperativeKernel`, `cuGraphLaunch`, the legacy `cuLaunch*`, each `_ptsz`)
+//! passes [`admit`] before it reaches the driver and [`launched`] after.
+//!
+//! The time-slice token (DESIGN.md, `gpushare_proto::token`): the arbiter writes a
+//! shared page per process; the process may submit while its `deadline_ns` is
+//! `u64::MAX` or in the future. The hot path is one load of the published page's
+//! address, one atomic load of its deadline, one vDSO clock read (skipped for
+//! `u64::MAX`), one load of `launch_ahead` (same cache line) and a relaxed bump of the
+//! launch counter the agent's idle detection reads — no system call, lock,
+//! allocation or logging.
+//!
+//! The published page is the arbiter's mapping while connected, else one of two static
+//! pages: [`UNGATED`] (deadline `u64::MAX`: the library is inactive, the arbiter refused
+//! to schedule, or it is lost and the class's policy is to run) and [`WAITING`]
+//! (deadline 0: the initial state, so the first launch of an active library takes the
+//! cold path; and a lost arbiter whose policy is to wait).
+//!
+//! Everything else is cold: the first launch starts the process's agent thread
+//! (`agent`), which opens the token connection, answers revocations, returns expired
+//! and idle tokens after draining the context, and reconnects. Launching threads that
+//! do not hold the token send `Want` (once per episode) and wait on the page's futex
+//! word — except high-priority ones, which submit at once, and launches into a stream
+//! being captured (they run nothing; their graph's launch is gated).
+
+mod agent;
+pub mod ahead;
+pub mod decide;
+#[doc(hidden)]
+pub mod fake_arbiter;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::time::Duration;
+
+use gpushare_proto::token::{HELD_UNTIL_RELEASED, NOT_HELD};
+use gpushare_proto::token_client::{futex_wake, TokenClientError, TokenConnection};
+use gpushare_proto::{Priority, TokenPage, TokenRequest};
+
+use crate::cuda::{CUresult, Handle, CUDA_SUCCESS};
+use ahead::{DriverEvents, Ring};
+
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream, as a handle any
+/// entry point accepts.
+const CU_STREAM_PER_THREAD: Handle = 0x2;
+/// How long a waiting launch sleeps between looks at the page (it is woken sooner by
+/// the arbiter's futex wake, or by the agent when it publishes another page).
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// The page of a process that submits freely: deadline `u64::MAX`, unbounded.
+pub static UNGATED: TokenPage = static_page(HELD_UNTIL_RELEASED);
+/// The page of a process that may not submit until the agent publishes another.
+pub static WAITING: TokenPage = static_page(NOT_HELD);
+
+const fn static_page(deadline_ns: u64) -> TokenPage {
+    let mut page = TokenPage::new();
+    page.deadline_ns = AtomicU64::new(deadline_ns);
+    page
+}
+
+/// Where a launch goes: its stream, and whether stream 0 means the thread's default
+/// stream (`_ptsz` variants) rather than the legacy one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub stream: Handle,
+    pub per_thread: bool,
+}
+
+impl Target {
+    /// The stream as a handle valid in any entry point.
+    fn handle(self) -> Handle {
+        if self.per_thread && self.stream == 0 {
+            CU_STREAM_PER_THREAD
+        } else {
+            self.stream
+        }
+    }
+}
+
+/// What [`admit`] hands the wrapper, for [`launched`]: nothing, or the launch-ahead
+/// ring (held, so the bound holds across threads) to record the launch's event in.
+#[must_use]
+pub enum Ticket {
+    Free,
+    Bounded(Bounded),
+}
+
+pub struct Bounded {
+    ring: MutexGuard<'static, Ring>,
+    stream: Handle,
+}
+
+/// The process's gate. In the unit-test binary it never schedules: tests there
+/// install configurations for fake ledgers that come and go, and test the token
+/// client on gates of their own.
+static GATE: Gate = Gate::new(if cfg!(test) {
+    Socket::Never
+} else {
+    Socket::FromConfig
+});
+
+/// Returns when the process may submit a launch into `target`.
+#[inline(always)]
+pub fn admit(target: Target) -> Ticket {
+    GATE.admit(target)
+}
+
+/// After the real launch: a bounded launch records its completion event.
+#[inline(always)]
+pub fn launched(ticket: Ticket, result: CUresult) {
+    if let Ticket::Bounded(bounded) = ticket {
+        bounded.finish(result);
+    }
+}
+
+/// A forked child holds no token: back to the initial state, the parent's connection
+/// closed (see `fork`).
+pub fn reset_after_fork() {
+    GATE.reset_after_fork();
+}
+
+/// Publishes `page` as the process's (benchmarks: a page that holds a real deadline).
+#[doc(hidden)]
+pub fn publish_for_benchmark(page: &'static TokenPage) {
+    GATE.publish(page);
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (vDSO: no system call).
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Whether a page lets a launch through now (ignoring `launch_ahead`).
+#[inline(always)]
+fn holds(page: &TokenPage) -> bool {
+    let deadline = page.deadline_ns.load(Acquire);
+    deadline == HELD_UNTIL_RELEASED || monotonic_ns() < deadline
+}
+
+/// Where the token connection is opened.
+#[derive(Debug)]
+pub enum Socket {
+    /// The library's configuration (`GPUSHARE_SOCKET`), when a lease is in force.
+    FromConfig,
+    /// A given socket, always active (tests).
+    At(PathBuf),
+    /// Never scheduled: ungated from the first launch.
+    Never,
+}
+
+/// One process's gate: the published page, the launch counter, and the client state
+/// of the cold path (replaced wholesale in a fork child).
+#[derive(Debug)]
+pub struct Gate {
+    page: AtomicPtr<TokenPage>,
+    launches: AtomicU64,
+    client: AtomicPtr<Client>,
+    /// The token connection's descriptor, for a fork child to close (-1: none).
+    token_fd: AtomicI32,
+    socket: Socket,
+}
+
+impl Gate {
+    pub const fn new(socket: Socket) -> Gate {
+        Gate {
+            page: AtomicPtr::new(&raw const WAITING as *mut TokenPage),
+            launches: AtomicU64::new(0),
+            client: AtomicPtr::new(std::ptr::null_mut()),
+            token_fd: AtomicI32::new(-1),
+            socket,
+        }
+    }
+
+    /// A gate of its own for a test, on `socket` (leaked: its agent outlives borrows).
+    pub fn for_socket(socket: PathBuf) -> &'static Gate {
+        Box::leak(Box::new(Gate::new(Socket::At(socket))))
+    }
+
+    #[inline(always)]
+    pub fn admit(&'static self, target: Target) -> Ticket {
+        // SAFETY: the pointer is always a static page or a token mapping, never
+        // unmapped (see `Link`).
+        let page = unsafe { &*self.page.load(Acquire) };
+        if holds(page) && page.launch_ahead.load(Relaxed) == 0 {
+            self.count_launch();
+            return Ticket::Free;
+        }
+        self.admit_cold(target)
+    }
+
+    /// The idle detector only needs to see the counter change: a plain load and store
+    /// (no locked instruction); a bump lost to a concurrent one still changes it.
+    #[inline(always)]
+    fn count_launch(&self) {
+        self.launches
+            .store(self.launches.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Relaxed)
+    }
+
+    /// The published page.
+    pub fn page(&self) -> &'static TokenPage {
+        // SAFETY: as in `admit`.
+        unsafe { &*self.page.load(Acquire) }
+    }
+
+    /// Publishes a page and wakes launches waiting on the static pages' futex words
+    /// (a launch waiting on a connection's page wakes by its timeout).
+    fn publish(&self, page: &'static TokenPage) {
+        self.page
+            .store(page as *const TokenPage as *mut TokenPage, Release);
+        for static_page in [&WAITING, &UNGATED] {
+            static_page.seq.fetch_add(1, Release);
+            futex_wake(&static_page.seq);
+        }
+    }
+
+    fn client(&'static self) -> &'static Client {
+        let current = self.client.load(Acquire);
+        if !current.is_null() {
+            // SAFETY: clients are leaked, never freed.
+            return unsafe { &*current };
+        }
+        let fresh = Box::into_raw(Box::new(Client::new()));
+        match self
+            .client
+            .compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire)
+        {
+            // SAFETY: just stored; leaked from here on.
+            Ok(_) => unsafe { &*fresh },
+            Err(winner) => {
+                // SAFETY: ours, never shared; the winner's is leaked.
+                drop(unsafe { Box::from_raw(fresh) });
+                unsafe { &*winner }
+            }
+        }
+    }
+
+    fn socket_path(&self) -> Option<PathBuf> {
+        match &self.socket {
+            Socket::FromConfig => crate::config::is_active()
+                .then(crate::config::get)
+                .flatten()
+                .map(|c| c.socket.clone()),
+            Socket::At(path) => Some(path.clone()),
+            Socket::Never => None,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn admit_cold(&'static self, target: Target) -> Ticket {
+        let client = self.client();
+        client.start(self);
+        if self.page().launch_ahead.load(Acquire) == 0 && holds(self.page()) {
+            self.count_launch();
+            return Ticket::Free;
+        }
+        // Captured launches run nothing now: the graph's launch is gated.
+        let stream = target.handle();
+        if crate::driver::stream_is_capturing(stream) {
+            return Ticket::Free;
+        }
+        let mut waiting: Option<Waiting> = None;
+        loop {
+            let page = self.page();
+            let seq = page.seq.load(Acquire);
+            if holds(page) {
+                let limit = page.launch_ahead.load(Acquire);
+                if limit == 0 {
+                    self.count_launch();
+                    return Ticket::Free;
+                }
+                let mut ring = client.ahead.lock().unwrap_or_else(|e| e.into_inner());
+                ring.wait_below(limit, &DriverEvents);
+                if !holds(self.page()) {
+                    // Revoked while the ring drained: wait for the token again.
+                    continue;
+                }
+                self.count_launch();
+                return Ticket::Bounded(Bounded { ring, stream });
+            }
+            let connected = !std::ptr::eq(page, &WAITING) && !std::ptr::eq(page, &UNGATED);
+            if connected {
+                client.want();
+                if client.high.load(Acquire) {
+                    // High priority never waits: the arbiter revokes the holder.
+                    self.count_launch();
+                    return Ticket::Free;
+                }
+            }
+            waiting.get_or_insert_with(|| Waiting::new(client));
+            gpushare_proto::token_client::futex_wait(&page.seq, seq, WAIT_SLICE);
+        }
+    }
+
+    pub fn reset_after_fork(&self) {
+        self.page
+            .store(&raw const WAITING as *mut TokenPage, Release);
+        // The parent's client (its locks, its connection, its agent) is abandoned.
+        self.client.store(std::ptr::null_mut(), Release);
+        let fd = self.token_fd.swap(-1, AcqRel);
+        if fd >= 0 {
+            // SAFETY: the child's copy of the token socket (see `token_fd`); the
+            // parent's connection object that owns the number is never dropped here.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+impl Bounded {
+    #[cold]
+    #[inline(never)]
+    fn finish(mut self, result: CUresult) {
+        if result == CUDA_SUCCESS {
+            self.ring.record(self.stream, &DriverEvents);
+        }
+    }
+}
+
+/// A launching thread counted among the waiters while it lives.
+struct Waiting(&'static Client);
+
+impl Waiting {
+    fn new(client: &'static Client) -> Waiting {
+        client.waiters.fetch_add(1, SeqCst);
+        Waiting(client)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, SeqCst);
+    }
+}
+
+/// The cold path's state: one per process (a fork child makes its own).
+#[derive(Debug)]
+struct Client {
+    started: Once,
+    link: Mutex<Option<Arc<Link>>>,
+    /// The terms' class: high priority submits without waiting for the grant.
+    high: AtomicBool,
+    /// A `Want` was sent for the current episode (cleared by `Release { again: false }`).
+    want_sent: AtomicBool,
+    /// Launching threads waiting for the token.
+    waiters: AtomicU32,
+    /// Orders frames: a `Want` decided after a `Release` is sent after it.
+    send_lock: Mutex<()>,
+    /// The context the agent drains (the first launching thread's).
+    context: AtomicUsize,
+    ahead: Mutex<Ring>,
+}
+
+impl Client {
+    fn new() -> Client {
+        Client {
+            started: Once::new(),
+            link: Mutex::new(None),
+            high: AtomicBool::new(false),
+            want_sent: AtomicBool::new(false),
+            waiters: AtomicU32::new(0),
+            send_lock: Mutex::new(()),
+            context: AtomicUsize::new(0),
+            ahead: Mutex::new(Ring::new()),
+        }
+    }
+
+    /// Once per process: an inactive library is ungated for good; an active one
+    /// starts the agent, which connects.
+    fn start(&'static self, gate: &'static Gate) {
+        if self.context.load(Relaxed) == 0 {
+            let _ =
+                self.context
+                    .compare_exchange(0, crate::driver::current_context(), AcqRel, Relaxed);
+        }
+        self.started.call_once(|| {
+            let Some(socket) = gate.socket_path() else {
+                gate.publish(&UNGATED);
+                return;
+            };
+            let spawned = std::thread::Builder::new()
+                .name("gpushare-token".into())
+                .spawn(move || agent::run(gate, self, socket));
+            if let Err(e) = spawned {
+                crate::log_error!("cannot start the token agent ({e}): launches run ungated");
+                gate.publish(&UNGATED);
+            }
+        });
+    }
+
+    fn link(&self) -> Option<Arc<Link>> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_link(&self, link: Option<Arc<Link>>) {
+        let old = std::mem::replace(
+            &mut *self.link.lock().unwrap_or_else(|e| e.into_inner()),
+            link,
+        );
+        drop(old);
+    }
+
+    /// Sends `Want` unless this episode already did.
+    fn want(&self) {
+        if self.want_sent.load(SeqCst) {
+            return;
+        }
+        let _order = self.send_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.want_sent.load(SeqCst) {
+            return;
+        }
+        if let Some(link) = self.link() {
+            // A failed send is the agent's to notice (the connection is closed).
+            if link.connection.send(TokenRequest::Want).is_ok() {
+                self.want_sent.store(true, SeqCst);
+            }
+        }
+    }
+
+    /// Sends the release `decide` chose after the drain; `again` is decided here,
+    /// under the lock, so a thread that starts waiting later sends its own `Want`
+    /// after this frame.
+    fn release(
+        &self,
+        link: &Link,
+        choose: impl FnOnce(u32) -> Option<TokenRequest>,
+    ) -> Result<Option<TokenRequest>, TokenClientError> {
+        let _order = self.send_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.want_sent.store(false, SeqCst);
+        let Some(request) = choose(self.waiters.load(SeqCst)) else {
+            return Ok(None);
+        };
+        link.connection.send(request)?;
+        if request == (TokenRequest::Release { again: true }) {
+            self.want_sent.store(true, SeqCst);
+        }
+        Ok(Some(request))
+    }
+}
+
+/// A token connection whose page may be published. Dropping it closes the socket but
+/// leaks the page's mapping: a launching thread may still be reading it.
+#[derive(Debug)]
+struct Link {
+    connection: std::mem::ManuallyDrop<TokenConnection>,
+    gate: &'static Gate,
+}
+
+impl Link {
+    fn new(connection: TokenConnection, gate: &'static Gate) -> Link {
+        gate.token_fd.store(connection.raw_fd(), Release);
+        Link {
+            connection: std::mem::ManuallyDrop::new(connection),
+            gate,
+        }
+    }
+
+    fn page(&self) -> &'static TokenPage {
+        // SAFETY: the mapping is never unmapped (Drop leaks it).
+        unsafe { &*self.connection.page_ptr() }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let fd = self.connection.raw_fd();
+        let _ = self.gate.token_fd.compare_exchange(fd, -1, AcqRel, Relaxed);
+        // SAFETY: the connection's socket, closed once: the connection itself is
+        // never dropped (its Drop would unmap the page).
+        unsafe { libc::close(fd) };
+    }
+}
+
+#[cfg(test)]
+mod tests;
