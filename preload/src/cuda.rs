@@ -63,7 +63,7 @@ pub struct AllocationPropHead {
     pub location_id: c_int,
 }
 
-/// `CUlaunchConfig` (opaque to the gate today; its stream is where a scheduler would look).
+/// `CUlaunchConfig` (the gate reads its stream).
 #[repr(C)]
 pub struct LaunchConfig {
     pub grid_dim: [c_uint; 3],

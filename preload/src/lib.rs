@@ -15,8 +15,9 @@
 //!   allocated.
 //! - **Virtualised answers** ([`hooks::info`]): `cuMemGetInfo_v2`,
 //!   `cuDeviceTotalMem_v2` and NVML's memory info report the quota.
-//! - **Launch gate** ([`gate`]): every launch entry point passes one gate, an atomic
-//!   load today; the time-slice scheduler fills it.
+//! - **Launch gate** ([`gate`]): every launch entry point passes one gate, the
+//!   time-slice token: an atomic load of the arbiter's shared page and a clock read
+//!   while holding it; a per-process agent thread asks, returns and reconnects.
 //!
 //! Without `GPUSHARE_LEASE` the library is inert: the exports forward, `dlsym` and
 //! `cuGetProcAddress` hand out the driver's own pointers.

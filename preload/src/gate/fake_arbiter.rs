@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -88,10 +88,7 @@ impl FakeArbiter {
 
     /// The next request received, if one comes within `timeout`.
     pub fn next_request(&self, timeout: Duration) -> Option<TokenRequest> {
-        match self.requests.recv_timeout(timeout) {
-            Ok(r) => Some(r),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        self.requests.recv_timeout(timeout).ok()
     }
 
     /// Waits until a client is scheduled (its page exists).

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use gpushare_proto::token::{HELD_UNTIL_RELEASED, NOT_HELD};
 use gpushare_proto::token_client::{futex_wake, TokenClientError, TokenConnection};
-use gpushare_proto::{Priority, TokenPage, TokenRequest};
+use gpushare_proto::{TokenPage, TokenRequest};
 
 use crate::cuda::{CUresult, Handle, CUDA_SUCCESS};
 use ahead::{DriverEvents, Ring};
@@ -267,6 +267,11 @@ impl Gate {
             self.count_launch();
             return Ticket::Free;
         }
+        if client.context.load(Relaxed) == 0 {
+            // The context the agent drains: the first launching thread's.
+            let current = crate::driver::current_context();
+            let _ = client.context.compare_exchange(0, current, AcqRel, Relaxed);
+        }
         // Captured launches run nothing now: the graph's launch is gated.
         let stream = target.handle();
         if crate::driver::stream_is_capturing(stream) {
@@ -380,11 +385,6 @@ impl Client {
     /// Once per process: an inactive library is ungated for good; an active one
     /// starts the agent, which connects.
     fn start(&'static self, gate: &'static Gate) {
-        if self.context.load(Relaxed) == 0 {
-            let _ =
-                self.context
-                    .compare_exchange(0, crate::driver::current_context(), AcqRel, Relaxed);
-        }
         self.started.call_once(|| {
             let Some(socket) = gate.socket_path() else {
                 gate.publish(&UNGATED);

@@ -3,7 +3,7 @@
 
 use super::fake_arbiter::{Answer, FakeArbiter};
 use super::*;
-use gpushare_proto::LossPolicy;
+use gpushare_proto::{LossPolicy, Priority};
 use std::sync::mpsc;
 use std::time::Instant;
 
