@@ -219,10 +219,19 @@ pub fn run_case(
             source,
         })?;
     let simgpu_env = vec![
-        ("SIMGPU_DIR".to_string(), dir.path().join("simgpu").display().to_string()),
+        (
+            "SIMGPU_DIR".to_string(),
+            dir.path().join("simgpu").display().to_string(),
+        ),
         ("SIMGPU_GPUS".to_string(), "1".to_string()),
-        ("SIMGPU_SLICE_US".to_string(), parameters.simgpu_slice_us.to_string()),
-        ("SIMGPU_SWITCH_US".to_string(), parameters.simgpu_switch_us.to_string()),
+        (
+            "SIMGPU_SLICE_US".to_string(),
+            parameters.simgpu_slice_us.to_string(),
+        ),
+        (
+            "SIMGPU_SWITCH_US".to_string(),
+            parameters.simgpu_switch_us.to_string(),
+        ),
         ("LD_LIBRARY_PATH".to_string(), libs.display().to_string()),
     ];
     let (policy, slice) = mode.scheduler();
@@ -320,7 +329,13 @@ mod tests {
         let names: Vec<String> = modes.iter().map(|m| m.name()).collect();
         assert_eq!(
             names,
-            ["alone", "uncontrolled", "round-robin-1ms", "round-robin-10ms", "gpushare"]
+            [
+                "alone",
+                "uncontrolled",
+                "round-robin-1ms",
+                "round-robin-10ms",
+                "gpushare"
+            ]
         );
         assert_eq!(Mode::Uncontrolled.scheduler(), (Some("off"), None));
         assert_eq!(
@@ -329,15 +344,24 @@ mod tests {
         );
         assert_eq!(Mode::Gpushare.scheduler(), (Some("priority"), None));
         let err = Mode::parse_list("alone,fifo", &[1]).unwrap_err();
-        assert!(err.contains("\"fifo\"") && err.contains("accepted"), "{err}");
+        assert!(
+            err.contains("\"fifo\"") && err.contains("accepted"),
+            "{err}"
+        );
     }
 
     #[test]
     fn jobs_carry_the_seed_and_duration() {
         let p = Parameters::new(1.5, 7, vec![1], true);
         let high = p.high_job().args.join(" ");
-        assert!(high.contains("--seed 7") && high.contains("--duration 1500ms"), "{high}");
-        assert!(high.contains("--report-start") && high.contains("--gap 3300us"), "{high}");
+        assert!(
+            high.contains("--seed 7") && high.contains("--duration 1500ms"),
+            "{high}"
+        );
+        assert!(
+            high.contains("--report-start") && high.contains("--gap 3300us"),
+            "{high}"
+        );
         let low = p.low_job(1, 0.3, 1.0);
         assert!(low.args.join(" ").contains("--seed 9"));
         assert_eq!((low.compute_request, low.priority), (0.3, Priority::Low));

@@ -84,7 +84,10 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
     let case = |mode: Mode, jobs: &[gpushare_bench::experiment::Job]| {
         eprintln!(
             "gpushare-bench: {} with {} ({} s, simulated)",
-            jobs.iter().map(|j| j.name.as_str()).collect::<Vec<_>>().join(" + "),
+            jobs.iter()
+                .map(|j| j.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" + "),
             mode.name(),
             duration_s
         );
@@ -121,7 +124,10 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         for &mode in modes.iter().filter(|&&m| m != Mode::Alone) {
             let pair = case(
                 mode,
-                &[parameters.low_job(0, 0.3, 1.0), parameters.low_job(1, 0.6, 1.0)],
+                &[
+                    parameters.low_job(0, 0.3, 1.0),
+                    parameters.low_job(1, 0.6, 1.0),
+                ],
             )?;
             let limited = case(mode, &[parameters.low_job(0, 0.0, 0.5)])?;
             let share = metrics::gpu_fraction("limited", &limited[0])?;

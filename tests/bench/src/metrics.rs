@@ -144,6 +144,8 @@ mod tests {
         let pair = share_pair(&report(0.0, 0.0, 0.3, 1.0), &report(0.0, 0.0, 0.6, 1.0)).unwrap();
         assert!((pair["share_ratio"].as_f64().unwrap() - 2.0).abs() < 1e-9);
         let err = alone_case(&json!({"latency_ms": {"mean": 1.0}})).unwrap_err();
-        assert!(matches!(err, MetricsError::MissingNumber { ref key, .. } if key == "latency_ms/p99"));
+        assert!(
+            matches!(err, MetricsError::MissingNumber { ref key, .. } if key == "latency_ms/p99")
+        );
     }
 }

@@ -142,6 +142,9 @@ mod tests {
         assert!(md.contains("no `[scheduler]` table"));
         assert!(md.contains("| uncontrolled | 1 | 5.50 |"), "{md}");
         assert!(md.contains("| 80.0% |"), "{md}");
-        assert!(md.contains("| uncontrolled | limited 0.5 | 0.970 |"), "{md}");
+        assert!(
+            md.contains("| uncontrolled | limited 0.5 | 0.970 |"),
+            "{md}"
+        );
     }
 }

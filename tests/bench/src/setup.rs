@@ -69,9 +69,9 @@ impl Binaries {
                 .map(Path::to_path_buf)
                 .unwrap_or_default(),
         };
-        let dir = dir.canonicalize().map_err(|_| SetupError::Missing {
-            path: dir.clone(),
-        })?;
+        let dir = dir
+            .canonicalize()
+            .map_err(|_| SetupError::Missing { path: dir.clone() })?;
         let preload = std::env::var_os("GPUSHARE_PRELOAD_LIB")
             .map_or_else(|| dir.join("libgpushare.so"), PathBuf::from);
         let profile = dir
@@ -258,7 +258,10 @@ impl Arbiter {
 
     /// The socket a lease's interposer talks to (what the runtime mounts in a container).
     pub fn lease_socket(&self, lease: &Lease) -> PathBuf {
-        self.run_dir.join("leases").join(&lease.id.0).join("arbiter.sock")
+        self.run_dir
+            .join("leases")
+            .join(&lease.id.0)
+            .join("arbiter.sock")
     }
 }
 

@@ -32,7 +32,10 @@ fn assert_case(scenario: &str, mode: &str, name: &str, case: &Value) {
     let metrics = case["metrics"]
         .as_object()
         .unwrap_or_else(|| panic!("{scenario}/{mode}/{name}: no metrics in {case}"));
-    assert!(!metrics.is_empty(), "{scenario}/{mode}/{name}: empty metrics");
+    assert!(
+        !metrics.is_empty(),
+        "{scenario}/{mode}/{name}: empty metrics"
+    );
     for (key, value) in metrics {
         assert!(
             value.as_f64().is_some_and(f64::is_finite),
@@ -59,7 +62,12 @@ fn assert_results(results: &Value, modes: &[&str]) {
             assert_case("priority", mode, n, &priority[mode][n]);
         }
         for case in ["pair", "limited"] {
-            assert_case("shares", mode, case, &results["scenarios"]["shares"][mode][case]);
+            assert_case(
+                "shares",
+                mode,
+                case,
+                &results["scenarios"]["shares"][mode][case],
+            );
         }
     }
     let listed: Vec<&str> = results["modes"]
@@ -95,6 +103,12 @@ fn quick_run_covers_every_mode() {
     let results = run_quick(out.path(), &[]);
     assert_results(
         &results,
-        &["alone", "uncontrolled", "round-robin-1ms", "round-robin-10ms", "gpushare"],
+        &[
+            "alone",
+            "uncontrolled",
+            "round-robin-1ms",
+            "round-robin-10ms",
+            "gpushare",
+        ],
     );
 }

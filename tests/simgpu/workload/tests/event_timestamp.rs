@@ -97,7 +97,11 @@ fn event_timestamps_are_exact_and_synchronisation_returns_promptly() {
         let requested = monotonic_ns();
         assert_eq!(launch(k20ms, 1, 1, 1, 1, 1, 1, 0, 0, null, null), 0);
         record(event, 0);
-        assert_eq!(timestamp(event, &mut ns), NOT_READY, "while the kernel runs");
+        assert_eq!(
+            timestamp(event, &mut ns),
+            NOT_READY,
+            "while the kernel runs"
+        );
         assert_eq!(lib.f::<P1<usize>>("cuEventSynchronize")(event), 0);
         assert_eq!(timestamp(event, &mut ns), 0);
         let after_start = ns - requested;
