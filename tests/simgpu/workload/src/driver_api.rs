@@ -11,6 +11,8 @@ pub const CUDA_VERSION: c_int = 12040;
 pub const PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 
 pub type CuResult = c_int;
+/// `simgpuEventTimestampNs`: the simulated driver's extension (absent from real drivers).
+pub type EventTimestampNs = unsafe extern "C" fn(usize, *mut u64) -> CuResult;
 type GetProcAddress =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CuResult;
 
@@ -58,6 +60,8 @@ pub struct Driver {
     pub event_synchronize: unsafe extern "C" fn(usize) -> CuResult,
     pub event_destroy: unsafe extern "C" fn(usize) -> CuResult,
     pub get_error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    /// Found with `dlsym` on the library's handle: `cuGetProcAddress` never hands it out.
+    pub event_timestamp_ns: Option<EventTimestampNs>,
 }
 
 impl Driver {
@@ -66,8 +70,9 @@ impl Driver {
     pub fn load(per_thread_default_stream: bool) -> Result<Driver, LoadError> {
         let name = CString::new("libcuda.so.1").expect("no NUL");
         // SAFETY: dlopen/dlsym with valid NUL-terminated strings; the handle is never closed, so
-        // every pointer obtained through it stays valid for the life of the process.
-        let get_proc: GetProcAddress = unsafe {
+        // every pointer obtained through it stays valid for the life of the process. The
+        // extension's signature is the one tests/simgpu/README.md documents.
+        let (get_proc, event_timestamp_ns): (GetProcAddress, Option<EventTimestampNs>) = unsafe {
             let handle = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
             if handle.is_null() {
                 let err = libc::dlerror();
@@ -82,7 +87,12 @@ impl Driver {
             if sym.is_null() {
                 return Err(LoadError::NoGetProcAddress);
             }
-            std::mem::transmute::<*mut c_void, GetProcAddress>(sym)
+            let extension = libc::dlsym(handle, c"simgpuEventTimestampNs".as_ptr());
+            (
+                std::mem::transmute::<*mut c_void, GetProcAddress>(sym),
+                (!extension.is_null())
+                    .then(|| std::mem::transmute::<*mut c_void, EventTimestampNs>(extension)),
+            )
         };
         let flags = if per_thread_default_stream {
             PER_THREAD_DEFAULT_STREAM
@@ -123,6 +133,7 @@ impl Driver {
             event_synchronize: entry!("cuEventSynchronize"),
             event_destroy: entry!("cuEventDestroy"),
             get_error_name: entry!("cuGetErrorName"),
+            event_timestamp_ns,
         })
     }
 

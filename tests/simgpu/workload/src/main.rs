@@ -59,6 +59,32 @@ impl Report {
     }
 }
 
+/// What it takes to learn when an iteration's first kernel started running.
+struct StartProbe {
+    /// Recorded right after the first kernel: it completes when that kernel does.
+    event: usize,
+    /// `CLOCK_MONOTONIC` just before the first launch.
+    requested_ns: u64,
+    first_kernel_ns: u64,
+}
+
+/// One iteration whose completion has not been observed yet.
+struct InFlight {
+    began: Instant,
+    event: usize,
+    start: Option<StartProbe>,
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec it is handed.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -163,18 +189,33 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
     };
     let start = Instant::now();
     let deadline = o.duration_ns.map(|ns| start + Duration::from_nanos(ns));
-    let mut in_flight: VecDeque<(Instant, usize)> = VecDeque::new();
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut latencies_ms = Vec::new();
+    let mut start_latencies_us = Vec::new();
+    // Only the simulated driver can say when a kernel ran; elsewhere the report omits it.
+    let event_timestamp_ns = d.event_timestamp_ns.filter(|_| o.report_start);
     let (mut iterations, mut kernels, mut kernel_ns) = (0u64, 0u64, 0u64);
-    let finish_oldest =
-        |report: &mut Report, in_flight: &mut VecDeque<(Instant, usize)>, lat: &mut Vec<f64>| {
-            if let Some((began, event)) = in_flight.pop_front() {
-                sync(report, event);
-                lat.push(began.elapsed().as_secs_f64() * 1e3);
-                // SAFETY: see above.
-                unsafe { (d.event_destroy)(event) };
-            }
+    let mut finish_oldest = |report: &mut Report, in_flight: &mut VecDeque<InFlight>| {
+        let Some(done) = in_flight.pop_front() else {
+            return;
         };
+        sync(report, done.event);
+        latencies_ms.push(done.began.elapsed().as_secs_f64() * 1e3);
+        if let (Some(probe), Some(timestamp)) = (done.start, event_timestamp_ns) {
+            let mut completed_ns = 0u64;
+            // SAFETY: the extension with a live out-pointer; the event was recorded before the
+            // iteration's own event, which has completed.
+            let code = unsafe { timestamp(probe.event, &mut completed_ns) };
+            if report.check(d, "simgpuEventTimestampNs", code) {
+                let started_ns = completed_ns.saturating_sub(probe.first_kernel_ns);
+                start_latencies_us.push(started_ns.saturating_sub(probe.requested_ns) as f64 / 1e3);
+            }
+            // SAFETY: see above.
+            unsafe { (d.event_destroy)(probe.event) };
+        }
+        // SAFETY: see above.
+        unsafe { (d.event_destroy)(done.event) };
+    };
     loop {
         if o.iterations.is_some_and(|n| iterations >= n)
             || deadline.is_some_and(|t| Instant::now() >= t)
@@ -183,6 +224,8 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         }
         allocate(&mut report, o.memory_growth);
         let began = Instant::now();
+        let requested_ns = monotonic_ns();
+        let mut start = None;
         for k in 0..o.kernels {
             let mut duration = rng.duration(o.distribution);
             let mut params = [&mut duration as *mut u64 as *mut libc::c_void];
@@ -205,6 +248,19 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
             if report.check(d, "cuLaunchKernel", launched) {
                 kernels += 1;
                 kernel_ns += duration;
+                if k == 0 && event_timestamp_ns.is_some() {
+                    let mut event = 0usize;
+                    // SAFETY: see above.
+                    let recorded = unsafe {
+                        report.check(d, "cuEventCreate", (d.event_create)(&mut event, 0))
+                            && report.check(d, "cuEventRecord", (d.event_record)(event, 0))
+                    };
+                    start = recorded.then_some(StartProbe {
+                        event,
+                        requested_ns,
+                        first_kernel_ns: duration,
+                    });
+                }
             }
             if o.launch_ahead > 0 && (k + 1) % o.launch_ahead == 0 && k + 1 < o.kernels {
                 // SAFETY: see above.
@@ -217,9 +273,13 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
             report.check(d, "cuEventCreate", (d.event_create)(&mut event, 0));
             report.check(d, "cuEventRecord", (d.event_record)(event, 0));
         }
-        in_flight.push_back((began, event));
+        in_flight.push_back(InFlight {
+            began,
+            event,
+            start,
+        });
         while in_flight.len() >= o.pipeline as usize {
-            finish_oldest(&mut report, &mut in_flight, &mut latencies_ms);
+            finish_oldest(&mut report, &mut in_flight);
         }
         iterations += 1;
         if o.gap_ns > 0 {
@@ -227,22 +287,23 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         }
     }
     while !in_flight.is_empty() {
-        finish_oldest(&mut report, &mut in_flight, &mut latencies_ms);
+        finish_oldest(&mut report, &mut in_flight);
     }
     let elapsed = start.elapsed().as_secs_f64();
     for ptr in allocations {
         // SAFETY: see above.
         unsafe { report.check(d, "cuMemFree", (d.mem_free)(ptr)) };
     }
-    let mut sorted = latencies_ms.clone();
+    let mut sorted = latencies_ms;
     sorted.sort_by(f64::total_cmp);
     let mean = if sorted.is_empty() {
         0.0
     } else {
         sorted.iter().sum::<f64>() / sorted.len() as f64
     };
+    start_latencies_us.sort_by(f64::total_cmp);
     let kernel_s = kernel_ns as f64 / 1e9;
-    let json = json!({
+    let mut json = json!({
         "simulated": true,
         "pid": std::process::id(),
         "iterations": iterations,
@@ -252,7 +313,14 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         "throughput_iters_per_s": iterations as f64 / elapsed,
         // What the kernel durations alone allow: the GPU busy all the time with this job.
         "predicted_iters_per_s": if kernel_s > 0.0 { iterations as f64 / kernel_s } else { 0.0 },
-        "latency_ms": {"mean": mean, "p50": percentile(&sorted, 50.0), "p99": percentile(&sorted, 99.0)},
+        "seed": o.seed,
+        "latency_ms": {
+            "n": sorted.len(),
+            "mean": mean,
+            "p50": percentile(&sorted, 50.0),
+            "p99": percentile(&sorted, 99.0),
+            "max": sorted.last().copied().unwrap_or(0.0),
+        },
         "allocations": {
             "requested_bytes": report.alloc_requested,
             "succeeded": report.alloc_ok,
@@ -261,5 +329,15 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         },
         "errors": report.errors,
     });
+    if event_timestamp_ns.is_some() {
+        // From just before an iteration's first launch until that kernel started running on
+        // the (simulated) GPU: what a neighbour's work or a scheduler's gate cost it.
+        json["start_latency_us"] = json!({
+            "n": start_latencies_us.len(),
+            "p50": percentile(&start_latencies_us, 50.0),
+            "p99": percentile(&start_latencies_us, 99.0),
+            "max": start_latencies_us.last().copied().unwrap_or(0.0),
+        });
+    }
     (json, true)
 }

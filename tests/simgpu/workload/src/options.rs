@@ -51,12 +51,15 @@ pub struct Options {
     pub per_thread_default_stream: bool,
     pub seed: u64,
     pub start_barrier: Option<PathBuf>,
+    /// Report how long each iteration's first kernel waited to start running (needs the
+    /// simulated driver's `simgpuEventTimestampNs`).
+    pub report_start: bool,
 }
 
 pub const USAGE: &str = "simgpu-workload [--device N] [--memory BYTES] [--memory-growth BYTES] \
 [--kernels N] [--kernel DIST] [--gap DURATION] [--sync context|stream|event] \
 [--iterations N | --duration DURATION] [--launch-ahead N] [--pipeline N] [--ptds] [--seed N] \
-[--start-barrier FILE]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
+[--start-barrier FILE] [--report-start]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
 
 fn duration(text: &str) -> Result<u64, OptionsError> {
     if text == "0" {
@@ -143,12 +146,20 @@ impl Options {
             per_thread_default_stream: false,
             seed: 1,
             start_barrier: None,
+            report_start: false,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
-            if flag == "--ptds" {
-                o.per_thread_default_stream = true;
-                continue;
+            match flag.as_str() {
+                "--ptds" => {
+                    o.per_thread_default_stream = true;
+                    continue;
+                }
+                "--report-start" => {
+                    o.report_start = true;
+                    continue;
+                }
+                _ => {}
             }
             let value = it
                 .next()
@@ -199,7 +210,7 @@ mod tests {
     #[test]
     fn parses_every_option() {
         let o = parse("--device 1 --memory 2Gi --memory-growth 1Mi --kernels 4 --kernel lognormal:1ms:0.5 \
-                       --gap 200us --sync event --duration 2s --launch-ahead 8 --pipeline 2 --ptds --seed 7")
+                       --gap 200us --sync event --duration 2s --launch-ahead 8 --pipeline 2 --ptds --seed 7 --report-start")
         .unwrap();
         assert_eq!(
             (o.device, o.memory, o.memory_growth, o.kernels),
@@ -225,6 +236,8 @@ mod tests {
             ),
             (8, 2, true, 7)
         );
+        assert!(o.report_start);
+        assert!(!parse("").unwrap().report_start);
         assert_eq!(parse("").unwrap().iterations, Some(100));
         assert_eq!(
             parse("--kernel uniform:1ms:2ms").unwrap().distribution,

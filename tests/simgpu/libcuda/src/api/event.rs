@@ -166,3 +166,27 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     // SAFETY: same contract.
     unsafe { cuEventElapsedTime(ms, start, end) }
 }
+
+/// simgpu-only extension, absent from real drivers (so `cuGetProcAddress` never hands it out;
+/// benchmarks find it with `dlsym`): the `CLOCK_MONOTONIC` instant, in ns, at which a recorded
+/// event completed in the device model. `CUDA_ERROR_NOT_READY` until it has; an event never
+/// recorded has no instant (`CUDA_ERROR_INVALID_HANDLE`, as `cuEventElapsedTime` answers).
+/// With the kernel durations it launched, a program learns when its work started running
+/// on the simulated GPU, which a real driver would tell only through a profiler.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn simgpuEventTimestampNs(event: Handle, ns: *mut u64) -> CUresult {
+    guard(|| {
+        if ns.is_null() {
+            return Err(CudaError::InvalidValue);
+        }
+        let (_, s, _) = event_state(event)?;
+        if !s.recorded {
+            return Err(CudaError::InvalidHandle);
+        }
+        if !s.complete {
+            return Err(CudaError::NotReady);
+        }
+        // SAFETY: out-parameter per this function's contract.
+        unsafe { write_out(ns, s.completed_at_ns) }
+    })
+}

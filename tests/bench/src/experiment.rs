@@ -1,0 +1,369 @@
+//! The compute-isolation experiments: which jobs run together, under which arbiter policy, and
+//! how one case is run (a fresh simulated GPU and a fresh arbiter each, so no case inherits
+//! another's state).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use gpushare_proto::Priority;
+use serde_json::Value;
+
+use crate::setup::{arbiter_config, scheduler_table, Arbiter, Binaries, SetupError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{job} ({mode}) failed: {why}")]
+    Job {
+        job: String,
+        mode: String,
+        why: String,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+/// How the GPU is shared in a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The high-priority job with nobody else (the baseline).
+    Alone,
+    /// `policy = "off"`: nothing but the device's own time slicing.
+    Uncontrolled,
+    /// `policy = "round-robin"` with a fixed slice: the baseline scheduler, no priorities.
+    RoundRobin { slice_ms: u64 },
+    /// `policy = "priority"`: gpushare's token scheduler.
+    Gpushare,
+}
+
+impl Mode {
+    pub fn name(self) -> String {
+        match self {
+            Mode::Alone => "alone".into(),
+            Mode::Uncontrolled => "uncontrolled".into(),
+            Mode::RoundRobin { slice_ms } => format!("round-robin-{slice_ms}ms"),
+            Mode::Gpushare => "gpushare".into(),
+        }
+    }
+
+    /// The arbiter's `[scheduler]` policy and slice for this mode.
+    pub fn scheduler(self) -> (Option<&'static str>, Option<u64>) {
+        match self {
+            // The high job alone is measured under gpushare's own default.
+            Mode::Alone => (None, None),
+            Mode::Uncontrolled => (Some("off"), None),
+            Mode::RoundRobin { slice_ms } => (Some("round-robin"), Some(slice_ms)),
+            Mode::Gpushare => (Some("priority"), None),
+        }
+    }
+
+    /// `alone`, `uncontrolled`, `round-robin` (one mode per slice), `gpushare`.
+    pub fn parse_list(text: &str, slices_ms: &[u64]) -> Result<Vec<Mode>, String> {
+        let mut modes = Vec::new();
+        for name in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match name {
+                "alone" => modes.push(Mode::Alone),
+                "uncontrolled" => modes.push(Mode::Uncontrolled),
+                "round-robin" => modes.extend(
+                    slices_ms
+                        .iter()
+                        .map(|&slice_ms| Mode::RoundRobin { slice_ms }),
+                ),
+                "gpushare" => modes.push(Mode::Gpushare),
+                other => {
+                    return Err(format!(
+                        "--modes: unknown mode {other:?}; accepted: alone, uncontrolled, round-robin, gpushare"
+                    ))
+                }
+            }
+        }
+        Ok(modes)
+    }
+}
+
+/// One workload process: its lease terms and its `simgpu-workload` arguments.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub name: String,
+    pub priority: Priority,
+    pub compute_request: f64,
+    pub compute_limit: f64,
+    pub args: Vec<String>,
+}
+
+/// Everything the experiments are parameterised by; written into the results.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Parameters {
+    pub duration_s: f64,
+    pub seed: u64,
+    pub high_kernels_per_iteration: u32,
+    pub high_kernel: String,
+    pub high_gap_us: u64,
+    pub low_kernel_us: u64,
+    pub low_kernels_per_iteration: u32,
+    pub low_pipeline: u32,
+    pub low_job_counts: Vec<usize>,
+    pub round_robin_slices_ms: Vec<u64>,
+    pub simgpu_slice_us: u64,
+    pub simgpu_switch_us: u64,
+    /// Whether the arbiter got a `[scheduler]` table (false: an arbiter without the token
+    /// scheduler, where every mode is uncontrolled co-location).
+    pub scheduler_table: bool,
+}
+
+impl Parameters {
+    pub fn new(duration_s: f64, seed: u64, slices_ms: Vec<u64>, scheduler_table: bool) -> Self {
+        Parameters {
+            duration_s,
+            seed,
+            high_kernels_per_iteration: 50,
+            high_kernel: "lognormal:100us:0.3".into(),
+            // 50 kernels of ~105 µs mean are ~5.2 ms of GPU time: a 3.3 ms CPU gap keeps the
+            // job ~60 % busy alone, like a training step with data loading between bursts.
+            high_gap_us: 3_300,
+            low_kernel_us: 100,
+            low_kernels_per_iteration: 10,
+            low_pipeline: 2,
+            low_job_counts: vec![1, 2, 3],
+            round_robin_slices_ms: slices_ms,
+            simgpu_slice_us: 1_000,
+            simgpu_switch_us: 25,
+            scheduler_table,
+        }
+    }
+
+    fn duration_arg(&self) -> String {
+        format!("{}ms", (self.duration_s * 1e3).round() as u64)
+    }
+
+    /// The high-priority training-like job.
+    pub fn high_job(&self) -> Job {
+        Job {
+            name: "high".into(),
+            priority: Priority::High,
+            compute_request: 0.0,
+            compute_limit: 1.0,
+            args: [
+                "--kernels",
+                &self.high_kernels_per_iteration.to_string(),
+                "--kernel",
+                &self.high_kernel,
+                "--gap",
+                &format!("{}us", self.high_gap_us),
+                "--sync",
+                "event",
+                "--report-start",
+                "--seed",
+                &self.seed.to_string(),
+                "--duration",
+                &self.duration_arg(),
+            ]
+            .map(String::from)
+            .to_vec(),
+        }
+    }
+
+    /// A saturating low-priority job (no gap, two iterations queued).
+    pub fn low_job(&self, index: usize, compute_request: f64, compute_limit: f64) -> Job {
+        Job {
+            name: format!("low-{index}"),
+            priority: Priority::Low,
+            compute_request,
+            compute_limit,
+            args: [
+                "--kernels",
+                &self.low_kernels_per_iteration.to_string(),
+                "--kernel",
+                &format!("fixed:{}us", self.low_kernel_us),
+                "--sync",
+                "event",
+                "--pipeline",
+                &self.low_pipeline.to_string(),
+                "--seed",
+                &(self.seed + 1 + index as u64).to_string(),
+                "--duration",
+                &self.duration_arg(),
+            ]
+            .map(String::from)
+            .to_vec(),
+        }
+    }
+}
+
+/// How long the jobs get to load the driver and attach before the barrier opens.
+const SETTLE: Duration = Duration::from_millis(400);
+
+/// Runs `jobs` together on a fresh simulated GPU under a fresh arbiter in `mode`; returns each
+/// job's report, in order.
+pub fn run_case(
+    binaries: &Binaries,
+    libs: &Path,
+    parameters: &Parameters,
+    mode: Mode,
+    jobs: &[Job],
+) -> Result<Vec<Value>, ExperimentError> {
+    let dir = tempfile::Builder::new()
+        .prefix("gsb-")
+        .tempdir_in("/tmp")
+        .map_err(|source| ExperimentError::Io {
+            what: "a private directory".into(),
+            source,
+        })?;
+    let simgpu_env = vec![
+        (
+            "SIMGPU_DIR".to_string(),
+            dir.path().join("simgpu").display().to_string(),
+        ),
+        ("SIMGPU_GPUS".to_string(), "1".to_string()),
+        (
+            "SIMGPU_SLICE_US".to_string(),
+            parameters.simgpu_slice_us.to_string(),
+        ),
+        (
+            "SIMGPU_SWITCH_US".to_string(),
+            parameters.simgpu_switch_us.to_string(),
+        ),
+        ("LD_LIBRARY_PATH".to_string(), libs.display().to_string()),
+    ];
+    let (policy, slice) = mode.scheduler();
+    let table = if parameters.scheduler_table {
+        scheduler_table(policy, slice)
+    } else {
+        String::new()
+    };
+    let config = arbiter_config(dir.path(), libs, binaries, &table);
+    let arbiter = Arbiter::start(binaries, dir.path(), &config, &simgpu_env)?;
+    let barrier = dir.path().join("go");
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for job in jobs {
+        let lease = arbiter.reserve(
+            &job.name,
+            job.priority,
+            job.compute_request,
+            job.compute_limit,
+        )?;
+        let child = Command::new(binaries.program("simgpu-workload"))
+            .args(&job.args)
+            .arg("--start-barrier")
+            .arg(&barrier)
+            .envs(simgpu_env.iter().map(|(k, v)| (k, v)))
+            .env("LD_PRELOAD", &binaries.preload)
+            .env("GPUSHARE_LEASE", &lease.id.0)
+            .env("GPUSHARE_SOCKET", arbiter.lease_socket(&lease))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| ExperimentError::Io {
+                what: format!("starting simgpu-workload for {}", job.name),
+                source,
+            })?;
+        children.push((job.name.clone(), child));
+    }
+    std::thread::sleep(SETTLE);
+    std::fs::write(&barrier, b"").map_err(|source| ExperimentError::Io {
+        what: "opening the start barrier".into(),
+        source,
+    })?;
+    let mut reports = Vec::new();
+    let mut first_error = None;
+    for (name, child) in children {
+        match collect(child) {
+            Ok(report) => reports.push(report),
+            Err(why) => {
+                first_error.get_or_insert(ExperimentError::Job {
+                    job: name,
+                    mode: mode.name(),
+                    why: format!("{why}\narbiter log:\n{}", arbiter.log_tail()),
+                });
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(reports),
+    }
+}
+
+/// A finished workload's JSON report, or why there is none.
+fn collect(child: Child) -> Result<Value, String> {
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "no JSON report ({e}): {}\nstderr: {stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })?;
+    if !out.status.success() {
+        return Err(format!("exit {}: {report}\nstderr: {stderr}", out.status));
+    }
+    if report["errors"].as_object().is_some_and(|e| !e.is_empty()) {
+        return Err(format!("driver errors: {}", report["errors"]));
+    }
+    Ok(report)
+}
+
+/// The directory the simgpu libraries are installed into for a whole run.
+pub fn install_libs(binaries: &Binaries, under: &Path) -> Result<PathBuf, SetupError> {
+    let libs = under.join("simgpu-lib");
+    binaries.install_simgpu(&libs)?;
+    Ok(libs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_map_to_scheduler_policies() {
+        let modes = Mode::parse_list("alone, uncontrolled,round-robin,gpushare", &[1, 10]).unwrap();
+        let names: Vec<String> = modes.iter().map(|m| m.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "alone",
+                "uncontrolled",
+                "round-robin-1ms",
+                "round-robin-10ms",
+                "gpushare"
+            ]
+        );
+        assert_eq!(Mode::Uncontrolled.scheduler(), (Some("off"), None));
+        assert_eq!(
+            Mode::RoundRobin { slice_ms: 10 }.scheduler(),
+            (Some("round-robin"), Some(10))
+        );
+        assert_eq!(Mode::Gpushare.scheduler(), (Some("priority"), None));
+        let err = Mode::parse_list("alone,fifo", &[1]).unwrap_err();
+        assert!(
+            err.contains("\"fifo\"") && err.contains("accepted"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn jobs_carry_the_seed_and_duration() {
+        let p = Parameters::new(1.5, 7, vec![1], true);
+        let high = p.high_job().args.join(" ");
+        assert!(
+            high.contains("--seed 7") && high.contains("--duration 1500ms"),
+            "{high}"
+        );
+        assert!(
+            high.contains("--report-start") && high.contains("--gap 3300us"),
+            "{high}"
+        );
+        let low = p.low_job(1, 0.3, 1.0);
+        assert!(low.args.join(" ").contains("--seed 9"));
+        assert_eq!((low.compute_request, low.priority), (0.3, Priority::Low));
+    }
+}

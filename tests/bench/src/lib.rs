@@ -1,0 +1,8 @@
+//! gpushare-bench: the compute-isolation experiments of issue 6 on the simulated GPU. A private
+//! arbiter per case, one lease per job reserved through the control socket, `simgpu-workload`
+//! processes under the interposer; results as JSON and Markdown. Every figure is simulated.
+
+pub mod experiment;
+pub mod metrics;
+pub mod report;
+pub mod setup;

@@ -1,0 +1,167 @@
+//! gpushare-bench: runs the compute-isolation experiments on the simulated GPU and writes
+//! `compute-isolation.json` and `compute-isolation.md`. Builds nothing: see `Binaries::locate`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use gpushare_bench::experiment::{install_libs, run_case, ExperimentError, Mode, Parameters};
+use gpushare_bench::metrics;
+use gpushare_bench::report;
+use gpushare_bench::setup::{Binaries, SetupError};
+use serde_json::{json, Map, Value};
+
+const SCENARIOS: [&str; 2] = ["priority", "shares"];
+/// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates).
+const EXIT_CONFIG_REFUSED: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(about = "Compute-isolation experiments on the simulated GPU (every figure simulated)")]
+struct Args {
+    /// Each case briefly (about 1.5 s of workload), to check the harness rather than measure.
+    #[arg(long)]
+    quick: bool,
+    /// Seconds each case's workloads run (default 10, or 1.5 with --quick).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Results directory.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
+    out: PathBuf,
+    /// Only this scenario: priority or shares.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
+    scenario: Option<String>,
+    /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare.
+    #[arg(long, default_value = "alone,uncontrolled,round-robin,gpushare")]
+    modes: String,
+    /// The round-robin slices (ms), one round-robin mode each.
+    #[arg(long, value_delimiter = ',', default_value = "1,10")]
+    round_robin_slices_ms: Vec<u64>,
+    /// Seed of the first job's kernel durations (the others take the next ones); the same in
+    /// every mode, so modes differ only in how the GPU is shared.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Give the arbiter no [scheduler] table, for an arbiter built before the token scheduler
+    /// (every mode is then uncontrolled co-location; the results say so).
+    #[arg(long)]
+    no_scheduler_table: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpushare-bench: {e}");
+            match e {
+                ExperimentError::Setup(SetupError::ConfigRefused { .. }) => {
+                    ExitCode::from(EXIT_CONFIG_REFUSED)
+                }
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), ExperimentError> {
+    let modes = Mode::parse_list(&args.modes, &args.round_robin_slices_ms)
+        .map_err(ExperimentError::Usage)?;
+    let duration_s = args
+        .duration_s
+        .unwrap_or(if args.quick { 1.5 } else { 10.0 });
+    let parameters = Parameters::new(
+        duration_s,
+        args.seed,
+        args.round_robin_slices_ms.clone(),
+        !args.no_scheduler_table,
+    );
+    let binaries = Binaries::locate()?;
+    let scratch = tempfile::tempdir().map_err(|source| ExperimentError::Io {
+        what: "a scratch directory".into(),
+        source,
+    })?;
+    let libs = install_libs(&binaries, scratch.path())?;
+    let wanted = |name: &str| args.scenario.as_deref().is_none_or(|s| s == name);
+    let case = |mode: Mode, jobs: &[gpushare_bench::experiment::Job]| {
+        eprintln!(
+            "gpushare-bench: {} with {} ({} s, simulated)",
+            jobs.iter()
+                .map(|j| j.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" + "),
+            mode.name(),
+            duration_s
+        );
+        run_case(&binaries, &libs, &parameters, mode, jobs)
+    };
+
+    let mut scenarios = Map::new();
+    if wanted("priority") {
+        let mut by_mode = Map::new();
+        // The baseline every shared case is set against, whatever modes were asked for.
+        let alone = case(Mode::Alone, &[parameters.high_job()])?.remove(0);
+        let mut alone_cases = Map::new();
+        alone_cases.insert(
+            "0".into(),
+            json!({"metrics": metrics::alone_case(&alone)?, "jobs": [alone.clone()]}),
+        );
+        by_mode.insert(Mode::Alone.name(), Value::Object(alone_cases));
+        for &mode in modes.iter().filter(|&&m| m != Mode::Alone) {
+            let mut cases = Map::new();
+            for &n in &parameters.low_job_counts {
+                let mut jobs = vec![parameters.high_job()];
+                jobs.extend((0..n).map(|i| parameters.low_job(i, 0.0, 1.0)));
+                let reports = case(mode, &jobs)?;
+                let figures = metrics::priority_case(&alone, &reports[0], &reports[1..])?;
+                cases.insert(n.to_string(), json!({"metrics": figures, "jobs": reports}));
+            }
+            by_mode.insert(mode.name(), Value::Object(cases));
+        }
+        scenarios.insert("priority".into(), Value::Object(by_mode));
+    }
+    if wanted("shares") {
+        let mut by_mode = Map::new();
+        // Shares need neighbours: the `alone` mode has no case here.
+        for &mode in modes.iter().filter(|&&m| m != Mode::Alone) {
+            let pair = case(
+                mode,
+                &[
+                    parameters.low_job(0, 0.3, 1.0),
+                    parameters.low_job(1, 0.6, 1.0),
+                ],
+            )?;
+            let limited = case(mode, &[parameters.low_job(0, 0.0, 0.5)])?;
+            let share = metrics::gpu_fraction("limited", &limited[0])?;
+            by_mode.insert(
+                mode.name(),
+                json!({
+                    "pair": {
+                        "metrics": metrics::share_pair(&pair[0], &pair[1])?,
+                        "jobs": pair,
+                    },
+                    "limited": {"metrics": {"share": share, "limit": 0.5}, "jobs": limited},
+                }),
+            );
+        }
+        scenarios.insert("shares".into(), Value::Object(by_mode));
+    }
+
+    let results = json!({
+        "simulated": true,
+        "note": "Every figure is simulated: GPU time is the simgpu model's, not a device's.",
+        "machine": report::machine(),
+        "binaries": {"dir": binaries.dir, "preload": binaries.preload, "profile": binaries.profile},
+        "parameters": parameters,
+        "modes": modes.iter().map(|m| m.name()).collect::<Vec<_>>(),
+        "scenarios": scenarios,
+    });
+    report::write(&args.out, &results).map_err(|source| ExperimentError::Io {
+        what: format!("writing the results into {}", args.out.display()),
+        source,
+    })?;
+    eprintln!(
+        "gpushare-bench: wrote {} and {}",
+        args.out.join(report::JSON_FILE).display(),
+        args.out.join(report::MARKDOWN_FILE).display()
+    );
+    Ok(())
+}

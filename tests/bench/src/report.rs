@@ -1,0 +1,150 @@
+//! The results files: the machine, every parameter, each case's figures and raw reports
+//! (JSON), and the tables a reader wants (Markdown). Every figure is labelled simulated.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+pub const JSON_FILE: &str = "compute-isolation.json";
+pub const MARKDOWN_FILE: &str = "compute-isolation.md";
+
+/// `uname -a`, the CPU count, the date and the git commit of the sources.
+pub fn machine() -> Value {
+    let run = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    json!({
+        "uname": run("uname", &["-a"]),
+        "nproc": std::thread::available_parallelism().map(|n| n.get()).ok(),
+        "date": run("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+        "git_commit": run("git", &["rev-parse", "HEAD"]),
+        "git_dirty": run("git", &["status", "--porcelain"]).map(|s| !s.is_empty()),
+    })
+}
+
+/// A figure with `digits` decimals and its unit, or a dash where the case has none.
+fn cell(v: &Value, key: &str, digits: usize, unit: &str) -> String {
+    v[key]
+        .as_f64()
+        .map_or_else(|| "–".into(), |x| format!("{x:.digits$}{unit}"))
+}
+
+/// The Markdown tables for a results document (as written to the JSON file).
+pub fn markdown(results: &Value) -> String {
+    let mut md = String::new();
+    let machine = &results["machine"];
+    let _ = writeln!(
+        md,
+        "# Compute isolation on the simulated GPU\n\n\
+         **Every figure is simulated**: GPU time is the simgpu model's, not a device's. \
+         Machine: `{}`, {} CPUs, {}, commit {}. Parameters and raw reports: `{JSON_FILE}`.\n",
+        machine["uname"].as_str().unwrap_or("?"),
+        machine["nproc"],
+        machine["date"].as_str().unwrap_or("?"),
+        machine["git_commit"].as_str().unwrap_or("?"),
+    );
+    if results["parameters"]["scheduler_table"] == json!(false) {
+        md += "The arbiter got no `[scheduler]` table (built before the token scheduler): every \
+               mode below is uncontrolled co-location.\n\n";
+    }
+    if let Some(priority) = results["scenarios"]["priority"].as_object() {
+        md += "## Scenario `priority` (simulated)\n\n\
+               A high-priority training-like job (50 lognormal kernels, median 100 µs, then a \
+               CPU gap) with N saturating low-priority jobs (100 µs kernels). Slowdown is \
+               against the high job alone; start latency is from just before an iteration's \
+               first launch until that kernel ran; idle captured is the low jobs' GPU time over \
+               the GPU time the high job leaves idle alone.\n\n\
+               | mode | low jobs | high mean ms | slowdown | high p99 ms | p99 slowdown | start p50 µs | start p99 µs | low GPU share | idle captured |\n\
+               |---|---|---|---|---|---|---|---|---|---|\n";
+        for (mode, cases) in priority {
+            let Some(cases) = cases.as_object() else {
+                continue;
+            };
+            for (low_jobs, case) in cases {
+                let m = &case["metrics"];
+                let _ = writeln!(
+                    md,
+                    "| {mode} | {low_jobs} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    cell(m, "high_mean_ms", 2, ""),
+                    cell(m, "high_mean_slowdown_percent", 1, "%"),
+                    cell(m, "high_p99_ms", 2, ""),
+                    cell(m, "high_p99_slowdown_percent", 1, "%"),
+                    cell(m, "high_start_p50_us", 1, ""),
+                    cell(m, "high_start_p99_us", 1, ""),
+                    cell(m, "low_gpu_fraction", 3, ""),
+                    cell(m, "idle_captured_percent", 1, "%"),
+                );
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\nLow kernels: {} µs each (the granularity a preempted low job drains at).\n",
+            results["parameters"]["low_kernel_us"]
+        );
+    }
+    if let Some(shares) = results["scenarios"]["shares"].as_object() {
+        md += "## Scenario `shares` (simulated)\n\n\
+               `pair`: two saturating low jobs with compute requests 0.3 and 0.6 (limit 1.0); \
+               `limited`: one saturating low job alone with limit 0.5.\n\n\
+               | mode | case | shares | ratio (0.6 / 0.3) |\n|---|---|---|---|\n";
+        for (mode, cases) in shares {
+            let pair = &cases["pair"]["metrics"];
+            let _ = writeln!(
+                md,
+                "| {mode} | pair | {} / {} | {} |",
+                cell(pair, "small_share", 3, ""),
+                cell(pair, "large_share", 3, ""),
+                cell(pair, "share_ratio", 2, ""),
+            );
+            let limited = &cases["limited"]["metrics"];
+            let _ = writeln!(
+                md,
+                "| {mode} | limited 0.5 | {} | – |",
+                cell(limited, "share", 3, "")
+            );
+        }
+    }
+    md
+}
+
+/// Writes both files into `dir`.
+pub fn write(dir: &Path, results: &Value) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let text = serde_json::to_string_pretty(results).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join(JSON_FILE), text + "\n")?;
+    std::fs::write(dir.join(MARKDOWN_FILE), markdown(results))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_has_a_row_per_case_and_says_simulated() {
+        let results = json!({
+            "machine": {"uname": "Linux x", "nproc": 2, "date": "d", "git_commit": "c"},
+            "parameters": {"scheduler_table": false, "low_kernel_us": 100},
+            "scenarios": {
+                "priority": {"uncontrolled": {"1": {"metrics": {"high_mean_ms": 5.5, "idle_captured_percent": 80.0}}}},
+                "shares": {"uncontrolled": {"pair": {"metrics": {"share_ratio": 1.0}}, "limited": {"metrics": {"share": 0.97}}}},
+            }
+        });
+        let md = markdown(&results);
+        assert!(md.contains("simulated"));
+        assert!(md.contains("no `[scheduler]` table"));
+        assert!(md.contains("| uncontrolled | 1 | 5.50 |"), "{md}");
+        assert!(md.contains("| 80.0% |"), "{md}");
+        assert!(
+            md.contains("| uncontrolled | limited 0.5 | 0.970 |"),
+            "{md}"
+        );
+    }
+}
