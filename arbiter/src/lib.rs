@@ -15,4 +15,5 @@ pub mod reconcile;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod timeslice;
 pub mod watchdog;
