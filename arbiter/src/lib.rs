@@ -16,4 +16,5 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod timeslice;
+pub mod tokens;
 pub mod watchdog;

@@ -251,11 +251,7 @@ impl TokenPolicy {
     }
 
     fn high_registered(&self) -> bool {
-        !self.settings.round_robin
-            && self
-                .clients
-                .values()
-                .any(|c| c.priority == Priority::High)
+        !self.settings.round_robin && self.clients.values().any(|c| c.priority == Priority::High)
     }
 
     fn low_launch_ahead(&self) -> u32 {
@@ -413,13 +409,20 @@ impl TokenPolicy {
     fn pick_next(&self, now: u64) -> Option<ClientId> {
         let window = self.settings.window;
         if self.settings.round_robin {
-            return self.eligible(now).min_by_key(|(_, c)| c.queued).map(|(id, _)| id);
+            return self
+                .eligible(now)
+                .min_by_key(|(_, c)| c.queued)
+                .map(|(id, _)| id);
         }
         self.eligible(now)
             .min_by(|(_, a), (_, b)| {
                 let key = |c: &Client| {
                     let usage = c.usage(now, window) as f64;
-                    let share = if c.request > 0.0 { usage / c.request } else { usage };
+                    let share = if c.request > 0.0 {
+                        usage / c.request
+                    } else {
+                        usage
+                    };
                     (c.request <= 0.0, share)
                 };
                 let (ka, kb) = (key(a), key(b));
@@ -478,7 +481,10 @@ impl TokenPolicy {
         let overdue: Vec<ClientId> = self
             .clients
             .iter()
-            .filter(|(_, c)| c.revoked_at.is_some_and(|at| now >= at.saturating_add(grace)))
+            .filter(|(_, c)| {
+                c.revoked_at
+                    .is_some_and(|at| now >= at.saturating_add(grace))
+            })
             .map(|(&id, _)| id)
             .collect();
         for id in overdue {
@@ -540,11 +546,7 @@ impl TokenPolicy {
     /// Usage only falls while it waits, so bisect over the next window.
     fn budget_returns_at(&self, now: u64, client: &Client) -> Option<u64> {
         let s = &self.settings;
-        let has_budget = |t: u64| {
-            client
-                .budget(t, s.window)
-                .is_none_or(|b| b >= s.min_slice)
-        };
+        let has_budget = |t: u64| client.budget(t, s.window).is_none_or(|b| b >= s.min_slice);
         if has_budget(now) {
             return None;
         }
@@ -651,7 +653,10 @@ mod tests {
         );
         assert_eq!(policy.next_wakeup(), Some(20 * MS), "0 + slice_ms");
         let mut policy = policy;
-        assert_eq!(policy.handle(20 * MS, Event::Tick), vec![Revoke { client: 1 }]);
+        assert_eq!(
+            policy.handle(20 * MS, Event::Tick),
+            vec![Revoke { client: 1 }]
+        );
         // B waits for A's acknowledgement: A's queued work still runs.
         assert_eq!(policy.handle(21 * MS, Event::Tick), vec![]);
         assert_eq!(
@@ -685,7 +690,11 @@ mod tests {
                 // The low client acknowledges; it still has work, but high holds.
                 (4, release(1, true), &[]),
                 (10, release(2, false), &[grant(1, 10, 200, 1)]),
-                (11, Event::Leave { client: 2 }, &[SetLaunchAhead { client: 1, n: 0 }]),
+                (
+                    11,
+                    Event::Leave { client: 2 },
+                    &[SetLaunchAhead { client: 1, n: 0 }],
+                ),
             ],
         );
     }
@@ -697,9 +706,33 @@ mod tests {
             &[
                 (0, join(1, HIGH), &[]),
                 (0, join(2, HIGH), &[]),
-                (0, want(1), &[Grant { client: 1, deadline_ns: FOREVER, launch_ahead: 0 }]),
-                (1, want(2), &[Grant { client: 2, deadline_ns: FOREVER, launch_ahead: 0 }]),
-                (2, release(1, true), &[Grant { client: 1, deadline_ns: FOREVER, launch_ahead: 0 }]),
+                (
+                    0,
+                    want(1),
+                    &[Grant {
+                        client: 1,
+                        deadline_ns: FOREVER,
+                        launch_ahead: 0,
+                    }],
+                ),
+                (
+                    1,
+                    want(2),
+                    &[Grant {
+                        client: 2,
+                        deadline_ns: FOREVER,
+                        launch_ahead: 0,
+                    }],
+                ),
+                (
+                    2,
+                    release(1, true),
+                    &[Grant {
+                        client: 1,
+                        deadline_ns: FOREVER,
+                        launch_ahead: 0,
+                    }],
+                ),
             ],
         );
     }
@@ -730,7 +763,11 @@ mod tests {
                 (20, Event::Tick, &[Revoke { client: 1 }]),
             ],
         );
-        assert_eq!(policy.next_wakeup(), Some(520 * MS), "revoked at 20 + 500 grace");
+        assert_eq!(
+            policy.next_wakeup(),
+            Some(520 * MS),
+            "revoked at 20 + 500 grace"
+        );
         assert_eq!(policy.handle(519 * MS, Event::Tick), vec![]);
         assert_eq!(
             policy.handle(520 * MS, Event::Tick),
@@ -751,10 +788,24 @@ mod tests {
                 (0, join(1, LOW), &[]),
                 (0, join(2, HIGH), &[]),
                 (0, want(1), &[grant(1, 0, 200, 1)]),
-                (1, want(2), &[Revoke { client: 1 }, Grant { client: 2, deadline_ns: FOREVER, launch_ahead: 0 }]),
+                (
+                    1,
+                    want(2),
+                    &[
+                        Revoke { client: 1 },
+                        Grant {
+                            client: 2,
+                            deadline_ns: FOREVER,
+                            launch_ahead: 0,
+                        },
+                    ],
+                ),
             ],
         );
-        assert_eq!(policy.handle(501 * MS, Event::Tick), vec![CutOff { client: 1 }]);
+        assert_eq!(
+            policy.handle(501 * MS, Event::Tick),
+            vec![CutOff { client: 1 }]
+        );
     }
 
     #[test]
@@ -786,22 +837,44 @@ mod tests {
     fn request_zero_comes_after_clients_with_a_request() {
         let mut policy = TokenPolicy::new(&config());
         for (client, request) in [(1, 0.0), (2, 0.5), (3, 0.0)] {
-            policy.handle(0, Event::Join { client, priority: LOW, request, limit: 1.0 });
+            policy.handle(
+                0,
+                Event::Join {
+                    client,
+                    priority: LOW,
+                    request,
+                    limit: 1.0,
+                },
+            );
         }
         policy.handle(0, want(1));
         policy.handle(0, want(3));
         policy.handle(0, want(2));
         // 1 holds; at release, 2 (with a request) goes before 3 although 3 queued first.
-        assert_eq!(policy.handle(MS, release(1, false)), vec![grant(2, 1, 20, 0)]);
+        assert_eq!(
+            policy.handle(MS, release(1, false)),
+            vec![grant(2, 1, 20, 0)]
+        );
     }
 
     #[test]
     fn a_slice_never_exceeds_the_remaining_limit_budget() {
         let mut policy = TokenPolicy::new(&config());
-        policy.handle(0, Event::Join { client: 1, priority: LOW, request: 0.0, limit: 0.05 });
+        policy.handle(
+            0,
+            Event::Join {
+                client: 1,
+                priority: LOW,
+                request: 0.0,
+                limit: 0.05,
+            },
+        );
         // 5 % of a 2 s window = 100 ms, less than max_slice.
         assert_eq!(policy.handle(0, want(1)), vec![grant(1, 0, 100, 0)]);
-        assert_eq!(policy.handle(100 * MS, Event::Tick), vec![Revoke { client: 1 }]);
+        assert_eq!(
+            policy.handle(100 * MS, Event::Tick),
+            vec![Revoke { client: 1 }]
+        );
         assert_eq!(policy.handle(101 * MS, release(1, true)), vec![]);
         // 101 ms counted (the drain until its release included); 2 ms of budget return
         // once the first 3 ms of that leave the window.
@@ -842,7 +915,15 @@ mod tests {
         let mut since: BTreeMap<ClientId, u64> = BTreeMap::new();
         let mut pending = Vec::new();
         for &(client, request, limit) in clients {
-            pending.extend(policy.handle(0, Event::Join { client, priority: LOW, request, limit }));
+            pending.extend(policy.handle(
+                0,
+                Event::Join {
+                    client,
+                    priority: LOW,
+                    request,
+                    limit,
+                },
+            ));
             pending.extend(policy.handle(0, want(client)));
         }
         let end = seconds * 1_000 * MS;
@@ -895,7 +976,10 @@ mod tests {
         let held = saturated_run(&[(1, 0.0, 0.2), (2, 0.0, 0.3)], 30);
         for (client, limit) in [(1, 0.2), (2, 0.3)] {
             let share = held[&client] as f64 / (30_000 * MS) as f64;
-            assert!((share - limit).abs() <= 0.05 * limit, "client {client}: {share:.3}");
+            assert!(
+                (share - limit).abs() <= 0.05 * limit,
+                "client {client}: {share:.3}"
+            );
         }
     }
 }

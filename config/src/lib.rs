@@ -512,12 +512,24 @@ mod tests {
         let s = &config.scheduler;
         assert_eq!(s.policy, SchedulingPolicy::RoundRobin);
         assert_eq!((s.slice_ms, s.min_slice_ms, s.max_slice_ms), (10, 1, 100));
-        assert_eq!((s.idle_us, s.launch_ahead, s.launch_ahead_with_high), (500, 8, 2));
-        assert_eq!((s.window_ms, s.revoke_grace_ms), (1000, 50));
-        assert_eq!(s.on_arbiter_loss(gpushare_proto::Priority::High), LossPolicy::Wait);
-        assert_eq!(s.on_arbiter_loss(gpushare_proto::Priority::Low), LossPolicy::Run);
         assert_eq!(
-            parse("[scheduler]\npolicy = \"off\"\n").unwrap().scheduler.policy,
+            (s.idle_us, s.launch_ahead, s.launch_ahead_with_high),
+            (500, 8, 2)
+        );
+        assert_eq!((s.window_ms, s.revoke_grace_ms), (1000, 50));
+        assert_eq!(
+            s.on_arbiter_loss(gpushare_proto::Priority::High),
+            LossPolicy::Wait
+        );
+        assert_eq!(
+            s.on_arbiter_loss(gpushare_proto::Priority::Low),
+            LossPolicy::Run
+        );
+        assert_eq!(
+            parse("[scheduler]\npolicy = \"off\"\n")
+                .unwrap()
+                .scheduler
+                .policy,
             SchedulingPolicy::Off
         );
     }
@@ -525,22 +537,42 @@ mod tests {
     #[test]
     fn scheduler_errors_name_the_key_the_value_and_what_is_accepted() {
         for (text, expected) in [
-            ("[scheduler]\npolicy = \"fifo\"\n", ["policy", "fifo", "round-robin"]),
-            ("[scheduler]\nslice_ms = 0\n", ["scheduler.slice_ms", "= 0", "at least 1"]),
-            ("[scheduler]\nwindow_ms = 0\n", ["scheduler.window_ms", "= 0", "at least 1"]),
+            (
+                "[scheduler]\npolicy = \"fifo\"\n",
+                ["policy", "fifo", "round-robin"],
+            ),
+            (
+                "[scheduler]\nslice_ms = 0\n",
+                ["scheduler.slice_ms", "= 0", "at least 1"],
+            ),
+            (
+                "[scheduler]\nwindow_ms = 0\n",
+                ["scheduler.window_ms", "= 0", "at least 1"],
+            ),
             (
                 "[scheduler]\nmin_slice_ms = 30\n",
-                ["scheduler.min_slice_ms", "30", "must not exceed scheduler.slice_ms"],
+                [
+                    "scheduler.min_slice_ms",
+                    "30",
+                    "must not exceed scheduler.slice_ms",
+                ],
             ),
             (
                 "[scheduler]\nslice_ms = 300\n",
-                ["scheduler.slice_ms", "300", "must not exceed scheduler.max_slice_ms"],
+                [
+                    "scheduler.slice_ms",
+                    "300",
+                    "must not exceed scheduler.max_slice_ms",
+                ],
             ),
             (
                 "[scheduler]\nmax_slice_ms = 3000\n",
                 ["scheduler.max_slice_ms", "3000", "scheduler.window_ms"],
             ),
-            ("[scheduler]\nlow_on_arbiter_loss = \"panic\"\n", ["low_on_arbiter_loss", "panic", "wait"]),
+            (
+                "[scheduler]\nlow_on_arbiter_loss = \"panic\"\n",
+                ["low_on_arbiter_loss", "panic", "wait"],
+            ),
             ("[scheduler]\nslice = 5\n", ["slice", "slice_ms", "line 2"]),
         ] {
             let err = parse(text).unwrap_err().to_string();
