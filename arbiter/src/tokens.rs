@@ -210,6 +210,15 @@ impl GpuToken {
         let notify_timer;
         {
             let mut state = self.lock();
+            if let Event::Release { client, .. } = event {
+                // The page must not go on saying "held" after the client gave it back,
+                // or its next launch would pass the check; a grant in this same step
+                // (again = true) overwrites it. Nobody waits on it: no bump.
+                if let Some(registered) = state.clients.get(&client) {
+                    let page = registered.page.page();
+                    page.deadline_ns.store(NOT_HELD, Ordering::Release);
+                }
+            }
             let actions = state.policy.handle(monotonic_ns(), event);
             for action in &actions {
                 self.apply(&mut state, action, &mut wakes);
