@@ -173,6 +173,9 @@ impl Drop for PageMapping {
 
 // ----- one GPU -----
 
+/// Processes (lease, peer pid) cut off for ignoring a revocation: never scheduled again.
+type CutOffClients = Mutex<HashSet<(LeaseId, Option<u32>)>>;
+
 struct Registered {
     page: Arc<PageMapping>,
     /// A second handle on the connection, to close it from outside its thread.
@@ -193,7 +196,7 @@ struct GpuToken {
     gpu: String,
     state: Mutex<GpuState>,
     timer: Condvar,
-    cut_off: Arc<Mutex<HashSet<(LeaseId, Option<u32>)>>>,
+    cut_off: Arc<CutOffClients>,
 }
 
 impl GpuToken {
@@ -332,7 +335,7 @@ pub struct TokenLease {
 pub struct TokenService {
     config: SchedulerConfig,
     gpus: Mutex<HashMap<String, Arc<GpuToken>>>,
-    cut_off: Arc<Mutex<HashSet<(LeaseId, Option<u32>)>>>,
+    cut_off: Arc<CutOffClients>,
     next_client: AtomicU64,
 }
 
@@ -341,7 +344,7 @@ impl TokenService {
         Arc::new(TokenService {
             config,
             gpus: Mutex::new(HashMap::new()),
-            cut_off: Arc::new(Mutex::new(HashSet::new())),
+            cut_off: Arc::new(CutOffClients::default()),
             next_client: AtomicU64::new(1),
         })
     }
