@@ -323,7 +323,8 @@ fn bench_recovery() {
     for _ in 0..5 {
         let elapsed = runtime.block_on(async {
             let start = Instant::now();
-            let shared = gpushare_arbiter::daemon::recover(&config, &backend).unwrap();
+            let shared =
+                gpushare_arbiter::daemon::recover(&config, &Default::default(), &backend).unwrap();
             let elapsed = start.elapsed();
             assert_eq!(gpushare_arbiter::server::lock(&shared).lease_count(), 1000);
             assert!(run

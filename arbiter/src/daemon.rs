@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 
-use gpushare_config::ArbiterConfig;
+use gpushare_config::{ArbiterConfig, SchedulerConfig};
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::inventory::{self, GpuBackend};
@@ -12,6 +12,7 @@ use crate::process::ProcFs;
 use crate::server::{self, SharedArbiter, SocketEndpoints};
 use crate::state::{Arbiter, Inventory, StateError};
 use crate::store::{LeaseStore, StoreError, StoreOptions};
+use crate::tokens::TokenService;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -51,11 +52,17 @@ pub fn lock_state_dir(config: &ArbiterConfig) -> Result<Flock<File>, DaemonError
 /// Must run inside the tokio runtime (lease sockets are served on it).
 pub fn recover(
     config: &ArbiterConfig,
+    scheduler: &SchedulerConfig,
     backend: &dyn GpuBackend,
 ) -> Result<SharedArbiter, DaemonError> {
     let gpus = inventory::narrow_to_shared(backend.gpus(), &config.shared_gpus)?;
     let (store, table) = LeaseStore::open(&config.state_dir, StoreOptions::default())?;
-    let endpoints = SocketEndpoints::new(config.run_dir.clone(), tokio::runtime::Handle::current());
+    let tokens = TokenService::new(scheduler.clone());
+    let endpoints = SocketEndpoints::new(
+        config.run_dir.clone(),
+        tokio::runtime::Handle::current(),
+        tokens.clone(),
+    );
     let slot = endpoints.arbiter_slot();
     let arbiter = Arbiter::open(
         config.clone(),
@@ -69,6 +76,8 @@ pub fn recover(
         Box::new(endpoints),
         Box::new(ProcFs),
     )?;
+    let mut arbiter = arbiter;
+    arbiter.set_tokens(tokens);
     let shared = Arc::new(Mutex::new(arbiter));
     let _ = slot.set(Arc::downgrade(&shared));
     // Start the grace period of leases whose containers died while we were down.

@@ -15,4 +15,6 @@ pub mod reconcile;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod timeslice;
+pub mod tokens;
 pub mod watchdog;

@@ -21,6 +21,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 
 pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u64>) -> String {
     let mut out = String::new();
+    render_tokens(&mut out, report);
     family(
         &mut out,
         "gpushare_gpu_memory_total_bytes",
@@ -234,6 +235,49 @@ where
     }
 }
 
+/// The time-slice tokens: counters per GPU (only GPUs that had token clients).
+fn render_tokens(out: &mut String, report: &StatusReport) {
+    type Field = fn(&gpushare_proto::TokenStatus) -> u64;
+    let families: [(&str, &str, &str, Field); 5] = [
+        (
+            "gpushare_token_grants_total",
+            "counter",
+            "Time-slice token grants.",
+            |t| t.grants,
+        ),
+        (
+            "gpushare_token_revocations_total",
+            "counter",
+            "Time-slice tokens revoked (slice over, or preempted by high priority).",
+            |t| t.revocations,
+        ),
+        (
+            "gpushare_token_cut_offs_total",
+            "counter",
+            "Clients cut off for not releasing a revoked token within the grace period.",
+            |t| t.cut_offs,
+        ),
+        (
+            "gpushare_token_clients",
+            "gauge",
+            "Token connections.",
+            |t| t.clients as u64,
+        ),
+        (
+            "gpushare_token_waiting",
+            "gauge",
+            "Token clients waiting for the token.",
+            |t| t.waiting as u64,
+        ),
+    ];
+    for (name, kind, help, field) in families {
+        family(out, name, kind, help);
+        for t in &report.tokens {
+            let _ = writeln!(out, "{name}{{gpu=\"{}\"}} {}", escape(&t.gpu), field(t));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +330,13 @@ mod tests {
                 memory_quota: None,
                 killed: false,
             }],
+            tokens: vec![gpushare_proto::TokenStatus {
+                gpu: "GPU-0".into(),
+                policy: "priority".into(),
+                grants: 7,
+                cut_offs: 1,
+                ..Default::default()
+            }],
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);
@@ -302,6 +353,8 @@ mod tests {
             "gpushare_watchdog_violations{kind=\"unregistered\"} 1",
             "gpushare_watchdog_violations_total{kind=\"unregistered\"} 3",
             "gpushare_watchdog_violations_total{kind=\"over_quota\"} 0",
+            "gpushare_token_grants_total{gpu=\"GPU-0\"} 7",
+            "gpushare_token_cut_offs_total{gpu=\"GPU-0\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -29,6 +29,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::inventory::GpuBackend;
 use crate::state::{Arbiter, LeaseDirs, LeaseEndpoints, ProcessTable, StateError};
 use crate::store::LeaseStore;
+use crate::tokens::{TokenLease, TokenService};
 use crate::watchdog;
 
 /// Name of the socket inside each lease directory (`/run/gpushare/arbiter.sock`
@@ -293,17 +294,23 @@ pub struct SocketEndpoints {
     runtime: tokio::runtime::Handle,
     arbiter: Arc<OnceLock<Weak<Mutex<Arbiter>>>>,
     tasks: HashMap<LeaseId, JoinHandle<()>>,
+    tokens: Arc<TokenService>,
 }
 
 impl SocketEndpoints {
     /// Call `attach` with the arbiter once it exists; connections arriving before
     /// that wait for it.
-    pub fn new(run_dir: PathBuf, runtime: tokio::runtime::Handle) -> Self {
+    pub fn new(
+        run_dir: PathBuf,
+        runtime: tokio::runtime::Handle,
+        tokens: Arc<TokenService>,
+    ) -> Self {
         SocketEndpoints {
             dirs: LeaseDirs { run_dir },
             runtime,
             arbiter: Arc::new(OnceLock::new()),
             tasks: HashMap::new(),
+            tokens,
         }
     }
 
@@ -338,7 +345,8 @@ impl LeaseEndpoints for SocketEndpoints {
         };
         let slot = self.arbiter.clone();
         let id = lease.clone();
-        let task = self.runtime.spawn(serve_lease(listener, id, slot));
+        let tokens = self.tokens.clone();
+        let task = self.runtime.spawn(serve_lease(listener, id, slot, tokens));
         self.tasks.insert(lease.clone(), task);
         Ok(())
     }
@@ -349,6 +357,8 @@ impl LeaseEndpoints for SocketEndpoints {
         if let Some(task) = self.tasks.remove(lease) {
             task.abort();
         }
+        // Token connections live on threads of their own, out of the task's reach.
+        self.tokens.close_lease(lease);
         self.dirs.remove(lease);
     }
 }
@@ -372,6 +382,7 @@ async fn serve_lease(
     listener: UnixListener,
     lease: LeaseId,
     slot: Arc<OnceLock<Weak<Mutex<Arbiter>>>>,
+    tokens: Arc<TokenService>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -384,9 +395,10 @@ async fn serve_lease(
                 Ok((stream, _)) => {
                     let lease = lease.clone();
                     let slot = slot.clone();
+                    let tokens = tokens.clone();
                     connections.spawn(async move {
                         let Some(arbiter) = wait_for_arbiter(&slot).await else { return };
-                        if let Err(e) = handle_lease_connection(stream, &lease, &arbiter).await {
+                        if let Err(e) = handle_lease_connection(stream, &lease, &arbiter, &tokens).await {
                             tracing::debug!(%lease, error = %e, "lease connection closed");
                         }
                     });
@@ -430,10 +442,59 @@ impl Drop for Attachment<'_> {
     }
 }
 
+/// Why a `Schedule` is refused, if it is. Terms come from the arbiter's own lease
+/// record, never from the client.
+fn schedule_terms(
+    tokens: &TokenService,
+    arbiter: &SharedArbiter,
+    lease: &LeaseId,
+    pid: Option<u32>,
+) -> Result<TokenLease, LeaseResponse> {
+    let ungated = "; the client runs ungated (memory quotas still apply)";
+    if tokens.policy() == gpushare_config::SchedulingPolicy::Off {
+        return Err(lease_error(
+            ErrorKind::InvalidRequest,
+            format!("GPU time is not scheduled on this node (scheduler.policy = \"off\"){ungated}"),
+        ));
+    }
+    if tokens.is_cut_off(lease, pid) {
+        return Err(lease_error(
+            ErrorKind::PermissionDenied,
+            format!(
+                "process {pid:?} of lease {lease} was cut off for not releasing the GPU within the grace period after a revocation; it is not scheduled again (reported as a violation)"
+            ),
+        ));
+    }
+    let record = lock(arbiter).lease(lease).cloned();
+    let Some(record) = record else {
+        return Err(lease_error(
+            ErrorKind::NotFound,
+            format!("lease {lease} was released: there is no GPU time to schedule{ungated}"),
+        ));
+    };
+    let [gpu] = record.gpus.as_slice() else {
+        return Err(lease_error(
+            ErrorKind::InvalidRequest,
+            format!(
+                "lease {lease} has {} GPUs; time-slice tokens cover single-GPU leases only{ungated}",
+                record.gpus.len()
+            ),
+        ));
+    };
+    Ok(TokenLease {
+        lease: lease.clone(),
+        gpu: gpu.clone(),
+        priority: record.priority,
+        request: record.compute_request.get(),
+        limit: record.compute_limit.get(),
+    })
+}
+
 async fn handle_lease_connection(
     mut stream: UnixStream,
     lease: &LeaseId,
     arbiter: &SharedArbiter,
+    tokens: &Arc<TokenService>,
 ) -> Result<(), FrameError> {
     let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
     let peer_pid = stream
@@ -461,6 +522,27 @@ async fn handle_lease_connection(
                 return Err(e);
             }
         };
+        if greeted && request == LeaseRequest::Schedule {
+            if state.attached {
+                let e = lease_error(
+                    ErrorKind::Protocol,
+                    "schedule on a connection of its own, not on the ledger's".into(),
+                );
+                write_frame(&mut stream, &e).await?;
+                return Ok(());
+            }
+            match schedule_terms(tokens, arbiter, lease, peer_pid) {
+                Ok(terms) => {
+                    // From here on a blocking thread serves it: token traffic must not
+                    // wait for the async runtime's scheduler.
+                    let stream = stream.into_std()?;
+                    stream.set_nonblocking(false)?;
+                    tokens.serve(stream, terms, peer_pid);
+                }
+                Err(refusal) => write_frame(&mut stream, &refusal).await?,
+            }
+            return Ok(());
+        }
         let out_of_order = |why: &str| lease_error(ErrorKind::Protocol, why.to_owned());
         let (response, close) = match (request, greeted, state.attached) {
             (LeaseRequest::Hello { protocol }, false, _) => {
@@ -516,15 +598,7 @@ async fn handle_lease_connection(
                     Err(e) => (lease_error(e.kind(), e.to_string()), false),
                 }
             }
-            // Placeholder until the token service lands (issue 6): refused, so an
-            // interposer that asks keeps running as before.
-            (LeaseRequest::Schedule, true, _) => (
-                lease_error(
-                    ErrorKind::InvalidRequest,
-                    "this arbiter does not schedule GPU time".into(),
-                ),
-                true,
-            ),
+            (LeaseRequest::Schedule, true, _) => unreachable!("handled above"),
             (LeaseRequest::Credit { bytes }, true, true) => {
                 let result = lock(arbiter).lease_credit(lease, connection, bytes);
                 match result {

@@ -203,6 +203,8 @@ pub struct Arbiter {
     last_ticket: Option<Ticket>,
     endpoints: Box<dyn LeaseEndpoints>,
     probe: Box<dyn ProcessProbe>,
+    /// The time-slice tokens, for status (served by the lease sockets).
+    tokens: Option<Arc<crate::tokens::TokenService>>,
 }
 
 fn unix_ms() -> u64 {
@@ -244,6 +246,7 @@ impl Arbiter {
             last_ticket: None,
             endpoints,
             probe,
+            tokens: None,
             config,
             inventory,
         };
@@ -278,6 +281,16 @@ impl Arbiter {
 
     pub fn config(&self) -> &ArbiterConfig {
         &self.config
+    }
+
+    /// Lets status report the time-slice tokens.
+    pub fn set_tokens(&mut self, tokens: Arc<crate::tokens::TokenService>) {
+        self.tokens = Some(tokens);
+    }
+
+    /// The lease as recorded (None once released).
+    pub fn lease(&self, id: &LeaseId) -> Option<&Lease> {
+        self.leases.get(id).map(|r| &r.lease)
     }
 
     fn append(&mut self, record: Record) -> Result<Ticket, StateError> {
@@ -895,6 +908,7 @@ impl Arbiter {
                 })
                 .collect(),
             violations: self.violations.clone(),
+            tokens: self.tokens.as_ref().map(|t| t.status()).unwrap_or_default(),
         }
     }
 }

@@ -18,7 +18,7 @@ pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{
     ClientStatus, ControlRequest, ControlResponse, ErrorKind, GpuStatus, LeaseUsage, QueuedRequest,
-    ReserveRequest, StatusReport, Violation, ViolationKind,
+    ReserveRequest, StatusReport, TokenHolder, TokenStatus, Violation, ViolationKind,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
 pub use token::{LossPolicy, ScheduleTerms, TokenPage, TokenRequest};

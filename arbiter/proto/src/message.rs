@@ -214,4 +214,32 @@ pub struct StatusReport {
     /// From the watchdog's latest pass.
     #[serde(default)]
     pub violations: Vec<Violation>,
+    /// The time-slice token of each GPU that has token clients.
+    #[serde(default)]
+    pub tokens: Vec<TokenStatus>,
+}
+
+/// One GPU's time-slice token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenStatus {
+    pub gpu: String,
+    /// "priority" or "round-robin".
+    pub policy: String,
+    /// Who holds it now (several high-priority clients may hold at once).
+    pub holders: Vec<TokenHolder>,
+    /// Token connections on this GPU.
+    pub clients: usize,
+    /// Clients that want the token and wait for it.
+    pub waiting: usize,
+    pub grants: u64,
+    pub revocations: u64,
+    /// Clients cut off for not releasing within the grace period after a revocation.
+    pub cut_offs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenHolder {
+    pub lease: LeaseId,
+    pub pid: Option<u32>,
+    pub priority: Priority,
 }

@@ -46,6 +46,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => tracing::info!(config = %path.display(), "configuration loaded"),
         None => tracing::info!("no configuration file; using defaults"),
     }
+    let scheduler = config.scheduler;
     let config = config.arbiter;
     let _lock = daemon::lock_state_dir(&config)?;
     daemon::raise_open_files_limit();
@@ -68,8 +69,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         // socket is touched. Connections wait in the backlog until recovery is done.
         let listener = server::bind_control_socket(&socket)?;
         let started = std::time::Instant::now();
-        let shared =
-            daemon::recover(&config, backend.as_ref()).context("recovering the lease table")?;
+        let shared = daemon::recover(&config, &scheduler, backend.as_ref())
+            .context("recovering the lease table")?;
         tracing::info!(
             leases = server::lock(&shared).lease_count(),
             recovery_ms = started.elapsed().as_millis() as u64,

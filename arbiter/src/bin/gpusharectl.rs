@@ -211,5 +211,30 @@ fn render_status(report: &StatusReport) -> String {
             if v.killed { " killed" } else { "" }
         );
     }
+    if !report.tokens.is_empty() {
+        out += &format!("TOKENS ({})\n", report.tokens.len());
+    }
+    for t in &report.tokens {
+        let holders: Vec<String> = t
+            .holders
+            .iter()
+            .map(|h| {
+                let pid = h.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+                format!("{}/{pid}({})", h.lease, h.priority)
+            })
+            .collect();
+        out +=
+            &format!(
+            "  {} policy={} holder={} clients={} waiting={} grants={} revocations={} cut_offs={}\n",
+            t.gpu,
+            t.policy,
+            if holders.is_empty() { "-".into() } else { holders.join(",") },
+            t.clients,
+            t.waiting,
+            t.grants,
+            t.revocations,
+            t.cut_offs
+        );
+    }
     out
 }

@@ -1,0 +1,231 @@
+//! Time-slice token latencies through the real daemon (`gpushare-arbiter`, a separate
+//! process), with raw `TokenConnection` clients in threads of this process:
+//!
+//! - handoff: A holds, B is blocked in a futex wait; A sends `Release { again: false }`
+//!   at t0, B observes its grant at t1 (both CLOCK_MONOTONIC);
+//! - preemption signal: a high-priority client sends `Want` at t0; the low-priority
+//!   holder's page shows deadline 0 at t1, observed by a reader blocked in a futex
+//!   wait on the page (an upper bound: a launching client sees the store on its next
+//!   launch without the wake-up). A spinning reader was tried and rejected: on a
+//!   2-core machine it starves the arbiter's own thread.
+//!
+//! `GPUSHARE_BENCH_OUT=path` also writes the results as JSON. `GPUSHARE_BENCH_N`
+//! overrides the sample count (default 2000).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpushare_arbiter::tokens::monotonic_ns;
+use gpushare_proto::token::NOT_HELD;
+use gpushare_proto::token_client::TokenConnection;
+use gpushare_proto::{
+    ControlClient, Fraction, GpuSelector, Lease, Priority, ReserveRequest, TokenRequest,
+};
+
+const ARBITER: &str = env!("CARGO_BIN_EXE_gpushare-arbiter");
+const T: Duration = Duration::from_secs(10);
+
+struct Daemon {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("gsb-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let root = dir.path();
+        // Long slices: only the clients' own requests move the token.
+        let config = format!(
+            "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nnvml_library = \"\"\n\
+             [[arbiter.devices]]\nuuid = \"GPU-51a6d0e0-0000-4000-8000-000000000000\"\nmemory = \"16Gi\"\n\
+             [scheduler]\nslice_ms = 10000\nmax_slice_ms = 10000\nwindow_ms = 20000\nrevoke_grace_ms = 60000\n",
+            root.join("run").display(),
+            root.join("state").display()
+        );
+        std::fs::write(root.join("config.toml"), config).unwrap();
+        let child = Command::new(ARBITER)
+            .arg("--config")
+            .arg(root.join("config.toml"))
+            .env("GPUSHARE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start gpushare-arbiter");
+        let daemon = Daemon { child, dir };
+        let start = Instant::now();
+        while ControlClient::connect(&daemon.control(), Duration::from_secs(1)).is_err() {
+            assert!(start.elapsed() < T, "the arbiter did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon
+    }
+
+    fn control(&self) -> PathBuf {
+        self.dir.path().join("run/control.sock")
+    }
+
+    fn reserve(&self, container: &str, priority: Priority) -> Lease {
+        let mut c = ControlClient::connect(&self.control(), T).unwrap();
+        c.reserve(ReserveRequest {
+            container_id: container.into(),
+            sandbox_id: None,
+            priority,
+            memory: Some("1Gi".parse().unwrap()),
+            compute_request: Fraction::ZERO,
+            compute_limit: Fraction::ONE,
+            gpu: GpuSelector::Count(1),
+            tenant: None,
+        })
+        .unwrap()
+    }
+
+    fn open(&self, lease: &Lease) -> TokenConnection {
+        let socket = self
+            .dir
+            .path()
+            .join("run/leases")
+            .join(&lease.id.0)
+            .join("arbiter.sock");
+        TokenConnection::open(Path::new(&socket), T).unwrap()
+    }
+}
+
+/// Blocks (futex) until the page's grant counter passes `seen`; returns the new count.
+fn wait_for_grant(c: &TokenConnection, seen: u64) -> u64 {
+    let start = Instant::now();
+    loop {
+        let seq = c.page().seq.load(Ordering::Acquire);
+        let grants = c.page().grants.load(Ordering::Acquire);
+        if grants > seen {
+            return grants;
+        }
+        assert!(start.elapsed() < T, "no grant within {T:?}");
+        c.wait_for_change(seq, Duration::from_millis(100));
+    }
+}
+
+fn handoff(n: usize) -> Vec<u64> {
+    let daemon = Daemon::start();
+    let a = Arc::new(daemon.open(&daemon.reserve("a", Priority::Low)));
+    let b = Arc::new(daemon.open(&daemon.reserve("b", Priority::Low)));
+    let released_at = Arc::new(AtomicU64::new(0));
+    a.send(TokenRequest::Want).unwrap();
+    wait_for_grant(&a, 0);
+    // Each thread: wait for its grant, record the handoff, let the other block in its
+    // futex wait, then hand the token back and ask again.
+    let player = |me: Arc<TokenConnection>, first: bool, rounds: usize| {
+        let released_at = released_at.clone();
+        std::thread::spawn(move || {
+            let mut samples = Vec::with_capacity(rounds);
+            let mut grants = me.page().grants.load(Ordering::Acquire);
+            if !first {
+                me.send(TokenRequest::Want).unwrap();
+            }
+            for round in 0..rounds {
+                if !(first && round == 0) {
+                    grants = wait_for_grant(&me, grants);
+                    let t1 = monotonic_ns();
+                    samples.push(t1 - released_at.load(Ordering::Acquire));
+                }
+                // The other side has sent Want and is (by now) asleep in the kernel.
+                std::thread::sleep(Duration::from_micros(300));
+                released_at.store(monotonic_ns(), Ordering::Release);
+                me.send(TokenRequest::Release { again: false }).unwrap();
+                me.send(TokenRequest::Want).unwrap();
+            }
+            samples
+        })
+    };
+    let rounds = n / 2 + 1;
+    let ta = player(a.clone(), true, rounds);
+    let tb = player(b.clone(), false, rounds);
+    let mut samples = ta.join().unwrap();
+    samples.extend(tb.join().unwrap());
+    samples
+}
+
+fn preemption(n: usize) -> Vec<u64> {
+    let daemon = Daemon::start();
+    let low = daemon.open(&daemon.reserve("low", Priority::Low));
+    let high = daemon.open(&daemon.reserve("high", Priority::High));
+    low.send(TokenRequest::Want).unwrap();
+    let mut grants = wait_for_grant(&low, 0);
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        std::thread::sleep(Duration::from_micros(300));
+        let t0 = monotonic_ns();
+        high.send(TokenRequest::Want).unwrap();
+        let page = low.page();
+        let start = Instant::now();
+        loop {
+            let seq = page.seq.load(Ordering::Acquire);
+            if page.deadline_ns.load(Ordering::Acquire) == NOT_HELD {
+                break;
+            }
+            assert!(start.elapsed() < T, "no preemption within {T:?}");
+            low.wait_for_change(seq, Duration::from_millis(100));
+        }
+        samples.push(monotonic_ns() - t0);
+        low.send(TokenRequest::Release { again: true }).unwrap();
+        high.send(TokenRequest::Release { again: false }).unwrap();
+        grants = wait_for_grant(&low, grants);
+    }
+    samples
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index] as f64 / 1_000.0
+}
+
+fn main() {
+    let n: usize = std::env::var("GPUSHARE_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let mut results = Vec::new();
+    for (name, mut samples) in [
+        ("handoff", handoff(n)),
+        ("preemption_signal", preemption(n)),
+    ] {
+        samples.sort_unstable();
+        results.push((
+            name,
+            samples.len(),
+            percentile(&samples, 0.5),
+            percentile(&samples, 0.99),
+            *samples.last().unwrap() as f64 / 1_000.0,
+        ));
+    }
+    println!("token latencies, real daemon, clients as threads of one process (µs)");
+    println!(
+        "{:<20} {:>6} {:>9} {:>9} {:>9}",
+        "what", "n", "p50", "p99", "max"
+    );
+    for (name, count, p50, p99, max) in &results {
+        println!("{name:<20} {count:>6} {p50:>9.1} {p99:>9.1} {max:>9.1}");
+    }
+    if let Some(path) = std::env::var_os("GPUSHARE_BENCH_OUT") {
+        let json = serde_json::json!(results
+            .iter()
+            .map(|(name, count, p50, p99, max)| (
+                name.to_string(),
+                serde_json::json!({"n": count, "p50_us": p50, "p99_us": p99, "max_us": max})
+            ))
+            .collect::<serde_json::Map<_, _>>());
+        std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    }
+}

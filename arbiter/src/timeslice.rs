@@ -1,0 +1,985 @@
+//! The time-slice token's decisions for one GPU, as a pure state machine: events in
+//! (a client joined, wants, released, left; the clock ticked), page changes out. No
+//! I/O and no clock reads: the caller passes CLOCK_MONOTONIC nanoseconds, so every rule
+//! is testable from a table and a simulated saturated run takes microseconds.
+//!
+//! Rules (see DESIGN.md, "Compute isolation: time-slice tokens"):
+//! * `priority` policy: a high-priority client's `Want` is granted at once
+//!   (deadline [`HELD_UNTIL_RELEASED`]) and any low-priority holder is revoked in the
+//!   same step, without waiting for its acknowledgement. Low-priority clients share
+//!   what is left, one at a time.
+//! * Among low-priority clients: GPU time is measured by the arbiter as the holding
+//!   intervals [grant, release received] within a sliding window; a client at its
+//!   limit is skipped; the token goes to the one with the smallest usage/request
+//!   (request 0 comes after every client with a request, least usage first).
+//! * Slice: `max_slice` when nobody else wants the GPU ("slices grow"), else the
+//!   client's burst estimate clamped to [min_slice, slice]; never longer than what is
+//!   left of its limit in the window.
+//! * A holder whose slice ends while others wait (or whose budget is spent) is
+//!   revoked; with nobody waiting its slice is simply extended. A revoked client must
+//!   `Release` within `revoke_grace` or it is cut off. Nobody else gets a low grant
+//!   while a revoked client drains (its queued kernels still run).
+//! * Leave (death, disconnect) loses the token at once; it passes on in the same step.
+//! * `round-robin` (a baseline): no priority, FIFO order of wanting, fixed `slice`,
+//!   no launch-ahead bound, no limits.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use gpushare_config::{SchedulerConfig, SchedulingPolicy};
+use gpushare_proto::token::HELD_UNTIL_RELEASED;
+use gpushare_proto::Priority;
+
+/// One token connection, numbered by the I/O layer.
+pub type ClientId = u64;
+
+const MS: u64 = 1_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Event {
+    /// A connection became a token connection. `request`/`limit`: the lease's compute
+    /// fractions (0..=1).
+    Join {
+        client: ClientId,
+        priority: Priority,
+        request: f64,
+        limit: f64,
+    },
+    Want {
+        client: ClientId,
+    },
+    Release {
+        client: ClientId,
+        again: bool,
+    },
+    Leave {
+        client: ClientId,
+    },
+    /// The time given by `next_wakeup` has come.
+    Tick,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Grant {
+        client: ClientId,
+        deadline_ns: u64,
+        launch_ahead: u32,
+    },
+    Revoke {
+        client: ClientId,
+    },
+    SetLaunchAhead {
+        client: ClientId,
+        n: u32,
+    },
+    /// Ignored a revocation past the grace period: flag the page, close the
+    /// connection, report it. The client is already forgotten by the policy.
+    CutOff {
+        client: ClientId,
+    },
+}
+
+/// Counters and the current holders, for status and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicySnapshot {
+    pub holders: Vec<ClientId>,
+    pub waiting: usize,
+    pub clients: usize,
+    pub grants: u64,
+    pub revocations: u64,
+    pub cut_offs: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    round_robin: bool,
+    slice: u64,
+    min_slice: u64,
+    max_slice: u64,
+    launch_ahead: u32,
+    launch_ahead_with_high: u32,
+    window: u64,
+    revoke_grace: u64,
+}
+
+#[derive(Debug)]
+struct Client {
+    priority: Priority,
+    request: f64,
+    limit: f64,
+    wanting: bool,
+    /// Order of the latest `Want` (FIFO under round-robin, tie-break otherwise).
+    queued: u64,
+    /// Closed holding intervals still (partly) inside the window, oldest first.
+    history: VecDeque<(u64, u64)>,
+    /// Start of the open holding interval (holding, or revoked and draining).
+    held_since: Option<u64>,
+    revoked_at: Option<u64>,
+    /// Moving average of the bursts that ended with a release (ns).
+    burst: f64,
+}
+
+impl Client {
+    fn usage(&self, now: u64, window: u64) -> u64 {
+        let from = now.saturating_sub(window);
+        let overlap = |start: u64, end: u64| end.min(now).saturating_sub(start.max(from));
+        let closed: u64 = self.history.iter().map(|&(s, e)| overlap(s, e)).sum();
+        closed + self.held_since.map_or(0, |s| overlap(s, now))
+    }
+
+    /// Nanoseconds of GPU time left under the limit in the current window; None when
+    /// the limit is the whole GPU.
+    fn budget(&self, now: u64, window: u64) -> Option<u64> {
+        if self.limit >= 1.0 {
+            return None;
+        }
+        let allowed = (self.limit * window as f64) as u64;
+        Some(allowed.saturating_sub(self.usage(now, window)))
+    }
+
+    fn forget_before(&mut self, from: u64) {
+        while self.history.front().is_some_and(|&(_, end)| end <= from) {
+            self.history.pop_front();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    client: ClientId,
+    since: u64,
+    revoke_at: u64,
+}
+
+/// The policy for one GPU's token.
+#[derive(Debug)]
+pub struct TokenPolicy {
+    settings: Settings,
+    clients: BTreeMap<ClientId, Client>,
+    /// The holder of the shared slice (low priority, or anyone under round-robin).
+    holder: Option<Holder>,
+    /// High-priority clients holding (they never wait, so several may).
+    high_holders: BTreeSet<ClientId>,
+    next_queued: u64,
+    /// When a waiter blocked by its limit will have budget again.
+    retry_at: Option<u64>,
+    grants: u64,
+    revocations: u64,
+    cut_offs: u64,
+}
+
+impl TokenPolicy {
+    /// `policy = "off"` never reaches here (Schedule is refused); it is treated as
+    /// round-robin should it ever be.
+    pub fn new(config: &SchedulerConfig) -> TokenPolicy {
+        TokenPolicy {
+            settings: Settings {
+                round_robin: config.policy != SchedulingPolicy::Priority,
+                slice: config.slice_ms * MS,
+                min_slice: config.min_slice_ms * MS,
+                max_slice: config.max_slice_ms * MS,
+                launch_ahead: config.launch_ahead,
+                launch_ahead_with_high: config.launch_ahead_with_high,
+                window: config.window_ms * MS,
+                revoke_grace: config.revoke_grace_ms * MS,
+            },
+            clients: BTreeMap::new(),
+            holder: None,
+            high_holders: BTreeSet::new(),
+            next_queued: 0,
+            retry_at: None,
+            grants: 0,
+            revocations: 0,
+            cut_offs: 0,
+        }
+    }
+
+    /// When the caller must send `Tick` next (CLOCK_MONOTONIC ns), if ever.
+    pub fn next_wakeup(&self) -> Option<u64> {
+        let revoke = self.holder.map(|h| h.revoke_at);
+        let cut_off = self
+            .clients
+            .values()
+            .filter_map(|c| c.revoked_at)
+            .map(|at| at.saturating_add(self.settings.revoke_grace))
+            .min();
+        [revoke, cut_off, self.retry_at].into_iter().flatten().min()
+    }
+
+    pub fn snapshot(&self) -> PolicySnapshot {
+        let mut holders: Vec<ClientId> = self.high_holders.iter().copied().collect();
+        holders.extend(self.holder.map(|h| h.client));
+        PolicySnapshot {
+            holders,
+            waiting: self
+                .clients
+                .iter()
+                .filter(|(id, c)| c.wanting && !self.holds(**id))
+                .count(),
+            clients: self.clients.len(),
+            grants: self.grants,
+            revocations: self.revocations,
+            cut_offs: self.cut_offs,
+        }
+    }
+
+    pub fn handle(&mut self, now: u64, event: Event) -> Vec<Action> {
+        let mut actions = Vec::new();
+        match event {
+            Event::Join {
+                client,
+                priority,
+                request,
+                limit,
+            } => self.join(client, priority, request, limit, &mut actions),
+            Event::Want { client } => self.want(now, client, &mut actions),
+            Event::Release { client, again } => self.release(now, client, again, &mut actions),
+            Event::Leave { client } => self.leave(client, &mut actions),
+            Event::Tick => {}
+        }
+        self.dispatch(now, &mut actions);
+        actions
+    }
+
+    fn holds(&self, client: ClientId) -> bool {
+        self.high_holders.contains(&client) || self.holder.is_some_and(|h| h.client == client)
+    }
+
+    /// Under `priority`, high-priority clients bypass the queue.
+    fn is_preemptive(&self, client: &Client) -> bool {
+        !self.settings.round_robin && client.priority == Priority::High
+    }
+
+    fn high_registered(&self) -> bool {
+        !self.settings.round_robin && self.clients.values().any(|c| c.priority == Priority::High)
+    }
+
+    fn low_launch_ahead(&self) -> u32 {
+        if self.settings.round_robin {
+            0
+        } else if self.high_registered() {
+            self.settings.launch_ahead_with_high
+        } else {
+            self.settings.launch_ahead
+        }
+    }
+
+    fn join(
+        &mut self,
+        client: ClientId,
+        priority: Priority,
+        request: f64,
+        limit: f64,
+        actions: &mut Vec<Action>,
+    ) {
+        let high_before = self.high_registered();
+        self.clients.insert(
+            client,
+            Client {
+                priority,
+                request: request.clamp(0.0, 1.0),
+                limit: limit.clamp(0.0, 1.0),
+                wanting: false,
+                queued: 0,
+                history: VecDeque::new(),
+                held_since: None,
+                revoked_at: None,
+                burst: self.settings.slice as f64,
+            },
+        );
+        if !high_before && self.high_registered() {
+            self.retune_holder(actions);
+        }
+    }
+
+    fn want(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
+        let Some(client) = self.clients.get(&id) else {
+            return;
+        };
+        if self.holds(id) {
+            return;
+        }
+        if self.is_preemptive(client) {
+            // Revoke first, so the low holder's page changes before the high client's
+            // kernels reach the GPU; no waiting for its acknowledgement.
+            if let Some(low) = self.holder.take() {
+                self.revoke(now, low.client, actions);
+            }
+            self.high_holders.insert(id);
+            let client = self.clients.get_mut(&id).expect("checked above");
+            client.wanting = true;
+            client.held_since = Some(now);
+            self.grants += 1;
+            actions.push(Action::Grant {
+                client: id,
+                deadline_ns: HELD_UNTIL_RELEASED,
+                launch_ahead: 0,
+            });
+            return;
+        }
+        let queued = self.next_queued;
+        let client = self.clients.get_mut(&id).expect("checked above");
+        if !client.wanting {
+            client.wanting = true;
+            client.queued = queued;
+            self.next_queued += 1;
+        }
+    }
+
+    fn revoke(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
+        if let Some(client) = self.clients.get_mut(&id) {
+            client.revoked_at = Some(now);
+            self.revocations += 1;
+            actions.push(Action::Revoke { client: id });
+        }
+    }
+
+    fn release(&mut self, now: u64, id: ClientId, again: bool, actions: &mut Vec<Action>) {
+        let was_high_holder = self.high_holders.remove(&id);
+        let was_holder = self.holder.is_some_and(|h| h.client == id);
+        if was_holder {
+            self.holder = None;
+        }
+        let queued = self.next_queued;
+        let window = self.settings.window;
+        let Some(client) = self.clients.get_mut(&id) else {
+            return;
+        };
+        if let Some(since) = client.held_since.take() {
+            client.history.push_back((since, now));
+            client.forget_before(now.saturating_sub(window));
+            if !again && client.revoked_at.is_none() {
+                // A burst that ended on its own: what this client's slices should fit.
+                client.burst = 0.5 * client.burst + 0.5 * (now - since) as f64;
+            }
+        }
+        client.revoked_at = None;
+        client.wanting = again;
+        if again {
+            client.queued = queued;
+            self.next_queued += 1;
+        }
+        if was_high_holder && again {
+            // A high-priority client never waits: it is granted again at once.
+            self.want(now, id, actions);
+        }
+    }
+
+    fn leave(&mut self, id: ClientId, actions: &mut Vec<Action>) {
+        let high_before = self.high_registered();
+        self.high_holders.remove(&id);
+        if self.holder.is_some_and(|h| h.client == id) {
+            self.holder = None;
+        }
+        self.clients.remove(&id);
+        if high_before && !self.high_registered() {
+            self.retune_holder(actions);
+        }
+    }
+
+    /// A high-priority client arrived or the last one left: the low holder's
+    /// launch-ahead bound changes with it.
+    fn retune_holder(&mut self, actions: &mut Vec<Action>) {
+        if let Some(holder) = self.holder {
+            actions.push(Action::SetLaunchAhead {
+                client: holder.client,
+                n: self.low_launch_ahead(),
+            });
+        }
+    }
+
+    /// Waiters that may be granted now (not holding, not draining, within budget).
+    fn eligible(&self, now: u64) -> impl Iterator<Item = (ClientId, &Client)> + '_ {
+        self.clients.iter().filter_map(move |(&id, c)| {
+            let ok = c.wanting
+                && !self.holds(id)
+                && c.revoked_at.is_none()
+                && !self.is_preemptive(c)
+                && (self.settings.round_robin
+                    || c.budget(now, self.settings.window)
+                        .is_none_or(|b| b >= self.settings.min_slice));
+            ok.then_some((id, c))
+        })
+    }
+
+    fn others_eligible(&self, now: u64, id: ClientId) -> bool {
+        self.eligible(now).any(|(other, _)| other != id)
+    }
+
+    fn pick_next(&self, now: u64) -> Option<ClientId> {
+        let window = self.settings.window;
+        if self.settings.round_robin {
+            return self
+                .eligible(now)
+                .min_by_key(|(_, c)| c.queued)
+                .map(|(id, _)| id);
+        }
+        self.eligible(now)
+            .min_by(|(_, a), (_, b)| {
+                let key = |c: &Client| {
+                    let usage = c.usage(now, window) as f64;
+                    let share = if c.request > 0.0 {
+                        usage / c.request
+                    } else {
+                        usage
+                    };
+                    (c.request <= 0.0, share)
+                };
+                let (ka, kb) = (key(a), key(b));
+                ka.0.cmp(&kb.0)
+                    .then(ka.1.total_cmp(&kb.1))
+                    .then(a.queued.cmp(&b.queued))
+            })
+            .map(|(id, _)| id)
+    }
+
+    /// The slice `id` gets starting now.
+    fn slice_for(&self, now: u64, id: ClientId) -> u64 {
+        let s = &self.settings;
+        if s.round_robin {
+            return s.slice;
+        }
+        let client = &self.clients[&id];
+        let wanted = if self.others_eligible(now, id) {
+            // 1.5× the burst estimate: a burst a little longer than the last ones still
+            // fits, so it is not revoked a hair before its end.
+            ((client.burst * 1.5) as u64).clamp(s.min_slice, s.slice)
+        } else {
+            s.max_slice
+        };
+        match client.budget(now, s.window) {
+            Some(budget) => wanted.min(budget),
+            None => wanted,
+        }
+    }
+
+    fn grant_low(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
+        let slice = self.slice_for(now, id);
+        let deadline_ns = now.saturating_add(slice);
+        let launch_ahead = self.low_launch_ahead();
+        let client = self.clients.get_mut(&id).expect("a granted client exists");
+        if client.held_since.is_none() {
+            client.held_since = Some(now);
+        }
+        let since = client.held_since.expect("set above");
+        self.holder = Some(Holder {
+            client: id,
+            since,
+            revoke_at: deadline_ns,
+        });
+        self.grants += 1;
+        actions.push(Action::Grant {
+            client: id,
+            deadline_ns,
+            launch_ahead,
+        });
+    }
+
+    /// Runs after every event: cut-offs, slice ends, the next grant, the retry timer.
+    fn dispatch(&mut self, now: u64, actions: &mut Vec<Action>) {
+        let grace = self.settings.revoke_grace;
+        let overdue: Vec<ClientId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| {
+                c.revoked_at
+                    .is_some_and(|at| now >= at.saturating_add(grace))
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in overdue {
+            self.leave(id, actions);
+            self.cut_offs += 1;
+            actions.push(Action::CutOff { client: id });
+        }
+
+        if let Some(mut holder) = self.holder {
+            let contended = self.others_eligible(now, holder.client);
+            if contended && !self.settings.round_robin {
+                // Someone started waiting during a grown slice: end it where a
+                // contended slice would have ended.
+                let contended_slice = self.slice_for(now, holder.client);
+                holder.revoke_at = holder
+                    .revoke_at
+                    .min(holder.since.saturating_add(contended_slice).max(now));
+                self.holder = Some(holder);
+            }
+            if now >= holder.revoke_at {
+                let window = self.settings.window;
+                let spent = self.clients[&holder.client]
+                    .budget(now, window)
+                    .is_some_and(|b| b < self.settings.min_slice);
+                if contended || spent {
+                    self.holder = None;
+                    self.revoke(now, holder.client, actions);
+                } else {
+                    // Nobody else wants it: extend rather than make it hand back and ask again.
+                    self.grant_low(now, holder.client, actions);
+                }
+            }
+        }
+
+        let draining = self.clients.values().any(|c| c.revoked_at.is_some());
+        let high_holding = !self.high_holders.is_empty();
+        if self.holder.is_none() && !draining && !high_holding {
+            if let Some(next) = self.pick_next(now) {
+                self.grant_low(now, next, actions);
+            }
+        }
+
+        self.retry_at = if self.holder.is_none() && !draining && !high_holding {
+            self.clients
+                .values()
+                .filter(|c| c.wanting && c.revoked_at.is_none() && !self.is_preemptive(c))
+                .filter_map(|c| self.budget_returns_at(now, c))
+                .min()
+        } else {
+            None
+        };
+        let from = now.saturating_sub(self.settings.window);
+        for client in self.clients.values_mut() {
+            client.forget_before(from);
+        }
+    }
+
+    /// When a waiter held back by its limit will have `min_slice` of budget again.
+    /// Usage only falls while it waits, so bisect over the next window.
+    fn budget_returns_at(&self, now: u64, client: &Client) -> Option<u64> {
+        let s = &self.settings;
+        let has_budget = |t: u64| client.budget(t, s.window).is_none_or(|b| b >= s.min_slice);
+        if has_budget(now) {
+            return None;
+        }
+        let (mut low, mut high) = (now, now.saturating_add(s.window));
+        while high - low > 10_000 {
+            let mid = low + (high - low) / 2;
+            if has_budget(mid) {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        Some(high)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Action::*;
+
+    const LOW: Priority = Priority::Low;
+    const HIGH: Priority = Priority::High;
+
+    fn config() -> SchedulerConfig {
+        SchedulerConfig::default()
+    }
+
+    fn join(client: ClientId, priority: Priority) -> Event {
+        Event::Join {
+            client,
+            priority,
+            request: 0.0,
+            limit: 1.0,
+        }
+    }
+
+    fn want(client: ClientId) -> Event {
+        Event::Want { client }
+    }
+
+    fn release(client: ClientId, again: bool) -> Event {
+        Event::Release { client, again }
+    }
+
+    /// Runs (time in ms, event, expected actions) rows against one policy.
+    fn run_table(config: SchedulerConfig, rows: &[(u64, Event, &[Action])]) -> TokenPolicy {
+        let mut policy = TokenPolicy::new(&config);
+        for (i, (at_ms, event, expected)) in rows.iter().enumerate() {
+            let actions = policy.handle(at_ms * MS, *event);
+            assert_eq!(&actions, expected, "row {i}: {event:?} at {at_ms} ms");
+        }
+        policy
+    }
+
+    fn grant(client: ClientId, at_ms: u64, slice_ms: u64, launch_ahead: u32) -> Action {
+        Grant {
+            client,
+            deadline_ns: (at_ms + slice_ms) * MS,
+            launch_ahead,
+        }
+    }
+
+    const FOREVER: u64 = HELD_UNTIL_RELEASED;
+
+    #[test]
+    fn a_lone_low_client_gets_a_grown_slice_and_it_is_extended_while_nobody_waits() {
+        run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (100, want(1), &[]),
+                (200, Event::Tick, &[grant(1, 200, 200, 0)]),
+            ],
+        );
+    }
+
+    #[test]
+    fn work_conservation_a_release_hands_over_at_once() {
+        run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, LOW), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                // B waits; A's grown slice now ends at a contended slice's end.
+                (1, want(2), &[]),
+                (3, release(1, false), &[grant(2, 3, 200, 0)]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_waiter_shortens_a_grown_slice_and_the_overrunning_holder_is_revoked() {
+        let policy = run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, LOW), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (5, want(2), &[]),
+            ],
+        );
+        assert_eq!(policy.next_wakeup(), Some(20 * MS), "0 + slice_ms");
+        let mut policy = policy;
+        assert_eq!(
+            policy.handle(20 * MS, Event::Tick),
+            vec![Revoke { client: 1 }]
+        );
+        // B waits for A's acknowledgement: A's queued work still runs.
+        assert_eq!(policy.handle(21 * MS, Event::Tick), vec![]);
+        assert_eq!(
+            policy.handle(22 * MS, release(1, true)),
+            vec![grant(2, 22, 20, 0)],
+            "A still wants, so B's slice is a contended one"
+        );
+    }
+
+    #[test]
+    fn high_preempts_a_low_holder_at_once_and_low_resumes_after() {
+        run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (1, join(2, HIGH), &[SetLaunchAhead { client: 1, n: 1 }]),
+                (
+                    2,
+                    want(2),
+                    &[
+                        Revoke { client: 1 },
+                        Grant {
+                            client: 2,
+                            deadline_ns: FOREVER,
+                            launch_ahead: 0,
+                        },
+                    ],
+                ),
+                (3, want(2), &[]),
+                // The low client acknowledges; it still has work, but high holds.
+                (4, release(1, true), &[]),
+                (10, release(2, false), &[grant(1, 10, 200, 1)]),
+                (
+                    11,
+                    Event::Leave { client: 2 },
+                    &[SetLaunchAhead { client: 1, n: 0 }],
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn high_clients_never_wait_even_for_each_other() {
+        run_table(
+            config(),
+            &[
+                (0, join(1, HIGH), &[]),
+                (0, join(2, HIGH), &[]),
+                (
+                    0,
+                    want(1),
+                    &[Grant {
+                        client: 1,
+                        deadline_ns: FOREVER,
+                        launch_ahead: 0,
+                    }],
+                ),
+                (
+                    1,
+                    want(2),
+                    &[Grant {
+                        client: 2,
+                        deadline_ns: FOREVER,
+                        launch_ahead: 0,
+                    }],
+                ),
+                (
+                    2,
+                    release(1, true),
+                    &[Grant {
+                        client: 1,
+                        deadline_ns: FOREVER,
+                        launch_ahead: 0,
+                    }],
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_dead_holder_token_passes_on_at_once() {
+        run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, LOW), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (1, want(2), &[]),
+                (2, Event::Leave { client: 1 }, &[grant(2, 2, 200, 0)]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_revoked_client_that_never_releases_is_cut_off_after_the_grace() {
+        let mut policy = run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, LOW), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (1, want(2), &[]),
+                (20, Event::Tick, &[Revoke { client: 1 }]),
+            ],
+        );
+        assert_eq!(
+            policy.next_wakeup(),
+            Some(520 * MS),
+            "revoked at 20 + 500 grace"
+        );
+        assert_eq!(policy.handle(519 * MS, Event::Tick), vec![]);
+        assert_eq!(
+            policy.handle(520 * MS, Event::Tick),
+            vec![CutOff { client: 1 }, grant(2, 520, 200, 0)]
+        );
+        let snapshot = policy.snapshot();
+        assert_eq!((snapshot.cut_offs, snapshot.revocations), (1, 1));
+        assert_eq!(snapshot.holders, vec![2]);
+        // A late release from the forgotten client changes nothing.
+        assert_eq!(policy.handle(521 * MS, release(1, true)), vec![]);
+    }
+
+    #[test]
+    fn a_high_preemption_is_also_subject_to_the_grace() {
+        let mut policy = run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                (0, want(1), &[grant(1, 0, 200, 1)]),
+                (
+                    1,
+                    want(2),
+                    &[
+                        Revoke { client: 1 },
+                        Grant {
+                            client: 2,
+                            deadline_ns: FOREVER,
+                            launch_ahead: 0,
+                        },
+                    ],
+                ),
+            ],
+        );
+        assert_eq!(
+            policy.handle(501 * MS, Event::Tick),
+            vec![CutOff { client: 1 }]
+        );
+    }
+
+    #[test]
+    fn round_robin_is_fifo_with_a_fixed_slice_and_no_priority() {
+        let config = SchedulerConfig {
+            policy: SchedulingPolicy::RoundRobin,
+            ..config()
+        };
+        run_table(
+            config,
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                (0, join(3, LOW), &[]),
+                (0, want(1), &[grant(1, 0, 20, 0)]),
+                (1, want(3), &[]),
+                // High waits like everyone: behind 3.
+                (2, want(2), &[]),
+                (20, Event::Tick, &[Revoke { client: 1 }]),
+                (21, release(1, true), &[grant(3, 21, 20, 0)]),
+                (22, release(3, false), &[grant(2, 22, 20, 0)]),
+                (42, Event::Tick, &[Revoke { client: 2 }]),
+                (43, release(2, true), &[grant(1, 43, 20, 0)]),
+            ],
+        );
+    }
+
+    #[test]
+    fn request_zero_comes_after_clients_with_a_request() {
+        let mut policy = TokenPolicy::new(&config());
+        for (client, request) in [(1, 0.0), (2, 0.5), (3, 0.0)] {
+            policy.handle(
+                0,
+                Event::Join {
+                    client,
+                    priority: LOW,
+                    request,
+                    limit: 1.0,
+                },
+            );
+        }
+        policy.handle(0, want(1));
+        policy.handle(0, want(3));
+        policy.handle(0, want(2));
+        // 1 holds; at release, 2 (with a request) goes before 3 although 3 queued first.
+        assert_eq!(
+            policy.handle(MS, release(1, false)),
+            vec![grant(2, 1, 20, 0)]
+        );
+    }
+
+    #[test]
+    fn a_slice_never_exceeds_the_remaining_limit_budget() {
+        let mut policy = TokenPolicy::new(&config());
+        policy.handle(
+            0,
+            Event::Join {
+                client: 1,
+                priority: LOW,
+                request: 0.0,
+                limit: 0.05,
+            },
+        );
+        // 5 % of a 2 s window = 100 ms, less than max_slice.
+        assert_eq!(policy.handle(0, want(1)), vec![grant(1, 0, 100, 0)]);
+        assert_eq!(
+            policy.handle(100 * MS, Event::Tick),
+            vec![Revoke { client: 1 }]
+        );
+        assert_eq!(policy.handle(101 * MS, release(1, true)), vec![]);
+        // 101 ms counted (the drain until its release included); 2 ms of budget return
+        // once the first 3 ms of that leave the window.
+        let retry = policy.next_wakeup().unwrap();
+        assert!((2_002 * MS..2_004 * MS).contains(&retry), "{retry}");
+        assert_eq!(policy.handle(retry, Event::Tick).len(), 1);
+    }
+
+    #[test]
+    fn burst_history_shrinks_contended_slices_to_fit_short_bursts() {
+        let mut policy = TokenPolicy::new(&config());
+        for client in [1, 2] {
+            policy.handle(0, join(client, LOW));
+        }
+        let mut now = 0;
+        for _ in 0..8 {
+            policy.handle(now, want(1));
+            now += 2 * MS;
+            policy.handle(now, release(1, false));
+        }
+        policy.handle(now, want(2));
+        let actions = policy.handle(now, want(1));
+        assert_eq!(actions, vec![]);
+        // 2 has used more than 1 when it hands back; 1's estimate (~2 ms) sizes its
+        // contended slice.
+        policy.handle(now + 50 * MS, release(2, true));
+        let holder = policy.holder.unwrap();
+        assert_eq!(holder.client, 1);
+        let slice = holder.revoke_at - holder.since;
+        assert!((2 * MS..=4 * MS).contains(&slice), "slice {slice}");
+    }
+
+    /// A saturated run driven by the policy alone: every client always has work and
+    /// releases the moment it is revoked. Returns GPU time per client.
+    fn saturated_run(clients: &[(ClientId, f64, f64)], seconds: u64) -> BTreeMap<ClientId, u64> {
+        let mut policy = TokenPolicy::new(&config());
+        let mut held: BTreeMap<ClientId, u64> = BTreeMap::new();
+        let mut since: BTreeMap<ClientId, u64> = BTreeMap::new();
+        let mut pending = Vec::new();
+        for &(client, request, limit) in clients {
+            pending.extend(policy.handle(
+                0,
+                Event::Join {
+                    client,
+                    priority: LOW,
+                    request,
+                    limit,
+                },
+            ));
+            pending.extend(policy.handle(0, want(client)));
+        }
+        let end = seconds * 1_000 * MS;
+        let mut now = 0;
+        loop {
+            while let Some(action) = pending.pop() {
+                match action {
+                    Grant { client, .. } => {
+                        since.entry(client).or_insert(now);
+                    }
+                    Revoke { client } => {
+                        let start = since.remove(&client).expect("revoked while holding");
+                        *held.entry(client).or_default() += now - start;
+                        pending.extend(policy.handle(now, release(client, true)));
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            now = policy.next_wakeup().expect("someone always wants the GPU");
+            if now >= end {
+                break;
+            }
+            pending.extend(policy.handle(now, Event::Tick));
+        }
+        for (client, start) in since {
+            *held.entry(client).or_default() += end - start;
+        }
+        held
+    }
+
+    #[test]
+    fn requests_of_a_third_and_two_thirds_converge_to_one_to_two() {
+        let held = saturated_run(&[(1, 0.3, 1.0), (2, 0.6, 1.0)], 30);
+        let ratio = held[&2] as f64 / held[&1] as f64;
+        assert!((ratio - 2.0).abs() <= 0.1, "ratio {ratio:.3} ({held:?})");
+        let total: u64 = held.values().sum();
+        assert!(total >= 29_900 * MS, "work-conserving: {total}");
+    }
+
+    #[test]
+    fn a_lone_client_limited_to_half_gets_half() {
+        let held = saturated_run(&[(1, 0.0, 0.5)], 30);
+        let share = held[&1] as f64 / (30_000 * MS) as f64;
+        assert!((share - 0.5).abs() <= 0.025, "share {share:.3}");
+    }
+
+    #[test]
+    fn limits_cap_and_requests_split_among_several() {
+        // Limits below the fair split: each is capped at its limit.
+        let held = saturated_run(&[(1, 0.0, 0.2), (2, 0.0, 0.3)], 30);
+        for (client, limit) in [(1, 0.2), (2, 0.3)] {
+            let share = held[&client] as f64 / (30_000 * MS) as f64;
+            assert!(
+                (share - limit).abs() <= 0.05 * limit,
+                "client {client}: {share:.3}"
+            );
+        }
+    }
+}
