@@ -9,12 +9,18 @@
 //!   same step, without waiting for its acknowledgement. Low-priority clients share
 //!   what is left, one at a time.
 //! * Among low-priority clients: GPU time is measured by the arbiter as the holding
-//!   intervals [grant, release received] within a sliding window; a client at its
-//!   limit is skipped; the token goes to the one with the smallest usage/request
-//!   (request 0 comes after every client with a request, least usage first).
+//!   intervals [grant, release received] within a sliding window; the token goes to the
+//!   one with the smallest usage/request (request 0 comes after every client with a
+//!   request, least usage first).
+//! * Limit: a rate cap. A client earns `limit` ns of GPU time per ns of wall time, up to
+//!   a small burst allowance (`limit × slice`), and spends it while it holds the token;
+//!   it is skipped until it has earned `min_slice` back. A sliding-window budget alone
+//!   let a lone client with limit 0.5 run flat out for a whole second (half the 2 s
+//!   window) and then wait a second, and measured 0.60 over a 4 s run instead of 0.50;
+//!   the earned-credit cap holds it to the limit over any span longer than a slice.
 //! * Slice: `max_slice` when nobody else wants the GPU ("slices grow"), else the
-//!   client's burst estimate clamped to [min_slice, slice]; never longer than what is
-//!   left of its limit in the window.
+//!   client's burst estimate clamped to [min_slice, slice]; never longer than its
+//!   credit.
 //! * A holder whose slice ends while others wait (or whose budget is spent) is
 //!   revoked; with nobody waiting its slice is simply extended. A revoked client must
 //!   `Release` within `revoke_grace` or it is cut off. Nobody else gets a low grant
@@ -117,6 +123,12 @@ struct Client {
     revoked_at: Option<u64>,
     /// Moving average of the bursts that ended with a release (ns).
     burst: f64,
+    /// GPU time earned and not yet spent (ns) as of `credit_at`, outside any open
+    /// holding interval; negative after a drain that overran the credit.
+    credit: f64,
+    credit_at: u64,
+    /// The most credit a client can save up: its burst allowance.
+    credit_cap: f64,
 }
 
 impl Client {
@@ -127,14 +139,32 @@ impl Client {
         closed + self.held_since.map_or(0, |s| overlap(s, now))
     }
 
-    /// Nanoseconds of GPU time left under the limit in the current window; None when
-    /// the limit is the whole GPU.
-    fn budget(&self, now: u64, window: u64) -> Option<u64> {
+    /// Earned GPU time at `t`, the open holding interval spent from it. A bucket: it
+    /// fills at `limit` up to the cap and, while held, drains at `1 − limit`.
+    fn credit_at(&self, t: u64) -> f64 {
+        let fill = |from: u64, to: u64| self.limit * to.saturating_sub(from) as f64;
+        match self.held_since {
+            None => (self.credit + fill(self.credit_at, t)).min(self.credit_cap),
+            Some(since) => {
+                let at_grant = (self.credit + fill(self.credit_at, since)).min(self.credit_cap);
+                at_grant + fill(since, t) - t.saturating_sub(since) as f64
+            }
+        }
+    }
+
+    /// Nanoseconds of GPU time the limit allows now; None when the limit is the whole
+    /// GPU.
+    fn budget(&self, now: u64) -> Option<u64> {
         if self.limit >= 1.0 {
             return None;
         }
-        let allowed = (self.limit * window as f64) as u64;
-        Some(allowed.saturating_sub(self.usage(now, window)))
+        Some(self.credit_at(now).max(0.0) as u64)
+    }
+
+    /// Closes the open holding interval at `now` against the credit.
+    fn settle_credit(&mut self, now: u64) {
+        self.credit = self.credit_at(now);
+        self.credit_at = now;
     }
 
     fn forget_before(&mut self, from: u64) {
@@ -231,7 +261,7 @@ impl TokenPolicy {
                 priority,
                 request,
                 limit,
-            } => self.join(client, priority, request, limit, &mut actions),
+            } => self.join(now, client, priority, request, limit, &mut actions),
             Event::Want { client } => self.want(now, client, &mut actions),
             Event::Release { client, again } => self.release(now, client, again, &mut actions),
             Event::Leave { client } => self.leave(client, &mut actions),
@@ -266,6 +296,7 @@ impl TokenPolicy {
 
     fn join(
         &mut self,
+        now: u64,
         client: ClientId,
         priority: Priority,
         request: f64,
@@ -273,12 +304,20 @@ impl TokenPolicy {
         actions: &mut Vec<Action>,
     ) {
         let high_before = self.high_registered();
+        let limit = limit.clamp(0.0, 1.0);
+        // Enough for one contended slice at the limit's pace, and never less than two
+        // of the shortest slices, so a low limit still gets slices worth a handoff.
+        let credit_cap =
+            (limit * self.settings.slice as f64).max(2.0 * self.settings.min_slice as f64);
         self.clients.insert(
             client,
             Client {
                 priority,
                 request: request.clamp(0.0, 1.0),
-                limit: limit.clamp(0.0, 1.0),
+                limit,
+                credit: credit_cap,
+                credit_at: now,
+                credit_cap,
                 wanting: false,
                 queued: 0,
                 history: VecDeque::new(),
@@ -345,6 +384,7 @@ impl TokenPolicy {
         let Some(client) = self.clients.get_mut(&id) else {
             return;
         };
+        client.settle_credit(now);
         if let Some(since) = client.held_since.take() {
             client.history.push_back((since, now));
             client.forget_before(now.saturating_sub(window));
@@ -396,8 +436,7 @@ impl TokenPolicy {
                 && c.revoked_at.is_none()
                 && !self.is_preemptive(c)
                 && (self.settings.round_robin
-                    || c.budget(now, self.settings.window)
-                        .is_none_or(|b| b >= self.settings.min_slice));
+                    || c.budget(now).is_none_or(|b| b >= self.settings.min_slice));
             ok.then_some((id, c))
         })
     }
@@ -447,7 +486,7 @@ impl TokenPolicy {
         } else {
             s.max_slice
         };
-        match client.budget(now, s.window) {
+        match client.budget(now) {
             Some(budget) => wanted.min(budget),
             None => wanted,
         }
@@ -505,9 +544,8 @@ impl TokenPolicy {
                 self.holder = Some(holder);
             }
             if now >= holder.revoke_at {
-                let window = self.settings.window;
                 let spent = self.clients[&holder.client]
-                    .budget(now, window)
+                    .budget(now)
                     .is_some_and(|b| b < self.settings.min_slice);
                 if contended || spent {
                     self.holder = None;
@@ -542,24 +580,15 @@ impl TokenPolicy {
         }
     }
 
-    /// When a waiter held back by its limit will have `min_slice` of budget again.
-    /// Usage only falls while it waits, so bisect over the next window.
+    /// When a waiter held back by its limit will have `min_slice` of credit again: it
+    /// earns `limit` per ns while it waits, so the instant is exact.
     fn budget_returns_at(&self, now: u64, client: &Client) -> Option<u64> {
-        let s = &self.settings;
-        let has_budget = |t: u64| client.budget(t, s.window).is_none_or(|b| b >= s.min_slice);
-        if has_budget(now) {
+        let min_slice = self.settings.min_slice;
+        if client.budget(now).is_none_or(|b| b >= min_slice) || client.limit <= 0.0 {
             return None;
         }
-        let (mut low, mut high) = (now, now.saturating_add(s.window));
-        while high - low > 10_000 {
-            let mid = low + (high - low) / 2;
-            if has_budget(mid) {
-                high = mid;
-            } else {
-                low = mid;
-            }
-        }
-        Some(high)
+        let missing = min_slice as f64 - client.credit_at(now);
+        Some(now.saturating_add((missing / client.limit).ceil() as u64))
     }
 }
 
@@ -869,18 +898,19 @@ mod tests {
                 limit: 0.05,
             },
         );
-        // 5 % of a 2 s window = 100 ms, less than max_slice.
-        assert_eq!(policy.handle(0, want(1)), vec![grant(1, 0, 100, 0)]);
+        // A 5 % limit saves up at most two minimum slices (4 ms): far less than max_slice.
+        assert_eq!(policy.handle(0, want(1)), vec![grant(1, 0, 4, 0)]);
         assert_eq!(
-            policy.handle(100 * MS, Event::Tick),
+            policy.handle(4 * MS, Event::Tick),
             vec![Revoke { client: 1 }]
         );
-        assert_eq!(policy.handle(101 * MS, release(1, true)), vec![]);
-        // 101 ms counted (the drain until its release included); 2 ms of budget return
-        // once the first 3 ms of that leave the window.
+        assert_eq!(policy.handle(5 * MS, release(1, true)), vec![]);
+        // 5 ms spent (the drain until its release included) against 4 + 0.25 earned:
+        // 0.75 ms in debt, so 2 ms of credit are back after (2 + 0.75) / 0.05 = 55 ms.
         let retry = policy.next_wakeup().unwrap();
-        assert!((2_002 * MS..2_004 * MS).contains(&retry), "{retry}");
-        assert_eq!(policy.handle(retry, Event::Tick).len(), 1);
+        assert!((59_999_000..=60_001_000).contains(&retry), "{retry}");
+        assert_eq!(policy.handle(retry - 100_000, Event::Tick), vec![]);
+        assert_eq!(policy.handle(retry, Event::Tick), vec![grant(1, 60, 2, 0)]);
     }
 
     #[test]

@@ -440,9 +440,15 @@ impl TokenService {
             limit: lease.limit,
         });
         tracing::info!(gpu = %lease.gpu, lease = %lease.lease, ?pid, priority = ?lease.priority, "token client joined");
+        // The interposer decides from `priority` whether it may submit before a grant;
+        // the round-robin baseline has no classes, so everyone waits for the token.
+        let class_for_client = match self.config.policy {
+            SchedulingPolicy::RoundRobin => Priority::Low,
+            _ => lease.priority,
+        };
         let terms = ScheduleTerms {
             gpu: lease.gpu.clone(),
-            priority: lease.priority,
+            priority: class_for_client,
             idle_ns: self.config.idle_us * 1_000,
             on_arbiter_loss: self.config.on_arbiter_loss(lease.priority),
         };

@@ -115,13 +115,18 @@ pub struct Parameters {
     pub round_robin_slices_ms: Vec<u64>,
     pub simgpu_slice_us: u64,
     pub simgpu_switch_us: u64,
-    /// Whether the arbiter got a `[scheduler]` table (false: an arbiter without the token
-    /// scheduler, where every mode is uncontrolled co-location).
-    pub scheduler_table: bool,
+    /// Extra `key = value` lines of the gpushare mode's `[scheduler]` table (none: the
+    /// arbiter's defaults, which is what ships).
+    pub gpushare_settings: Vec<String>,
 }
 
 impl Parameters {
-    pub fn new(duration_s: f64, seed: u64, slices_ms: Vec<u64>, scheduler_table: bool) -> Self {
+    pub fn new(
+        duration_s: f64,
+        seed: u64,
+        slices_ms: Vec<u64>,
+        gpushare_settings: Vec<String>,
+    ) -> Self {
         Parameters {
             duration_s,
             seed,
@@ -137,7 +142,7 @@ impl Parameters {
             round_robin_slices_ms: slices_ms,
             simgpu_slice_us: 1_000,
             simgpu_switch_us: 25,
-            scheduler_table,
+            gpushare_settings,
         }
     }
 
@@ -235,11 +240,13 @@ pub fn run_case(
         ("LD_LIBRARY_PATH".to_string(), libs.display().to_string()),
     ];
     let (policy, slice) = mode.scheduler();
-    let table = if parameters.scheduler_table {
-        scheduler_table(policy, slice)
-    } else {
-        String::new()
-    };
+    let mut table = scheduler_table(policy, slice);
+    if mode == Mode::Gpushare {
+        for line in &parameters.gpushare_settings {
+            table += line;
+            table += "\n";
+        }
+    }
     let config = arbiter_config(dir.path(), libs, binaries, &table);
     let arbiter = Arbiter::start(binaries, dir.path(), &config, &simgpu_env)?;
     let barrier = dir.path().join("go");
@@ -352,7 +359,7 @@ mod tests {
 
     #[test]
     fn jobs_carry_the_seed_and_duration() {
-        let p = Parameters::new(1.5, 7, vec![1], true);
+        let p = Parameters::new(1.5, 7, vec![1], Vec::new());
         let high = p.high_job().args.join(" ");
         assert!(
             high.contains("--seed 7") && high.contains("--duration 1500ms"),

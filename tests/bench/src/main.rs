@@ -40,10 +40,11 @@ struct Args {
     /// every mode, so modes differ only in how the GPU is shared.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Give the arbiter no [scheduler] table, for an arbiter built before the token scheduler
-    /// (every mode is then uncontrolled co-location; the results say so).
-    #[arg(long)]
-    no_scheduler_table: bool,
+    /// An extra `key = value` line for the gpushare mode's `[scheduler]` table (repeatable),
+    /// to measure other settings than the defaults (e.g. `--gpushare-set 'idle_us = 100'`).
+    /// The results record them.
+    #[arg(long = "gpushare-set")]
+    gpushare_set: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -72,7 +73,7 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         duration_s,
         args.seed,
         args.round_robin_slices_ms.clone(),
-        !args.no_scheduler_table,
+        args.gpushare_set.clone(),
     );
     let binaries = Binaries::locate()?;
     let scratch = tempfile::tempdir().map_err(|source| ExperimentError::Io {

@@ -51,19 +51,27 @@ pub fn markdown(results: &Value) -> String {
         machine["date"].as_str().unwrap_or("?"),
         machine["git_commit"].as_str().unwrap_or("?"),
     );
-    if results["parameters"]["scheduler_table"] == json!(false) {
-        md += "The arbiter got no `[scheduler]` table (built before the token scheduler): every \
-               mode below is uncontrolled co-location.\n\n";
+    if let Some(settings) = results["parameters"]["gpushare_settings"].as_array() {
+        if !settings.is_empty() {
+            let lines: Vec<&str> = settings.iter().filter_map(Value::as_str).collect();
+            md += &format!(
+                "The gpushare mode ran with non-default scheduler settings: `{}`.\n\n",
+                lines.join("`, `")
+            );
+        }
     }
     if let Some(priority) = results["scenarios"]["priority"].as_object() {
         md += "## Scenario `priority` (simulated)\n\n\
                A high-priority training-like job (50 lognormal kernels, median 100 µs, then a \
-               CPU gap) with N saturating low-priority jobs (100 µs kernels). Slowdown is \
-               against the high job alone; start latency is from just before an iteration's \
-               first launch until that kernel ran; idle captured is the low jobs' GPU time over \
-               the GPU time the high job leaves idle alone.\n\n\
-               | mode | low jobs | high mean ms | slowdown | high p99 ms | p99 slowdown | start p50 µs | start p99 µs | low GPU share | idle captured |\n\
-               |---|---|---|---|---|---|---|---|---|---|\n";
+               CPU gap) with N saturating low-priority jobs (100 µs kernels). The high job's \
+               iteration time is the period from one iteration's start to the next (burst and \
+               gap); its GPU phase (first launch until completion seen) is the stricter figure \
+               beside it. Slowdowns are against the high job alone; start latency is from just \
+               before an iteration's first launch until that kernel ran (the preemption \
+               latency); idle captured is the low jobs' GPU time over the GPU time the high job \
+               leaves idle alone.\n\n\
+               | mode | low jobs | iteration ms | slowdown | iteration p99 ms | p99 slowdown | GPU phase slowdown | GPU phase p99 slowdown | start p50 µs | start p99 µs | low GPU share | idle captured |\n\
+               |---|---|---|---|---|---|---|---|---|---|---|---|\n";
         for (mode, cases) in priority {
             let Some(cases) = cases.as_object() else {
                 continue;
@@ -72,11 +80,13 @@ pub fn markdown(results: &Value) -> String {
                 let m = &case["metrics"];
                 let _ = writeln!(
                     md,
-                    "| {mode} | {low_jobs} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {mode} | {low_jobs} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     cell(m, "high_mean_ms", 2, ""),
                     cell(m, "high_mean_slowdown_percent", 1, "%"),
                     cell(m, "high_p99_ms", 2, ""),
                     cell(m, "high_p99_slowdown_percent", 1, "%"),
+                    cell(m, "high_gpu_phase_slowdown_percent", 1, "%"),
+                    cell(m, "high_gpu_phase_p99_slowdown_percent", 1, "%"),
                     cell(m, "high_start_p50_us", 1, ""),
                     cell(m, "high_start_p99_us", 1, ""),
                     cell(m, "low_gpu_fraction", 3, ""),
@@ -131,7 +141,7 @@ mod tests {
     fn markdown_has_a_row_per_case_and_says_simulated() {
         let results = json!({
             "machine": {"uname": "Linux x", "nproc": 2, "date": "d", "git_commit": "c"},
-            "parameters": {"scheduler_table": false, "low_kernel_us": 100},
+            "parameters": {"gpushare_settings": ["idle_us = 100"], "low_kernel_us": 100},
             "scenarios": {
                 "priority": {"uncontrolled": {"1": {"metrics": {"high_mean_ms": 5.5, "idle_captured_percent": 80.0}}}},
                 "shares": {"uncontrolled": {"pair": {"metrics": {"share_ratio": 1.0}}, "limited": {"metrics": {"share": 0.97}}}},
@@ -139,7 +149,10 @@ mod tests {
         });
         let md = markdown(&results);
         assert!(md.contains("simulated"));
-        assert!(md.contains("no `[scheduler]` table"));
+        assert!(
+            md.contains("non-default scheduler settings: `idle_us = 100`"),
+            "{md}"
+        );
         assert!(md.contains("| uncontrolled | 1 | 5.50 |"), "{md}");
         assert!(md.contains("| 80.0% |"), "{md}");
         assert!(

@@ -27,7 +27,7 @@ pub enum SetupError {
         profile: String,
         why: String,
     },
-    #[error("the arbiter refused its configuration {config}: {log_tail}\n(a [scheduler] table needs an arbiter with the token scheduler, issue 6; run only the modes that need none with --modes alone,uncontrolled --no-scheduler-table)")]
+    #[error("the arbiter refused its configuration {config}: {log_tail}")]
     ConfigRefused { config: PathBuf, log_tail: String },
     #[error("the arbiter did not open {socket} within {ARBITER_START_TIMEOUT:?}: {log_tail}")]
     ArbiterSilent { socket: PathBuf, log_tail: String },
@@ -133,7 +133,8 @@ pub fn scheduler_table(policy: Option<&str>, slice_ms: Option<u64>) -> String {
     };
     let mut table = format!("\n[scheduler]\npolicy = \"{policy}\"\n");
     if let Some(ms) = slice_ms {
-        table += &format!("slice_ms = {ms}\n");
+        // A fixed slice: the shortest one the arbiter may cut it to is the slice itself.
+        table += &format!("slice_ms = {ms}\nmin_slice_ms = {ms}\n");
     }
     table
 }
@@ -287,7 +288,7 @@ mod tests {
         );
         assert_eq!(
             scheduler_table(Some("round-robin"), Some(1)),
-            "\n[scheduler]\npolicy = \"round-robin\"\nslice_ms = 1\n"
+            "\n[scheduler]\npolicy = \"round-robin\"\nslice_ms = 1\nmin_slice_ms = 1\n"
         );
     }
 

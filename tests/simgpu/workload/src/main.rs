@@ -216,6 +216,10 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         // SAFETY: see above.
         unsafe { (d.event_destroy)(done.event) };
     };
+    // An iteration's period: from its start to the next one's, CPU gap included — the
+    // iteration time a training job's user sees (`latency_ms` is only its GPU phase).
+    let mut previous_start: Option<Instant> = None;
+    let mut periods_ms: Vec<f64> = Vec::new();
     loop {
         if o.iterations.is_some_and(|n| iterations >= n)
             || deadline.is_some_and(|t| Instant::now() >= t)
@@ -224,6 +228,9 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         }
         allocate(&mut report, o.memory_growth);
         let began = Instant::now();
+        if let Some(previous) = previous_start.replace(began) {
+            periods_ms.push((began - previous).as_secs_f64() * 1e3);
+        }
         let requested_ns = monotonic_ns();
         let mut start = None;
         for k in 0..o.kernels {
@@ -302,6 +309,12 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         sorted.iter().sum::<f64>() / sorted.len() as f64
     };
     start_latencies_us.sort_by(f64::total_cmp);
+    let period_mean = if periods_ms.is_empty() {
+        0.0
+    } else {
+        periods_ms.iter().sum::<f64>() / periods_ms.len() as f64
+    };
+    periods_ms.sort_by(f64::total_cmp);
     let kernel_s = kernel_ns as f64 / 1e9;
     let mut json = json!({
         "simulated": true,
@@ -320,6 +333,13 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
             "p50": percentile(&sorted, 50.0),
             "p99": percentile(&sorted, 99.0),
             "max": sorted.last().copied().unwrap_or(0.0),
+        },
+        "period_ms": {
+            "n": periods_ms.len(),
+            "mean": period_mean,
+            "p50": percentile(&periods_ms, 50.0),
+            "p99": percentile(&periods_ms, 99.0),
+            "max": periods_ms.last().copied().unwrap_or(0.0),
         },
         "allocations": {
             "requested_bytes": report.alloc_requested,
