@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gpushare_proto::Priority;
+use gpushare_proto::{Lease, Priority};
 use serde_json::Value;
 
 use crate::setup::{arbiter_config, scheduler_table, Arbiter, Binaries, SetupError};
@@ -223,22 +223,12 @@ pub fn run_case(
             what: "a private directory".into(),
             source,
         })?;
-    let simgpu_env = vec![
-        (
-            "SIMGPU_DIR".to_string(),
-            dir.path().join("simgpu").display().to_string(),
-        ),
-        ("SIMGPU_GPUS".to_string(), "1".to_string()),
-        (
-            "SIMGPU_SLICE_US".to_string(),
-            parameters.simgpu_slice_us.to_string(),
-        ),
-        (
-            "SIMGPU_SWITCH_US".to_string(),
-            parameters.simgpu_switch_us.to_string(),
-        ),
-        ("LD_LIBRARY_PATH".to_string(), libs.display().to_string()),
-    ];
+    let simgpu_env = simgpu_env(
+        dir.path(),
+        libs,
+        parameters.simgpu_slice_us,
+        parameters.simgpu_switch_us,
+    );
     let (policy, slice) = mode.scheduler();
     let mut table = scheduler_table(policy, slice);
     if mode == Mode::Gpushare {
@@ -258,21 +248,7 @@ pub fn run_case(
             job.compute_request,
             job.compute_limit,
         )?;
-        let child = Command::new(binaries.program("simgpu-workload"))
-            .args(&job.args)
-            .arg("--start-barrier")
-            .arg(&barrier)
-            .envs(simgpu_env.iter().map(|(k, v)| (k, v)))
-            .env("LD_PRELOAD", &binaries.preload)
-            .env("GPUSHARE_LEASE", &lease.id.0)
-            .env("GPUSHARE_SOCKET", arbiter.lease_socket(&lease))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| ExperimentError::Io {
-                what: format!("starting simgpu-workload for {}", job.name),
-                source,
-            })?;
+        let child = spawn_job(binaries, &simgpu_env, &arbiter, &lease, job, &barrier)?;
         children.push((job.name.clone(), child));
     }
     std::thread::sleep(SETTLE);
@@ -300,8 +276,50 @@ pub fn run_case(
     }
 }
 
+/// The environment of every process on a case's simulated GPU (one device, its state under
+/// `dir/simgpu`, its libraries in `libs`).
+pub fn simgpu_env(dir: &Path, libs: &Path, slice_us: u64, switch_us: u64) -> Vec<(String, String)> {
+    vec![
+        (
+            "SIMGPU_DIR".to_string(),
+            dir.join("simgpu").display().to_string(),
+        ),
+        ("SIMGPU_GPUS".to_string(), "1".to_string()),
+        ("SIMGPU_SLICE_US".to_string(), slice_us.to_string()),
+        ("SIMGPU_SWITCH_US".to_string(), switch_us.to_string()),
+        ("LD_LIBRARY_PATH".to_string(), libs.display().to_string()),
+    ]
+}
+
+/// Starts `job` under the interposer on `lease`; it waits for `barrier` to exist before its
+/// first iteration. Its JSON report comes on stdout ([`collect`]).
+pub fn spawn_job(
+    binaries: &Binaries,
+    simgpu_env: &[(String, String)],
+    arbiter: &Arbiter,
+    lease: &Lease,
+    job: &Job,
+    barrier: &Path,
+) -> Result<Child, ExperimentError> {
+    Command::new(binaries.program("simgpu-workload"))
+        .args(&job.args)
+        .arg("--start-barrier")
+        .arg(barrier)
+        .envs(simgpu_env.iter().map(|(k, v)| (k, v)))
+        .env("LD_PRELOAD", &binaries.preload)
+        .env("GPUSHARE_LEASE", &lease.id.0)
+        .env("GPUSHARE_SOCKET", arbiter.lease_socket(lease))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| ExperimentError::Io {
+            what: format!("starting simgpu-workload for {}", job.name),
+            source,
+        })
+}
+
 /// A finished workload's JSON report, or why there is none.
-fn collect(child: Child) -> Result<Value, String> {
+pub fn collect(child: Child) -> Result<Value, String> {
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     let report: Value = serde_json::from_slice(&out.stdout).map_err(|e| {

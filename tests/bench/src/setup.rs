@@ -185,8 +185,35 @@ impl Arbiter {
     ) -> Result<Arbiter, SetupError> {
         let config_path = dir.join("arbiter.toml");
         std::fs::write(&config_path, config).map_err(io("writing the arbiter's configuration"))?;
-        let log = dir.join("arbiter.log");
-        let log_file = std::fs::File::create(&log).map_err(io("creating arbiter.log"))?;
+        let log_file =
+            std::fs::File::create(dir.join("arbiter.log")).map_err(io("creating arbiter.log"))?;
+        Arbiter::launch(binaries, dir, log_file, simgpu_env)
+    }
+
+    /// Starts a new arbiter on the configuration, run and state directories in `dir` that an
+    /// earlier one (typically [`Arbiter::kill`]ed) left behind, as a supervisor would after a
+    /// crash: it reloads the leases from its store and re-creates their sockets. Its log is
+    /// appended to the earlier one's.
+    pub fn restart(
+        binaries: &Binaries,
+        dir: &Path,
+        simgpu_env: &[(String, String)],
+    ) -> Result<Arbiter, SetupError> {
+        let log_file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dir.join("arbiter.log"))
+            .map_err(io("opening arbiter.log"))?;
+        Arbiter::launch(binaries, dir, log_file, simgpu_env)
+    }
+
+    fn launch(
+        binaries: &Binaries,
+        dir: &Path,
+        log_file: std::fs::File,
+        simgpu_env: &[(String, String)],
+    ) -> Result<Arbiter, SetupError> {
+        let config_path = dir.join("arbiter.toml");
         let child = Command::new(binaries.program("gpushare-arbiter"))
             .arg("--config")
             .arg(&config_path)
@@ -198,9 +225,9 @@ impl Arbiter {
         let mut arbiter = Arbiter {
             child,
             run_dir: dir.join("run"),
-            log,
+            log: dir.join("arbiter.log"),
         };
-        let socket = arbiter.run_dir.join("control.sock");
+        let socket = arbiter.control_socket();
         let start = Instant::now();
         loop {
             if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
@@ -222,6 +249,22 @@ impl Arbiter {
         }
     }
 
+    /// SIGKILL, as a crash would: the arbiter cleans nothing up, so its sockets and state stay
+    /// for [`Arbiter::restart`]. Returns once it is reaped.
+    pub fn kill(&mut self) -> Result<(), SetupError> {
+        self.child.kill().map_err(io("killing gpushare-arbiter"))?;
+        self.child.wait().map_err(io("reaping gpushare-arbiter"))?;
+        Ok(())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn control_socket(&self) -> PathBuf {
+        self.run_dir.join("control.sock")
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -238,8 +281,7 @@ impl Arbiter {
     ) -> Result<Lease, SetupError> {
         let fraction = |v: f64| Fraction::new(v).unwrap_or(Fraction::ONE);
         let reserve = || -> Result<Lease, gpushare_proto::ClientError> {
-            let mut client =
-                ControlClient::connect(&self.run_dir.join("control.sock"), CONTROL_TIMEOUT)?;
+            let mut client = ControlClient::connect(&self.control_socket(), CONTROL_TIMEOUT)?;
             client.reserve(ReserveRequest {
                 container_id: format!("bench-{job}"),
                 sandbox_id: None,
@@ -268,9 +310,12 @@ impl Arbiter {
 
 impl Drop for Arbiter {
     fn drop(&mut self) {
-        // SIGTERM, so the arbiter removes its sockets and state before the directory goes.
-        // SAFETY: kill(2) on the pid of a child we started and have not reaped yet.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        // A killed arbiter is reaped already: its pid may belong to another process now.
+        if let Ok(None) = self.child.try_wait() {
+            // SIGTERM, so the arbiter removes its sockets and state before the directory goes.
+            // SAFETY: kill(2) on the pid of a child we started and have not reaped yet.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        }
         let _ = self.child.wait();
     }
 }
