@@ -4,7 +4,7 @@
 //! simulated device (`simgpu-model`), the token's state from the arbiter's status.
 //!
 //! The binaries come from `GPUSHARE_BIN_DIR` / `GPUSHARE_PRELOAD_LIB` (see quick.rs). The tests
-//! take turns (`SERIAL`): their latency bounds are about the product, not about three of them
+//! take turns (`SERIAL`): their latency bounds are about the product, not about several of them
 //! sharing two cores.
 
 use std::collections::HashMap;
