@@ -258,8 +258,10 @@ pub fn run_case(
     })?;
     let mut reports = Vec::new();
     let mut first_error = None;
+    // Every job runs for the case's duration; a minute more is far beyond any drain.
+    let limit = Duration::from_secs_f64(parameters.duration_s) + Duration::from_secs(60);
     for (name, child) in children {
-        match collect(child) {
+        match collect_within(child, limit) {
             Ok(report) => reports.push(report),
             Err(why) => {
                 first_error.get_or_insert(ExperimentError::Job {
@@ -319,6 +321,22 @@ pub fn spawn_job(
 }
 
 /// A finished workload's JSON report, or why there is none.
+/// [`collect`], but a job still running after `limit` is killed and reported as such: a
+/// wedged job (a scheduler bug, a lost token) fails its case instead of hanging the run.
+pub fn collect_within(child: Child, limit: Duration) -> Result<Value, String> {
+    let pid = child.id();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let collector = std::thread::spawn(move || sender.send(collect(child)));
+    let outcome = receiver.recv_timeout(limit);
+    if outcome.is_err() {
+        // SAFETY: kill(2) on our child, not reaped yet (the collector is still waiting for
+        // it), so the pid is still its own.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+    let _ = collector.join();
+    outcome.unwrap_or_else(|_| Err(format!("did not finish within {limit:?} (killed)")))
+}
+
 pub fn collect(child: Child) -> Result<Value, String> {
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -13,7 +13,7 @@ use std::process::Child;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gpushare_bench::experiment::{collect, install_libs, simgpu_env, spawn_job, Job};
+use gpushare_bench::experiment::{collect_within, install_libs, simgpu_env, spawn_job, Job};
 use gpushare_bench::setup::{arbiter_config, scheduler_table, Arbiter, Binaries};
 use gpushare_proto::{ControlClient, LeaseId, Priority, TokenStatus};
 use serde_json::Value;
@@ -107,18 +107,7 @@ impl Running {
     fn report(&mut self, limit: Duration, rig: &Rig) -> Value {
         let child = self.child.take().expect("still running");
         let pid = child.id();
-        let (sender, receiver) = std::sync::mpsc::channel();
-        let collector = std::thread::spawn(move || sender.send(collect(child)));
-        let outcome = receiver.recv_timeout(limit);
-        if outcome.is_err() {
-            // SAFETY: kill(2) on our child, not reaped yet (the collector is still waiting
-            // for it), so the pid is still its own.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-        }
-        let _ = collector.join();
-        let outcome =
-            outcome.unwrap_or_else(|_| Err(format!("did not finish within {limit:?} (killed)")));
-        outcome.unwrap_or_else(|why| {
+        collect_within(child, limit).unwrap_or_else(|why| {
             panic!(
                 "{} (pid {pid}): {why}\narbiter log:\n{}",
                 self.name,
@@ -317,7 +306,6 @@ fn median(mut values: Vec<Duration>) -> Duration {
 }
 
 #[test]
-#[ignore = "preload bug: a grant that lands before the token agent starts serving its new connection is taken as answered (agent.rs serve: Memory::fresh(page.grants)), never released, and the client is cut off; fix: Memory::fresh(0, ..)"]
 fn killing_a_low_priority_holder_does_not_stall_the_high_priority_job() {
     let _turn = serial();
     let mut rig = Rig::new(&scheduler_table(Some("priority"), None));
@@ -570,7 +558,6 @@ fn a_lost_arbiter_lets_high_run_and_holds_low() {
 /// is cut off after the revocation grace. Several low jobs and a high one join at once,
 /// round after round; none may be cut off.
 #[test]
-#[ignore = "preload bug: a grant that lands before the token agent starts serving its new connection is taken as answered (agent.rs serve: Memory::fresh(page.grants)), never released, and the client is cut off; fix: Memory::fresh(0, ..)"]
 fn low_priority_clients_joining_together_are_not_cut_off() {
     let _turn = serial();
     let mut rig = Rig::new(&scheduler_table(Some("priority"), None));
