@@ -57,10 +57,15 @@ test: deps lint build
 	GPUSHARE_BIN_DIR=$(BIN_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/debug/libgpushare.so $(CARGO) test --workspace
 
 # Benchmarks measure release builds, what `make install` ships (root; real dockerd).
+# The compute-isolation experiments (tests/bench, simulated GPU) and the token handoff
+# latency write their results under tests/bench/results/.
+BENCH_ENV := GPUSHARE_BIN_DIR=$(RELEASE_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so
 bench: deps
 	$(CARGO) build --workspace --release
 	$(MAKE) --no-print-directory preload-baseline-release
-	GPUSHARE_BIN_DIR=$(RELEASE_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so $(CARGO) bench --workspace
+	$(BENCH_ENV) $(CARGO) bench --workspace
+	$(BENCH_ENV) GPUSHARE_BENCH_OUT=$(CURDIR)/tests/bench/results/token-handoff.json $(CARGO) bench -p gpushare-arbiter --bench token_handoff
+	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench
 
 demo: deps build
 	@GPUSHARE_BIN_DIR=$(BIN_DIR) scripts/demo.sh
