@@ -187,6 +187,21 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
             }
         };
     };
+    if let Some(rate) = o.requests_per_s {
+        let mut json = serve_requests(d, function, o, rate, &mut report, &mut rng, &sync);
+        for ptr in allocations {
+            // SAFETY: see above.
+            unsafe { report.check(d, "cuMemFree", (d.mem_free)(ptr)) };
+        }
+        json["allocations"] = json!({
+            "requested_bytes": report.alloc_requested,
+            "succeeded": report.alloc_ok,
+            "failed": report.alloc_failed,
+            "last_error": report.alloc_last_error,
+        });
+        json["errors"] = json!(report.errors);
+        return (json, true);
+    }
     let start = Instant::now();
     let deadline = o.duration_ns.map(|ns| start + Duration::from_nanos(ns));
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
@@ -234,24 +249,8 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         let requested_ns = monotonic_ns();
         let mut start = None;
         for k in 0..o.kernels {
-            let mut duration = rng.duration(o.distribution);
-            let mut params = [&mut duration as *mut u64 as *mut libc::c_void];
-            // SAFETY: see above; params[0] points at the u64 duration simgpu_kernel takes.
-            let launched = unsafe {
-                (d.launch_kernel)(
-                    function,
-                    1,
-                    1,
-                    1,
-                    32,
-                    1,
-                    1,
-                    0,
-                    0,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            };
+            let duration = rng.duration(o.distribution);
+            let launched = launch(d, function, duration);
             if report.check(d, "cuLaunchKernel", launched) {
                 kernels += 1;
                 kernel_ns += duration;
@@ -360,4 +359,105 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         });
     }
     (json, true)
+}
+
+/// Launches one `simgpu_kernel` of `duration` ns on the default stream.
+fn launch(d: &Driver, function: usize, mut duration: u64) -> driver_api::CuResult {
+    let mut params = [&mut duration as *mut u64 as *mut libc::c_void];
+    // SAFETY: the entry point comes from cuGetProcAddress_v2; params[0] points at the u64
+    // duration simgpu_kernel takes, alive for the call (the driver copies its parameters).
+    unsafe {
+        (d.launch_kernel)(
+            function,
+            1,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            0,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// `{n, p50, p99, max}` of unsorted samples.
+fn summary(mut samples: Vec<f64>) -> serde_json::Value {
+    samples.sort_by(f64::total_cmp);
+    json!({
+        "n": samples.len(),
+        "p50": percentile(&samples, 50.0),
+        "p99": percentile(&samples, 99.0),
+        "max": samples.last().copied().unwrap_or(0.0),
+    })
+}
+
+/// Inference mode: requests arrive as a Poisson process of `rate` per second (exponential
+/// inter-arrival times from a generator seeded apart from the kernel durations', so the
+/// kernels are those of the training mode with the same seed). One server: a request that
+/// arrives while an earlier one runs waits, and its latency counts from its scheduled arrival.
+fn serve_requests(
+    d: &Driver,
+    function: usize,
+    o: &Options,
+    rate: f64,
+    report: &mut Report,
+    rng: &mut Rng,
+    sync: &dyn Fn(&mut Report, usize),
+) -> serde_json::Value {
+    let mut arrivals = Rng((o.seed ^ 0x9E37_79B9_7F4A_7C15).max(1));
+    let start = Instant::now();
+    let deadline = o.duration_ns.map(|ns| start + Duration::from_nanos(ns));
+    let mut next_arrival = start;
+    let (mut requests, mut kernels, mut kernel_ns) = (0u64, 0u64, 0u64);
+    let mut latencies_ms = Vec::new();
+    loop {
+        // Exponential inter-arrival time: -ln(U) / rate, U in (0, 1].
+        let u = 1.0 - arrivals.unit();
+        next_arrival += Duration::from_secs_f64(-u.ln() / rate);
+        if o.iterations.is_some_and(|n| requests >= n)
+            || deadline.is_some_and(|t| next_arrival >= t)
+        {
+            break;
+        }
+        let now = Instant::now();
+        if next_arrival > now {
+            std::thread::sleep(next_arrival - now);
+        }
+        for _ in 0..o.kernels {
+            let duration = rng.duration(o.distribution);
+            if report.check(d, "cuLaunchKernel", launch(d, function, duration)) {
+                kernels += 1;
+                kernel_ns += duration;
+            }
+        }
+        let mut event = 0usize;
+        // SAFETY: the entry points come from cuGetProcAddress_v2; the out-pointer is live.
+        unsafe {
+            report.check(d, "cuEventCreate", (d.event_create)(&mut event, 0));
+            report.check(d, "cuEventRecord", (d.event_record)(event, 0));
+        }
+        sync(report, event);
+        // SAFETY: as above; the event is ours and complete.
+        unsafe { (d.event_destroy)(event) };
+        latencies_ms.push(next_arrival.elapsed().as_secs_f64() * 1e3);
+        requests += 1;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let kernel_s = kernel_ns as f64 / 1e9;
+    json!({
+        "simulated": true,
+        "pid": std::process::id(),
+        "iterations": requests,
+        "requests": requests,
+        "requests_per_s": rate,
+        "kernels": kernels,
+        "elapsed_s": elapsed,
+        "kernel_time_s": kernel_s,
+        "throughput_iters_per_s": requests as f64 / elapsed,
+        "seed": o.seed,
+        "request_latency_ms": summary(latencies_ms),
+    })
 }

@@ -54,12 +54,17 @@ pub struct Options {
     /// Report how long each iteration's first kernel waited to start running (needs the
     /// simulated driver's `simgpuEventTimestampNs`).
     pub report_start: bool,
+    /// Inference mode: requests arrive as a Poisson process of this rate (per second); each
+    /// is `kernels` kernels then a synchronisation, served one at a time, its latency taken
+    /// from its scheduled arrival (queueing counts). `iterations` counts requests; `gap`
+    /// and `pipeline` do not apply.
+    pub requests_per_s: Option<f64>,
 }
 
 pub const USAGE: &str = "simgpu-workload [--device N] [--memory BYTES] [--memory-growth BYTES] \
 [--kernels N] [--kernel DIST] [--gap DURATION] [--sync context|stream|event] \
 [--iterations N | --duration DURATION] [--launch-ahead N] [--pipeline N] [--ptds] [--seed N] \
-[--start-barrier FILE] [--report-start]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
+[--start-barrier FILE] [--report-start] [--requests-per-s R]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
 
 fn duration(text: &str) -> Result<u64, OptionsError> {
     if text == "0" {
@@ -147,6 +152,7 @@ impl Options {
             seed: 1,
             start_barrier: None,
             report_start: false,
+            requests_per_s: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -189,6 +195,15 @@ impl Options {
                 "--pipeline" => o.pipeline = int(value)?.max(1) as u32,
                 "--seed" => o.seed = int(value)?,
                 "--start-barrier" => o.start_barrier = Some(PathBuf::from(value)),
+                "--requests-per-s" => {
+                    let rate: f64 = value
+                        .parse()
+                        .map_err(|_| invalid(format!("{flag}: bad rate {value:?}")))?;
+                    if !(rate.is_finite() && rate > 0.0) {
+                        return Err(invalid("--requests-per-s must be a positive rate"));
+                    }
+                    o.requests_per_s = Some(rate);
+                }
                 _ => return Err(invalid(format!("unknown option {flag}\n{USAGE}"))),
             }
         }
@@ -237,6 +252,11 @@ mod tests {
             (8, 2, true, 7)
         );
         assert!(o.report_start);
+        assert_eq!(o.requests_per_s, None);
+        assert_eq!(
+            parse("--requests-per-s 12.5").unwrap().requests_per_s,
+            Some(12.5)
+        );
         assert!(!parse("").unwrap().report_start);
         assert_eq!(parse("").unwrap().iterations, Some(100));
         assert_eq!(
@@ -257,6 +277,9 @@ mod tests {
             "--bogus 1",
             "--kernels",
             "--kernel uniform:2ms:1ms",
+            "--requests-per-s 0",
+            "--requests-per-s -3",
+            "--requests-per-s fast",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
