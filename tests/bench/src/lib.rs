@@ -2,7 +2,10 @@
 //! arbiter per case, one lease per job reserved through the control socket, `simgpu-workload`
 //! processes under the interposer; results as JSON and Markdown. Every figure is simulated.
 
+pub mod e1;
+pub mod e3;
 pub mod experiment;
 pub mod metrics;
+pub mod profiles;
 pub mod report;
 pub mod setup;

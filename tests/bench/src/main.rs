@@ -11,7 +11,7 @@ use gpushare_bench::report;
 use gpushare_bench::setup::{Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
-const SCENARIOS: [&str; 2] = ["priority", "shares"];
+const SCENARIOS: [&str; 4] = ["priority", "shares", "e1", "e3"];
 /// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates).
 const EXIT_CONFIG_REFUSED: u8 = 3;
 
@@ -27,14 +27,14 @@ struct Args {
     /// Results directory.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
-    /// Only this scenario: priority or shares.
+    /// Only this scenario: priority, shares, e1 (training pairs) or e3 (inference latency).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
     /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare.
     #[arg(long, default_value = "alone,uncontrolled,round-robin,gpushare")]
     modes: String,
-    /// The round-robin slices (ms), one round-robin mode each.
-    #[arg(long, value_delimiter = ',', default_value = "1,10")]
+    /// The round-robin slices (ms), one round-robin mode each (250: a Gemini-like quota).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,250")]
     round_robin_slices_ms: Vec<u64>,
     /// Seed of the first job's kernel durations (the others take the next ones); the same in
     /// every mode, so modes differ only in how the GPU is shared.
@@ -45,6 +45,10 @@ struct Args {
     /// The results record them.
     #[arg(long = "gpushare-set")]
     gpushare_set: Vec<String>,
+    /// Seconds each case of e1 and e3 runs (default 10, or 1 with --quick: they have the
+    /// most cases).
+    #[arg(long)]
+    e_duration_s: Option<f64>,
 }
 
 fn main() -> ExitCode {
@@ -144,6 +148,19 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
             );
         }
         scenarios.insert("shares".into(), Value::Object(by_mode));
+    }
+    let e_duration_ms = (args
+        .e_duration_s
+        .unwrap_or(if args.quick { 1.0 } else { 10.0 })
+        * 1e3)
+        .round() as u64;
+    if wanted("e1") {
+        let e1 = gpushare_bench::e1::run(&modes, args.seed, e_duration_ms, &case)?;
+        scenarios.insert("e1".into(), e1);
+    }
+    if wanted("e3") {
+        let e3 = gpushare_bench::e3::run(&modes, &parameters, e_duration_ms, &case)?;
+        scenarios.insert("e3".into(), e3);
     }
 
     let results = json!({

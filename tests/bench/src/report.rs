@@ -122,6 +122,63 @@ pub fn markdown(results: &Value) -> String {
             );
         }
     }
+    if let Some(pairs) = results["scenarios"]["e1"]["pairs"].as_object() {
+        md += "## E1: training pairs (simulated)\n\n\
+               One high- and one low-priority training-like job, each from five profiles that \
+               stand in for VGG11/16/19, MobileNet and SqueezeNet (shapes, not measurements of \
+               those networks; see `profiles.rs`). High slowdown: iteration time (burst and \
+               CPU gap) against the high job alone; low throughput: iterations/s over the low \
+               job's own exclusive run. `alone` is the exclusive runs.\n\n\
+               | pair (high + low) | mode | high iteration ms | mean slowdown | p99 slowdown | low throughput / exclusive | low GPU share |\n\
+               |---|---|---|---|---|---|---|\n";
+        for (pair, modes) in pairs {
+            let Some(modes) = modes.as_object() else {
+                continue;
+            };
+            for (mode, case) in modes.iter().filter(|(_, c)| c.is_object()) {
+                let m = &case["metrics"];
+                let _ = writeln!(
+                    md,
+                    "| {pair} | {mode} | {} | {} | {} | {} | {} |",
+                    cell(m, "high_mean_ms", 2, ""),
+                    cell(m, "high_mean_slowdown_percent", 1, "%"),
+                    cell(m, "high_p99_slowdown_percent", 1, "%"),
+                    cell(m, "low_throughput_fraction", 3, ""),
+                    cell(m, "low_gpu_fraction", 3, ""),
+                );
+            }
+        }
+        md += "\n";
+    }
+    if let Some(modes) = results["scenarios"]["e3"]["modes"].as_object() {
+        let e3 = &results["scenarios"]["e3"];
+        let _ = writeln!(
+            md,
+            "## E3: inference latency (simulated)\n\n\
+             A high-priority inference job (Poisson requests, {} per s, each {} kernels `{}` \
+             then a sync; latency from the scheduled arrival, so queueing counts) next to one \
+             saturating low-priority job. Slowdowns are against the inference job alone.\n\n\
+             | mode | p50 ms | p50 slowdown | p99 ms | p99 slowdown | max ms | low GPU share |\n\
+             |---|---|---|---|---|---|---|",
+            e3["requests_per_s"],
+            e3["kernels_per_request"],
+            e3["kernel"].as_str().unwrap_or("?"),
+        );
+        for (mode, case) in modes {
+            let m = &case["metrics"];
+            let _ = writeln!(
+                md,
+                "| {mode} | {} | {} | {} | {} | {} | {} |",
+                cell(m, "high_p50_ms", 2, ""),
+                cell(m, "high_p50_slowdown_percent", 1, "%"),
+                cell(m, "high_p99_ms", 2, ""),
+                cell(m, "high_p99_slowdown_percent", 1, "%"),
+                cell(m, "high_max_ms", 2, ""),
+                cell(m, "low_gpu_fraction", 3, ""),
+            );
+        }
+        md += "\n";
+    }
     md
 }
 
@@ -157,6 +214,33 @@ mod tests {
         assert!(md.contains("| 80.0% |"), "{md}");
         assert!(
             md.contains("| uncontrolled | limited 0.5 | 0.970 |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn markdown_tables_of_e1_and_e3() {
+        let results = json!({
+            "machine": {},
+            "parameters": {},
+            "scenarios": {
+                "e1": {"pairs": {"vgg11+mobilenet": {"high": "vgg11", "low": "mobilenet",
+                    "gpushare": {"metrics": {"high_mean_ms": 14.0, "high_mean_slowdown_percent": 2.0,
+                        "low_throughput_fraction": 0.75}}}}},
+                "e3": {"requests_per_s": 75.0, "kernels_per_request": 50, "kernel": "lognormal:100us:0.3",
+                    "modes": {"uncontrolled": {"metrics": {"high_p99_ms": 81.0, "low_gpu_fraction": 0.5}}}},
+            }
+        });
+        let md = markdown(&results);
+        assert!(md.contains("## E1: training pairs (simulated)"), "{md}");
+        assert!(
+            md.contains("| vgg11+mobilenet | gpushare | 14.00 | 2.0% | – | 0.750 | – |"),
+            "{md}"
+        );
+        assert!(!md.contains("| vgg11+mobilenet | high |"), "{md}");
+        assert!(md.contains("## E3: inference latency (simulated)"), "{md}");
+        assert!(
+            md.contains("| uncontrolled | – | – | 81.00 | – | – | 0.500 |"),
             "{md}"
         );
     }

@@ -135,6 +135,11 @@ pub fn scheduler_table(policy: Option<&str>, slice_ms: Option<u64>) -> String {
     if let Some(ms) = slice_ms {
         // A fixed slice: the shortest one the arbiter may cut it to is the slice itself.
         table += &format!("slice_ms = {ms}\nmin_slice_ms = {ms}\n");
+        // And the longest: the arbiter requires slice_ms <= max_slice_ms (default 200), which
+        // a Gemini-like 250 ms quota exceeds. Round-robin never grows a slice, so there this
+        // only satisfies the check; under the priority policy it keeps slices from growing
+        // past the fixed one (200 ms, as faults.rs asks, is the default anyway).
+        table += &format!("max_slice_ms = {ms}\n");
     }
     table
 }
@@ -333,8 +338,10 @@ mod tests {
         );
         assert_eq!(
             scheduler_table(Some("round-robin"), Some(1)),
-            "\n[scheduler]\npolicy = \"round-robin\"\nslice_ms = 1\nmin_slice_ms = 1\n"
+            "\n[scheduler]\npolicy = \"round-robin\"\nslice_ms = 1\nmin_slice_ms = 1\nmax_slice_ms = 1\n"
         );
+        assert!(scheduler_table(Some("round-robin"), Some(250))
+            .ends_with("slice_ms = 250\nmin_slice_ms = 250\nmax_slice_ms = 250\n"));
     }
 
     #[test]

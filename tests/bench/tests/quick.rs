@@ -70,6 +70,26 @@ fn assert_results(results: &Value, modes: &[&str]) {
             );
         }
     }
+    // E1: every pair in every mode, `alone` being the exclusive runs.
+    let pairs = results["scenarios"]["e1"]["pairs"]
+        .as_object()
+        .expect("e1 pairs");
+    assert_eq!(pairs.len(), 5, "five (high, low) pairs");
+    for (pair, by_mode) in pairs {
+        for mode in modes {
+            assert_case("e1", mode, pair, &by_mode[mode]);
+        }
+    }
+    // E3: the inference job alone and beside the low job in every mode, with its latencies.
+    for mode in modes {
+        let case = &results["scenarios"]["e3"]["modes"][mode];
+        assert_case("e3", mode, "inference", case);
+        let latency = &case["jobs"][0]["request_latency_ms"];
+        assert!(
+            latency["n"].as_u64().unwrap_or(0) > 0,
+            "e3/{mode}: {latency}"
+        );
+    }
     let listed: Vec<&str> = results["modes"]
         .as_array()
         .unwrap()
@@ -90,6 +110,7 @@ fn quick_run_covers_every_mode() {
             "uncontrolled",
             "round-robin-1ms",
             "round-robin-10ms",
+            "round-robin-250ms",
             "gpushare",
         ],
     );

@@ -60,7 +60,10 @@ fn poisson_requests_arrive_at_the_rate_and_wait_at_least_their_kernels() {
     ]);
     let other_requests = f(&other, "requests");
     assert!((other_requests / 600.0 - 1.0).abs() <= 0.12, "{other}");
-    assert_ne!(other_requests, requests, "the seed should move the arrivals");
+    assert_ne!(
+        other_requests, requests,
+        "the seed should move the arrivals"
+    );
 }
 
 #[test]
