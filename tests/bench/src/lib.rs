@@ -2,7 +2,9 @@
 //! arbiter per case, one lease per job reserved through the control socket, `simgpu-workload`
 //! processes under the interposer; results as JSON and Markdown. Every figure is simulated.
 
+pub mod control_path;
 pub mod experiment;
 pub mod metrics;
+pub mod plot;
 pub mod report;
 pub mod setup;
