@@ -57,14 +57,16 @@ test: deps lint build
 	GPUSHARE_BIN_DIR=$(BIN_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/debug/libgpushare.so $(CARGO) test --workspace
 
 # Benchmarks measure release builds, what `make install` ships (root; real dockerd).
-# The compute-isolation experiments (tests/bench, simulated GPU) and the token handoff
-# latency write their results under tests/bench/results/.
-BENCH_ENV := GPUSHARE_BIN_DIR=$(RELEASE_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so
+# The compute-isolation experiments (tests/bench, simulated GPU) write their results under
+# tests/bench/results/; each benchmark writes its figures there as <bench>.json
+# (GPUSHARE_BENCH_RESULTS), which gpushare-bench, run last, gathers into its control-path
+# section (E4) and charts.
+BENCH_RESULTS := $(CURDIR)/tests/bench/results
+BENCH_ENV := GPUSHARE_BIN_DIR=$(RELEASE_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so GPUSHARE_BENCH_RESULTS=$(BENCH_RESULTS)
 bench: deps
 	$(CARGO) build --workspace --release
 	$(MAKE) --no-print-directory preload-baseline-release
 	$(BENCH_ENV) $(CARGO) bench --workspace
-	$(BENCH_ENV) GPUSHARE_BENCH_OUT=$(CURDIR)/tests/bench/results/token-handoff.json $(CARGO) bench -p gpushare-arbiter --bench token_handoff
 	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench
 
 demo: deps build

@@ -49,7 +49,7 @@ fn lease(i: usize, gpus: usize) -> Lease {
     }
 }
 
-fn bench_placement() {
+fn bench_placement() -> serde_json::Value {
     const GPUS: usize = 16;
     let uuids: Vec<String> = (0..GPUS).map(|i| format!("GPU-{i}")).collect();
     let leases: Vec<Lease> = (0..64).map(|i| lease(i, GPUS)).collect();
@@ -102,13 +102,12 @@ fn bench_placement() {
         }
         samples.push(start.elapsed().as_secs_f64() / 100.0 * 1e6);
     }
-    println!(
-        "placement, 16 GPUs x 64 leases: median {:.2} us per decision (target <= 100 us)",
-        median(samples)
-    );
+    let m = median(samples);
+    println!("placement, 16 GPUs x 64 leases: median {m:.2} us per decision (target <= 100 us)");
+    serde_json::json!({"gpus": GPUS, "leases": 64, "median_us": m})
 }
 
-fn bench_commit() {
+fn bench_commit() -> serde_json::Value {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (store, _) = LeaseStore::open(dir.path(), StoreOptions::default()).unwrap();
     let records: Vec<LeaseRecord> = (0..64)
@@ -143,11 +142,11 @@ fn bench_commit() {
         std::fs::File::open(dir.path()).unwrap().sync_all().unwrap();
         rewrite_samples.push(start.elapsed().as_secs_f64() * 1e3);
     }
+    let (log, rewrite) = (median(log_samples), median(rewrite_samples));
     println!(
-        "one durable change with 64 leases: append-only log median {:.2} ms, whole-table rewrite median {:.2} ms",
-        median(log_samples),
-        median(rewrite_samples)
+        "one durable change with 64 leases: append-only log median {log:.2} ms, whole-table rewrite median {rewrite:.2} ms"
     );
+    serde_json::json!({"leases": 64, "log_median_ms": log, "rewrite_median_ms": rewrite})
 }
 
 struct Daemon {
@@ -259,20 +258,23 @@ fn round_trips(daemon: &Daemon, clients: usize, for_: Duration) -> f64 {
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-fn bench_round_trips() {
+fn bench_round_trips() -> serde_json::Value {
     let daemon = start_daemon();
+    let mut figures = serde_json::Map::new();
     for clients in [1, 32] {
         let rates: Vec<f64> = (0..3)
             .map(|_| round_trips(&daemon, clients, Duration::from_secs(3)))
             .collect();
         println!(
             "reserve+release round trips over the control socket, {clients} client(s): median {:.0}/s (target >= 5,000/s)",
-            median(rates)
+            median(rates.clone())
         );
+        figures.insert(format!("clients_{clients}_per_s"), median(rates).into());
     }
+    figures.into()
 }
 
-fn bench_recovery() {
+fn bench_recovery() -> serde_json::Value {
     let dir = tempfile::Builder::new()
         .prefix("gsr-")
         .tempdir_in("/tmp")
@@ -338,10 +340,26 @@ fn bench_recovery() {
         });
         samples.push(elapsed.as_secs_f64() * 1e3);
     }
+    let m = median(samples);
     println!(
-        "recovery of 1,000 leases (load, 1,000 lease sockets, reconcile): median {:.1} ms (target <= 1 s)",
-        median(samples)
+        "recovery of 1,000 leases (load, 1,000 lease sockets, reconcile): median {m:.1} ms (target <= 1 s)"
     );
+    serde_json::json!({"leases": 1000, "median_ms": m})
+}
+
+/// `GPUSHARE_BENCH_RESULTS=dir` also writes the figures as JSON to `dir/{name}.json`
+/// (`make bench`: tests/bench/results, gathered by gpushare-bench's control-path section).
+fn write_results(name: &str, figures: serde_json::Value) {
+    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&figures).unwrap() + "\n",
+        )
+        .unwrap();
+        println!("wrote {}", path.display());
+    }
 }
 
 fn main() {
@@ -352,16 +370,18 @@ fn main() {
     // GPUSHARE_BENCH=round_trips (etc.) runs one part only, e.g. under a profiler.
     let only = std::env::var("GPUSHARE_BENCH").ok();
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    let mut figures = serde_json::Map::new();
     if run("placement") {
-        bench_placement();
+        figures.insert("placement".into(), bench_placement());
     }
     if run("commit") {
-        bench_commit();
+        figures.insert("commit".into(), bench_commit());
     }
     if run("recovery") {
-        bench_recovery();
+        figures.insert("recovery".into(), bench_recovery());
     }
     if run("round_trips") {
-        bench_round_trips();
+        figures.insert("round_trips".into(), bench_round_trips());
     }
+    write_results("arbiter", figures.into());
 }

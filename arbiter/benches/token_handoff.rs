@@ -9,7 +9,8 @@
 //!   launch without the wake-up). A spinning reader was tried and rejected: on a
 //!   2-core machine it starves the arbiter's own thread.
 //!
-//! `GPUSHARE_BENCH_OUT=path` also writes the results as JSON. `GPUSHARE_BENCH_N`
+//! `GPUSHARE_BENCH_OUT=path` also writes the results as JSON, and
+//! `GPUSHARE_BENCH_RESULTS=dir` writes them to `dir/token-handoff.json`. `GPUSHARE_BENCH_N`
 //! overrides the sample count (default 2000).
 
 use std::path::{Path, PathBuf};
@@ -218,14 +219,19 @@ fn main() {
     for (name, count, p50, p99, max) in &results {
         println!("{name:<20} {count:>6} {p50:>9.1} {p99:>9.1} {max:>9.1}");
     }
+    let json = serde_json::json!(results
+        .iter()
+        .map(|(name, count, p50, p99, max)| (
+            name.to_string(),
+            serde_json::json!({"n": count, "p50_us": p50, "p99_us": p99, "max_us": max})
+        ))
+        .collect::<serde_json::Map<_, _>>());
     if let Some(path) = std::env::var_os("GPUSHARE_BENCH_OUT") {
-        let json = serde_json::json!(results
-            .iter()
-            .map(|(name, count, p50, p99, max)| (
-                name.to_string(),
-                serde_json::json!({"n": count, "p50_us": p50, "p99_us": p99, "max_us": max})
-            ))
-            .collect::<serde_json::Map<_, _>>());
         std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    }
+    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
+        let path = Path::new(&dir).join("token-handoff.json");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap() + "\n").unwrap();
     }
 }

@@ -105,7 +105,7 @@ fn time_total_mem(f: TotalMemFn, n: u64) -> f64 {
     start.elapsed().as_nanos() as f64 / n as f64
 }
 
-fn in_process() {
+fn in_process() -> serde_json::Value {
     record_real(Hook::cuLaunchKernel, stub_launch as *mut c_void);
     record_real(Hook::cuDeviceTotalMem_v2, stub_total_mem as *mut c_void);
     let n = 20_000_000;
@@ -121,6 +121,7 @@ fn in_process() {
     }
     let (d, w) = (median(direct), median(wrapped));
     println!("in process, cuLaunchKernel ungated (deadline MAX):     direct {d:6.2} ns  wrapped {w:6.2} ns  added {:6.2} ns per call (target <= 100)", w - d);
+    let ungated = serde_json::json!({"direct_ns": d, "wrapped_ns": w, "added_ns": w - d});
     // Holding a real token with a future deadline: the gate reads the clock each launch.
     let held = Box::leak(Box::new(TokenPage::new()));
     held.deadline_ns.store(
@@ -135,8 +136,16 @@ fn in_process() {
     }
     let (d, w) = (median(direct), median(wrapped));
     println!("in process, cuLaunchKernel holding a timed token:      direct {d:6.2} ns  wrapped {w:6.2} ns  added {:6.2} ns per call (target <= 100)", w - d);
+    let holding = serde_json::json!({"direct_ns": d, "wrapped_ns": w, "added_ns": w - d});
     let (d, w) = (median(direct_tm), median(wrapped_tm));
     println!("in process, cuDeviceTotalMem_v2 pass-through (inert): direct {d:6.2} ns  wrapped {w:6.2} ns  added {:6.2} ns per call (target <= 50)", w - d);
+    serde_json::json!({
+        "runs": RUNS,
+        "calls_per_run": n,
+        "launch_ungated": ungated,
+        "launch_holding_token": holding,
+        "pass_through_total_mem": {"direct_ns": d, "wrapped_ns": w, "added_ns": w - d},
+    })
 }
 
 /// `target/release`.
@@ -145,7 +154,7 @@ fn profile_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-fn end_to_end() {
+fn end_to_end() -> serde_json::Value {
     let target = profile_dir();
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args([
@@ -219,13 +228,16 @@ fn end_to_end() {
             .parse()
             .unwrap()
     };
-    for (step, lease, what) in [
+    let mut figures = serde_json::Map::new();
+    for (key, step, lease, what) in [
         (
+            "launch_holding_token",
             "bench-launch",
             true,
             "cuLaunchKernel, holding a timed token",
         ),
         (
+            "pass_through_total_mem",
             // Inert, looked up as a linked program binds it: the exported wrapper forwards.
             "bench-linked-totalmem",
             false,
@@ -239,15 +251,38 @@ fn end_to_end() {
         }
         let (b, w) = (median(bare), median(with));
         println!("simulated GPU, {what:40}: without {b:8.1} ns  with {w:8.1} ns  difference {:+7.1} ns per call (simulated driver)", w - b);
+        figures.insert(
+            key.into(),
+            serde_json::json!({"without_ns": b, "with_ns": w, "difference_ns": w - b}),
+        );
+    }
+    figures.insert("simulated".into(), true.into());
+    figures.into()
+}
+
+/// `GPUSHARE_BENCH_RESULTS=dir` also writes the figures as JSON to `dir/{name}.json`
+/// (`make bench`: tests/bench/results, gathered by gpushare-bench's control-path section).
+fn write_results(name: &str, figures: serde_json::Value) {
+    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&figures).unwrap() + "\n",
+        )
+        .unwrap();
+        println!("wrote {}", path.display());
     }
 }
 
 fn main() {
     let only = std::env::var("GPUSHARE_BENCH").unwrap_or_default();
+    let mut figures = serde_json::Map::new();
     if only.is_empty() || only == "preload" || only == "preload-in-process" {
-        in_process();
+        figures.insert("in_process".into(), in_process());
     }
     if only.is_empty() || only == "preload" || only == "preload-end-to-end" {
-        end_to_end();
+        figures.insert("simulated_gpu".into(), end_to_end());
     }
+    write_results("interposer", figures.into());
 }

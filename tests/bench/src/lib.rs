@@ -2,10 +2,12 @@
 //! arbiter per case, one lease per job reserved through the control socket, `simgpu-workload`
 //! processes under the interposer; results as JSON and Markdown. Every figure is simulated.
 
+pub mod control_path;
 pub mod e1;
 pub mod e3;
 pub mod experiment;
 pub mod metrics;
+pub mod plot;
 pub mod profiles;
 pub mod report;
 pub mod setup;

@@ -171,6 +171,7 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         "parameters": parameters,
         "modes": modes.iter().map(|m| m.name()).collect::<Vec<_>>(),
         "scenarios": scenarios,
+        "control_path": gpushare_bench::control_path::gather(&args.out),
     });
     report::write(&args.out, &results).map_err(|source| ExperimentError::Io {
         what: format!("writing the results into {}", args.out.display()),

@@ -179,15 +179,18 @@ pub fn markdown(results: &Value) -> String {
         }
         md += "\n";
     }
+    md += &crate::control_path::markdown(results);
+    md += &crate::plot::markdown_links(results);
     md
 }
 
-/// Writes both files into `dir`.
+/// Writes both files into `dir`, and the charts (`plot`) beside them.
 pub fn write(dir: &Path, results: &Value) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let text = serde_json::to_string_pretty(results).map_err(std::io::Error::other)?;
     std::fs::write(dir.join(JSON_FILE), text + "\n")?;
-    std::fs::write(dir.join(MARKDOWN_FILE), markdown(results))
+    std::fs::write(dir.join(MARKDOWN_FILE), markdown(results))?;
+    crate::plot::write_all(dir, results).map(drop)
 }
 
 #[cfg(test)]

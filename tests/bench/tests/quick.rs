@@ -99,6 +99,25 @@ fn assert_results(results: &Value, modes: &[&str]) {
     assert_eq!(listed, modes);
 }
 
+/// A chart per scenario run, linked from the Markdown, and the control-path section (its
+/// benchmark files are absent from a fresh directory, so every row says so).
+fn assert_charts_and_control_path(out: &Path, results: &Value) {
+    let md = std::fs::read_to_string(out.join("compute-isolation.md")).unwrap();
+    for scenario in results["scenarios"].as_object().unwrap().keys() {
+        let svg = std::fs::read_to_string(out.join(format!("{scenario}.svg")))
+            .unwrap_or_else(|e| panic!("{scenario}.svg: {e}"));
+        assert!(
+            svg.contains("<svg") && svg.to_lowercase().contains(scenario.as_str()),
+            "{svg}"
+        );
+        assert!(md.contains(&format!("({scenario}.svg)")), "{md}");
+    }
+    let rows = results["control_path"]["summary"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    assert!(md.contains("## Control path (E4)"), "{md}");
+    assert!(md.contains("not measured in this run"), "{md}");
+}
+
 #[test]
 fn quick_run_covers_every_mode() {
     let out = tempfile::tempdir().unwrap();
@@ -114,4 +133,5 @@ fn quick_run_covers_every_mode() {
             "gpushare",
         ],
     );
+    assert_charts_and_control_path(out.path(), &results);
 }

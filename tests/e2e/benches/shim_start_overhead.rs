@@ -12,6 +12,21 @@ use gpushare_e2e::*;
 
 const RUNS: usize = 20;
 
+/// `GPUSHARE_BENCH_RESULTS=dir` also writes the figures as JSON to `dir/{name}.json`
+/// (`make bench`: tests/bench/results, gathered by gpushare-bench's control-path section).
+fn write_results(name: &str, figures: serde_json::Value) {
+    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&figures).unwrap() + "\n",
+        )
+        .unwrap();
+        println!("wrote {}", path.display());
+    }
+}
+
 fn main() {
     require_root();
     let dir = scratch();
@@ -48,5 +63,15 @@ fn main() {
     println!(
         "  ratio                       {:8.3}x (target <= 1.25x)",
         g / r
+    );
+    write_results(
+        "shim-start-overhead",
+        serde_json::json!({
+            "engine": "containerd 1.6",
+            "runs": RUNS,
+            "median_ms": {"runc": r, "gpushare": g},
+            "runtimes": {"runc": "io.containerd.runc.v2", "gpushare": "io.containerd.gpushare.v2"},
+            "ratio": g / r,
+        }),
     );
 }
