@@ -2,7 +2,9 @@
 //! arbiter per case, one lease per job reserved through the control socket, `simgpu-workload`
 //! processes under the interposer; results as JSON and Markdown. Every figure is simulated.
 
+pub mod cluster;
 pub mod experiment;
 pub mod metrics;
 pub mod report;
+pub mod scaling;
 pub mod setup;

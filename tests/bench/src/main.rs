@@ -11,7 +11,7 @@ use gpushare_bench::report;
 use gpushare_bench::setup::{Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
-const SCENARIOS: [&str; 2] = ["priority", "shares"];
+const SCENARIOS: [&str; 4] = ["priority", "shares", "e2", "e5"];
 /// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates).
 const EXIT_CONFIG_REFUSED: u8 = 3;
 
@@ -27,7 +27,7 @@ struct Args {
     /// Results directory.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
-    /// Only this scenario: priority or shares.
+    /// Only this scenario: priority, shares, e2 (jobs arriving on 4 GPUs) or e5 (scaling).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
     /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare.
@@ -144,6 +144,22 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
             );
         }
         scenarios.insert("shares".into(), Value::Object(by_mode));
+    }
+    if wanted("e2") {
+        use gpushare_bench::cluster::{self, E2Mode, E2Parameters};
+        let p = E2Parameters::new(args.quick, args.seed);
+        let e2 = cluster::run_all(&binaries, &libs, &p, &E2Mode::ALL)?;
+        scenarios.insert("e2".into(), e2);
+    }
+    if wanted("e5") {
+        use gpushare_bench::scaling::{self, E5Parameters};
+        let e5 = scaling::run_all(
+            &binaries,
+            &libs,
+            &parameters,
+            &E5Parameters::new(args.quick),
+        )?;
+        scenarios.insert("e5".into(), e5);
     }
 
     let results = json!({

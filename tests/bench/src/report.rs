@@ -122,6 +122,8 @@ pub fn markdown(results: &Value) -> String {
             );
         }
     }
+    md += &crate::cluster::markdown(results);
+    md += &crate::scaling::markdown(results);
     md
 }
 
