@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod report;
 pub mod scaling;
 pub mod setup;
+pub mod tgs;

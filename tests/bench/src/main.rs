@@ -30,8 +30,8 @@ struct Args {
     /// Only this scenario: priority, shares, e2 (jobs arriving on 4 GPUs) or e5 (scaling).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
-    /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare.
-    #[arg(long, default_value = "alone,uncontrolled,round-robin,gpushare")]
+    /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare, tgs.
+    #[arg(long, default_value = "alone,uncontrolled,round-robin,gpushare,tgs")]
     modes: String,
     /// The round-robin slices (ms), one round-robin mode each.
     #[arg(long, value_delimiter = ',', default_value = "1,10")]

@@ -132,6 +132,7 @@ fn quick_run_covers_every_mode() {
             "round-robin-1ms",
             "round-robin-10ms",
             "gpushare",
+            "tgs",
         ],
     );
 }
