@@ -43,6 +43,8 @@ pub enum Mode {
     RoundRobin { slice_ms: u64 },
     /// `policy = "priority"`: gpushare's token scheduler.
     Gpushare,
+    /// `policy = "off"` and a TGS-style AIMD limiter on the low jobs (see `crate::tgs`).
+    Tgs,
 }
 
 impl Mode {
@@ -52,6 +54,7 @@ impl Mode {
             Mode::Uncontrolled => "uncontrolled".into(),
             Mode::RoundRobin { slice_ms } => format!("round-robin-{slice_ms}ms"),
             Mode::Gpushare => "gpushare".into(),
+            Mode::Tgs => "tgs".into(),
         }
     }
 
@@ -63,6 +66,7 @@ impl Mode {
             Mode::Uncontrolled => (Some("off"), None),
             Mode::RoundRobin { slice_ms } => (Some("round-robin"), Some(slice_ms)),
             Mode::Gpushare => (Some("priority"), None),
+            Mode::Tgs => (Some("off"), None),
         }
     }
 
@@ -79,9 +83,10 @@ impl Mode {
                         .map(|&slice_ms| Mode::RoundRobin { slice_ms }),
                 ),
                 "gpushare" => modes.push(Mode::Gpushare),
+                "tgs" => modes.push(Mode::Tgs),
                 other => {
                     return Err(format!(
-                        "--modes: unknown mode {other:?}; accepted: alone, uncontrolled, round-robin, gpushare"
+                        "--modes: unknown mode {other:?}; accepted: alone, uncontrolled, round-robin, gpushare, tgs"
                     ))
                 }
             }
@@ -241,6 +246,7 @@ pub fn run_case(
     let arbiter = Arbiter::start(binaries, dir.path(), &config, &simgpu_env)?;
     let barrier = dir.path().join("go");
     let mut children: Vec<(String, Child)> = Vec::new();
+    let mut tgs_pids = (None, Vec::new());
     for job in jobs {
         let lease = arbiter.reserve(
             &job.name,
@@ -249,6 +255,10 @@ pub fn run_case(
             job.compute_limit,
         )?;
         let child = spawn_job(binaries, &simgpu_env, &arbiter, &lease, job, &barrier)?;
+        match job.priority {
+            Priority::High => tgs_pids.0 = Some(child.id()),
+            Priority::Low => tgs_pids.1.push(child.id()),
+        }
         children.push((job.name.clone(), child));
     }
     std::thread::sleep(SETTLE);
@@ -256,6 +266,14 @@ pub fn run_case(
         what: "opening the start barrier".into(),
         source,
     })?;
+    // TGS throttles low jobs against a high one: without one it has nothing to do.
+    let tgs = match (mode, tgs_pids) {
+        (Mode::Tgs, (Some(high), lows)) => Some(
+            crate::tgs::Controller::start(&simgpu_env, high, lows, Default::default())
+                .map_err(|e| ExperimentError::Usage(e.to_string()))?,
+        ),
+        _ => None,
+    };
     let mut reports = Vec::new();
     let mut first_error = None;
     // Every job runs for the case's duration; a minute more is far beyond any drain.
@@ -272,9 +290,17 @@ pub fn run_case(
             }
         }
     }
+    let tgs = tgs.map(crate::tgs::Controller::finish);
     match first_error {
         Some(e) => Err(e),
-        None => Ok(reports),
+        None => {
+            // What the TGS controller did rides with the high job's report.
+            let high = jobs.iter().position(|j| j.priority == Priority::High);
+            if let (Some(tgs), Some(high)) = (tgs, high.and_then(|i| reports.get_mut(i))) {
+                high["tgs"] = tgs;
+            }
+            Ok(reports)
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! arbiter per case, one lease per job reserved through the control socket, `simgpu-workload`
 //! processes under the interposer; results as JSON and Markdown. Every figure is simulated.
 
+pub mod cluster;
 pub mod control_path;
 pub mod e1;
 pub mod e3;
@@ -10,4 +11,6 @@ pub mod metrics;
 pub mod plot;
 pub mod profiles;
 pub mod report;
+pub mod scaling;
 pub mod setup;
+pub mod tgs;

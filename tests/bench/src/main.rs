@@ -11,7 +11,7 @@ use gpushare_bench::report;
 use gpushare_bench::setup::{Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
-const SCENARIOS: [&str; 4] = ["priority", "shares", "e1", "e3"];
+const SCENARIOS: [&str; 6] = ["priority", "shares", "e1", "e2", "e3", "e5"];
 /// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates).
 const EXIT_CONFIG_REFUSED: u8 = 3;
 
@@ -27,11 +27,12 @@ struct Args {
     /// Results directory.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
-    /// Only this scenario: priority, shares, e1 (training pairs) or e3 (inference latency).
+    /// Only this scenario: priority, shares, e1 (training pairs), e2 (jobs arriving on 4 GPUs),
+    /// e3 (inference latency) or e5 (scaling).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
-    /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare.
-    #[arg(long, default_value = "alone,uncontrolled,round-robin,gpushare")]
+    /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare, tgs.
+    #[arg(long, default_value = "alone,uncontrolled,round-robin,gpushare,tgs")]
     modes: String,
     /// The round-robin slices (ms), one round-robin mode each (250: a Gemini-like quota).
     #[arg(long, value_delimiter = ',', default_value = "1,10,250")]
@@ -161,6 +162,22 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
     if wanted("e3") {
         let e3 = gpushare_bench::e3::run(&modes, &parameters, e_duration_ms, &case)?;
         scenarios.insert("e3".into(), e3);
+    }
+    if wanted("e2") {
+        use gpushare_bench::cluster::{self, E2Mode, E2Parameters};
+        let p = E2Parameters::new(args.quick, args.seed);
+        let e2 = cluster::run_all(&binaries, &libs, &p, &E2Mode::ALL)?;
+        scenarios.insert("e2".into(), e2);
+    }
+    if wanted("e5") {
+        use gpushare_bench::scaling::{self, E5Parameters};
+        let e5 = scaling::run_all(
+            &binaries,
+            &libs,
+            &parameters,
+            &E5Parameters::new(args.quick),
+        )?;
+        scenarios.insert("e5".into(), e5);
     }
 
     let results = json!({

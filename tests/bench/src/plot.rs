@@ -236,25 +236,26 @@ fn e1(s: &Value) -> Option<Figure> {
     )
 }
 
-/// E2 (Wang Table 4): `e2[mode].metrics`, 12 jobs on 4 GPUs.
+/// E2 (Wang Table 4): `e2.modes[mode].metrics`, 12 jobs arriving on 4 GPUs.
 fn e2(s: &Value) -> Option<Figure> {
+    let modes = &s["modes"];
     figure(
         "e2",
         vec![
             by_case_and_mode(
-                s,
-                "total_completion_s",
+                modes,
+                "makespan_s",
                 "12 jobs, 4 GPUs",
                 &[],
                 "E2: total completion time of 12 jobs on 4 GPUs (simulated)",
                 "seconds",
             ),
             by_case_and_mode(
-                s,
-                "mean_gpu_utilization_percent",
+                modes,
+                "mean_gpu_utilisation_percent",
                 "12 jobs, 4 GPUs",
                 &[],
-                "E2: mean GPU utilisation, sampled every second (simulated)",
+                "E2: mean GPU utilisation, sampled every second through NVML (simulated)",
                 "utilisation %",
             ),
         ],
@@ -276,26 +277,43 @@ fn e3(s: &Value) -> Option<Figure> {
     )
 }
 
-/// E5: `e5[mode][clients].metrics`, scaling the number of low clients per GPU.
+/// `scenario[case].metrics[key]` for one mode (E5 runs gpushare only): a group per case.
+fn by_case(scenario: &Value, key: &str, mode: &str, title: &str, y_label: &str) -> Option<Panel> {
+    let groups: Vec<(String, Vec<(String, f64)>)> = scenario
+        .as_object()?
+        .iter()
+        .filter_map(|(case, body)| {
+            let value = body["metrics"][key].as_f64()?;
+            Some((case.clone(), vec![(mode.to_string(), value)]))
+        })
+        .collect();
+    let panel = Panel {
+        title: title.into(),
+        y_label: y_label.into(),
+        groups,
+    };
+    (!panel.is_empty()).then_some(panel)
+}
+
+/// E5: `e5.low_clients[n].metrics` (1 high + n low on one GPU) and `e5.gpus[g].metrics`
+/// (1 high + 1 low on each of g GPUs), gpushare only.
 fn e5(s: &Value) -> Option<Figure> {
     figure(
         "e5",
         vec![
-            by_case_and_mode(
-                s,
-                "high_mean_slowdown_percent",
-                "all",
-                &["alone"],
-                "E5: high job slowdown vs number of low clients (simulated)",
-                "mean slowdown %",
+            by_case(
+                &s["low_clients"],
+                "high_median_slowdown_percent",
+                "gpushare",
+                "E5: high job slowdown vs number of low clients on its GPU (simulated)",
+                "slowdown %",
             ),
-            by_case_and_mode(
-                s,
+            by_case(
+                &s["gpus"],
                 "arbiter_cpu_percent",
-                "all",
-                &[],
-                "E5: arbiter CPU use (simulated GPU)",
-                "CPU %",
+                "gpushare",
+                "E5: arbiter CPU use vs number of GPUs, 1 high + 1 low each",
+                "% of one core",
             ),
         ],
     )
@@ -548,7 +566,7 @@ mod tests {
     fn guessed_shapes_of_the_other_experiments() {
         let results = json!({"scenarios": {
             "e1": {"pairs": {"vgg16+mobilenet": {"gpushare": {"metrics": {"high_mean_slowdown_percent": 3.0}}}}},
-            "e2": {"exclusive": {"metrics": {"total_completion_s": 100.0}}, "gpushare": {"metrics": {"total_completion_s": 70.0}}},
+            "e2": {"modes": {"exclusive": {"metrics": {"makespan_s": 100.0}}, "gpushare": {"metrics": {"makespan_s": 70.0}}}},
         }});
         let figs = figures(&results);
         assert_eq!(figs.len(), 2);

@@ -181,6 +181,8 @@ pub fn markdown(results: &Value) -> String {
     }
     md += &crate::control_path::markdown(results);
     md += &crate::plot::markdown_links(results);
+    md += &crate::cluster::markdown(results);
+    md += &crate::scaling::markdown(results);
     md
 }
 

@@ -97,6 +97,42 @@ fn assert_results(results: &Value, modes: &[&str]) {
         .filter_map(Value::as_str)
         .collect();
     assert_eq!(listed, modes);
+    assert_e2_e5(results);
+}
+
+/// E2: every mode finished every job with finite makespan, completion times and NVML
+/// utilisation; E5: every case of both parts.
+fn assert_e2_e5(results: &Value) {
+    let e2 = &results["scenarios"]["e2"];
+    let jobs = e2["parameters"]["jobs"].as_u64().expect("e2 parameters");
+    for mode in ["exclusive", "uncontrolled", "gpushare"] {
+        let case = &e2["modes"][mode];
+        assert_case("e2", mode, "run", case);
+        assert_eq!(
+            case["jobs"].as_array().unwrap().len() as u64,
+            jobs,
+            "{case}"
+        );
+        let makespan = case["metrics"]["makespan_s"].as_f64().unwrap();
+        assert!(makespan > 0.0, "{case}");
+        let util = case["metrics"]["mean_gpu_utilisation_percent"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            (0.0..=100.0).contains(&util) && util > 0.0,
+            "e2 {mode}: {util}"
+        );
+    }
+    let e5 = &results["scenarios"]["e5"];
+    assert_case("e5", "gpushare", "alone", &e5["alone"]);
+    for (part, n) in [
+        ("low_clients", "1"),
+        ("low_clients", "2"),
+        ("gpus", "1"),
+        ("gpus", "2"),
+    ] {
+        assert_case("e5", part, n, &e5[part][n]);
+    }
 }
 
 /// A chart per scenario run, linked from the Markdown, and the control-path section (its
@@ -122,6 +158,11 @@ fn assert_charts_and_control_path(out: &Path, results: &Value) {
 fn quick_run_covers_every_mode() {
     let out = tempfile::tempdir().unwrap();
     let results = run_quick(out.path(), &[]);
+    let md = std::fs::read_to_string(out.path().join("compute-isolation.md")).unwrap();
+    assert!(
+        md.contains("Scenario `e2`") && md.contains("Scenario `e5`"),
+        "{md}"
+    );
     assert_results(
         &results,
         &[
@@ -131,6 +172,7 @@ fn quick_run_covers_every_mode() {
             "round-robin-10ms",
             "round-robin-250ms",
             "gpushare",
+            "tgs",
         ],
     );
     assert_charts_and_control_path(out.path(), &results);
