@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use gpushare_proto::frame::{self, FrameError};
+use gpushare_proto::lease_socket::{HELLO_TIMEOUT, MAX_LEASE_REQUEST_BYTES};
 use gpushare_proto::{
     ControlRequest, ControlResponse, ErrorKind, LeaseId, LeaseRequest, LeaseResponse, Violation,
     PROTOCOL_VERSION,
@@ -79,9 +80,16 @@ pub fn bind_control_socket(path: &Path) -> Result<UnixListener, ServerError> {
 // ----- framing over tokio -----
 
 async fn read_frame<T: DeserializeOwned>(stream: &mut UnixStream) -> Result<T, FrameError> {
+    read_frame_within(stream, frame::MAX_FRAME_BYTES).await
+}
+
+async fn read_frame_within<T: DeserializeOwned>(
+    stream: &mut UnixStream,
+    limit: usize,
+) -> Result<T, FrameError> {
     let mut header = [0u8; 4];
     stream.read_exact(&mut header).await?;
-    let mut body = vec![0u8; frame::body_len(header)?];
+    let mut body = vec![0u8; frame::body_len_within(header, limit)?];
     stream.read_exact(&mut body).await?;
     frame::decode(&body)
 }
@@ -510,7 +518,20 @@ async fn handle_lease_connection(
     };
     let mut greeted = false;
     loop {
-        let request: LeaseRequest = match read_frame(&mut stream).await {
+        let next = read_frame_within(&mut stream, MAX_LEASE_REQUEST_BYTES);
+        let read = if greeted {
+            next.await
+        } else {
+            match tokio::time::timeout(HELLO_TIMEOUT, next).await {
+                Ok(read) => read,
+                Err(_) => {
+                    let why = format!("no hello within {} s", HELLO_TIMEOUT.as_secs());
+                    let _ = write_frame(&mut stream, &lease_error(ErrorKind::Protocol, why)).await;
+                    return Ok(());
+                }
+            }
+        };
+        let request: LeaseRequest = match read {
             Ok(r) => r,
             Err(FrameError::Closed) => return Ok(()),
             Err(e) => {

@@ -254,6 +254,16 @@ fn bad_messages_close_only_their_connection_on_both_sockets() {
     let oversized = ((gpushare_proto::frame::MAX_FRAME_BYTES + 1) as u32)
         .to_be_bytes()
         .to_vec();
+    // Within the general bound, but far beyond any lease request: a container cannot make
+    // the arbiter buffer it.
+    let mut over_lease_bound = hello_frame();
+    over_lease_bound
+        .extend(((gpushare_proto::lease_socket::MAX_LEASE_REQUEST_BYTES + 1) as u32).to_be_bytes());
+    over_lease_bound.extend(vec![
+        b' ';
+        gpushare_proto::lease_socket::MAX_LEASE_REQUEST_BYTES
+            + 1
+    ]);
     let mut garbage = 5u32.to_be_bytes().to_vec();
     garbage.extend_from_slice(b"{]]]}");
     let mut unknown_op = Vec::new();
@@ -274,6 +284,11 @@ fn bad_messages_close_only_their_connection_on_both_sockets() {
         (d.control_socket(), "status before hello", status_first),
         (d.control_socket(), "hello twice", double_hello.clone()),
         (lease_path.clone(), "oversized", oversized),
+        (
+            lease_path.clone(),
+            "over the lease request bound",
+            over_lease_bound,
+        ),
         (lease_path.clone(), "garbage", garbage),
         (lease_path.clone(), "unknown op", unknown_op),
         (lease_path.clone(), "charge before hello", charge_first),
@@ -312,7 +327,29 @@ fn bad_messages_close_only_their_connection_on_both_sockets() {
     // A truncated frame then silence: the connection is dropped, nothing else.
     let answer = poke(&d.control_socket(), &[0, 0, 0, 9, b'{']);
     assert!(answer.is_empty() || read_message::<ControlResponse>(&mut answer.as_slice()).is_ok());
-    assert_eq!(tenant.query().unwrap().memory_used, 100 + 11);
+    assert_eq!(tenant.query().unwrap().memory_used, 100 + 12);
+}
+
+#[test]
+fn a_lease_connection_that_never_says_hello_is_closed() {
+    let d = Daemon::start(1, "16Gi", "");
+    let mut c = d.client();
+    let lease = c.reserve(request("c1", "1Gi", Priority::Low)).unwrap();
+    let mut silent = UnixStream::connect(d.lease_socket(&lease.id.0)).unwrap();
+    // Far beyond the bound, so only a connection the arbiter closes ends this read.
+    silent
+        .set_read_timeout(Some(gpushare_proto::lease_socket::HELLO_TIMEOUT * 6))
+        .unwrap();
+    let mut answer = Vec::new();
+    silent
+        .read_to_end(&mut answer)
+        .expect("the arbiter closes a silent connection");
+    let last: serde_json::Value = read_message(&mut answer.as_slice()).unwrap();
+    assert_eq!(last["kind"], "protocol", "{last}");
+    assert!(
+        last["message"].as_str().unwrap().contains("no hello"),
+        "{last}"
+    );
 }
 
 #[test]

@@ -15,8 +15,8 @@ pub const MAX_FRAME_BYTES: usize = 1 << 20;
 pub enum FrameError {
     #[error("connection closed")]
     Closed,
-    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES}")]
-    TooLarge(usize),
+    #[error("frame of {len} bytes exceeds the limit of {limit}")]
+    TooLarge { len: usize, limit: usize },
     #[error("malformed message: {0}")]
     Malformed(#[from] serde_json::Error),
     #[error(transparent)]
@@ -36,7 +36,10 @@ impl From<io::Error> for FrameError {
 pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, FrameError> {
     let body = serde_json::to_vec(message)?;
     if body.len() > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge(body.len()));
+        return Err(FrameError::TooLarge {
+            len: body.len(),
+            limit: MAX_FRAME_BYTES,
+        });
     }
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
@@ -46,9 +49,17 @@ pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, FrameError> {
 
 /// Reads the 4-byte header; returns the body length after checking the bound.
 pub fn body_len(header: [u8; 4]) -> Result<usize, FrameError> {
+    body_len_within(header, MAX_FRAME_BYTES)
+}
+
+/// [`body_len`] with a tighter bound, for a socket whose messages are all small.
+pub fn body_len_within(header: [u8; 4], limit: usize) -> Result<usize, FrameError> {
     let len = u32::from_be_bytes(header) as usize;
-    if len > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge(len));
+    if len > limit.min(MAX_FRAME_BYTES) {
+        return Err(FrameError::TooLarge {
+            len,
+            limit: limit.min(MAX_FRAME_BYTES),
+        });
     }
     Ok(len)
 }
@@ -88,7 +99,7 @@ mod tests {
     fn oversized_header_is_refused_before_reading_the_body() {
         let header = ((MAX_FRAME_BYTES + 1) as u32).to_be_bytes();
         let err = read_message::<ControlRequest>(&mut header.as_slice()).unwrap_err();
-        assert!(matches!(err, FrameError::TooLarge(_)), "{err}");
+        assert!(matches!(err, FrameError::TooLarge { .. }), "{err}");
     }
 
     #[test]

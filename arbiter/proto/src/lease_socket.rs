@@ -8,6 +8,15 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The largest request the arbiter reads on a lease socket. The longest is a `Charge` or an
+/// `Attach` with a 20-digit count, under 60 bytes; the bound keeps what a container can make
+/// the arbiter buffer to 4 KiB per connection (256 connections per lease: 1 MiB), where the
+/// general frame bound (1 MiB, sized for status reports) would allow 256 MiB.
+pub const MAX_LEASE_REQUEST_BYTES: usize = 4096;
+/// How long a new lease-socket connection may take to send its `Hello`; one that says
+/// nothing is closed rather than left holding one of the lease's connection slots.
+pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 use crate::lease::{LeaseId, LeaseState};
 use crate::message::ErrorKind;
 use crate::quantity::{Fraction, Priority};

@@ -73,7 +73,8 @@ proptest! {
     fn oversized_headers_are_refused_before_reading(len in (MAX_FRAME_BYTES as u32 + 1)..=u32::MAX) {
         let header = len.to_be_bytes();
         let err = read_message::<LeaseRequest>(&mut header.as_slice()).unwrap_err();
-        prop_assert!(matches!(err, FrameError::TooLarge(_)));
+        let too_large = matches!(err, FrameError::TooLarge { .. });
+        prop_assert!(too_large, "{}", err);
     }
 
     #[test]
