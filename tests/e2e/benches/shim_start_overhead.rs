@@ -12,21 +12,6 @@ use gpushare_e2e::*;
 
 const RUNS: usize = 20;
 
-/// `GPUSHARE_BENCH_RESULTS=dir` also writes the figures as JSON to `dir/{name}.json`
-/// (`make bench`: tests/bench/results, gathered by gpushare-bench's control-path section).
-fn write_results(name: &str, figures: serde_json::Value) {
-    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
-        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&figures).unwrap() + "\n",
-        )
-        .unwrap();
-        println!("wrote {}", path.display());
-    }
-}
-
 fn main() {
     require_root();
     let dir = scratch();
