@@ -37,7 +37,36 @@ pub struct SimConfig {
     pub default_kernel_ns: u64,
     /// What `cuDriverGetVersion` reports, 1000 * major + 10 * minor.
     pub cuda_version: i32,
+    /// Device memory a context costs from creation to destruction, outside every allocation.
+    pub context_memory_bytes: u64,
+    /// Device memory a module costs once lazily loaded (its first launch) until unloaded.
+    pub module_memory_bytes: u64,
+    /// CPU time the calling thread spends inside the driver for each kernel launch.
+    pub launch_host_ns: u64,
+    /// Earliest a kernel can start on the device after its launch call submitted it.
+    pub launch_latency_ns: u64,
 }
+
+/// Per-context overhead: PyTorch's maintainers measure "~300MB" of device memory for a CUDA
+/// context with lazy module loading (CUDA >= 11.7), against ">1000MB" when every kernel was
+/// loaded eagerly (pytorch/pytorch#107667, ptrblck, 2023; ~400 MB in #109888). That is what
+/// `nvidia-smi` shows for a process before its first allocation; 300 MiB is the lower figure,
+/// as a driver-API program loads fewer libraries than PyTorch.
+pub const DEFAULT_CONTEXT_MEMORY: u64 = 300 << 20;
+/// Per-module overhead once lazily loaded (CUDA_MODULE_LOADING=LAZY, the default on Linux since
+/// CUDA 12.2): device memory is handed out in 2 MiB pages (the VMM granularity of current GPUs,
+/// `cuMemGetAllocationGranularity`), and a loaded module needs at least one page for its code
+/// and constant banks.
+pub const DEFAULT_MODULE_MEMORY: u64 = 2 << 20;
+/// Host cost of one `cuLaunchKernel`: NVIDIA's "Getting Started with CUDA Graphs" (A. Gray,
+/// 2019, V100) measured 3.8 µs per back-to-back launch of a 2.9 µs kernel through the runtime
+/// (`cudaLaunchKernel`, which adds its own bookkeeping to the driver call); recent measurements
+/// (RTX 5070 Ti, CUDA 13) put the whole runtime+driver path at 4-6 µs. 2 µs is the driver's share.
+pub const DEFAULT_LAUNCH_HOST_NS: u64 = 2_000;
+/// Submission-to-start latency: the same blog measured 9.6 µs per kernel when each launch was
+/// followed by a synchronisation (2.9 µs of kernel, ~3.8 µs of launch), leaving ~3-4 µs for
+/// the doorbell, the front end fetching the work and the synchronisation noticing completion.
+pub const DEFAULT_LAUNCH_LATENCY_NS: u64 = 4_000;
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -52,6 +81,10 @@ impl Default for SimConfig {
             device_copy_bytes_per_s: 900_000_000_000,
             default_kernel_ns: 10_000,
             cuda_version: 12080,
+            context_memory_bytes: DEFAULT_CONTEXT_MEMORY,
+            module_memory_bytes: DEFAULT_MODULE_MEMORY,
+            launch_host_ns: DEFAULT_LAUNCH_HOST_NS,
+            launch_latency_ns: DEFAULT_LAUNCH_LATENCY_NS,
         }
     }
 }
@@ -97,6 +130,19 @@ impl SimConfig {
         }
         if let Some(v) = lookup("SIMGPU_CUDA_VERSION") {
             config.cuda_version = parse_int("SIMGPU_CUDA_VERSION", &v, 2000, 99_990)? as i32;
+        }
+        // 0 switches an overhead off (tests that pack allocations up to a quota use that).
+        if let Some(v) = lookup("SIMGPU_CONTEXT_MEMORY") {
+            config.context_memory_bytes = parse_bytes_or_zero("SIMGPU_CONTEXT_MEMORY", &v)?;
+        }
+        if let Some(v) = lookup("SIMGPU_MODULE_MEMORY") {
+            config.module_memory_bytes = parse_bytes_or_zero("SIMGPU_MODULE_MEMORY", &v)?;
+        }
+        if let Some(v) = lookup("SIMGPU_LAUNCH_HOST_NS") {
+            config.launch_host_ns = parse_int("SIMGPU_LAUNCH_HOST_NS", &v, 0, 1_000_000_000)?;
+        }
+        if let Some(v) = lookup("SIMGPU_LAUNCH_LATENCY_NS") {
+            config.launch_latency_ns = parse_int("SIMGPU_LAUNCH_LATENCY_NS", &v, 0, 1_000_000_000)?;
         }
         Ok(config)
     }
@@ -146,6 +192,14 @@ pub fn parse_bytes(var: &'static str, value: &str) -> Result<u64, ConfigError> {
     n.checked_mul(mult)
         .filter(|b| *b > 0)
         .ok_or(bad("zero or too large"))
+}
+
+/// [`parse_bytes`], with `0` allowed (an overhead switched off).
+pub fn parse_bytes_or_zero(var: &'static str, value: &str) -> Result<u64, ConfigError> {
+    if value.trim() == "0" {
+        return Ok(0);
+    }
+    parse_bytes(var, value)
 }
 
 /// The GPUs a process sees, as model indices, from `NVIDIA_VISIBLE_DEVICES`.
@@ -248,6 +302,24 @@ mod tests {
         for bad in ["", "Gi", "12Q", "0", "-1", "99999999999Ti"] {
             assert!(parse_bytes("V", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn overheads_default_on_and_switch_off_with_zero() {
+        let c = SimConfig::from_lookup(|_| None).unwrap();
+        assert_eq!(c.context_memory_bytes, 300 << 20);
+        assert_eq!(c.module_memory_bytes, 2 << 20);
+        let c = SimConfig::from_lookup(lookup(&[
+            ("SIMGPU_CONTEXT_MEMORY", "0"),
+            ("SIMGPU_MODULE_MEMORY", "4Mi"),
+            ("SIMGPU_LAUNCH_HOST_NS", "0"),
+            ("SIMGPU_LAUNCH_LATENCY_NS", "7000"),
+        ]))
+        .unwrap();
+        assert_eq!(c.context_memory_bytes, 0);
+        assert_eq!(c.module_memory_bytes, 4 << 20);
+        assert_eq!((c.launch_host_ns, c.launch_latency_ns), (0, 7000));
+        assert!(SimConfig::from_lookup(lookup(&[("SIMGPU_CONTEXT_MEMORY", "-1")])).is_err());
     }
 
     #[test]

@@ -253,6 +253,13 @@ impl OpSource for GpuOps<'_> {
         (index < self.submitted[ctx])
             .then(|| self.queues[ctx].ops[index as usize % QUEUE_DEPTH].duration_ns)
     }
+    fn ready_ns(&self, ctx: usize, index: u64) -> u64 {
+        if index < self.submitted[ctx] {
+            self.queues[ctx].ops[index as usize % QUEUE_DEPTH].ready_ns
+        } else {
+            0
+        }
+    }
 }
 
 /// The shared state, locked; unlocks on drop.
@@ -485,6 +492,9 @@ impl Locked<'_> {
         ctx.cursor = Cursor::default();
     }
 
+    /// Creates a context on `gpu`, charging the driver's per-context memory overhead to `p`
+    /// (`OutOfMemory`, nothing created, when the GPU cannot fit it, as the real driver fails
+    /// `cuCtxCreate` / `cuDevicePrimaryCtxRetain` on a full GPU).
     pub fn create_context(&mut self, p: ProcessId, gpu: u32) -> Result<ContextId, DeviceError> {
         let process = self.process_slot(p)?;
         if gpu >= self.state.config.gpus {
@@ -493,6 +503,8 @@ impl Locked<'_> {
         let slot = (0..MAX_CONTEXTS)
             .find(|&c| self.state.contexts[c].state == SLOT_FREE)
             .ok_or(DeviceError::NoFreeSlot("context"))?;
+        let overhead = self.state.config.context_memory_bytes;
+        self.reserve_memory(p, gpu, overhead)?;
         self.advance_gpu(gpu);
         let generation = self.next_generation();
         let c = &mut self.state.contexts[slot];
@@ -503,6 +515,7 @@ impl Locked<'_> {
         c.cursor = Cursor::default();
         c.submitted = 0;
         c.gpu_time_ns = 0;
+        c.overhead_bytes = overhead;
         for e in self.state.events[slot].slots.iter_mut() {
             *e = EventSlot {
                 state: SLOT_FREE,
@@ -519,9 +532,18 @@ impl Locked<'_> {
 
     /// Destroys a context; its queued work is dropped (as when a process tears down a context).
     pub fn destroy_context(&mut self, ctx: ContextId) -> Result<(), DeviceError> {
-        let gpu = self.context(ctx)?.gpu;
+        let c = self.context(ctx)?;
+        let (gpu, process, overhead) = (c.gpu, c.process as usize, c.overhead_bytes);
         self.advance_gpu(gpu);
         self.free_context_slot(ctx.slot as usize);
+        let owner = &mut self.state.processes[process];
+        if owner.state == SLOT_LIVE {
+            let held = &mut owner.memory[gpu as usize];
+            let bytes = overhead.min(*held);
+            *held -= bytes;
+            let used = &mut self.state.gpus[gpu as usize].memory_used;
+            *used = used.saturating_sub(bytes);
+        }
         Ok(())
     }
 
@@ -584,6 +606,24 @@ impl Locked<'_> {
         duration_ns: u64,
         event: u32,
     ) -> Result<u64, DeviceError> {
+        self.submit_at(ctx, duration_ns, event, 0)
+    }
+
+    /// Queues a kernel launched now: it cannot start before the configured launch latency has
+    /// passed (the doorbell write, the front end fetching the launch), even on an idle GPU.
+    pub fn submit_kernel(&mut self, ctx: ContextId, duration_ns: u64) -> Result<u64, DeviceError> {
+        let ready = self.now_ns + self.state.config.launch_latency_ns;
+        self.submit_at(ctx, duration_ns, NO_EVENT, ready)
+    }
+
+    /// Queues an operation that may not start before `ready_ns`.
+    pub fn submit_at(
+        &mut self,
+        ctx: ContextId,
+        duration_ns: u64,
+        event: u32,
+        ready_ns: u64,
+    ) -> Result<u64, DeviceError> {
         let gpu = self.context(ctx)?.gpu;
         self.advance_gpu(gpu);
         let c = &mut self.state.contexts[ctx.slot as usize];
@@ -595,6 +635,7 @@ impl Locked<'_> {
         let index = c.submitted;
         self.state.queues[ctx.slot as usize].ops[index as usize % QUEUE_DEPTH] = QueuedOp {
             duration_ns,
+            ready_ns,
             event,
             _pad: 0,
         };
@@ -799,6 +840,49 @@ mod tests {
         assert_eq!(snap.processes[0].pid, std::process::id());
         l.release_memory(p, 0, 600 << 20).unwrap();
         assert_eq!(l.memory_info(0), (1 << 30, 1 << 30));
+    }
+
+    #[test]
+    fn a_context_costs_its_overhead_until_destroyed_and_fails_on_a_full_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(
+            dir.path(),
+            &[("SIMGPU_MEMORY", "1Gi"), ("SIMGPU_CONTEXT_MEMORY", "300Mi")],
+        );
+        let mut l = dev.lock().unwrap();
+        let p = l.attach_process().unwrap();
+        let ctx = l.create_context(p, 0).unwrap();
+        assert_eq!(l.memory_info(0).0, (1 << 30) - (300 << 20));
+        let snap = l.snapshot(0).unwrap();
+        assert_eq!(snap.processes[0].memory_bytes, 300 << 20, "NVML sees it");
+        l.reserve_memory(p, 0, 600 << 20).unwrap();
+        // 124 MiB left: a second context does not fit, and nothing is charged for trying.
+        let err = l.create_context(p, 0).unwrap_err();
+        assert!(matches!(err, DeviceError::OutOfMemory { .. }), "{err}");
+        assert_eq!(l.memory_info(0).0, 124 << 20);
+        assert_eq!(l.snapshot(0).unwrap().contexts.len(), 1);
+        l.destroy_context(ctx).unwrap();
+        assert_eq!(
+            l.memory_info(0).0,
+            424 << 20,
+            "the overhead goes with the context"
+        );
+        assert_eq!(l.snapshot(0).unwrap().processes[0].memory_bytes, 600 << 20);
+    }
+
+    #[test]
+    fn a_kernel_starts_a_launch_latency_after_its_submission() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(dir.path(), &[("SIMGPU_LAUNCH_LATENCY_NS", "50000")]);
+        let mut l = dev.lock().unwrap();
+        let p = l.attach_process().unwrap();
+        let ctx = l.create_context(p, 0).unwrap();
+        let event = l.create_event(ctx).unwrap();
+        let submitted = l.now_ns;
+        l.submit_kernel(ctx, 1_000_000).unwrap();
+        let count = l.record_event(ctx, event).unwrap();
+        let done = l.predict_completion(ctx, count, u64::MAX).unwrap();
+        assert_eq!(done, Some(submitted + 50_000 + 1_000_000));
     }
 
     #[test]

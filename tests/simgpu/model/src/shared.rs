@@ -27,7 +27,7 @@ pub const UTIL_BUCKETS: usize = 32;
 pub const UTIL_BUCKET_NS: u64 = 100_000_000;
 
 const MAGIC: u64 = 0x5349_4d47_5055_5354; // "SIMGPUST"
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_LIVE: u32 = 1;
@@ -66,6 +66,10 @@ pub struct StoredConfig {
     pub device_copy_bytes_per_s: u64,
     pub default_kernel_ns: u64,
     pub cuda_version: i64,
+    pub context_memory_bytes: u64,
+    pub module_memory_bytes: u64,
+    pub launch_host_ns: u64,
+    pub launch_latency_ns: u64,
 }
 
 #[repr(C)]
@@ -107,12 +111,18 @@ pub struct ContextState {
     pub submitted: u64,
     /// GPU time this context has executed.
     pub gpu_time_ns: u64,
+    /// Device memory charged to the process for the context itself (the driver's per-context
+    /// overhead), given back when the context is destroyed.
+    pub overhead_bytes: u64,
 }
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct QueuedOp {
     pub duration_ns: u64,
+    /// Earliest start on the device (a kernel's submission plus the launch latency; 0 for
+    /// markers and copies).
+    pub ready_ns: u64,
     /// The event slot this marker completes, or `NO_EVENT`.
     pub event: u32,
     pub _pad: u32,
@@ -271,6 +281,10 @@ unsafe fn initialise(
             device_copy_bytes_per_s: config.device_copy_bytes_per_s,
             default_kernel_ns: config.default_kernel_ns,
             cuda_version: config.cuda_version as i64,
+            context_memory_bytes: config.context_memory_bytes,
+            module_memory_bytes: config.module_memory_bytes,
+            launch_host_ns: config.launch_host_ns,
+            launch_latency_ns: config.launch_latency_ns,
         };
         s.next_generation = 1;
         for gpu in s.gpus.iter_mut() {

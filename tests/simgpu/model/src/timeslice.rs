@@ -30,6 +30,11 @@ pub trait OpSource {
     fn contexts(&self) -> usize;
     /// Duration of operation `index` of context `ctx`, or `None` if it has not been submitted.
     fn duration_ns(&self, ctx: usize, index: u64) -> Option<u64>;
+    /// Earliest instant operation `index` of `ctx` may start: a kernel reaches the device a
+    /// launch latency after its submission. Until then it is not work the GPU can run.
+    fn ready_ns(&self, _ctx: usize, _index: u64) -> u64 {
+        0
+    }
 }
 
 /// The scalar state of one GPU's execution engine.
@@ -101,13 +106,27 @@ fn head_remaining(src: &impl OpSource, cursors: &[Cursor], ctx: usize) -> Option
         .map(|d| d.saturating_sub(c.progress_ns))
 }
 
-fn has_work(src: &impl OpSource, cursors: &[Cursor], ctx: usize) -> bool {
+/// The head of `ctx`'s FIFO, if it has reached the device by `now`.
+fn head_ready(src: &impl OpSource, cursors: &[Cursor], ctx: usize, now: u64) -> Option<u64> {
+    head_remaining(src, cursors, ctx).filter(|_| src.ready_ns(ctx, cursors[ctx].next) <= now)
+}
+
+fn has_work(src: &impl OpSource, cursors: &[Cursor], ctx: usize, now: u64) -> bool {
     // Leading markers are drained before this is asked, so any head is real work.
-    head_remaining(src, cursors, ctx).is_some()
+    head_ready(src, cursors, ctx, now).is_some()
+}
+
+/// The earliest instant after `now` at which a head still in flight to the device arrives.
+fn next_arrival(src: &impl OpSource, cursors: &[Cursor], now: u64) -> Option<u64> {
+    (0..src.contexts())
+        .filter(|&c| head_remaining(src, cursors, c).is_some())
+        .map(|c| src.ready_ns(c, cursors[c].next))
+        .filter(|&t| t > now)
+        .min()
 }
 
 /// The first context after `after` (cyclically, `after` itself last) that has work.
-fn next_with_work(src: &impl OpSource, cursors: &[Cursor], after: u32) -> Option<usize> {
+fn next_with_work(src: &impl OpSource, cursors: &[Cursor], after: u32, now: u64) -> Option<usize> {
     let n = src.contexts();
     let start = if after == NO_CONTEXT {
         0
@@ -116,7 +135,7 @@ fn next_with_work(src: &impl OpSource, cursors: &[Cursor], after: u32) -> Option
     };
     (0..n)
         .map(|k| (start + k) % n)
-        .find(|&c| has_work(src, cursors, c))
+        .find(|&c| has_work(src, cursors, c, now))
 }
 
 /// Brings the engine from `engine.now_ns` to `until_ns`, executing the queued operations under
@@ -134,7 +153,7 @@ pub fn advance(
     loop {
         let now = engine.now_ns;
         for ctx in 0..n {
-            while head_remaining(src, cursors, ctx) == Some(0) {
+            while head_ready(src, cursors, ctx, now) == Some(0) {
                 observe(Progress::Completed {
                     ctx,
                     index: cursors[ctx].next,
@@ -161,12 +180,14 @@ pub fn advance(
             continue;
         }
         let resident = engine.resident;
-        if resident != NO_CONTEXT && has_work(src, cursors, resident as usize) {
+        // Work arriving later changes who waits: nothing runs past that instant in one step.
+        let arrival = next_arrival(src, cursors, now);
+        if resident != NO_CONTEXT && has_work(src, cursors, resident as usize, now) {
             let r = resident as usize;
-            let others_wait = (0..n).any(|c| c != r && has_work(src, cursors, c));
+            let others_wait = (0..n).any(|c| c != r && has_work(src, cursors, c, now));
             if others_wait && engine.slice_used_ns >= params.slice_ns {
                 let next =
-                    next_with_work(src, cursors, resident).expect("another context has work");
+                    next_with_work(src, cursors, resident, now).expect("another context has work");
                 start_switch(engine, params, next, observe);
                 continue;
             }
@@ -176,7 +197,10 @@ pub fn advance(
                 u64::MAX
             };
             let remaining = head_remaining(src, cursors, r).expect("resident has work");
-            let run = remaining.min(budget).min(until_ns - now);
+            let run = remaining
+                .min(budget)
+                .min(until_ns - now)
+                .min(arrival.map_or(u64::MAX, |t| t - now));
             cursors[r].progress_ns += run;
             engine.now_ns += run;
             observe(Progress::Ran {
@@ -203,7 +227,12 @@ pub fn advance(
                 };
             }
         } else {
-            match next_with_work(src, cursors, resident) {
+            match next_with_work(src, cursors, resident, now) {
+                // Idle until the next launch reaches the device.
+                None if arrival.is_some_and(|t| t < until_ns) => {
+                    engine.now_ns = arrival.expect("checked");
+                    engine.slice_used_ns = 0;
+                }
                 None => {
                     engine.now_ns = until_ns;
                     engine.slice_used_ns = 0;
@@ -338,6 +367,71 @@ mod tests {
         slice_ns: MS,
         switch_ns: 100 * US,
     };
+
+    /// Queues whose operations reach the device at given instants: (duration, ready).
+    struct Arriving(Vec<Vec<(u64, u64)>>);
+
+    impl OpSource for Arriving {
+        fn contexts(&self) -> usize {
+            self.0.len()
+        }
+        fn duration_ns(&self, ctx: usize, index: u64) -> Option<u64> {
+            self.0[ctx].get(index as usize).map(|op| op.0)
+        }
+        fn ready_ns(&self, ctx: usize, index: u64) -> u64 {
+            self.0[ctx].get(index as usize).map_or(0, |op| op.1)
+        }
+    }
+
+    fn run_arriving(src: &Arriving, until: u64) -> Vec<(usize, u64, u64)> {
+        let mut engine = Engine::new(0);
+        let mut cursors = vec![Cursor::default(); src.contexts()];
+        let mut completions = vec![];
+        advance(&mut engine, src, &mut cursors, P, until, &mut |p| {
+            if let Progress::Completed { ctx, index, at_ns } = p {
+                completions.push((ctx, index, at_ns));
+            }
+        });
+        completions
+    }
+
+    #[test]
+    fn a_kernel_starts_no_earlier_than_it_reaches_the_device() {
+        let table: &[(&str, Vec<Vec<(u64, u64)>>, Vec<(usize, u64, u64)>)] = &[
+            (
+                "idle GPU: start = arrival",
+                vec![vec![(MS, 4 * US)]],
+                vec![(0, 0, MS + 4 * US)],
+            ),
+            (
+                "arrived while the previous one ran: no gap",
+                vec![vec![(MS, 4 * US), (MS, 10 * US)]],
+                vec![(0, 0, MS + 4 * US), (0, 1, 2 * MS + 4 * US)],
+            ),
+            (
+                "arrives after the GPU ran dry: idle until then",
+                vec![vec![(MS, 0), (MS, 3 * MS)]],
+                vec![(0, 0, MS), (0, 1, 4 * MS)],
+            ),
+            (
+                // B arrives at 500 us: from then on A's slice counts, and at 1.5 ms the GPU
+                // switches (100 us) to B, which runs its 200 us kernel.
+                "a late neighbour starts the slice clock when it arrives",
+                vec![vec![(10 * MS, 0)], vec![(200 * US, 500 * US)]],
+                vec![
+                    (1, 0, 1_500 * US + 100 * US + 200 * US),
+                    (0, 0, 10 * MS + 200 * US + 200 * US),
+                ],
+            ),
+        ];
+        for (what, queues, want) in table {
+            assert_eq!(
+                &run_arriving(&Arriving(queues.clone()), 100 * MS),
+                want,
+                "{what}"
+            );
+        }
+    }
 
     #[test]
     fn alone_a_context_runs_back_to_back() {
