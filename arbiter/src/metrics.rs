@@ -238,7 +238,7 @@ where
 /// The time-slice tokens: counters per GPU (only GPUs that had token clients).
 fn render_tokens(out: &mut String, report: &StatusReport) {
     type Field = fn(&gpushare_proto::TokenStatus) -> u64;
-    let families: [(&str, &str, &str, Field); 5] = [
+    let families: [(&str, &str, &str, Field); 7] = [
         (
             "gpushare_token_grants_total",
             "counter",
@@ -252,9 +252,21 @@ fn render_tokens(out: &mut String, report: &StatusReport) {
             |t| t.revocations,
         ),
         (
+            "gpushare_token_overdue_total",
+            "counter",
+            "Revoked clients that had not released within scheduler.revoke_grace_ms (no longer waited for; never cut off).",
+            |t| t.overdue,
+        ),
+        (
+            "gpushare_token_overdue_clients",
+            "gauge",
+            "Revoked clients still draining past scheduler.revoke_grace_ms.",
+            |t| t.overdue_clients.len() as u64,
+        ),
+        (
             "gpushare_token_cut_offs_total",
             "counter",
-            "Clients cut off for not releasing a revoked token within the grace period.",
+            "Token clients cut off because their lease ended.",
             |t| t.cut_offs,
         ),
         (
@@ -335,6 +347,12 @@ mod tests {
                 policy: "priority".into(),
                 grants: 7,
                 cut_offs: 1,
+                overdue: 2,
+                overdue_clients: vec![gpushare_proto::TokenHolder {
+                    lease: LeaseId("l1".into()),
+                    pid: Some(4),
+                    priority: Priority::Low,
+                }],
                 ..Default::default()
             }],
         };
@@ -355,6 +373,8 @@ mod tests {
             "gpushare_watchdog_violations_total{kind=\"over_quota\"} 0",
             "gpushare_token_grants_total{gpu=\"GPU-0\"} 7",
             "gpushare_token_cut_offs_total{gpu=\"GPU-0\"} 1",
+            "gpushare_token_overdue_total{gpu=\"GPU-0\"} 2",
+            "gpushare_token_overdue_clients{gpu=\"GPU-0\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

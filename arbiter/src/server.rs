@@ -456,21 +456,12 @@ fn schedule_terms(
     tokens: &TokenService,
     arbiter: &SharedArbiter,
     lease: &LeaseId,
-    pid: Option<u32>,
 ) -> Result<TokenLease, LeaseResponse> {
     let ungated = "; the client runs ungated (memory quotas still apply)";
     if tokens.policy() == gpushare_config::SchedulingPolicy::Off {
         return Err(lease_error(
             ErrorKind::InvalidRequest,
             format!("GPU time is not scheduled on this node (scheduler.policy = \"off\"){ungated}"),
-        ));
-    }
-    if tokens.is_cut_off(lease, pid) {
-        return Err(lease_error(
-            ErrorKind::PermissionDenied,
-            format!(
-                "process {pid:?} of lease {lease} was cut off for not releasing the GPU within the grace period after a revocation; it is not scheduled again (reported as a violation)"
-            ),
         ));
     }
     let record = lock(arbiter).lease(lease).cloned();
@@ -552,7 +543,7 @@ async fn handle_lease_connection(
                 write_frame(&mut stream, &e).await?;
                 return Ok(());
             }
-            match schedule_terms(tokens, arbiter, lease, peer_pid) {
+            match schedule_terms(tokens, arbiter, lease) {
                 Ok(terms) => {
                     // From here on a blocking thread serves it: token traffic must not
                     // wait for the async runtime's scheduler.

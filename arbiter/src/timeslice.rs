@@ -22,9 +22,28 @@
 //!   client's burst estimate clamped to [min_slice, slice]; never longer than its
 //!   credit.
 //! * A holder whose slice ends while others wait (or whose budget is spent) is
-//!   revoked; with nobody waiting its slice is simply extended. A revoked client must
-//!   `Release` within `revoke_grace` or it is cut off. Nobody else gets a low grant
-//!   while a revoked client drains (its queued kernels still run).
+//!   revoked; with nobody waiting its slice is simply extended. Nobody else gets a low
+//!   grant while a revoked client drains (its queued kernels still run), for at most
+//!   `revoke_grace`.
+//! * Nobody is ever cut off for a slow drain. The interposer's gate stops a revoked
+//!   holder from submitting anything new, so a drain is only the GPU finishing work
+//!   queued before the revocation — one 2 s kernel or CUDA graph is one "launch", and
+//!   real training kernels and graphs are that long. A revoked client that has not
+//!   released after `revoke_grace` is *overdue*: reported once (counted, listed in
+//!   status, logged) and no longer waited for — the next low-priority waiter is
+//!   granted (high priority never waited). It stays connected, and when it releases
+//!   it is an ordinary client again.
+//! * GPU-time accounting is the holding interval [grant, release received] whatever
+//!   happened in between, a drain (overdue or not) included: its kernels occupied the
+//!   GPU all that time and the arbiter cannot tell how much of it they got. So a long
+//!   drain costs the client exactly the time it used — in its usage (fair share) and
+//!   its credit (limit) — and nothing more: no hold-off, no cut-off.
+//! * Launch-ahead of a low-priority holder is `launch_ahead_with_high` only while a
+//!   high-priority client is *active* — holding, or having wanted or released the
+//!   token within `high_active` — and `launch_ahead` otherwise. A high-priority client
+//!   that is merely registered (an idle inference server) costs the low job nothing.
+//!   The bound follows the high client's activity within the holder's slice
+//!   (`SetLaunchAhead`); the timer fires when the window expires.
 //! * Leave (death, disconnect) loses the token at once; it passes on in the same step.
 //! * `round-robin` (a baseline): no priority, FIFO order of wanting, fixed `slice`,
 //!   no launch-ahead bound, no limits.
@@ -78,10 +97,17 @@ pub enum Action {
         client: ClientId,
         n: u32,
     },
-    /// Ignored a revocation past the grace period: flag the page, close the
-    /// connection, report it. The client is already forgotten by the policy.
-    CutOff {
+    /// A revoked client has not released within the grace period: report it (once).
+    /// Its page is unchanged (it is already revoked) and it stays connected; the
+    /// policy no longer waits for it.
+    Overdue {
         client: ClientId,
+    },
+    /// An overdue client released at last and is an ordinary client again: report it.
+    Recovered {
+        client: ClientId,
+        /// From the revocation to the release.
+        drained_ns: u64,
     },
 }
 
@@ -93,7 +119,10 @@ pub struct PolicySnapshot {
     pub clients: usize,
     pub grants: u64,
     pub revocations: u64,
-    pub cut_offs: u64,
+    /// Revoked clients that passed the grace period without releasing (a total).
+    pub overdue_total: u64,
+    /// Revoked clients overdue now (still draining past the grace period).
+    pub overdue: Vec<ClientId>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -106,6 +135,7 @@ struct Settings {
     launch_ahead_with_high: u32,
     window: u64,
     revoke_grace: u64,
+    high_active: u64,
 }
 
 #[derive(Debug)]
@@ -121,6 +151,10 @@ struct Client {
     /// Start of the open holding interval (holding, or revoked and draining).
     held_since: Option<u64>,
     revoked_at: Option<u64>,
+    /// Revoked, past the grace period and not released yet: no longer waited for.
+    overdue: bool,
+    /// The latest `Want` or `Release` (high priority: what makes it active).
+    last_active: Option<u64>,
     /// Moving average of the bursts that ended with a release (ns).
     burst: f64,
     /// GPU time earned and not yet spent (ns) as of `credit_at`, outside any open
@@ -179,6 +213,8 @@ struct Holder {
     client: ClientId,
     since: u64,
     revoke_at: u64,
+    /// The launch-ahead bound on its page now.
+    launch_ahead: u32,
 }
 
 /// The policy for one GPU's token.
@@ -195,7 +231,7 @@ pub struct TokenPolicy {
     retry_at: Option<u64>,
     grants: u64,
     revocations: u64,
-    cut_offs: u64,
+    overdue_total: u64,
 }
 
 impl TokenPolicy {
@@ -212,6 +248,7 @@ impl TokenPolicy {
                 launch_ahead_with_high: config.launch_ahead_with_high,
                 window: config.window_ms * MS,
                 revoke_grace: config.revoke_grace_ms * MS,
+                high_active: config.high_active_ms * MS,
             },
             clients: BTreeMap::new(),
             holder: None,
@@ -220,20 +257,29 @@ impl TokenPolicy {
             retry_at: None,
             grants: 0,
             revocations: 0,
-            cut_offs: 0,
+            overdue_total: 0,
         }
     }
 
     /// When the caller must send `Tick` next (CLOCK_MONOTONIC ns), if ever.
     pub fn next_wakeup(&self) -> Option<u64> {
         let revoke = self.holder.map(|h| h.revoke_at);
-        let cut_off = self
+        let overdue = self
             .clients
             .values()
+            .filter(|c| !c.overdue)
             .filter_map(|c| c.revoked_at)
             .map(|at| at.saturating_add(self.settings.revoke_grace))
             .min();
-        [revoke, cut_off, self.retry_at].into_iter().flatten().min()
+        // The holder's launch-ahead bound relaxes when the last high client goes quiet.
+        let high_quiet = self
+            .holder
+            .filter(|h| h.launch_ahead != self.settings.launch_ahead)
+            .and_then(|_| self.high_active_until());
+        [revoke, overdue, self.retry_at, high_quiet]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn snapshot(&self) -> PolicySnapshot {
@@ -249,7 +295,13 @@ impl TokenPolicy {
             clients: self.clients.len(),
             grants: self.grants,
             revocations: self.revocations,
-            cut_offs: self.cut_offs,
+            overdue_total: self.overdue_total,
+            overdue: self
+                .clients
+                .iter()
+                .filter(|(_, c)| c.overdue)
+                .map(|(&id, _)| id)
+                .collect(),
         }
     }
 
@@ -261,10 +313,10 @@ impl TokenPolicy {
                 priority,
                 request,
                 limit,
-            } => self.join(now, client, priority, request, limit, &mut actions),
+            } => self.join(now, client, priority, request, limit),
             Event::Want { client } => self.want(now, client, &mut actions),
             Event::Release { client, again } => self.release(now, client, again, &mut actions),
-            Event::Leave { client } => self.leave(client, &mut actions),
+            Event::Leave { client } => self.leave(client),
             Event::Tick => {}
         }
         self.dispatch(now, &mut actions);
@@ -280,30 +332,40 @@ impl TokenPolicy {
         !self.settings.round_robin && client.priority == Priority::High
     }
 
-    fn high_registered(&self) -> bool {
-        !self.settings.round_robin && self.clients.values().any(|c| c.priority == Priority::High)
+    /// While a high-priority client holds: None (active until it releases). Otherwise
+    /// the end of the latest high client's activity window, if any high client is
+    /// registered; it may lie in the past.
+    fn high_active_until(&self) -> Option<u64> {
+        if self.settings.round_robin || !self.high_holders.is_empty() {
+            return None;
+        }
+        self.clients
+            .values()
+            .filter(|c| c.priority == Priority::High)
+            .filter_map(|c| c.last_active)
+            .map(|at| at.saturating_add(self.settings.high_active))
+            .max()
     }
 
-    fn low_launch_ahead(&self) -> u32 {
+    /// A high-priority client holds, or wanted or released the token within
+    /// `high_active`: a low holder must stay preemptible within about one kernel.
+    fn high_active(&self, now: u64) -> bool {
+        !self.settings.round_robin
+            && (!self.high_holders.is_empty()
+                || self.high_active_until().is_some_and(|until| now < until))
+    }
+
+    fn low_launch_ahead(&self, now: u64) -> u32 {
         if self.settings.round_robin {
             0
-        } else if self.high_registered() {
+        } else if self.high_active(now) {
             self.settings.launch_ahead_with_high
         } else {
             self.settings.launch_ahead
         }
     }
 
-    fn join(
-        &mut self,
-        now: u64,
-        client: ClientId,
-        priority: Priority,
-        request: f64,
-        limit: f64,
-        actions: &mut Vec<Action>,
-    ) {
-        let high_before = self.high_registered();
+    fn join(&mut self, now: u64, client: ClientId, priority: Priority, request: f64, limit: f64) {
         let limit = limit.clamp(0.0, 1.0);
         // Enough for one contended slice at the limit's pace, and never less than two
         // of the shortest slices, so a low limit still gets slices worth a handoff.
@@ -323,22 +385,27 @@ impl TokenPolicy {
                 history: VecDeque::new(),
                 held_since: None,
                 revoked_at: None,
+                overdue: false,
+                // Joining is not activity: a registered high client bounds nobody
+                // until it wants the GPU.
+                last_active: None,
                 burst: self.settings.slice as f64,
             },
         );
-        if !high_before && self.high_registered() {
-            self.retune_holder(actions);
-        }
     }
 
     fn want(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
         let Some(client) = self.clients.get(&id) else {
             return;
         };
+        let preemptive = self.is_preemptive(client);
+        if let Some(client) = self.clients.get_mut(&id) {
+            client.last_active = Some(now);
+        }
         if self.holds(id) {
             return;
         }
-        if self.is_preemptive(client) {
+        if preemptive {
             // Revoke first, so the low holder's page changes before the high client's
             // kernels reach the GPU; no waiting for its acknowledgement.
             if let Some(low) = self.holder.take() {
@@ -393,6 +460,14 @@ impl TokenPolicy {
                 client.burst = 0.5 * client.burst + 0.5 * (now - since) as f64;
             }
         }
+        client.last_active = Some(now);
+        if client.overdue {
+            client.overdue = false;
+            actions.push(Action::Recovered {
+                client: id,
+                drained_ns: now.saturating_sub(client.revoked_at.unwrap_or(now)),
+            });
+        }
         client.revoked_at = None;
         client.wanting = again;
         if again {
@@ -405,25 +480,23 @@ impl TokenPolicy {
         }
     }
 
-    fn leave(&mut self, id: ClientId, actions: &mut Vec<Action>) {
-        let high_before = self.high_registered();
+    fn leave(&mut self, id: ClientId) {
         self.high_holders.remove(&id);
         if self.holder.is_some_and(|h| h.client == id) {
             self.holder = None;
         }
         self.clients.remove(&id);
-        if high_before && !self.high_registered() {
-            self.retune_holder(actions);
-        }
     }
 
-    /// A high-priority client arrived or the last one left: the low holder's
-    /// launch-ahead bound changes with it.
-    fn retune_holder(&mut self, actions: &mut Vec<Action>) {
-        if let Some(holder) = self.holder {
+    /// High-priority activity started or ended: the low holder's launch-ahead bound
+    /// follows it.
+    fn retune_holder(&mut self, now: u64, actions: &mut Vec<Action>) {
+        let n = self.low_launch_ahead(now);
+        if let Some(holder) = self.holder.as_mut().filter(|h| h.launch_ahead != n) {
+            holder.launch_ahead = n;
             actions.push(Action::SetLaunchAhead {
                 client: holder.client,
-                n: self.low_launch_ahead(),
+                n,
             });
         }
     }
@@ -495,7 +568,7 @@ impl TokenPolicy {
     fn grant_low(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
         let slice = self.slice_for(now, id);
         let deadline_ns = now.saturating_add(slice);
-        let launch_ahead = self.low_launch_ahead();
+        let launch_ahead = self.low_launch_ahead(now);
         let client = self.clients.get_mut(&id).expect("a granted client exists");
         if client.held_since.is_none() {
             client.held_since = Some(now);
@@ -505,6 +578,7 @@ impl TokenPolicy {
             client: id,
             since,
             revoke_at: deadline_ns,
+            launch_ahead,
         });
         self.grants += 1;
         actions.push(Action::Grant {
@@ -514,22 +588,19 @@ impl TokenPolicy {
         });
     }
 
-    /// Runs after every event: cut-offs, slice ends, the next grant, the retry timer.
+    /// Runs after every event: overdue drains, slice ends, the next grant, the
+    /// launch-ahead bound, the retry timer.
     fn dispatch(&mut self, now: u64, actions: &mut Vec<Action>) {
         let grace = self.settings.revoke_grace;
-        let overdue: Vec<ClientId> = self
-            .clients
-            .iter()
-            .filter(|(_, c)| {
-                c.revoked_at
-                    .is_some_and(|at| now >= at.saturating_add(grace))
-            })
-            .map(|(&id, _)| id)
-            .collect();
-        for id in overdue {
-            self.leave(id, actions);
-            self.cut_offs += 1;
-            actions.push(Action::CutOff { client: id });
+        for (&id, client) in self.clients.iter_mut() {
+            let past_grace = client
+                .revoked_at
+                .is_some_and(|at| now >= at.saturating_add(grace));
+            if past_grace && !client.overdue {
+                client.overdue = true;
+                self.overdue_total += 1;
+                actions.push(Action::Overdue { client: id });
+            }
         }
 
         if let Some(mut holder) = self.holder {
@@ -557,13 +628,19 @@ impl TokenPolicy {
             }
         }
 
-        let draining = self.clients.values().any(|c| c.revoked_at.is_some());
+        // An overdue client drains on, but nobody waits for it any longer.
+        let draining = self
+            .clients
+            .values()
+            .any(|c| c.revoked_at.is_some() && !c.overdue);
         let high_holding = !self.high_holders.is_empty();
         if self.holder.is_none() && !draining && !high_holding {
             if let Some(next) = self.pick_next(now) {
                 self.grant_low(now, next, actions);
             }
         }
+
+        self.retune_holder(now, actions);
 
         self.retry_at = if self.holder.is_none() && !draining && !high_holding {
             self.clients
@@ -702,7 +779,8 @@ mod tests {
             &[
                 (0, join(1, LOW), &[]),
                 (0, want(1), &[grant(1, 0, 200, 0)]),
-                (1, join(2, HIGH), &[SetLaunchAhead { client: 1, n: 1 }]),
+                // Registered but idle: it bounds nobody.
+                (1, join(2, HIGH), &[]),
                 (
                     2,
                     want(2),
@@ -780,8 +858,16 @@ mod tests {
         );
     }
 
+    fn high_grant(client: ClientId) -> Action {
+        Grant {
+            client,
+            deadline_ns: FOREVER,
+            launch_ahead: 0,
+        }
+    }
+
     #[test]
-    fn a_revoked_client_that_never_releases_is_cut_off_after_the_grace() {
+    fn a_revoked_client_that_never_releases_is_overdue_not_cut_off() {
         let mut policy = run_table(
             config(),
             &[
@@ -798,15 +884,116 @@ mod tests {
             "revoked at 20 + 500 grace"
         );
         assert_eq!(policy.handle(519 * MS, Event::Tick), vec![]);
+        // No longer waited for: B is granted. A is reported once and stays a client.
         assert_eq!(
             policy.handle(520 * MS, Event::Tick),
-            vec![CutOff { client: 1 }, grant(2, 520, 200, 0)]
+            vec![Overdue { client: 1 }, grant(2, 520, 200, 0)]
+        );
+        assert_eq!(policy.handle(600 * MS, Event::Tick), vec![]);
+        let snapshot = policy.snapshot();
+        assert_eq!((snapshot.overdue_total, snapshot.revocations), (1, 1));
+        assert_eq!(snapshot.overdue, vec![1]);
+        assert_eq!((snapshot.holders, snapshot.clients), (vec![2], 2));
+        assert_ne!(
+            policy.next_wakeup(),
+            Some(520 * MS),
+            "the overdue deadline is not polled again"
+        );
+        // A's late release makes it an ordinary client: its want now ends B's slice.
+        assert_eq!(
+            policy.handle(1_000 * MS, release(1, true)),
+            vec![
+                Recovered {
+                    client: 1,
+                    drained_ns: 980 * MS
+                },
+                Revoke { client: 2 }
+            ]
+        );
+        assert_eq!(policy.snapshot().overdue, Vec::<ClientId>::new());
+        assert_eq!(
+            policy.handle(1_001 * MS, release(2, false)),
+            vec![grant(1, 1_001, 200, 0)]
+        );
+        assert_eq!(policy.snapshot().overdue_total, 1, "a total, not a gauge");
+    }
+
+    #[test]
+    fn a_holder_draining_2s_is_never_cut_off_and_gets_the_token_back_after_the_high_job_leaves() {
+        let mut policy = run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (10, want(2), &[Revoke { client: 1 }, high_grant(2)]),
+                // The low job's 2 s kernel keeps running; it wants more afterwards.
+                (10, want(1), &[]),
+                (509, Event::Tick, &[]),
+                (510, Event::Tick, &[Overdue { client: 1 }]),
+                (1_500, Event::Tick, &[]),
+                (
+                    2_010,
+                    release(1, true),
+                    &[Recovered {
+                        client: 1,
+                        drained_ns: 2_000 * MS,
+                    }],
+                ),
+                // The high job finishes its burst: low runs again, bounded while the
+                // high job was active recently…
+                (2_100, release(2, false), &[grant(1, 2_100, 200, 1)]),
+                // …and unbounded once it has left.
+                (
+                    2_200,
+                    Event::Leave { client: 2 },
+                    &[SetLaunchAhead { client: 1, n: 0 }],
+                ),
+            ],
         );
         let snapshot = policy.snapshot();
-        assert_eq!((snapshot.cut_offs, snapshot.revocations), (1, 1));
-        assert_eq!(snapshot.holders, vec![2]);
-        // A late release from the forgotten client changes nothing.
-        assert_eq!(policy.handle(521 * MS, release(1, true)), vec![]);
+        assert_eq!(snapshot.holders, vec![1]);
+        assert_eq!((snapshot.overdue_total, snapshot.overdue.len()), (1, 0));
+        // Its drain counts as GPU time it used, nothing more: the holding interval
+        // [0, 2010] and the current one from 2100.
+        assert_eq!(
+            policy.clients[&1].usage(2_200 * MS, 20_000 * MS),
+            2_110 * MS
+        );
+        assert_eq!(policy.handle(2_250 * MS, Event::Tick), vec![]);
+    }
+
+    #[test]
+    fn an_overdue_client_wanting_again_waits_for_its_own_release() {
+        let mut policy = run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (1, want(2), &[Revoke { client: 1 }, high_grant(2)]),
+                (501, Event::Tick, &[Overdue { client: 1 }]),
+                (600, release(2, false), &[]),
+                (700, want(1), &[]),
+            ],
+        );
+        assert_eq!(policy.snapshot().waiting, 1);
+        assert_eq!(
+            policy.next_wakeup(),
+            None,
+            "nothing to do until it releases"
+        );
+        assert_eq!(
+            policy.handle(900 * MS, release(1, true)),
+            vec![
+                Recovered {
+                    client: 1,
+                    drained_ns: 899 * MS
+                },
+                grant(1, 900, 200, 1)
+            ],
+            "the high client released at 600: still active until 1100"
+        );
     }
 
     #[test]
@@ -816,25 +1003,137 @@ mod tests {
             &[
                 (0, join(1, LOW), &[]),
                 (0, join(2, HIGH), &[]),
-                (0, want(1), &[grant(1, 0, 200, 1)]),
-                (
-                    1,
-                    want(2),
-                    &[
-                        Revoke { client: 1 },
-                        Grant {
-                            client: 2,
-                            deadline_ns: FOREVER,
-                            launch_ahead: 0,
-                        },
-                    ],
-                ),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (1, want(2), &[Revoke { client: 1 }, high_grant(2)]),
             ],
         );
         assert_eq!(
             policy.handle(501 * MS, Event::Tick),
-            vec![CutOff { client: 1 }]
+            vec![Overdue { client: 1 }]
         );
+    }
+
+    /// `launch_ahead_with_high` = 1, `launch_ahead` = 0, `high_active_ms` = 500.
+    #[test]
+    fn launch_ahead_is_bounded_only_while_a_high_client_is_active() {
+        let mut policy = run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                // A registered, idle high client: unbounded.
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (5, want(2), &[Revoke { client: 1 }, high_grant(2)]),
+                (6, release(1, true), &[]),
+                // Active: it released 0 ms ago.
+                (10, release(2, false), &[grant(1, 10, 200, 1)]),
+            ],
+        );
+        // The slice ends at 210 (extended, still bounded: active until 510).
+        assert_eq!(policy.next_wakeup(), Some(210 * MS));
+        assert_eq!(
+            policy.handle(210 * MS, Event::Tick),
+            vec![grant(1, 210, 200, 1)]
+        );
+        // The window's end wakes the timer before the slice's end.
+        assert_eq!(policy.next_wakeup(), Some(410 * MS));
+        assert_eq!(
+            policy.handle(410 * MS, Event::Tick),
+            vec![grant(1, 410, 200, 1)]
+        );
+        assert_eq!(policy.next_wakeup(), Some(510 * MS));
+        assert_eq!(policy.handle(509 * MS, Event::Tick), vec![]);
+        assert_eq!(
+            policy.handle(510 * MS, Event::Tick),
+            vec![SetLaunchAhead { client: 1, n: 0 }]
+        );
+        assert_eq!(policy.next_wakeup(), Some(610 * MS), "the slice's end only");
+        assert_eq!(
+            policy.handle(610 * MS, Event::Tick),
+            vec![grant(1, 610, 200, 0)]
+        );
+        // The high client wants again: preempted, and bounded at the next grant.
+        assert_eq!(
+            policy.handle(700 * MS, want(2)),
+            vec![Revoke { client: 1 }, high_grant(2)]
+        );
+        assert_eq!(policy.handle(701 * MS, release(1, true)), vec![]);
+        assert_eq!(
+            policy.handle(703 * MS, release(2, false)),
+            vec![grant(1, 703, 200, 1)]
+        );
+        // The high client leaves inside its window: unbounded at once.
+        assert_eq!(
+            policy.handle(800 * MS, Event::Leave { client: 2 }),
+            vec![SetLaunchAhead { client: 1, n: 0 }]
+        );
+        assert_eq!(policy.next_wakeup(), Some(903 * MS));
+    }
+
+    #[test]
+    fn the_latest_active_high_client_keeps_the_bound() {
+        let mut policy = run_table(
+            config(),
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                (0, join(3, HIGH), &[]),
+                (0, want(2), &[high_grant(2)]),
+                (1, release(2, false), &[]),
+                (300, want(3), &[high_grant(3)]),
+                (301, release(3, false), &[]),
+                (302, want(1), &[grant(1, 302, 200, 1)]),
+                // 2's window ended at 501, 3's lasts until 801.
+                (501, Event::Tick, &[]),
+                (502, Event::Tick, &[grant(1, 502, 200, 1)]),
+                // 3 leaves: 2 is registered but quiet.
+                (
+                    600,
+                    Event::Leave { client: 3 },
+                    &[SetLaunchAhead { client: 1, n: 0 }],
+                ),
+                // 2 wants again: it preempts, as ever.
+                (650, want(2), &[Revoke { client: 1 }, high_grant(2)]),
+            ],
+        );
+        assert_eq!(policy.snapshot().holders, vec![2]);
+        assert_eq!(policy.handle(660 * MS, release(1, true)), vec![]);
+        assert_eq!(policy.next_wakeup(), None, "high holds: no timer");
+    }
+
+    #[test]
+    fn equal_bounds_or_round_robin_never_retune() {
+        let same = SchedulerConfig {
+            launch_ahead: 1,
+            ..config()
+        };
+        let policy = run_table(
+            same,
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                (0, want(2), &[high_grant(2)]),
+                (1, release(2, false), &[]),
+                (2, want(1), &[grant(1, 2, 200, 1)]),
+                (150, Event::Leave { client: 2 }, &[]),
+            ],
+        );
+        assert_eq!(policy.next_wakeup(), Some(202 * MS), "the slice only");
+        let round_robin = SchedulerConfig {
+            policy: SchedulingPolicy::RoundRobin,
+            launch_ahead: 4,
+            ..config()
+        };
+        let policy = run_table(
+            round_robin,
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                (0, want(1), &[grant(1, 0, 20, 0)]),
+                (1, Event::Leave { client: 2 }, &[]),
+            ],
+        );
+        assert_eq!(policy.next_wakeup(), Some(20 * MS));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! on the next holder's page — tens of microseconds, which a hop through tokio's
 //! scheduler would multiply.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -137,7 +137,9 @@ impl PageMapping {
         self.page().seq.fetch_add(1, Ordering::Release);
     }
 
-    fn apply(&self, action: &Action) {
+    /// Changes the page for `action` and returns true, or false when the action only
+    /// reports something (the page stays as it is: nothing to publish).
+    fn apply(&self, action: &Action) -> bool {
         let page = self.page();
         match *action {
             Action::Grant {
@@ -152,11 +154,13 @@ impl PageMapping {
             }
             Action::Revoke { .. } => page.deadline_ns.store(NOT_HELD, Ordering::Release),
             Action::SetLaunchAhead { n, .. } => page.launch_ahead.store(n, Ordering::Release),
-            Action::CutOff { .. } => self.cut_off(),
+            Action::Overdue { .. } | Action::Recovered { .. } => return false,
         }
         self.bump();
+        true
     }
 
+    /// The lease ended: the client must stop for good (the only cut-off there is).
     fn cut_off(&self) {
         let page = self.page();
         page.flags.fetch_or(FLAG_CUT_OFF, Ordering::Relaxed);
@@ -172,9 +176,6 @@ impl Drop for PageMapping {
 }
 
 // ----- one GPU -----
-
-/// Processes (lease, peer pid) cut off for ignoring a revocation: never scheduled again.
-type CutOffClients = Mutex<HashSet<(LeaseId, Option<u32>)>>;
 
 struct Registered {
     page: Arc<PageMapping>,
@@ -196,7 +197,8 @@ struct GpuToken {
     gpu: String,
     state: Mutex<GpuState>,
     timer: Condvar,
-    cut_off: Arc<CutOffClients>,
+    /// Clients cut off because their lease ended (`close_lease`).
+    lease_cut_offs: AtomicU64,
 }
 
 impl GpuToken {
@@ -245,21 +247,23 @@ impl GpuToken {
             Action::Grant { client, .. }
             | Action::Revoke { client }
             | Action::SetLaunchAhead { client, .. }
-            | Action::CutOff { client } => client,
+            | Action::Overdue { client }
+            | Action::Recovered { client, .. } => client,
         };
         let Some(registered) = state.clients.get(&client) else {
             return;
         };
-        registered.page.apply(action);
-        wakes.push(registered.page.clone());
-        if let Action::CutOff { .. } = action {
-            tracing::warn!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, "token client cut off: revoked and not released within the grace period");
-            self.cut_off
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert((registered.lease.clone(), registered.pid));
-            // Its thread sees EOF and reports Leave, which the policy ignores.
-            let _ = registered.stream.shutdown(std::net::Shutdown::Both);
+        if registered.page.apply(action) {
+            wakes.push(registered.page.clone());
+        }
+        match *action {
+            Action::Overdue { .. } => {
+                tracing::warn!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, "token client overdue: revoked and not released within scheduler.revoke_grace_ms; no longer waited for (a long kernel or CUDA graph is still draining, or its agent is stuck)");
+            }
+            Action::Recovered { drained_ns, .. } => {
+                tracing::info!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, drained_ms = drained_ns / 1_000_000, "overdue token client released; scheduled as usual again");
+            }
+            _ => {}
         }
     }
 
@@ -291,6 +295,16 @@ impl GpuToken {
     fn status(&self, policy: SchedulingPolicy) -> TokenStatus {
         let state = self.lock();
         let snapshot = state.policy.snapshot();
+        let describe = |ids: &[ClientId]| -> Vec<TokenHolder> {
+            ids.iter()
+                .filter_map(|id| state.clients.get(id))
+                .map(|r| TokenHolder {
+                    lease: r.lease.clone(),
+                    pid: r.pid,
+                    priority: r.priority,
+                })
+                .collect()
+        };
         TokenStatus {
             gpu: self.gpu.clone(),
             policy: match policy {
@@ -299,21 +313,14 @@ impl GpuToken {
                 SchedulingPolicy::Off => "off",
             }
             .into(),
-            holders: snapshot
-                .holders
-                .iter()
-                .filter_map(|id| state.clients.get(id))
-                .map(|r| TokenHolder {
-                    lease: r.lease.clone(),
-                    pid: r.pid,
-                    priority: r.priority,
-                })
-                .collect(),
+            holders: describe(&snapshot.holders),
             clients: snapshot.clients,
             waiting: snapshot.waiting,
             grants: snapshot.grants,
             revocations: snapshot.revocations,
-            cut_offs: snapshot.cut_offs,
+            cut_offs: self.lease_cut_offs.load(Ordering::Relaxed),
+            overdue: snapshot.overdue_total,
+            overdue_clients: describe(&snapshot.overdue),
         }
     }
 }
@@ -335,7 +342,6 @@ pub struct TokenLease {
 pub struct TokenService {
     config: SchedulerConfig,
     gpus: Mutex<HashMap<String, Arc<GpuToken>>>,
-    cut_off: Arc<CutOffClients>,
     next_client: AtomicU64,
 }
 
@@ -344,21 +350,12 @@ impl TokenService {
         Arc::new(TokenService {
             config,
             gpus: Mutex::new(HashMap::new()),
-            cut_off: Arc::new(CutOffClients::default()),
             next_client: AtomicU64::new(1),
         })
     }
 
     pub fn policy(&self) -> SchedulingPolicy {
         self.config.policy
-    }
-
-    /// This process of this lease ignored a revocation and is not scheduled again.
-    pub fn is_cut_off(&self, lease: &LeaseId, pid: Option<u32>) -> bool {
-        self.cut_off
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&(lease.clone(), pid))
     }
 
     fn gpu(&self, uuid: &str) -> Arc<GpuToken> {
@@ -374,7 +371,7 @@ impl TokenService {
                 timer_at: None,
             }),
             timer: Condvar::new(),
-            cut_off: self.cut_off.clone(),
+            lease_cut_offs: AtomicU64::new(0),
         });
         let timer = gpu.clone();
         std::thread::Builder::new()
@@ -473,8 +470,9 @@ impl TokenService {
         }
     }
 
-    /// The lease ended: its clients are flagged (not counted as cut off for
-    /// misbehaving) and their connections closed, which loses their tokens.
+    /// The lease ended: its clients are flagged cut off (the only cut-off there is:
+    /// nobody is cut off for a slow drain) and their connections closed, which loses
+    /// their tokens.
     pub fn close_lease(&self, lease: &LeaseId) {
         let gpus: Vec<Arc<GpuToken>> = self
             .gpus
@@ -488,6 +486,7 @@ impl TokenService {
             for registered in state.clients.values().filter(|r| &r.lease == lease) {
                 registered.page.cut_off();
                 registered.page.bump();
+                gpu.lease_cut_offs.fetch_add(1, Ordering::Relaxed);
                 futex_wake(&registered.page.page().seq);
                 let _ = registered.stream.shutdown(std::net::Shutdown::Both);
             }
@@ -576,17 +575,21 @@ mod tests {
             };
             assert!(writable.is_err(), "a client could map the page writable");
         }
-        mapping.apply(&Action::Grant {
+        assert!(mapping.apply(&Action::Grant {
             client: 1,
             deadline_ns: 42,
             launch_ahead: 3,
-        });
+        }));
         let page = mapping.page();
         assert_eq!(page.deadline_ns.load(Ordering::Acquire), 42);
         assert_eq!(page.launch_ahead.load(Ordering::Relaxed), 3);
         assert_eq!(page.grants.load(Ordering::Relaxed), 1);
         assert_eq!(page.seq.load(Ordering::Relaxed), 1);
-        mapping.apply(&Action::CutOff { client: 1 });
+        // Reports leave the page alone: an overdue client is neither woken nor flagged.
+        assert!(!mapping.apply(&Action::Overdue { client: 1 }));
+        assert_eq!(page.seq.load(Ordering::Relaxed), 1);
+        assert_eq!(page.deadline_ns.load(Ordering::Acquire), 42);
+        mapping.cut_off();
         assert_eq!(page.deadline_ns.load(Ordering::Acquire), NOT_HELD);
         assert_eq!(page.flags.load(Ordering::Relaxed), FLAG_CUT_OFF);
     }

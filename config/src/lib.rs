@@ -80,6 +80,17 @@ pub struct ArbiterConfig {
     /// Kill processes the watchdog reports (unregistered on a shared GPU, or in a
     /// lease over its quota). Off by default: killing is a policy an operator opts into.
     pub watchdog_kill: bool,
+    /// The device memory a CUDA process uses outside its explicit allocations
+    /// (context, lazily loaded modules, local memory, device heap) is charged to its
+    /// lease: measured from NVML's per-process usage at attach, on a refused charge
+    /// and on each watchdog pass. Until a process is first measured (NVML does not
+    /// list it yet) this estimate is charged for it, and a lease's quota must exceed
+    /// it. 300 MiB: a CUDA 12 context with lazy module loading measures about
+    /// 250–500 MiB on current datacenter GPUs (more with eager loading or cuBLAS /
+    /// cuDNN loaded); the low end, because a measurement replaces it within one
+    /// reconcile tick. Not charged at all without NVML (declared devices), where
+    /// nothing could ever measure it. 0 disables the estimate (measurement stays).
+    pub context_memory_estimate: ByteSize,
     /// A lease whose container is gone is released only after this long, so the
     /// runtime's own poststop release (the normal path) goes first. 5 s.
     pub reconcile_grace_ms: u64,
@@ -119,6 +130,7 @@ impl Default for ArbiterConfig {
             reservations: Vec::new(),
             watchdog_interval_ms: 2_000,
             watchdog_kill: false,
+            context_memory_estimate: ByteSize(300 << 20),
             reconcile_grace_ms: 5_000,
             reserved_timeout_ms: 300_000,
             metrics_address: None,
@@ -278,7 +290,8 @@ pub struct SchedulerConfig {
     /// the GPU. 0 = unbounded: with only equals there is nothing to preempt quickly.
     pub launch_ahead: u32,
     /// Launch-ahead depth of a low-priority holder while a high-priority client is
-    /// registered on the GPU: 1, so a preempted holder drains in about one kernel.
+    /// active on the GPU (see `high_active_ms`): 1, so a preempted holder drains in
+    /// about one kernel.
     /// Measured (tests/bench, simulated, 100 µs low kernels): depth 1 gave the
     /// high-priority job 0.8–1.0 % slowdown and a start latency p99 of 128 µs; depth 2
     /// gave 2.2–2.4 % and 355–435 µs, for 5 points more of the idle time captured.
@@ -286,8 +299,23 @@ pub struct SchedulerConfig {
     /// Sliding window over which each client's GPU time is measured for request/limit.
     /// 2 s: long enough to average over many slices, short enough to follow phase changes.
     pub window_ms: u64,
-    /// A revoked holder must release within this long or it is cut off. 500 ms is far
-    /// beyond one kernel of any real workload (the launch-ahead bound keeps the queue short).
+    /// A high-priority client counts as active (and bounds a low holder's launch-ahead
+    /// to `launch_ahead_with_high`) while it holds the token and for this long after
+    /// its latest want or release. 500 ms: a training loop's CPU gaps between bursts
+    /// (data loading, logging, the optimiser's host side) are milliseconds to a few
+    /// hundred (the simulated pairs in tests/bench: 3–6 ms), so a running high job
+    /// stays active throughout; an idle inference server stops costing the low job
+    /// anything half a second after its last request. Shorter risks an unbounded low
+    /// queue in front of the next burst of a slow loop; longer keeps serialising the
+    /// low job's launches for nothing.
+    pub high_active_ms: u64,
+    /// A revoked holder that has not released after this long is reported *overdue*
+    /// (status, metric, one warning) and no longer waited for: the next low-priority
+    /// waiter may be granted. Nothing else happens to it — a drain is only the GPU
+    /// finishing work queued before the revocation (the interposer submits nothing
+    /// new), and one kernel or CUDA graph may run for seconds. 500 ms: beyond a
+    /// bounded queue of ordinary kernels, so an overdue report means a long kernel or
+    /// graph, or a stuck agent, and other low waiters wait at most this long for it.
     pub revoke_grace_ms: u64,
     /// High-priority clients keep running while the arbiter is unreachable: they never
     /// wait for a grant anyway, and an arbiter restart must not stall them.
@@ -308,6 +336,7 @@ impl Default for SchedulerConfig {
             launch_ahead: 0,
             launch_ahead_with_high: 1,
             window_ms: 2_000,
+            high_active_ms: 500,
             revoke_grace_ms: 500,
             high_on_arbiter_loss: LossPolicy::Run,
             low_on_arbiter_loss: LossPolicy::Wait,
@@ -332,6 +361,7 @@ impl SchedulerConfig {
             ("scheduler.idle_us", self.idle_us),
             ("scheduler.window_ms", self.window_ms),
             ("scheduler.revoke_grace_ms", self.revoke_grace_ms),
+            ("scheduler.high_active_ms", self.high_active_ms),
         ] {
             if value == 0 {
                 return Err(format!("{key} = 0: must be at least 1"));
@@ -513,7 +543,7 @@ mod tests {
         let config = parse(
             "[scheduler]\npolicy = \"round-robin\"\nslice_ms = 10\nmin_slice_ms = 1\nmax_slice_ms = 100\n\
              idle_us = 500\nlaunch_ahead = 8\nlaunch_ahead_with_high = 2\nwindow_ms = 1000\n\
-             revoke_grace_ms = 50\nhigh_on_arbiter_loss = \"wait\"\nlow_on_arbiter_loss = \"run\"\n",
+             revoke_grace_ms = 50\nhigh_active_ms = 250\nhigh_on_arbiter_loss = \"wait\"\nlow_on_arbiter_loss = \"run\"\n",
         )
         .unwrap();
         let s = &config.scheduler;
@@ -523,7 +553,10 @@ mod tests {
             (s.idle_us, s.launch_ahead, s.launch_ahead_with_high),
             (500, 8, 2)
         );
-        assert_eq!((s.window_ms, s.revoke_grace_ms), (1000, 50));
+        assert_eq!(
+            (s.window_ms, s.revoke_grace_ms, s.high_active_ms),
+            (1000, 50, 250)
+        );
         assert_eq!(
             s.on_arbiter_loss(gpushare_proto::Priority::High),
             LossPolicy::Wait
@@ -551,6 +584,10 @@ mod tests {
             (
                 "[scheduler]\nslice_ms = 0\n",
                 ["scheduler.slice_ms", "= 0", "at least 1"],
+            ),
+            (
+                "[scheduler]\nhigh_active_ms = 0\n",
+                ["scheduler.high_active_ms", "= 0", "at least 1"],
             ),
             (
                 "[scheduler]\nwindow_ms = 0\n",

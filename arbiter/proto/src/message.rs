@@ -233,8 +233,16 @@ pub struct TokenStatus {
     pub waiting: usize,
     pub grants: u64,
     pub revocations: u64,
-    /// Clients cut off for not releasing within the grace period after a revocation.
+    /// Clients cut off because their lease ended while they were connected. (Before
+    /// overdue reporting this counted slow drains; nobody is cut off for those now.)
     pub cut_offs: u64,
+    /// Revoked clients that had not released after `scheduler.revoke_grace_ms`: a
+    /// total. Such a client is no longer waited for but stays connected.
+    #[serde(default)]
+    pub overdue: u64,
+    /// The clients overdue now (revoked, past the grace period, still draining).
+    #[serde(default)]
+    pub overdue_clients: Vec<TokenHolder>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -223,9 +223,8 @@ fn render_status(report: &StatusReport) -> String {
                 format!("{}/{pid}({})", h.lease, h.priority)
             })
             .collect();
-        out +=
-            &format!(
-            "  {} policy={} holder={} clients={} waiting={} grants={} revocations={} cut_offs={}\n",
+        out += &format!(
+            "  {} policy={} holder={} clients={} waiting={} grants={} revocations={} overdue={} cut_offs={}\n",
             t.gpu,
             t.policy,
             if holders.is_empty() { "-".into() } else { holders.join(",") },
@@ -233,8 +232,22 @@ fn render_status(report: &StatusReport) -> String {
             t.waiting,
             t.grants,
             t.revocations,
+            t.overdue,
             t.cut_offs
         );
+        if !t.overdue_clients.is_empty() {
+            // Revoked and still draining past scheduler.revoke_grace_ms: a long kernel
+            // or graph, or a stuck agent. Not waited for; scheduled again once released.
+            let overdue: Vec<String> = t
+                .overdue_clients
+                .iter()
+                .map(|h| {
+                    let pid = h.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+                    format!("{}/{pid}", h.lease)
+                })
+                .collect();
+            out += &format!("    overdue: {}\n", overdue.join(","));
+        }
     }
     out
 }
