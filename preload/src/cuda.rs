@@ -19,6 +19,7 @@ pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// `CUdriverProcAddress_flags`.
+pub const CU_GET_PROC_ADDRESS_DEFAULT: u64 = 0;
 pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1 << 0;
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 

@@ -166,10 +166,76 @@ pub fn record_event(event: Handle, stream: Handle) -> bool {
     call!(EVENT_RECORD, fn(Handle, Handle), event, stream) == Some(CUDA_SUCCESS)
 }
 
-pub fn synchronize_event(event: Handle) {
-    let _ = call!(EVENT_SYNCHRONIZE, fn(Handle), event);
+pub fn synchronize_event(event: Handle) -> Option<CUresult> {
+    call!(EVENT_SYNCHRONIZE, fn(Handle), event)
 }
 
 pub fn destroy_event(event: Handle) {
     let _ = call!(EVENT_DESTROY, fn(Handle), event);
+}
+
+// Capture-safe draining: the agent's calls must never conflict with a stream capture
+// that another thread of the process has under way (see `gate::captures`).
+
+static THREAD_EXCHANGE_CAPTURE_MODE: Lazy = Lazy::new(c"cuThreadExchangeStreamCaptureMode");
+static STREAM_GET_CTX: Lazy = Lazy::new(c"cuStreamGetCtx");
+static EVENT_QUERY: Lazy = Lazy::new(c"cuEventQuery");
+static PRIMARY_CTX_GET_STATE: Lazy = Lazy::new(c"cuDevicePrimaryCtxGetState");
+
+/// `CUstreamCaptureMode`.
+pub const CU_STREAM_CAPTURE_MODE_GLOBAL: c_int = 0;
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+/// `CU_STREAM_NON_BLOCKING`: a stream that does not synchronise with the legacy stream.
+pub const CU_STREAM_NON_BLOCKING: libc::c_uint = 0x1;
+/// `CU_STREAM_LEGACY`.
+pub const CU_STREAM_LEGACY: Handle = 0x1;
+
+/// Sets the calling thread's capture-interaction mode and returns the previous one
+/// (`None`: a driver older than CUDA 10.1, which has no modes).
+///
+/// In the default GLOBAL mode a thread's event and stream queries are "potentially
+/// unsafe" while any other thread captures in GLOBAL mode: the call fails and
+/// invalidates that capture (PyTorch's default `capture_error_mode`). RELAXED lifts
+/// that for the calling thread only.
+pub fn exchange_capture_mode(mode: c_int) -> Option<c_int> {
+    let mut value = mode;
+    (call!(THREAD_EXCHANGE_CAPTURE_MODE, fn(*mut c_int), &mut value) == Some(CUDA_SUCCESS))
+        .then_some(value)
+}
+
+/// The context `stream` belongs to.
+pub fn stream_context(stream: Handle) -> Option<Handle> {
+    let mut context: Handle = 0;
+    (call!(
+        STREAM_GET_CTX,
+        fn(Handle, *mut Handle),
+        stream,
+        &mut context
+    ) == Some(CUDA_SUCCESS)
+        && context != 0)
+        .then_some(context)
+}
+
+/// Whether a recorded event's work has completed (`Err`: the driver's answer).
+pub fn query_event(event: Handle) -> Result<bool, CUresult> {
+    const CUDA_ERROR_NOT_READY: CUresult = 600;
+    match call!(EVENT_QUERY, fn(Handle), event) {
+        Some(CUDA_SUCCESS) => Ok(true),
+        Some(CUDA_ERROR_NOT_READY) => Ok(false),
+        Some(rc) => Err(rc),
+        None => Err(CUDA_ERROR_NOT_FOUND),
+    }
+}
+
+/// Whether `device`'s primary context is alive (retained at least once).
+pub fn primary_context_active(device: CUdevice) -> Option<bool> {
+    let (mut flags, mut active): (libc::c_uint, c_int) = (0, 0);
+    (call!(
+        PRIMARY_CTX_GET_STATE,
+        fn(CUdevice, *mut libc::c_uint, *mut c_int),
+        device,
+        &mut flags,
+        &mut active
+    ) == Some(CUDA_SUCCESS))
+    .then_some(active != 0)
 }

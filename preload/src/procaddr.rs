@@ -13,6 +13,7 @@
 
 use libc::{c_char, c_int, c_void};
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use crate::cuda::*;
 use crate::symbols::{self, Hook};
@@ -24,7 +25,9 @@ type Variants = &'static [(c_int, Hook)];
 /// nothing.
 #[rustfmt::skip]
 const TABLE: &[(&str, Variants, Variants)] = &[
-    ("cuGetProcAddress", &[(12000, Hook::cuGetProcAddress_v2), (11030, Hook::cuGetProcAddress)], &[]),
+    // Under per-thread-default-stream compilation cuda.h's cuGetProcAddress is
+    // cuGetProcAddress_v2_ptsz (CUDA 12+).
+    ("cuGetProcAddress", &[(12000, Hook::cuGetProcAddress_v2), (11030, Hook::cuGetProcAddress)], &[(12000, Hook::cuGetProcAddress_v2_ptsz)]),
     ("cuLaunchKernel", &[(4000, Hook::cuLaunchKernel)], &[(7000, Hook::cuLaunchKernel_ptsz)]),
     ("cuLaunchKernelEx", &[(11060, Hook::cuLaunchKernelEx)], &[(11060, Hook::cuLaunchKernelEx_ptsz)]),
     ("cuLaunchCooperativeKernel", &[(9000, Hook::cuLaunchCooperativeKernel)], &[(9000, Hook::cuLaunchCooperativeKernel_ptsz)]),
@@ -51,6 +54,17 @@ const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuMemRelease", &[(10020, Hook::cuMemRelease)], &[]),
     ("cuMemMap", &[(10020, Hook::cuMemMap)], &[]),
     ("cuMemUnmap", &[(10020, Hook::cuMemUnmap)], &[]),
+    ("cuMemExportToShareableHandle", &[(10020, Hook::cuMemExportToShareableHandle)], &[]),
+    ("cuStreamCreate", &[(2000, Hook::cuStreamCreate)], &[]),
+    ("cuStreamCreateWithPriority", &[(5050, Hook::cuStreamCreateWithPriority)], &[]),
+    ("cuStreamDestroy", &[(4000, Hook::cuStreamDestroy_v2)], &[]),
+    ("cuStreamBeginCapture", &[(10010, Hook::cuStreamBeginCapture_v2), (10000, Hook::cuStreamBeginCapture)], &[(10010, Hook::cuStreamBeginCapture_v2_ptsz), (10000, Hook::cuStreamBeginCapture_ptsz)]),
+    ("cuStreamEndCapture", &[(10000, Hook::cuStreamEndCapture)], &[(10000, Hook::cuStreamEndCapture_ptsz)]),
+    ("cuDevicePrimaryCtxRetain", &[(7000, Hook::cuDevicePrimaryCtxRetain)], &[]),
+    ("cuDevicePrimaryCtxRelease", &[(11000, Hook::cuDevicePrimaryCtxRelease_v2), (7000, Hook::cuDevicePrimaryCtxRelease)], &[]),
+    ("cuDevicePrimaryCtxReset", &[(11000, Hook::cuDevicePrimaryCtxReset_v2), (7000, Hook::cuDevicePrimaryCtxReset)], &[]),
+    ("cuCtxCreate", &[(12050, Hook::cuCtxCreate_v4), (11040, Hook::cuCtxCreate_v3), (3020, Hook::cuCtxCreate_v2)], &[]),
+    ("cuCtxDestroy", &[(4000, Hook::cuCtxDestroy_v2)], &[]),
     ("cuMemGetInfo", &[(3020, Hook::cuMemGetInfo_v2)], &[]),
     ("cuDeviceTotalMem", &[(3020, Hook::cuDeviceTotalMem_v2)], &[]),
 ];
@@ -70,6 +84,48 @@ pub fn select(name: &[u8], cuda_version: c_int, flags: u64) -> Option<Hook> {
         .map(|(_, hook)| *hook)
 }
 
+/// The flags a `cuGetProcAddress_v2_ptsz` request means: cuda.h defines
+/// `CU_GET_PROC_ADDRESS_DEFAULT` as the per-thread-default-stream search in code
+/// compiled for per-thread default streams, which is what calls this variant.
+pub fn per_thread_build_flags(flags: u64) -> u64 {
+    if flags == CU_GET_PROC_ADDRESS_DEFAULT {
+        CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+    } else {
+        flags
+    }
+}
+
+/// Whether the driver's answer for `hook` may be wrapped: only when it is the very
+/// function the driver exports under that variant's name. The variant is computed from
+/// documented thresholds; a driver that handed out something else (a new ABI variant
+/// this library does not know) would be called with the old ABI through the wrapper,
+/// so its answer passes through untouched instead.
+pub fn answer_is_the_variant(found: *mut c_void, driver_export: Option<*mut c_void>) -> bool {
+    driver_export == Some(found)
+}
+
+const HOOKS: usize = Hook::ALL.len();
+/// Per variant: the driver's export, once looked up (`NO_EXPORT`: it has none).
+static DRIVER_EXPORT: [AtomicPtr<c_void>; HOOKS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; HOOKS];
+const NO_EXPORT: *mut c_void = usize::MAX as *mut c_void;
+/// Per variant: a mismatch was logged already (once is enough to see it).
+static MISMATCH_LOGGED: [AtomicBool; HOOKS] = [const { AtomicBool::new(false) }; HOOKS];
+
+fn driver_export(hook: Hook) -> Option<*mut c_void> {
+    let slot = &DRIVER_EXPORT[hook as usize];
+    let known = slot.load(Ordering::Acquire);
+    if known == NO_EXPORT {
+        return None;
+    }
+    if !known.is_null() {
+        return Some(known);
+    }
+    let found = crate::loader::find_in_driver(hook.library(), hook.name());
+    slot.store(found.unwrap_or(NO_EXPORT), Ordering::Release);
+    found
+}
+
 /// After a successful real lookup: swap in the wrapper for the selected variant.
 fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) {
     if symbol.is_null() || pfn.is_null() || !crate::config::is_active() {
@@ -82,6 +138,18 @@ fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
         return;
     }
     match select(name.to_bytes(), cuda_version, flags) {
+        Some(hook)
+            if !answer_is_the_variant(found, driver_export(hook))
+                && !MISMATCH_LOGGED[hook as usize].swap(true, Ordering::Relaxed) =>
+        {
+            crate::log_error!(
+                "cuGetProcAddress({}, {cuda_version}, {flags}) answered a function that is not the driver's {}: passed through unwrapped (this variant is neither gated nor charged)",
+                name.to_string_lossy(),
+                hook.name().to_string_lossy()
+            );
+        }
+        // Logged once already: passed through again.
+        Some(hook) if !answer_is_the_variant(found, driver_export(hook)) => {}
         Some(hook) => {
             symbols::record_real(hook, found);
             crate::log_debug!(
@@ -169,6 +237,39 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     })
 }
 
+/// CUDA 12.0+ form as cuda.h names it under per-thread-default-stream compilation.
+///
+/// # Safety
+/// The driver's contract for `cuGetProcAddress_v2_ptsz`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let Some(real) = symbols::real(Hook::cuGetProcAddress_v2_ptsz) else {
+            return CUDA_ERROR_NOT_FOUND;
+        };
+        // SAFETY: the driver's cuGetProcAddress_v2_ptsz, called with the caller's arguments.
+        let result = unsafe {
+            std::mem::transmute::<*mut c_void, GetProcAddressV2Fn>(real)(
+                symbol,
+                pfn,
+                cuda_version,
+                flags,
+                status,
+            )
+        };
+        if result == CUDA_SUCCESS {
+            substitute(symbol, pfn, cuda_version, per_thread_build_flags(flags));
+        }
+        result
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,7 +323,9 @@ mod tests {
                 Some(Hook::cuLaunchGridAsync),
             ),
             ("cuMemAlloc_v2", 12040, 0, None),
-            ("cuCtxCreate", 12040, 0, None),
+            ("cuCtxCreate", 12040, 0, Some(Hook::cuCtxCreate_v3)),
+            ("cuCtxCreate", 12050, 0, Some(Hook::cuCtxCreate_v4)),
+            ("cuCtxGetCurrent", 12040, 0, None),
         ];
         for &(name, version, flags, want) in rows {
             assert_eq!(
@@ -230,6 +333,37 @@ mod tests {
                 want,
                 "{name} {version} {flags}"
             );
+        }
+    }
+
+    #[test]
+    fn a_per_thread_build_defaults_to_per_thread_variants() {
+        assert_eq!(per_thread_build_flags(0), PTDS);
+        assert_eq!(per_thread_build_flags(LEGACY), LEGACY);
+        assert_eq!(per_thread_build_flags(PTDS), PTDS);
+        assert_eq!(
+            select(b"cuLaunchKernel", 12040, per_thread_build_flags(0)),
+            Some(Hook::cuLaunchKernel_ptsz)
+        );
+        assert_eq!(
+            select(b"cuGetProcAddress", 12040, PTDS),
+            Some(Hook::cuGetProcAddress_v2_ptsz)
+        );
+    }
+
+    #[test]
+    fn only_the_driver_s_own_export_of_a_variant_is_wrapped() {
+        let f = 0x1000 as *mut c_void;
+        let other = 0x2000 as *mut c_void;
+        let rows: &[(Option<*mut c_void>, bool)] = &[
+            (Some(f), true),
+            // The driver handed out another function (a newer ABI variant).
+            (Some(other), false),
+            // No export of that name to compare with: not provably the variant.
+            (None, false),
+        ];
+        for &(export, wrap) in rows {
+            assert_eq!(answer_is_the_variant(f, export), wrap, "{export:?}");
         }
     }
 

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::c_void;
 
-use crate::hooks::{info, launch, memory};
+use crate::hooks::{info, launch, memory, work};
 use crate::{loader, procaddr};
 
 /// Which library an entry point lives in (where a lazy lookup searches).
@@ -72,6 +72,7 @@ macro_rules! hook_table {
 hook_table! {
     Cuda: cuGetProcAddress => procaddr::cuGetProcAddress,
     Cuda: cuGetProcAddress_v2 => procaddr::cuGetProcAddress_v2,
+    Cuda: cuGetProcAddress_v2_ptsz => procaddr::cuGetProcAddress_v2_ptsz,
     // Launches: one gate.
     Cuda: cuLaunchKernel => launch::cuLaunchKernel,
     Cuda: cuLaunchKernel_ptsz => launch::cuLaunchKernel_ptsz,
@@ -107,6 +108,26 @@ hook_table! {
     Cuda: cuMemRelease => memory::cuMemRelease,
     Cuda: cuMemMap => memory::cuMemMap,
     Cuda: cuMemUnmap => memory::cuMemUnmap,
+    Cuda: cuMemExportToShareableHandle => memory::cuMemExportToShareableHandle,
+    // The gate's record of the process's work: contexts, streams, captures.
+    Cuda: cuStreamCreate => work::cuStreamCreate,
+    Cuda: cuStreamCreateWithPriority => work::cuStreamCreateWithPriority,
+    Cuda: cuStreamDestroy_v2 => work::cuStreamDestroy_v2,
+    Cuda: cuStreamBeginCapture => work::cuStreamBeginCapture,
+    Cuda: cuStreamBeginCapture_ptsz => work::cuStreamBeginCapture_ptsz,
+    Cuda: cuStreamBeginCapture_v2 => work::cuStreamBeginCapture_v2,
+    Cuda: cuStreamBeginCapture_v2_ptsz => work::cuStreamBeginCapture_v2_ptsz,
+    Cuda: cuStreamEndCapture => work::cuStreamEndCapture,
+    Cuda: cuStreamEndCapture_ptsz => work::cuStreamEndCapture_ptsz,
+    Cuda: cuDevicePrimaryCtxRetain => work::cuDevicePrimaryCtxRetain,
+    Cuda: cuDevicePrimaryCtxRelease => work::cuDevicePrimaryCtxRelease,
+    Cuda: cuDevicePrimaryCtxRelease_v2 => work::cuDevicePrimaryCtxRelease_v2,
+    Cuda: cuDevicePrimaryCtxReset => work::cuDevicePrimaryCtxReset,
+    Cuda: cuDevicePrimaryCtxReset_v2 => work::cuDevicePrimaryCtxReset_v2,
+    Cuda: cuCtxCreate_v2 => work::cuCtxCreate_v2,
+    Cuda: cuCtxCreate_v3 => work::cuCtxCreate_v3,
+    Cuda: cuCtxCreate_v4 => work::cuCtxCreate_v4,
+    Cuda: cuCtxDestroy_v2 => work::cuCtxDestroy_v2,
     // Virtualised answers.
     Cuda: cuMemGetInfo_v2 => info::cuMemGetInfo_v2,
     Cuda: cuDeviceTotalMem_v2 => info::cuDeviceTotalMem_v2,

@@ -9,7 +9,12 @@
 //! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
-//! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`.
+//! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
+//! `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
+//! `two-streams MS`.
+//!
+//! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
+//! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
 #![allow(clippy::missing_transmute_annotations)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
@@ -46,6 +51,11 @@ type Coop = unsafe extern "C" fn(
 ) -> R;
 
 const PTDS: u64 = 2;
+
+/// The portable test kernel (`gpushare_spin_ns(u64 ns)` spins on `%globaltimer`):
+/// PTX text, NUL-terminated as `cuModuleLoadData` reads it, so the probe runs on the
+/// simulated driver and on a real one alike.
+const SPIN_PTX: &str = concat!(include_str!("../../../tests/simgpu/ptx/spin.ptx"), "\0");
 
 struct Cuda {
     handle: *mut c_void,
@@ -181,6 +191,8 @@ struct Probe {
     function: H,
     held: Vec<Held>,
     pool: Option<H>,
+    /// The stream `capture-begin` is capturing on, and the graph it ended with.
+    capture: Option<(H, H)>,
     error_name: unsafe extern "C" fn(R, *mut *const c_char) -> R,
 }
 
@@ -203,9 +215,13 @@ impl Probe {
     }
 
     fn kernel(&self, launch: Launch11, ns: u64) -> R {
+        self.kernel_on(launch, ns, 0)
+    }
+
+    fn kernel_on(&self, launch: Launch11, ns: u64, stream: H) -> R {
         let mut duration = ns;
         let mut params = [&mut duration as *mut u64 as *mut c_void];
-        // SAFETY: simgpu_kernel takes one u64 (its duration in ns).
+        // SAFETY: gpushare_spin_ns takes one u64 (its duration in ns).
         unsafe {
             launch(
                 self.function,
@@ -216,11 +232,22 @@ impl Probe {
                 1,
                 1,
                 0,
-                0,
+                stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         }
+    }
+
+    fn new_stream(&self, flags: c_uint) -> H {
+        let create: unsafe extern "C" fn(*mut H, c_uint) -> R = self.cuda.get("cuStreamCreate");
+        let mut stream = 0;
+        // SAFETY: a valid out-pointer.
+        let rc = unsafe { create(&mut stream, flags) };
+        if rc != 0 {
+            fatal(&format!("cuStreamCreate: {}", self.name(rc)));
+        }
+        stream
     }
 }
 
@@ -272,8 +299,8 @@ fn main() {
             && device_get(&mut dev, 0) == 0
             && retain(&mut ctx, dev) == 0
             && set_current(ctx) == 0
-            && load_module(&mut module, c"simgpu".as_ptr().cast()) == 0
-            && get_function(&mut function, module, c"simgpu_kernel".as_ptr()) == 0
+            && load_module(&mut module, SPIN_PTX.as_ptr().cast()) == 0
+            && get_function(&mut function, module, c"gpushare_spin_ns".as_ptr()) == 0
     };
     if !ok {
         fatal("driver setup failed");
@@ -283,6 +310,7 @@ fn main() {
         function,
         held: Vec::new(),
         pool: None,
+        capture: None,
         error_name,
     };
     while let Some(step) = args.next() {
@@ -637,6 +665,113 @@ fn run_step(
             p.report(step, rc, &format!("via={}", who(ptr)));
         }
         "ptsz-check" => ptsz_check(p),
+        "ptsz-procaddr-alloc" => {
+            // What a per-thread-default-stream build does: cuda.h's cuGetProcAddress is
+            // cuGetProcAddress_v2_ptsz there, asked with the default flags.
+            let bytes = num(args) as usize;
+            // SAFETY: a live handle and a NUL-terminated name.
+            let sym = unsafe { libc::dlsym(c.handle, c"cuGetProcAddress_v2_ptsz".as_ptr()) };
+            if sym.is_null() {
+                fatal("no cuGetProcAddress_v2_ptsz");
+            }
+            // SAFETY: cuGetProcAddress_v2_ptsz has cuGetProcAddress_v2's signature.
+            let get: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(sym) };
+            let (mut f, mut status) = (std::ptr::null_mut(), 0);
+            let rc = unsafe { get(c"cuMemAlloc".as_ptr(), &mut f, c.version, 0, &mut status) };
+            if rc != 0 || f.is_null() {
+                fatal(&format!("cuGetProcAddress_v2_ptsz(cuMemAlloc): {rc}"));
+            }
+            // SAFETY: cuMemAlloc_v2's signature.
+            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R =
+                unsafe { std::mem::transmute(f) };
+            let mut ptr = 0;
+            let rc = unsafe { alloc(&mut ptr, bytes) };
+            if rc == 0 {
+                p.held.push(Held::Device(ptr));
+            }
+            p.report(step, rc, &format!("bytes={bytes} via={}", who(f)));
+        }
+        "kernel-ms" => {
+            // One kernel of N ms on the legacy stream (long kernels: drains, overdue).
+            let ms = num(args);
+            let f: Launch11 = c.get("cuLaunchKernel");
+            p.report(step, p.kernel(f, ms * 1_000_000), &format!("ms={ms}"));
+        }
+        "capture-begin" => {
+            // `capture-begin global|thread-local|relaxed`: a non-blocking stream starts
+            // capturing in that mode (PyTorch captures on such a stream, GLOBAL mode).
+            let mode = match args.next().as_deref() {
+                Some("global") => 0,
+                Some("thread-local") => 1,
+                Some("relaxed") => 2,
+                other => fatal(&format!(
+                    "capture-begin global|thread-local|relaxed, not {other:?}"
+                )),
+            };
+            let begin: unsafe extern "C" fn(H, c_int) -> R = c.get("cuStreamBeginCapture");
+            let stream = p.new_stream(1);
+            let rc = unsafe { begin(stream, mode) };
+            p.capture = Some((stream, 0));
+            p.report(step, rc, &format!("mode={mode}"));
+        }
+        "capture-launch" => {
+            let n = num(args);
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let (stream, _) = p
+                .capture
+                .unwrap_or_else(|| fatal("capture-launch before capture-begin"));
+            let rc = (0..n)
+                .map(|_| p.kernel_on(f, 1000, stream))
+                .max()
+                .unwrap_or(0);
+            p.report(step, rc, &format!("kernels={n}"));
+        }
+        "capture-end" => {
+            // Ends the capture; a valid graph is instantiated, launched and waited for.
+            let end: unsafe extern "C" fn(H, *mut H) -> R = c.get("cuStreamEndCapture");
+            let is_capturing: unsafe extern "C" fn(H, *mut c_int) -> R =
+                c.get("cuStreamIsCapturing");
+            let instantiate: unsafe extern "C" fn(*mut H, H, u64) -> R =
+                c.get("cuGraphInstantiateWithFlags");
+            let launch: unsafe extern "C" fn(H, H) -> R = c.get("cuGraphLaunch");
+            let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+            let (stream, _) = p
+                .capture
+                .unwrap_or_else(|| fatal("capture-end before capture-begin"));
+            let mut status = -1;
+            unsafe { is_capturing(stream, &mut status) };
+            let mut graph = 0;
+            let rc = unsafe { end(stream, &mut graph) };
+            let mut ran = -1;
+            if rc == 0 {
+                let mut exec = 0;
+                ran = unsafe {
+                    instantiate(&mut exec, graph, 0)
+                        .max(launch(exec, stream))
+                        .max(sync(stream))
+                };
+            }
+            p.capture = None;
+            p.report(step, rc, &format!("status_before={status} graph_ran={ran}"));
+        }
+        "two-streams" => {
+            // A kernel of N ms on one stream, then a short one on another: how long the
+            // second launch call took (a process-wide launch-ahead bound waits for the first).
+            let ms = num(args);
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+            let (a, b) = (p.new_stream(1), p.new_stream(1));
+            let first = p.kernel_on(f, ms * 1_000_000, a);
+            let start = Instant::now();
+            let second = p.kernel_on(f, 1000, b);
+            let second_us = start.elapsed().as_micros();
+            let synced = unsafe { sync() };
+            p.report(
+                step,
+                first.max(second).max(synced),
+                &format!("second_launch_us={second_us}"),
+            );
+        }
         "procaddr" => {
             let name = args
                 .next()

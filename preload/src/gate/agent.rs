@@ -37,6 +37,11 @@ enum Opened {
 }
 
 pub(super) fn run(gate: &'static Gate, client: &'static Client, socket: std::path::PathBuf) {
+    // Every wait this thread makes is for the token, never part of a capture: in the
+    // default GLOBAL mode each of them would fail and invalidate a capture another
+    // thread has begun in GLOBAL mode (PyTorch's default), so this thread is RELAXED
+    // for life. A driver without modes (before CUDA 10.1) has no such rule.
+    let _ = crate::driver::exchange_capture_mode(crate::driver::CU_STREAM_CAPTURE_MODE_RELAXED);
     // A process that never reached the arbiter cannot know its class: it waits.
     let mut terms: Option<Terms> = None;
     let mut cut_off = false;
@@ -155,6 +160,7 @@ fn serve(gate: &Gate, client: &'static Client, link: &Link, terms: Terms) -> Opt
             closed: link.connection.is_closed(),
             now_ns: monotonic_ns(),
             launches: gate.launches(),
+            capturing: client.work.captures_under_way() > 0,
         };
         match decide::decide(&seen, &mut memory, terms.idle_ns) {
             Action::Lost { cut_off } => return Some(cut_off),
@@ -182,18 +188,15 @@ fn serve(gate: &Gate, client: &'static Client, link: &Link, terms: Terms) -> Opt
     }
 }
 
-/// Waits for the process's submitted work (its first context's) to complete.
+/// Waits for the process's submitted work to complete, in every context, without
+/// touching a stream capture (see `work`).
 fn drain(client: &Client) {
-    let context = client.context.load(Acquire);
-    if context == 0 {
-        return;
-    }
-    if crate::driver::current_context() != context && !crate::driver::set_current_context(context) {
-        return;
-    }
-    if let Some(rc) = crate::driver::synchronize_context() {
-        if rc != crate::cuda::CUDA_SUCCESS {
-            crate::log_debug!("draining for the token: cuCtxSynchronize answered {rc}");
-        }
+    let drained = client.work.drain(&super::work::Driver);
+    if drained.streams > 0 || drained.skipped > 0 {
+        crate::log_debug!(
+            "drained around captures: {} streams waited for, {} skipped",
+            drained.streams,
+            drained.skipped
+        );
     }
 }

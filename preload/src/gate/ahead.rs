@@ -1,10 +1,16 @@
 //! The launch-ahead bound: while the page says `launch_ahead = N > 0` (a low-priority
-//! holder with a high-priority neighbour), at most N of this process's launches may be
-//! submitted and unfinished, so that a revoked holder drains in about one kernel.
+//! holder while a high-priority neighbour is active), at most N launches *per stream*
+//! may be submitted and unfinished, so that a revoked holder drains in about one kernel
+//! per stream.
 //!
-//! One completion-only event per launch, in a small ring reused round-robin; before a
-//! launch the ring waits on its oldest events until fewer than N are pending. The ring
-//! is behind a lock that only such bounded launches take.
+//! One completion-only event per launch, in a small ring per stream reused
+//! round-robin; before a launch the stream's ring waits on its oldest events until
+//! fewer than N are pending. Per stream, not per process: a process-wide bound made
+//! every low-priority launch wait for the previous launch of *any* stream, which
+//! serialised copy/compute overlap and could deadlock a program whose work on one
+//! stream waits for a later launch on another (`cuStreamWaitValue32`, producer and
+//! consumer kernels). Within one stream the order is the stream's own, so waiting for
+//! its earlier launches cannot wait for anything that depends on the next one.
 
 use crate::cuda::Handle;
 
@@ -35,7 +41,7 @@ impl Events for DriverEvents {
         crate::driver::record_event(event, stream)
     }
     fn synchronize(&self, event: Handle) {
-        crate::driver::synchronize_event(event)
+        let _ = crate::driver::synchronize_event(event);
     }
     fn destroy(&self, event: Handle) {
         crate::driver::destroy_event(event)

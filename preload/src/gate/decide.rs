@@ -26,6 +26,11 @@ pub struct Observation {
     pub now_ns: u64,
     /// The process's launch counter.
     pub launches: u64,
+    /// A stream capture is under way: the process is building a graph it will launch,
+    /// so it is busy even though nothing reaches the GPU. Idle time that overlaps a
+    /// capture does not count (releasing would also mean draining, which must not
+    /// touch the capture).
+    pub capturing: bool,
 }
 
 /// What the agent remembers between decisions.
@@ -83,7 +88,7 @@ pub fn decide(seen: &Observation, memory: &mut Memory, idle_ns: u64) -> Action {
             cut_off: page.flags & FLAG_CUT_OFF != 0,
         };
     }
-    if page.grants != memory.seen_grant || seen.launches != memory.launches_seen {
+    if page.grants != memory.seen_grant || seen.launches != memory.launches_seen || seen.capturing {
         memory.seen_grant = page.grants;
         memory.launches_seen = seen.launches;
         memory.launches_changed_ns = seen.now_ns;
@@ -154,6 +159,7 @@ mod tests {
             closed: false,
             now_ns,
             launches,
+            capturing: false,
         }
     }
 
@@ -241,6 +247,33 @@ mod tests {
             Action::Sleep {
                 timeout_ns: MAX_SLEEP_NS
             }
+        );
+    }
+
+    #[test]
+    fn an_idle_period_that_overlaps_a_capture_does_not_count() {
+        let mut memory = Memory::fresh(0, 0, NOW);
+        let mut capturing = seen(u64::MAX, 1, 0, NOW + 5 * IDLE);
+        capturing.capturing = true;
+        // Nothing launched for five idle thresholds, but a capture is under way.
+        assert_eq!(
+            decide(&capturing, &mut memory, IDLE),
+            Action::Sleep { timeout_ns: IDLE }
+        );
+        // The capture ended: the idle clock runs from its last sighting.
+        assert_eq!(
+            decide(
+                &seen(u64::MAX, 1, 0, NOW + 5 * IDLE + 400),
+                &mut memory,
+                IDLE
+            ),
+            Action::Sleep {
+                timeout_ns: IDLE - 400
+            }
+        );
+        assert_eq!(
+            decide(&seen(u64::MAX, 1, 0, NOW + 6 * IDLE), &mut memory, IDLE),
+            Action::Release(Reason::Idle)
         );
     }
 

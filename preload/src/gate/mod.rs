@@ -28,11 +28,13 @@ pub mod ahead;
 pub mod decide;
 #[doc(hidden)]
 pub mod fake_arbiter;
+pub mod work;
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64};
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use gpushare_proto::token::{HELD_UNTIL_RELEASED, NOT_HELD};
@@ -41,6 +43,7 @@ use gpushare_proto::{TokenPage, TokenRequest};
 
 use crate::cuda::{CUresult, Handle, CUDA_SUCCESS};
 use ahead::{DriverEvents, Ring};
+use work::{ContextEntry, StreamEntry, Work};
 
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream, as a handle any
 /// entry point accepts.
@@ -90,8 +93,51 @@ pub enum Ticket {
 }
 
 pub struct Bounded {
-    ring: MutexGuard<'static, Ring>,
+    ring: RingOf,
     stream: Handle,
+}
+
+/// Which stream's launch-ahead ring a bounded launch uses.
+enum RingOf {
+    Created(Arc<StreamEntry>),
+    Legacy(Arc<ContextEntry>),
+    /// The launching thread's own default stream: a thread-local ring, no lock.
+    PerThread,
+}
+
+thread_local! {
+    static PER_THREAD_RING: RefCell<Ring> = const { RefCell::new(Ring::new()) };
+}
+
+impl RingOf {
+    fn for_target(target: Target, work: &Work) -> Option<RingOf> {
+        match target.handle() {
+            CU_STREAM_PER_THREAD => Some(RingOf::PerThread),
+            0 | crate::driver::CU_STREAM_LEGACY => {
+                let context = crate::driver::current_context();
+                work.context_seen(context);
+                work.context(context).map(RingOf::Legacy)
+            }
+            handle => work.stream(handle).map(RingOf::Created),
+        }
+    }
+
+    /// Runs `f` on the ring. The stream's lock is held only inside: a second thread
+    /// launching into the same stream at the same instant may overshoot the bound by
+    /// one launch, which the next wait absorbs (waiting for a later event implies the
+    /// earlier ones completed).
+    fn with<R>(&self, f: impl FnOnce(&mut Ring) -> R) -> R {
+        match self {
+            RingOf::Created(stream) => {
+                f(&mut stream.ring.lock().unwrap_or_else(|e| e.into_inner()))
+            }
+            RingOf::Legacy(context) => f(&mut context
+                .legacy_ring
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())),
+            RingOf::PerThread => PER_THREAD_RING.with(|ring| f(&mut ring.borrow_mut())),
+        }
+    }
 }
 
 /// The process's gate. In the unit-test binary it never schedules: tests there
@@ -117,6 +163,12 @@ pub fn launched(ticket: Ticket, result: CUresult) {
         Ticket::Bounded(bounded) => bounded.finish(result),
         Ticket::Announce(client) => client.want(),
     }
+}
+
+/// The process's record of its contexts, streams and captures, which the wrappers of
+/// their creation and destruction keep and the agent drains.
+pub fn work() -> &'static Work {
+    &GATE.client().work
 }
 
 /// A forked child holds no token: back to the initial state, the parent's connection
@@ -271,11 +323,8 @@ impl Gate {
             self.count_launch();
             return Ticket::Free;
         }
-        if client.context.load(Relaxed) == 0 {
-            // The context the agent drains: the first launching thread's.
-            let current = crate::driver::current_context();
-            let _ = client.context.compare_exchange(0, current, AcqRel, Relaxed);
-        }
+        // A context the wrappers did not see created still gets drained.
+        client.work.context_seen(crate::driver::current_context());
         // Captured launches run nothing now: the graph's launch is gated.
         let stream = target.handle();
         if crate::driver::stream_is_capturing(stream) {
@@ -291,8 +340,12 @@ impl Gate {
                     self.count_launch();
                     return Ticket::Free;
                 }
-                let mut ring = client.ahead.lock().unwrap_or_else(|e| e.into_inner());
-                ring.wait_below(limit, &DriverEvents);
+                let Some(ring) = RingOf::for_target(target, &client.work) else {
+                    // A stream the driver cannot place: unbounded rather than wedged.
+                    self.count_launch();
+                    return Ticket::Free;
+                };
+                client.quietly_for_captures(|| ring.with(|r| r.wait_below(limit, &DriverEvents)));
                 if !holds(self.page()) {
                     // Revoked while the ring drained: wait for the token again.
                     continue;
@@ -339,9 +392,10 @@ impl Gate {
 impl Bounded {
     #[cold]
     #[inline(never)]
-    fn finish(mut self, result: CUresult) {
+    fn finish(self, result: CUresult) {
         if result == CUDA_SUCCESS {
-            self.ring.record(self.stream, &DriverEvents);
+            let stream = self.stream;
+            self.ring.with(|r| r.record(stream, &DriverEvents));
         }
     }
 }
@@ -375,9 +429,8 @@ pub struct Client {
     waiters: AtomicU32,
     /// Orders frames: a `Want` decided after a `Release` is sent after it.
     send_lock: Mutex<()>,
-    /// The context the agent drains (the first launching thread's).
-    context: AtomicUsize,
-    ahead: Mutex<Ring>,
+    /// The process's contexts, streams and captures: what the agent drains.
+    pub work: Work,
 }
 
 impl Client {
@@ -389,9 +442,24 @@ impl Client {
             want_sent: AtomicBool::new(false),
             waiters: AtomicU32::new(0),
             send_lock: Mutex::new(()),
-            context: AtomicUsize::new(0),
-            ahead: Mutex::new(Ring::new()),
+            work: Work::new(),
         }
+    }
+
+    /// Runs `f` (which waits on events) in RELAXED capture mode while a capture is
+    /// under way: in the default GLOBAL mode the wait would fail and invalidate a
+    /// capture another thread has begun in GLOBAL mode.
+    fn quietly_for_captures<R>(&self, f: impl FnOnce() -> R) -> R {
+        if self.work.captures_under_way() == 0 {
+            return f();
+        }
+        let previous =
+            crate::driver::exchange_capture_mode(crate::driver::CU_STREAM_CAPTURE_MODE_RELAXED);
+        let result = f();
+        if let Some(mode) = previous {
+            crate::driver::exchange_capture_mode(mode);
+        }
+        result
     }
 
     /// Once per process: an inactive library is ungated for good; an active one

@@ -156,6 +156,8 @@ fn a_launch_ahead_bound_hands_out_the_ring() {
         Duration::from_secs(60),
         LossPolicy::Wait,
     )));
+    // The stream's ring is its own (no driver here to ask which context it is in).
+    gate.client().work.stream_created(STREAM.stream, 1, 0);
     let passed = launch_in_background(gate);
     assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
     arbiter.grant(HELD_UNTIL_RELEASED, 1);

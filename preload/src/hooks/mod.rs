@@ -2,11 +2,13 @@
 //!
 //! Each catches panics, forwards to the driver function recorded for its variant,
 //! and does its one job around the call: gate a launch, charge an allocation,
-//! virtualise a memory answer.
+//! virtualise a memory answer, or record the process's contexts, streams and
+//! captures for the gate.
 
 pub mod info;
 pub mod launch;
 pub mod memory;
+pub mod work;
 
 /// The driver's function for a variant, typed with that variant's signature; an
 /// unresolvable one makes the wrapper answer `CUDA_ERROR_NOT_FOUND`.

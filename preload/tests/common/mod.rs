@@ -85,6 +85,12 @@ pub struct Machine {
 
 impl Machine {
     pub fn start() -> Machine {
+        Machine::start_with("")
+    }
+
+    /// A machine whose arbiter configuration ends with `extra` (whole TOML sections,
+    /// e.g. "[scheduler]\nlaunch_ahead = 1\n").
+    pub fn start_with(extra: &str) -> Machine {
         sim_libs();
         let dir = tempfile::Builder::new()
             .prefix("gsp-")
@@ -100,6 +106,8 @@ impl Machine {
                 "\n[[arbiter.devices]]\nuuid = \"GPU-51a6d0e0-0000-4000-8000-{i:012x}\"\nname = \"sim {i}\"\nmemory = \"16Gi\"\n"
             );
         }
+        config += "\n";
+        config += extra;
         std::fs::write(dir.path().join("config.toml"), config).unwrap();
         std::fs::create_dir_all(dir.path().join("simgpu")).unwrap();
         let mut m = Machine {
@@ -149,17 +157,27 @@ impl Machine {
     /// A confirmed lease of `memory` on one GPU, whose "container" is a sleeping
     /// process of this test (same pid namespace and cgroup as the probes).
     pub fn lease(&mut self, memory: &str) -> String {
+        self.reserve_lease(memory, Priority::Low, GpuSelector::Count(1))
+    }
+
+    /// A confirmed lease of `memory` and `priority` on GPU 0 (leases made this way
+    /// share one GPU's token).
+    pub fn lease_of(&mut self, memory: &str, priority: Priority) -> String {
+        self.reserve_lease(memory, priority, GpuSelector::Index(vec![0]))
+    }
+
+    fn reserve_lease(&mut self, memory: &str, priority: Priority, gpu: GpuSelector) -> String {
         let mut control = self.control();
         let container_id = format!("c{}", self.containers.len());
         let lease = control
             .reserve(ReserveRequest {
                 container_id: container_id.clone(),
                 sandbox_id: None,
-                priority: Priority::Low,
+                priority,
                 memory: Some(memory.parse().unwrap()),
                 compute_request: Fraction::ZERO,
                 compute_limit: Fraction::ONE,
-                gpu: GpuSelector::Count(1),
+                gpu,
                 tenant: None,
             })
             .unwrap();

@@ -1,0 +1,563 @@
+//! Where the process's GPU work goes — its contexts, the streams it created, the
+//! stream captures under way — so the agent can wait for that work without ever
+//! conflicting with a capture.
+//!
+//! Why this exists: the obvious drain, `cuCtxSynchronize`, is illegal while any stream
+//! of the context is being captured into a CUDA graph. The driver answers
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` *and invalidates the capture* (CUDA
+//! Programming Guide, "Stream Capture": a context-wide synchronisation necessarily
+//! conflicts with it), which is what broke graph-capturing programs (vLLM,
+//! `torch.compile(mode="reduce-overhead")`, llama.cpp) under other interposers. So:
+//!
+//! * capture begin/end are wrapped ([`Work::capture_begins`], [`Work::capture_ended`])
+//!   and counted;
+//! * the agent synchronises whole contexts only inside [`Work::while_no_capture`], a
+//!   two-flag handshake (each side stores its own flag, then reads the other's, all
+//!   SeqCst) that guarantees a capture never begins while such a synchronisation runs
+//!   and that none starts while a capture is under way — a beginning capture waits for
+//!   the synchronisation in progress to finish;
+//! * while captures are under way the agent drains stream by stream instead: an event
+//!   recorded on each created stream that is not capturing, waited for from a thread in
+//!   RELAXED capture mode (GLOBAL mode would make even that query invalidate another
+//!   thread's capture); the legacy stream only in contexts with no blocking stream
+//!   capturing (it implicitly joins every blocking stream: touching it would
+//!   invalidate the capture with `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`). Work queued
+//!   on another thread's per-thread default stream cannot be reached from the agent's
+//!   thread: that is the one thing this drain cannot wait for.
+//!
+//! Every registration happens in a wrapped creation call or on the gate's cold path;
+//! nothing here is on the launch hot path.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicU32, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use gpushare_proto::token_client::{futex_wait, futex_wake};
+
+use super::ahead::Ring;
+use crate::cuda::{CUdevice, Handle, CUDA_SUCCESS};
+
+/// How long a beginning capture sleeps between looks at a context synchronisation in
+/// progress (it is woken when that ends; this only bounds a missed wake).
+const CAPTURE_WAIT_SLICE: Duration = Duration::from_millis(10);
+
+/// A context the process created or retained.
+#[derive(Debug)]
+pub struct ContextEntry {
+    pub handle: Handle,
+    /// The device whose primary context this is (None: a created context).
+    pub primary_of: Option<CUdevice>,
+    /// The launch-ahead ring of the context's legacy default stream.
+    pub legacy_ring: Mutex<Ring>,
+    /// The agent's completion event in this context (0: not created yet).
+    drain_event: AtomicUsize,
+}
+
+/// A stream the process created.
+#[derive(Debug)]
+pub struct StreamEntry {
+    pub handle: Handle,
+    pub context: Handle,
+    /// `CU_STREAM_NON_BLOCKING`: does not synchronise with the legacy stream.
+    pub non_blocking: bool,
+    pub ring: Mutex<Ring>,
+    drain_event: AtomicUsize,
+}
+
+/// A capture under way, begun through a wrapped entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Capture {
+    /// The stream as the caller named it, with the thread for per-thread default
+    /// streams (whose handle means a different stream in every thread).
+    stream: Handle,
+    thread: Option<libc::pthread_t>,
+    context: Handle,
+    /// A capture on a blocking stream forbids any use of the legacy stream.
+    blocking: bool,
+}
+
+/// One process's record of its work (a fork child starts a new one with its client).
+#[derive(Debug, Default)]
+pub struct Work {
+    contexts: Mutex<Vec<Arc<ContextEntry>>>,
+    streams: Mutex<Vec<Arc<StreamEntry>>>,
+    captures: Mutex<Vec<Capture>>,
+    /// Captures begun (or beginning) and not ended: the handshake's capture side.
+    capturing: AtomicU32,
+    /// 1 while the agent synchronises whole contexts: the handshake's other side, and
+    /// a futex word a beginning capture waits on.
+    context_sync: AtomicU32,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How a drain went, for the agent's log and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Drained {
+    /// Contexts synchronised whole.
+    pub contexts: usize,
+    /// Streams waited for one by one (captures were under way).
+    pub streams: usize,
+    /// Streams skipped because they were capturing or unreachable.
+    pub skipped: usize,
+}
+
+impl Work {
+    pub fn new() -> Work {
+        Work::default()
+    }
+
+    // ----- contexts -----
+
+    /// A context was created, or a primary context retained (repeats are ignored).
+    pub fn context_created(&self, handle: Handle, primary_of: Option<CUdevice>) {
+        if handle == 0 {
+            return;
+        }
+        let mut contexts = lock(&self.contexts);
+        if contexts.iter().any(|c| c.handle == handle) {
+            return;
+        }
+        contexts.push(Arc::new(ContextEntry {
+            handle,
+            primary_of,
+            legacy_ring: Mutex::new(Ring::new()),
+            drain_event: AtomicUsize::new(0),
+        }));
+    }
+
+    /// A context seen current on a launching thread (programs whose context came from
+    /// somewhere the wrappers did not see, e.g. created before the library armed).
+    pub fn context_seen(&self, handle: Handle) {
+        self.context_created(handle, None);
+    }
+
+    /// A context was destroyed: forget it and its streams (their handles may be reused).
+    pub fn context_destroyed(&self, handle: Handle) {
+        lock(&self.contexts).retain(|c| c.handle != handle);
+        lock(&self.streams).retain(|s| s.context != handle);
+    }
+
+    /// `device`'s primary context was released or reset; `still_active` is the
+    /// driver's answer afterwards (a reset always destroys it).
+    pub fn primary_released(&self, device: CUdevice, still_active: bool) {
+        if still_active {
+            return;
+        }
+        let gone: Vec<Handle> = lock(&self.contexts)
+            .iter()
+            .filter(|c| c.primary_of == Some(device))
+            .map(|c| c.handle)
+            .collect();
+        for handle in gone {
+            self.context_destroyed(handle);
+        }
+    }
+
+    pub fn contexts(&self) -> Vec<Arc<ContextEntry>> {
+        lock(&self.contexts).clone()
+    }
+
+    pub fn context(&self, handle: Handle) -> Option<Arc<ContextEntry>> {
+        lock(&self.contexts)
+            .iter()
+            .find(|c| c.handle == handle)
+            .cloned()
+    }
+
+    // ----- streams -----
+
+    pub fn stream_created(&self, handle: Handle, context: Handle, flags: libc::c_uint) {
+        if handle == 0 {
+            return;
+        }
+        let mut streams = lock(&self.streams);
+        streams.retain(|s| s.handle != handle);
+        streams.push(Arc::new(StreamEntry {
+            handle,
+            context,
+            non_blocking: flags & crate::driver::CU_STREAM_NON_BLOCKING != 0,
+            ring: Mutex::new(Ring::new()),
+            drain_event: AtomicUsize::new(0),
+        }));
+        drop(streams);
+        self.context_seen(context);
+    }
+
+    pub fn stream_destroyed(&self, handle: Handle) {
+        lock(&self.streams).retain(|s| s.handle != handle);
+    }
+
+    /// The entry of a created stream; one the wrappers did not see is registered now
+    /// (its context asked of the driver).
+    pub fn stream(&self, handle: Handle) -> Option<Arc<StreamEntry>> {
+        if let Some(found) = lock(&self.streams).iter().find(|s| s.handle == handle) {
+            return Some(found.clone());
+        }
+        let context = crate::driver::stream_context(handle)?;
+        // Flags unknown: count it as blocking, the careful choice for the legacy rule.
+        self.stream_created(handle, context, 0);
+        lock(&self.streams)
+            .iter()
+            .find(|s| s.handle == handle)
+            .cloned()
+    }
+
+    pub fn streams(&self) -> Vec<Arc<StreamEntry>> {
+        lock(&self.streams).clone()
+    }
+
+    // ----- captures -----
+
+    /// Captures under way (begun through a wrapper and not ended).
+    pub fn captures_under_way(&self) -> u32 {
+        self.capturing.load(SeqCst)
+    }
+
+    /// Before the real `cuStreamBeginCapture*`: counts the capture and waits for a
+    /// context synchronisation in progress (which would otherwise invalidate it).
+    pub fn capture_begins(&self) {
+        self.capturing.fetch_add(1, SeqCst);
+        while self.context_sync.load(SeqCst) != 0 {
+            futex_wait(&self.context_sync, 1, CAPTURE_WAIT_SLICE);
+        }
+    }
+
+    /// After the real `cuStreamBeginCapture*`: records the capture, or uncounts it when
+    /// the driver refused to begin.
+    pub fn capture_begun(&self, stream: Handle, per_thread: bool, result: crate::cuda::CUresult) {
+        if result != CUDA_SUCCESS {
+            self.capturing.fetch_sub(1, SeqCst);
+            return;
+        }
+        let (key, thread) = capture_key(stream, per_thread);
+        // A per-thread default stream synchronises with the legacy stream: blocking.
+        let entry = thread.is_none().then(|| self.stream(key)).flatten();
+        let context = entry
+            .as_ref()
+            .map_or_else(crate::driver::current_context, |s| s.context);
+        let blocking = entry.is_none_or(|s| !s.non_blocking);
+        lock(&self.captures).push(Capture {
+            stream: key,
+            thread,
+            context,
+            blocking,
+        });
+    }
+
+    /// After the real `cuStreamEndCapture*`, whatever it answered: an invalidated
+    /// capture ends there too.
+    pub fn capture_ended(&self, stream: Handle, per_thread: bool) {
+        let (key, thread) = capture_key(stream, per_thread);
+        let mut captures = lock(&self.captures);
+        if let Some(at) = captures
+            .iter()
+            .position(|c| c.stream == key && c.thread == thread)
+        {
+            captures.remove(at);
+            self.capturing.fetch_sub(1, SeqCst);
+        }
+    }
+
+    fn capturing_stream(&self, handle: Handle) -> bool {
+        lock(&self.captures)
+            .iter()
+            .any(|c| c.thread.is_none() && c.stream == handle)
+    }
+
+    fn blocking_capture_in(&self, context: Handle) -> bool {
+        lock(&self.captures)
+            .iter()
+            .any(|c| c.context == context && c.blocking)
+    }
+
+    /// Runs `synchronize` unless a capture is under way, with the guarantee that no
+    /// capture begins while it runs. `None`: captures were under way; nothing ran.
+    pub fn while_no_capture<R>(&self, synchronize: impl FnOnce() -> R) -> Option<R> {
+        self.context_sync.store(1, SeqCst);
+        let result = (self.capturing.load(SeqCst) == 0).then(synchronize);
+        self.context_sync.store(0, SeqCst);
+        futex_wake(&self.context_sync);
+        result
+    }
+
+    // ----- the drain -----
+
+    /// Waits for the work this process submitted: whole contexts when no capture is
+    /// under way, else stream by stream around the captures (see the module's doc).
+    /// The calling thread must be in RELAXED capture mode (the agent sets it once).
+    pub fn drain(&self, driver: &impl DrainDriver) -> Drained {
+        let contexts = self.contexts();
+        let whole = self.while_no_capture(|| {
+            for context in &contexts {
+                driver.synchronize_context(context.handle);
+            }
+        });
+        if whole.is_some() {
+            return Drained {
+                contexts: contexts.len(),
+                ..Drained::default()
+            };
+        }
+        let mut drained = Drained::default();
+        for stream in self.streams() {
+            if self.capturing_stream(stream.handle) {
+                drained.skipped += 1;
+                continue;
+            }
+            if wait_on(driver, stream.context, stream.handle, &stream.drain_event) {
+                drained.streams += 1;
+            } else {
+                drained.skipped += 1;
+            }
+        }
+        for context in &contexts {
+            if self.blocking_capture_in(context.handle) {
+                drained.skipped += 1;
+                continue;
+            }
+            let legacy = crate::driver::CU_STREAM_LEGACY;
+            if wait_on(driver, context.handle, legacy, &context.drain_event) {
+                drained.streams += 1;
+            } else {
+                drained.skipped += 1;
+            }
+        }
+        drained
+    }
+}
+
+/// Records the agent's event on `stream` (in `context`) and waits for it.
+fn wait_on(
+    driver: &impl DrainDriver,
+    context: Handle,
+    stream: Handle,
+    event: &AtomicUsize,
+) -> bool {
+    if !driver.make_current(context) {
+        return false;
+    }
+    let mut handle = event.load(SeqCst);
+    if handle == 0 {
+        let Some(created) = driver.create_event() else {
+            return false;
+        };
+        handle = created;
+        event.store(handle, SeqCst);
+    }
+    driver.record(handle, stream) && driver.wait(handle)
+}
+
+/// A capture's key: per-thread default streams are a different stream in each thread.
+fn capture_key(stream: Handle, per_thread: bool) -> (Handle, Option<libc::pthread_t>) {
+    let per_thread_default = stream == super::CU_STREAM_PER_THREAD || (per_thread && stream == 0);
+    if per_thread_default {
+        // SAFETY: pthread_self has no preconditions.
+        (
+            super::CU_STREAM_PER_THREAD,
+            Some(unsafe { libc::pthread_self() }),
+        )
+    } else {
+        (stream, None)
+    }
+}
+
+/// The driver calls a drain makes (the real driver in the library, a recorder in tests).
+pub trait DrainDriver {
+    fn make_current(&self, context: Handle) -> bool;
+    fn synchronize_context(&self, context: Handle);
+    fn create_event(&self) -> Option<Handle>;
+    fn record(&self, event: Handle, stream: Handle) -> bool;
+    fn wait(&self, event: Handle) -> bool;
+}
+
+/// The real driver.
+pub struct Driver;
+
+impl DrainDriver for Driver {
+    fn make_current(&self, context: Handle) -> bool {
+        crate::driver::current_context() == context || crate::driver::set_current_context(context)
+    }
+    fn synchronize_context(&self, context: Handle) {
+        if !self.make_current(context) {
+            return;
+        }
+        if let Some(rc) = crate::driver::synchronize_context() {
+            if rc != CUDA_SUCCESS {
+                crate::log_debug!("draining for the token: cuCtxSynchronize answered {rc}");
+            }
+        }
+    }
+    fn create_event(&self) -> Option<Handle> {
+        crate::driver::create_event()
+    }
+    fn record(&self, event: Handle, stream: Handle) -> bool {
+        crate::driver::record_event(event, stream)
+    }
+    fn wait(&self, event: Handle) -> bool {
+        crate::driver::synchronize_event(event) == Some(CUDA_SUCCESS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[derive(Default)]
+    struct Recorder {
+        log: RefCell<Vec<String>>,
+        next_event: RefCell<Handle>,
+    }
+
+    impl DrainDriver for Recorder {
+        fn make_current(&self, context: Handle) -> bool {
+            self.log.borrow_mut().push(format!("current {context}"));
+            true
+        }
+        fn synchronize_context(&self, context: Handle) {
+            self.log
+                .borrow_mut()
+                .push(format!("sync context {context}"));
+        }
+        fn create_event(&self) -> Option<Handle> {
+            *self.next_event.borrow_mut() += 1;
+            Some(100 + *self.next_event.borrow())
+        }
+        fn record(&self, event: Handle, stream: Handle) -> bool {
+            self.log
+                .borrow_mut()
+                .push(format!("record {event} on {stream}"));
+            true
+        }
+        fn wait(&self, event: Handle) -> bool {
+            self.log.borrow_mut().push(format!("wait {event}"));
+            true
+        }
+    }
+
+    fn work_with_two_contexts_and_streams() -> Work {
+        let work = Work::new();
+        work.context_created(1, Some(0));
+        work.context_created(2, None);
+        work.stream_created(10, 1, crate::driver::CU_STREAM_NON_BLOCKING);
+        work.stream_created(20, 2, 0);
+        work
+    }
+
+    #[test]
+    fn without_captures_every_context_is_synchronised_whole() {
+        let work = work_with_two_contexts_and_streams();
+        let driver = Recorder::default();
+        let drained = work.drain(&driver);
+        assert_eq!(drained.contexts, 2);
+        assert_eq!(
+            *driver.log.borrow(),
+            ["sync context 1", "sync context 2"],
+            "every context, not only the first launching thread's"
+        );
+    }
+
+    #[test]
+    fn during_a_capture_no_context_is_synchronised_and_the_capturing_stream_is_left_alone() {
+        let work = work_with_two_contexts_and_streams();
+        // A non-blocking stream of context 1 captures.
+        work.capture_begins();
+        work.capture_begun(10, false, CUDA_SUCCESS);
+        let driver = Recorder::default();
+        let drained = work.drain(&driver);
+        let log = driver.log.borrow().clone();
+        assert!(
+            !log.iter().any(|l| l.starts_with("sync context")),
+            "{log:?}"
+        );
+        assert!(!log.iter().any(|l| l.ends_with(" on 10")), "{log:?}");
+        // Stream 20 waited for; legacy of both contexts (the capture is non-blocking).
+        assert_eq!(
+            log,
+            [
+                "current 2",
+                "record 101 on 20",
+                "wait 101",
+                "current 1",
+                "record 102 on 1",
+                "wait 102",
+                "current 2",
+                "record 103 on 1",
+                "wait 103"
+            ]
+        );
+        assert_eq!((drained.streams, drained.skipped), (3, 1));
+        // Ended (even invalidated): whole contexts again.
+        work.capture_ended(10, false);
+        assert_eq!(work.captures_under_way(), 0);
+        let driver = Recorder::default();
+        assert_eq!(work.drain(&driver).contexts, 2);
+    }
+
+    #[test]
+    fn a_blocking_capture_keeps_the_drain_off_its_contexts_legacy_stream() {
+        let work = work_with_two_contexts_and_streams();
+        work.capture_begins();
+        work.capture_begun(20, false, CUDA_SUCCESS);
+        let driver = Recorder::default();
+        work.drain(&driver);
+        let log = driver.log.borrow().clone();
+        assert!(log.contains(&"record 101 on 10".to_string()), "{log:?}");
+        // Legacy stream (1) of context 1 only; context 2's has a blocking capture.
+        let legacy: Vec<&String> = log.iter().filter(|l| l.ends_with(" on 1")).collect();
+        assert_eq!(legacy.len(), 1, "{log:?}");
+    }
+
+    #[test]
+    fn a_refused_begin_is_not_counted_and_a_reset_primary_context_is_forgotten() {
+        let work = work_with_two_contexts_and_streams();
+        work.capture_begins();
+        work.capture_begun(10, false, 900);
+        assert_eq!(work.captures_under_way(), 0);
+        work.primary_released(0, true);
+        assert_eq!(work.contexts().len(), 2, "still retained elsewhere");
+        work.primary_released(0, false);
+        let left: Vec<Handle> = work.contexts().iter().map(|c| c.handle).collect();
+        assert_eq!(left, [2]);
+        assert!(work.streams().iter().all(|s| s.context != 1));
+    }
+
+    #[test]
+    fn a_capture_waits_for_a_context_synchronisation_in_progress() {
+        let work: &'static Work = Box::leak(Box::new(Work::new()));
+        let (entered, proceed) = (
+            std::sync::mpsc::channel::<()>(),
+            std::sync::mpsc::channel::<()>(),
+        );
+        let (entered_tx, entered_rx) = entered;
+        let (proceed_tx, proceed_rx) = proceed;
+        let syncing = std::thread::spawn(move || {
+            work.while_no_capture(|| {
+                entered_tx.send(()).unwrap();
+                proceed_rx.recv().unwrap();
+            })
+        });
+        entered_rx.recv().unwrap();
+        let begun = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = begun.clone();
+        let capturing = std::thread::spawn(move || {
+            work.capture_begins();
+            flag.store(true, SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !begun.load(SeqCst),
+            "a capture began during a context synchronisation"
+        );
+        proceed_tx.send(()).unwrap();
+        assert_eq!(syncing.join().unwrap(), Some(()));
+        capturing.join().unwrap();
+        assert!(begun.load(SeqCst));
+        // And with a capture under way, no context synchronisation starts.
+        assert_eq!(work.while_no_capture(|| ()), None);
+    }
+}

@@ -1,0 +1,160 @@
+//! The launch gate against the strict simulated GPU and a real arbiter: CUDA graph
+//! captures survive the token agent's drains, launch-ahead is bounded per stream, and
+//! every entry point of the driver leads through the wrappers.
+
+mod common;
+
+use common::*;
+use gpushare_proto::Priority;
+
+/// Every capture mode a program may begin with (PyTorch's default is global).
+const MODES: &[&str] = &["global", "thread-local", "relaxed"];
+
+/// A high-priority holder goes idle while it captures a graph: the idle release must
+/// neither drain with `cuCtxSynchronize` (which the driver refuses during a capture,
+/// invalidating it) nor count the capture's time as idle.
+#[test]
+fn a_capture_survives_a_high_priority_holders_idle_time() {
+    let mut m = Machine::start();
+    let lease = m.lease_of("1Gi", Priority::High);
+    for mode in MODES {
+        let s = run(&mut m.probe(
+            Some(&lease),
+            &[
+                "launch",
+                "1",
+                "capture-begin",
+                mode,
+                // ~170 idle thresholds (300 µs) with nothing launched.
+                "sleep",
+                "50",
+                "capture-launch",
+                "3",
+                "sleep",
+                "50",
+                "capture-end",
+            ],
+        ));
+        assert_eq!(s.result("capture-begin", 0), "CUDA_SUCCESS", "{mode}");
+        assert_eq!(
+            s.result("capture-launch", 0),
+            "CUDA_SUCCESS",
+            "{mode}: {}",
+            s.stderr
+        );
+        assert_eq!(
+            s.result("capture-end", 0),
+            "CUDA_SUCCESS",
+            "{mode}: the capture was invalidated: {}",
+            s.stderr
+        );
+        assert_eq!(s.value("capture-end", 0, "graph_ran"), "0", "{mode}");
+    }
+}
+
+/// A low-priority holder is revoked (a high-priority job wants the GPU) while it
+/// captures: its agent drains around the capture and releases, the capture completes,
+/// and nobody is left waiting.
+#[test]
+fn a_revoked_low_priority_holder_drains_around_its_capture() {
+    let mut m = Machine::start();
+    let low = m.lease_of("1Gi", Priority::Low);
+    let high = m.lease_of("1Gi", Priority::High);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let (capturing, revoked) = (dir.path().join("capturing"), dir.path().join("revoked"));
+        let (capturing, revoked) = (capturing.to_str().unwrap(), revoked.to_str().unwrap());
+        let low_job = m
+            .probe(
+                Some(&low),
+                &[
+                    "launch",
+                    "1",
+                    "capture-begin",
+                    mode,
+                    "capture-launch",
+                    "2",
+                    "touch",
+                    capturing,
+                    "wait",
+                    revoked,
+                    "capture-launch",
+                    "2",
+                    "capture-end",
+                    // Wants the token again afterwards, and gets it.
+                    "launch",
+                    "1",
+                ],
+            )
+            .spawn()
+            .unwrap();
+        // The high job's first launch revokes the low holder mid-capture.
+        let h = run(&mut m.probe(
+            Some(&high),
+            &[
+                "wait", capturing, "launch", "1", "sleep", "100", "touch", revoked,
+            ],
+        ));
+        assert_eq!(h.result("launch", 0), "CUDA_SUCCESS");
+        let s = finish(low_job);
+        assert_eq!(
+            s.result("capture-end", 0),
+            "CUDA_SUCCESS",
+            "{mode}: the capture was invalidated: {}",
+            s.stderr
+        );
+        assert_eq!(s.value("capture-end", 0, "graph_ran"), "0", "{mode}");
+        assert_eq!(s.result("launch", 1), "CUDA_SUCCESS", "{mode}");
+    }
+}
+
+/// With a launch-ahead bound of 1, a launch on one stream does not wait for another
+/// stream's kernel: the bound is per stream, not a process-wide serialisation (which
+/// loses copy/compute overlap and can deadlock producer/consumer streams).
+#[test]
+fn launch_ahead_is_bounded_per_stream() {
+    let mut m = Machine::start_with("[scheduler]\nlaunch_ahead = 1\n");
+    let lease = m.lease_of("1Gi", Priority::Low);
+    let s = run(&mut m.probe(Some(&lease), &["launch", "1", "two-streams", "500"]));
+    assert_eq!(s.result("two-streams", 0), "CUDA_SUCCESS", "{}", s.stderr);
+    let waited_us = s.number("two-streams", 0, "second_launch_us");
+    assert!(
+        waited_us < 250_000,
+        "the second stream's launch waited {waited_us} µs for the first stream's 500 ms kernel"
+    );
+}
+
+/// `cuGetProcAddress_v2_ptsz` — what cuda.h's `cuGetProcAddress` is in a
+/// per-thread-default-stream build — leads to the wrappers like `_v2` does: an
+/// allocation resolved through it is charged (and refused over the quota).
+#[test]
+fn the_per_thread_builds_get_proc_address_leads_to_the_wrappers() {
+    let mut m = Machine::start_with("");
+    let lease = m.lease("1Gi");
+    let s = run(&mut m.probe(
+        Some(&lease),
+        &[
+            "ptsz-procaddr-alloc",
+            "600Mi",
+            "ptsz-procaddr-alloc",
+            "600Mi",
+        ],
+    ));
+    assert!(
+        s.value("ptsz-procaddr-alloc", 0, "via")
+            .starts_with("libgpushare"),
+        "{:?}",
+        s.lines
+    );
+    assert_eq!(
+        s.result("ptsz-procaddr-alloc", 0),
+        "CUDA_SUCCESS",
+        "{}",
+        s.stderr
+    );
+    assert_eq!(
+        s.result("ptsz-procaddr-alloc", 1),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "uncharged: the allocation went around the quota"
+    );
+}
