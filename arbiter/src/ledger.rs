@@ -6,6 +6,14 @@
 //! exits — its connection closes — its memory, which the driver frees, is
 //! credited back. The ledger lives in memory: after an arbiter restart each
 //! process re-attaches with what it still holds.
+//!
+//! The quota means what `nvidia-smi` shows: besides what a process charged, each
+//! process is charged its *overhead*, the device memory it uses outside explicit
+//! allocations (CUDA context, lazily loaded modules, local memory, the device
+//! malloc heap, graph memory pools). The interposer cannot see that memory; NVML's
+//! per-process usage can. So overhead(pid) = max(0, NVML's usage − what it
+//! charged), measured by the arbiter (`record_usage`), and until the first
+//! measurement of a process an estimate stands in for it.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +25,33 @@ pub type ConnectionId = u64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Client {
     pub pid: u32,
+    /// What the process charged (explicit allocations).
     pub held: u64,
+    /// What it uses beyond `held`: the estimate until measured, then measured.
+    pub overhead: u64,
+    /// The last measurement (None: not measured yet, `overhead` is the estimate).
+    pub measured: Option<u64>,
+}
+
+impl Client {
+    /// What the process costs the lease.
+    pub fn used(&self) -> u64 {
+        self.held.saturating_add(self.overhead)
+    }
+}
+
+/// The overhead to charge after a measurement of `measured` bytes (NVML's usage
+/// minus what the process charged), given the previous measurement.
+///
+/// A measurement can only err low: the interposer charges *before* the driver
+/// allocates and credits *after* it frees, so a reading taken in between sees the
+/// charge without the memory. One low reading must not lower the charge (another
+/// process of the lease could take the room and the driver then fail), so the
+/// overhead is the larger of the last two measurements: a real decrease (a trimmed
+/// graph pool) is believed when it is seen twice. The first measurement replaces
+/// the estimate outright, in either direction: it is the truth, the estimate a guess.
+pub fn next_overhead(previous: Option<u64>, measured: u64) -> u64 {
+    previous.map_or(measured, |p| p.max(measured))
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,7 +67,45 @@ impl LeaseLedger {
     pub fn used(&self) -> u64 {
         self.clients
             .values()
-            .fold(0u64, |sum, c| sum.saturating_add(c.held))
+            .fold(0u64, |sum, c| sum.saturating_add(c.used()))
+    }
+
+    /// The part of `used` that is overhead (measured or estimated).
+    pub fn overhead(&self) -> u64 {
+        self.clients
+            .values()
+            .fold(0u64, |sum, c| sum.saturating_add(c.overhead))
+    }
+
+    /// Whether a client's overhead is still the estimate.
+    pub fn has_unmeasured(&self) -> bool {
+        self.clients.values().any(|c| c.measured.is_none())
+    }
+
+    /// Sets each measured process's overhead from NVML's usage of it (`usage`: pid →
+    /// bytes on the lease's GPUs); processes NVML does not list keep theirs (no
+    /// context yet: the estimate stands). A pid with several connections (a
+    /// reconnect racing its old connection's close) is measured once, against
+    /// everything its connections charged, and the overhead put on the first.
+    pub fn record_usage(&mut self, usage: &BTreeMap<u32, u64>) {
+        let mut held_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
+        for c in self.clients.values() {
+            let h = held_by_pid.entry(c.pid).or_default();
+            *h = h.saturating_add(c.held);
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for c in self.clients.values_mut() {
+            let Some(&nvml) = usage.get(&c.pid) else {
+                continue;
+            };
+            let measured = if done.insert(c.pid) {
+                nvml.saturating_sub(held_by_pid[&c.pid])
+            } else {
+                0
+            };
+            c.overhead = next_overhead(c.measured, measured);
+            c.measured = Some(measured);
+        }
     }
 }
 
@@ -53,8 +125,11 @@ pub enum LedgerError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charge {
     pub granted: bool,
+    /// Charged plus overhead, after the charge.
     pub used: u64,
     pub quota: u64,
+    /// The part of `used` that is per-process overhead.
+    pub overhead: u64,
 }
 
 #[derive(Debug, Default)]
@@ -89,20 +164,36 @@ impl Ledger {
     /// Registers a process. What it says it already holds (after an arbiter
     /// restart) is recorded even beyond the quota: that memory is allocated
     /// already, and refusing to count it would only hide it. The watchdog reports
-    /// a lease over its quota.
+    /// a lease over its quota. `estimate` is its overhead until measured.
     pub fn attach(
         &mut self,
         lease: &LeaseId,
         connection: ConnectionId,
         pid: u32,
         held: u64,
+        estimate: u64,
     ) -> Result<(), LedgerError> {
         let l = self.lease_mut(lease)?;
         if l.clients.contains_key(&connection) {
             return Err(LedgerError::AlreadyAttached);
         }
-        l.clients.insert(connection, Client { pid, held });
+        l.clients.insert(
+            connection,
+            Client {
+                pid,
+                held,
+                overhead: estimate,
+                measured: None,
+            },
+        );
         Ok(())
+    }
+
+    /// Records NVML's per-process usage for a lease (see `LeaseLedger::record_usage`).
+    pub fn record_usage(&mut self, lease: &LeaseId, usage: &BTreeMap<u32, u64>) {
+        if let Some(l) = self.leases.get_mut(lease) {
+            l.record_usage(usage);
+        }
     }
 
     /// Credits everything the connection held; returns how much.
@@ -123,6 +214,7 @@ impl Ledger {
         let l = self.lease_mut(lease)?;
         let used = l.used();
         let quota = l.quota;
+        let overhead = l.overhead();
         let client = l
             .clients
             .get_mut(&connection)
@@ -133,6 +225,7 @@ impl Ledger {
                 granted: false,
                 used,
                 quota,
+                overhead,
             });
         }
         client.held += bytes;
@@ -140,6 +233,7 @@ impl Ledger {
             granted: true,
             used: used + bytes,
             quota,
+            overhead,
         })
     }
 
@@ -183,8 +277,8 @@ mod tests {
     #[test]
     fn charges_up_to_the_quota_across_processes_and_refuses_beyond() {
         let mut l = ledger(100);
-        l.attach(&lease(), 1, 10, 0).unwrap();
-        l.attach(&lease(), 2, 11, 0).unwrap();
+        l.attach(&lease(), 1, 10, 0, 0).unwrap();
+        l.attach(&lease(), 2, 11, 0, 0).unwrap();
         let c = l.charge(&lease(), 1, 60).unwrap();
         assert_eq!((c.granted, c.used, c.quota), (true, 60, 100));
         let c = l.charge(&lease(), 2, 41).unwrap();
@@ -205,8 +299,8 @@ mod tests {
     #[test]
     fn credits_return_room_and_cannot_exceed_what_the_process_holds() {
         let mut l = ledger(100);
-        l.attach(&lease(), 1, 10, 0).unwrap();
-        l.attach(&lease(), 2, 11, 0).unwrap();
+        l.attach(&lease(), 1, 10, 0, 0).unwrap();
+        l.attach(&lease(), 2, 11, 0, 0).unwrap();
         l.charge(&lease(), 1, 70).unwrap();
         assert_eq!(
             l.credit(&lease(), 2, 1),
@@ -220,7 +314,7 @@ mod tests {
     #[test]
     fn a_closed_connection_credits_everything_it_held() {
         let mut l = ledger(100);
-        l.attach(&lease(), 1, 10, 0).unwrap();
+        l.attach(&lease(), 1, 10, 0, 0).unwrap();
         l.charge(&lease(), 1, 100).unwrap();
         assert_eq!(l.detach(&lease(), 1), 100);
         assert_eq!(l.get(&lease()).unwrap().used(), 0);
@@ -230,11 +324,11 @@ mod tests {
     #[test]
     fn reattach_after_restart_records_what_is_held_even_over_quota() {
         let mut l = ledger(100);
-        l.attach(&lease(), 7, 10, 120).unwrap();
+        l.attach(&lease(), 7, 10, 120, 0).unwrap();
         assert_eq!(l.get(&lease()).unwrap().used(), 120);
         assert!(!l.charge(&lease(), 7, 1).unwrap().granted);
         assert_eq!(
-            l.attach(&lease(), 7, 10, 0),
+            l.attach(&lease(), 7, 10, 0, 0),
             Err(LedgerError::AlreadyAttached)
         );
     }
@@ -242,14 +336,14 @@ mod tests {
     #[test]
     fn hostile_held_claims_saturate_instead_of_wrapping() {
         let mut l = ledger(100);
-        l.attach(&lease(), 1, 10, u64::MAX).unwrap();
-        l.attach(&lease(), 2, 11, u64::MAX).unwrap();
+        l.attach(&lease(), 1, 10, u64::MAX, 0).unwrap();
+        l.attach(&lease(), 2, 11, u64::MAX, 0).unwrap();
         assert_eq!(
             l.get(&lease()).unwrap().used(),
             u64::MAX,
             "no wrap-around to a small number"
         );
-        l.attach(&lease(), 3, 12, 0).unwrap();
+        l.attach(&lease(), 3, 12, 0, 0).unwrap();
         let charge = l.charge(&lease(), 3, 1).unwrap();
         assert!(
             !charge.granted,
@@ -264,10 +358,10 @@ mod tests {
         assert_eq!(l.credit(&lease(), 1, 1), Err(LedgerError::NotAttached));
         let other = LeaseId("nope".into());
         assert!(matches!(
-            l.attach(&other, 1, 1, 0),
+            l.attach(&other, 1, 1, 0, 0),
             Err(LedgerError::UnknownLease(_))
         ));
-        l.attach(&lease(), 1, 10, 0).unwrap();
+        l.attach(&lease(), 1, 10, 0, 0).unwrap();
         l.open(&lease(), 200);
         assert_eq!(
             l.get(&lease()).unwrap().clients.len(),
@@ -276,5 +370,80 @@ mod tests {
         );
         assert_eq!(l.close(&lease()), vec![1]);
         assert!(l.get(&lease()).is_none());
+    }
+
+    #[test]
+    fn next_overhead_first_measurement_replaces_the_estimate_then_the_larger_of_two() {
+        // (previous measurement, this measurement, overhead charged)
+        let table: &[(Option<u64>, u64, u64)] = &[
+            (None, 300, 300),      // first: the estimate is replaced, up...
+            (None, 40, 40),        // ...or down
+            (Some(300), 500, 500), // growth (a module loaded) counts at once
+            (Some(300), 100, 300), // one low reading (charge before the allocation) does not lower it
+            (Some(100), 100, 100), // seen twice: believed
+            (Some(0), 0, 0),
+        ];
+        for &(previous, measured, want) in table {
+            assert_eq!(
+                next_overhead(previous, measured),
+                want,
+                "{previous:?} {measured}"
+            );
+        }
+    }
+
+    #[test]
+    fn overhead_counts_against_the_quota_estimated_then_measured() {
+        let mut l = ledger(1000);
+        l.attach(&lease(), 1, 10, 0, 300).unwrap();
+        assert_eq!(
+            l.get(&lease()).unwrap().used(),
+            300,
+            "the estimate is charged at attach"
+        );
+        let c = l.charge(&lease(), 1, 701).unwrap();
+        assert_eq!((c.granted, c.used, c.overhead), (false, 300, 300));
+        // NVML: the process uses 100 (its context; nothing allocated yet).
+        l.record_usage(&lease(), &BTreeMap::from([(10, 100)]));
+        let c = l.charge(&lease(), 1, 900).unwrap();
+        assert_eq!((c.granted, c.used, c.overhead), (true, 1000, 100));
+        // NVML now sees context + allocation: the overhead stays 100.
+        l.record_usage(&lease(), &BTreeMap::from([(10, 1000)]));
+        assert_eq!(l.get(&lease()).unwrap().overhead(), 100);
+        assert!(!l.charge(&lease(), 1, 1).unwrap().granted);
+        // A module loaded: 50 more, beyond what was charged.
+        l.credit(&lease(), 1, 900).unwrap();
+        l.record_usage(&lease(), &BTreeMap::from([(10, 150)]));
+        assert_eq!(l.get(&lease()).unwrap().used(), 150);
+        assert_eq!(l.detach(&lease(), 1), 0, "the connection held no charges");
+        assert_eq!(
+            l.get(&lease()).unwrap().used(),
+            0,
+            "its overhead left with it"
+        );
+    }
+
+    #[test]
+    fn unlisted_processes_keep_the_estimate_and_a_pid_is_measured_once() {
+        let mut l = ledger(10_000);
+        l.attach(&lease(), 1, 10, 0, 300).unwrap();
+        l.attach(&lease(), 2, 11, 0, 300).unwrap();
+        l.attach(&lease(), 3, 11, 0, 300).unwrap();
+        l.charge(&lease(), 3, 1000).unwrap();
+        assert!(l.get(&lease()).unwrap().has_unmeasured());
+        // pid 10 has no context yet; pid 11 (two connections) uses 1200.
+        l.record_usage(&lease(), &BTreeMap::from([(11, 1200)]));
+        let ledger = l.get(&lease()).unwrap();
+        assert_eq!(
+            ledger.clients[&1].overhead, 300,
+            "not listed: still the estimate"
+        );
+        assert_eq!(
+            (ledger.clients[&2].overhead, ledger.clients[&3].overhead),
+            (200, 0),
+            "1200 used − 1000 charged, once"
+        );
+        assert!(ledger.has_unmeasured());
+        assert_eq!(ledger.used(), 300 + 200 + 1000);
     }
 }

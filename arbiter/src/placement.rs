@@ -123,6 +123,8 @@ pub enum PlacementError {
     },
     #[error("memory {} per GPU is more than any candidate GPU has ({} at most)", ByteSize(*wanted), ByteSize(*largest))]
     NeverFits { wanted: u64, largest: u64 },
+    #[error("memory {} per GPU cannot hold even one CUDA process: a process's own overhead (context, modules) is charged to its lease, estimated at {} (arbiter.context_memory_estimate); ask for more than that", ByteSize(*quota), ByteSize(*overhead))]
+    BelowProcessOverhead { quota: u64, overhead: u64 },
     /// Transient: the request may fit after a release.
     #[error("no GPU can take {request} now: {}", reasons.join("; "))]
     NoFit {
@@ -194,6 +196,21 @@ fn whom(tenant: Option<&str>) -> String {
         Some(t) => format!("tenant {t:?}"),
         None => "requests without a tenant".into(),
     }
+}
+
+/// The per-process headroom placement keeps. Each process's overhead (its
+/// context, modules, ...) is charged *within* its lease's quota, so quotas that
+/// add up to the GPU still add up to what `nvidia-smi` can show: no memory beyond
+/// the quotas needs setting aside on the GPU. What is left to check is the lease
+/// itself: a quota no larger than one process's estimated overhead could never
+/// hold a process that allocates anything, and is refused at once rather than
+/// granted and failed inside the driver later. `overhead` 0 (not accounted)
+/// accepts every quota.
+pub fn holds_a_process(quota: u64, overhead: u64) -> Result<(), PlacementError> {
+    if overhead > 0 && quota <= overhead {
+        return Err(PlacementError::BelowProcessOverhead { quota, overhead });
+    }
+    Ok(())
 }
 
 pub fn place(
@@ -750,5 +767,30 @@ mod tests {
         let both = GpuSelector::Count(2);
         let r = Request { gpu: &both, ..r };
         assert_eq!(place(&r, &views, &POLICY).unwrap().memory_bytes, 2 * GI);
+    }
+
+    #[test]
+    fn a_quota_must_hold_more_than_one_process_overhead() {
+        const MI: u64 = 1 << 20;
+        // (quota, estimated overhead, accepted)
+        let table: &[(u64, u64, bool)] = &[
+            (64 * MI, 0, true), // overhead not accounted (no NVML)
+            (300 * MI, 300 * MI, false),
+            (200 * MI, 300 * MI, false),
+            (301 * MI, 300 * MI, true),
+            (4 << 30, 300 * MI, true),
+        ];
+        for &(quota, overhead, ok) in table {
+            let r = holds_a_process(quota, overhead);
+            assert_eq!(r.is_ok(), ok, "{quota} {overhead}");
+            if let Err(e) = r {
+                assert!(!e.is_transient());
+                let text = e.to_string();
+                assert!(
+                    text.contains("arbiter.context_memory_estimate") && text.contains("300Mi"),
+                    "{text}"
+                );
+            }
+        }
     }
 }

@@ -580,6 +580,14 @@ async fn handle_lease_connection(
                 match result {
                     Ok(quota) => {
                         state.attached = true;
+                        // Measure now, so the answer (and the charges right after it)
+                        // carry this process's real overhead rather than the estimate
+                        // whenever NVML already lists it.
+                        let quota = if measure_memory(arbiter, Some(lease)).await {
+                            lock(arbiter).lease_query(lease, connection)
+                        } else {
+                            quota
+                        };
                         (LeaseResponse::Attached { pid, quota }, false)
                     }
                     Err(e) => {
@@ -597,13 +605,22 @@ async fn handle_lease_connection(
                 (out_of_order("attach before charging or crediting"), true)
             }
             (LeaseRequest::Charge { bytes }, true, true) => {
-                let result = lock(arbiter).lease_charge(lease, connection, bytes);
+                let mut result = lock(arbiter).lease_charge(lease, connection, bytes);
+                // A refusal is final for the process, so it rests on a fresh
+                // measurement: an estimate, or an overhead that shrank since
+                // (a trimmed graph pool), must not refuse memory that fits.
+                let refused = matches!(&result, Ok(c) if !c.granted);
+                let stale = || !lock(arbiter).measured_within(lease, Instant::now(), MEASURE_FRESH);
+                if refused && stale() && measure_memory(arbiter, Some(lease)).await {
+                    result = lock(arbiter).lease_charge(lease, connection, bytes);
+                }
                 match result {
                     Ok(c) => (
                         LeaseResponse::Charged {
                             granted: c.granted,
                             memory_used: c.used,
                             memory_quota: c.quota,
+                            memory_overhead: c.overhead,
                         },
                         false,
                     ),
@@ -624,6 +641,77 @@ async fn handle_lease_connection(
             return Ok(());
         }
     }
+}
+
+// ----- per-process memory -----
+
+/// A refused charge re-measures its lease unless it was measured this recently:
+/// NVML's process listing is one call per GPU (about a millisecond), and a program
+/// probing for the largest allocation that fits retries in a tight loop.
+pub const MEASURE_FRESH: Duration = Duration::from_millis(100);
+/// How often processes still charged the estimate (attached before NVML listed
+/// them: no context yet) are looked for. Only runs while there are such
+/// processes, so an idle node pays nothing.
+pub const NEW_CLIENT_MEASURE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Lists per-process memory on the GPUs of `lease` (every GPU: None) and records
+/// it in the ledger. False when overhead is not measured or NVML failed.
+pub async fn measure_memory(arbiter: &SharedArbiter, lease: Option<&LeaseId>) -> bool {
+    let Some((probe, gpus)) = lock(arbiter).measurement(lease) else {
+        return false;
+    };
+    let table = tokio::task::spawn_blocking(move || list_processes(probe.as_ref(), gpus))
+        .await
+        .ok()
+        .flatten();
+    match table {
+        Some(table) => {
+            lock(arbiter).record_process_memory(&table, Instant::now());
+            true
+        }
+        None => false,
+    }
+}
+
+/// NVML's processes on `gpus`; None when the backend cannot list them.
+fn list_processes(backend: &dyn GpuBackend, gpus: Vec<String>) -> Option<ProcessTable> {
+    let mut table = ProcessTable::new();
+    for uuid in gpus {
+        match backend.processes(&uuid) {
+            Ok(Some(list)) => {
+                table.insert(uuid, list);
+            }
+            Ok(None) => return None,
+            Err(e) => tracing::warn!(error = %e, gpu = %uuid, "listing GPU processes failed"),
+        }
+    }
+    Some(table)
+}
+
+/// Turns overhead accounting on when the backend can list processes, and keeps
+/// new clients measured; says in the log which way it went.
+fn start_memory_measurement(arbiter: &SharedArbiter, backend: &Arc<dyn GpuBackend>) {
+    let first = backend.gpus().into_iter().next();
+    let lists = first.is_some_and(|g| matches!(backend.processes(&g.uuid), Ok(Some(_))));
+    if !lists {
+        tracing::warn!(source = backend.source(), "per-process GPU memory cannot be read here (no NVML): quotas cover explicit allocations only, not the processes' CUDA contexts");
+        return;
+    }
+    {
+        let mut a = lock(arbiter);
+        a.set_memory_probe(backend.clone());
+        tracing::info!(estimate = a.overhead_estimate(), "per-process overhead (context, modules) is measured with NVML and charged to each lease");
+    }
+    let arbiter = arbiter.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(NEW_CLIENT_MEASURE_INTERVAL);
+        loop {
+            tick.tick().await;
+            if lock(&arbiter).has_unmeasured_clients() {
+                measure_memory(&arbiter, None).await;
+            }
+        }
+    });
 }
 
 // ----- periodic work -----
@@ -681,6 +769,7 @@ pub fn spawn_background(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>) {
             }
         });
     }
+    start_memory_measurement(&arbiter, &backend);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(watchdog_interval);
         let mut reported: Vec<Violation> = Vec::new();
@@ -690,23 +779,14 @@ pub fn spawn_background(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>) {
             let input = lock(&arbiter).watchdog_input();
             let backend = backend.clone();
             let gpus = input.gpus.clone();
-            let processes = tokio::task::spawn_blocking(move || {
-                let mut table = ProcessTable::new();
-                for uuid in gpus {
-                    match backend.processes(&uuid) {
-                        Ok(Some(list)) => {
-                            table.insert(uuid, list);
-                        }
-                        Ok(None) => return None,
-                        Err(e) => tracing::warn!(error = %e, "listing GPU processes failed"),
-                    }
-                }
-                Some(table)
-            })
-            .await
-            .ok()
-            .flatten();
+            let processes =
+                tokio::task::spawn_blocking(move || list_processes(backend.as_ref(), gpus))
+                    .await
+                    .ok()
+                    .flatten();
             let Some(processes) = processes else { continue };
+            // The same listing measures every process's overhead.
+            lock(&arbiter).record_process_memory(&processes, Instant::now());
             let mut found = watchdog::audit(&processes, &input.views());
             let own = std::process::id();
             for v in &mut found {

@@ -23,7 +23,7 @@ use gpushare_proto::{
 };
 use tokio::sync::oneshot;
 
-use crate::inventory::{Gpu, GpuProcess, GpuSample, UtilizationWindow};
+use crate::inventory::{Gpu, GpuBackend, GpuProcess, GpuSample, UtilizationWindow};
 use crate::ledger::{Charge, ConnectionId, Ledger, LedgerError};
 use crate::placement::{self, GpuView, PlacementError, Policy};
 use crate::process::{check_peer, PeerCheck, ProcessProbe};
@@ -163,6 +163,7 @@ pub struct Waiter {
 /// What the watchdog needs from the state, copied out so NVML is called without the lock.
 pub struct WatchdogInput {
     pub gpus: Vec<String>,
+    /// (lease, its GPUs, its ledger quota (all GPUs together), its registered pids).
     pub leases: Vec<(LeaseId, Vec<String>, u64, Vec<u32>)>,
 }
 
@@ -205,6 +206,11 @@ pub struct Arbiter {
     probe: Box<dyn ProcessProbe>,
     /// The time-slice tokens, for status (served by the lease sockets).
     tokens: Option<Arc<crate::tokens::TokenService>>,
+    /// Where per-process GPU memory is read (NVML), once the backend showed it can;
+    /// None: overhead is neither measured nor charged (see `overhead_estimate`).
+    memory_probe: Option<Arc<dyn GpuBackend>>,
+    /// When each lease's processes were last measured.
+    measured_at: HashMap<LeaseId, Instant>,
 }
 
 fn unix_ms() -> u64 {
@@ -247,6 +253,8 @@ impl Arbiter {
             endpoints,
             probe,
             tokens: None,
+            memory_probe: None,
+            measured_at: HashMap::new(),
             config,
             inventory,
         };
@@ -286,6 +294,76 @@ impl Arbiter {
     /// Lets status report the time-slice tokens.
     pub fn set_tokens(&mut self, tokens: Arc<crate::tokens::TokenService>) {
         self.tokens = Some(tokens);
+    }
+
+    /// Turns on overhead accounting: `backend` lists per-process memory (NVML).
+    /// Without it (declared devices) nothing could ever replace the estimate, so no
+    /// overhead is charged at all: the quota then covers explicit allocations only,
+    /// as the startup log says.
+    pub fn set_memory_probe(&mut self, backend: Arc<dyn GpuBackend>) {
+        self.memory_probe = Some(backend);
+    }
+
+    /// The overhead charged for a process until it is measured, and the least a
+    /// lease's quota must exceed (0 when overhead is not accounted).
+    pub fn overhead_estimate(&self) -> u64 {
+        match self.memory_probe {
+            Some(_) => self.config.context_memory_estimate.0,
+            None => 0,
+        }
+    }
+
+    /// What a measurement of `lease` (every lease: None) needs: the probe and the
+    /// GPUs to list. None when overhead is not measured.
+    pub fn measurement(
+        &self,
+        lease: Option<&LeaseId>,
+    ) -> Option<(Arc<dyn GpuBackend>, Vec<String>)> {
+        let probe = self.memory_probe.clone()?;
+        let gpus = match lease {
+            Some(id) => self.leases.get(id)?.lease.gpus.clone(),
+            None => self.inventory.gpus.iter().map(|g| g.uuid.clone()).collect(),
+        };
+        Some((probe, gpus))
+    }
+
+    /// Whether `lease` was measured less than `fresh` ago.
+    pub fn measured_within(&self, lease: &LeaseId, now: Instant, fresh: Duration) -> bool {
+        self.measured_at
+            .get(lease)
+            .is_some_and(|at| now.saturating_duration_since(*at) < fresh)
+    }
+
+    /// Whether some registered process is still charged the estimate.
+    pub fn has_unmeasured_clients(&self) -> bool {
+        self.memory_probe.is_some()
+            && self
+                .leases
+                .keys()
+                .any(|id| self.ledger.get(id).is_some_and(|l| l.has_unmeasured()))
+    }
+
+    /// Records NVML's process lists (per GPU UUID) in the ledger: each lease's
+    /// processes' usage on the lease's GPUs sets their overhead. Leases with no
+    /// listed GPU are left as they were.
+    pub fn record_process_memory(&mut self, processes: &ProcessTable, now: Instant) {
+        for record in self.leases.values() {
+            let l = &record.lease;
+            if !l.gpus.iter().any(|g| processes.contains_key(g)) {
+                continue;
+            }
+            let mut usage: BTreeMap<u32, u64> = BTreeMap::new();
+            for gpu in &l.gpus {
+                for p in processes.get(gpu).into_iter().flatten() {
+                    if let Some(bytes) = p.memory_used {
+                        let u = usage.entry(p.pid).or_default();
+                        *u = u.saturating_add(bytes);
+                    }
+                }
+            }
+            self.ledger.record_usage(&l.id, &usage);
+            self.measured_at.insert(l.id.clone(), now);
+        }
     }
 
     /// The lease as recorded (None once released).
@@ -424,6 +502,7 @@ impl Arbiter {
                 tenant: request.tenant.as_deref(),
             };
             let p = placement::place(&r, &views, &self.policy())?;
+            placement::holds_a_process(p.memory_bytes, self.overhead_estimate())?;
             placement::Placement {
                 gpus: p.gpus,
                 memory_bytes: p.memory_bytes,
@@ -540,6 +619,7 @@ impl Arbiter {
         let record = self.leases.remove(id).expect("checked above");
         self.by_container.remove(&record.lease.container_id);
         self.ledger.close(id);
+        self.measured_at.remove(id);
         self.suspects.remove(id);
         self.endpoints.close(id);
         self.run_admission();
@@ -711,7 +791,7 @@ impl Arbiter {
                     (
                         r.lease.id.clone(),
                         r.lease.gpus.clone(),
-                        r.lease.memory_bytes,
+                        ledger_quota(&r.lease),
                         pids,
                     )
                 })
@@ -754,6 +834,7 @@ impl Arbiter {
                 .and_then(|x| x.clients.get(&connection))
                 .map(|c| c.held)
                 .unwrap_or(0),
+            memory_overhead: ledger.map(|x| x.overhead()).unwrap_or(0),
             compute_request: l.compute_request,
             compute_limit: l.compute_limit,
         })
@@ -770,6 +851,7 @@ impl Arbiter {
             memory_quota: 0,
             memory_used: 0,
             memory_held: 0,
+            memory_overhead: 0,
             compute_request: gpushare_proto::Fraction::ZERO,
             compute_limit: gpushare_proto::Fraction::ZERO,
         })
@@ -803,8 +885,10 @@ impl Arbiter {
                 return Err(StateError::PeerRefused(why));
             }
         }
-        self.ledger.attach(id, connection, peer_pid, held)?;
-        tracing::info!(lease = %id, pid = peer_pid, held, "lease client attached");
+        let estimate = self.overhead_estimate();
+        self.ledger
+            .attach(id, connection, peer_pid, held, estimate)?;
+        tracing::info!(lease = %id, pid = peer_pid, held, overhead_estimate = estimate, "lease client attached");
         self.quota(id, connection)
     }
 
@@ -816,7 +900,7 @@ impl Arbiter {
     ) -> Result<Charge, StateError> {
         let charge = self.ledger.charge(id, connection, bytes)?;
         if !charge.granted {
-            tracing::info!(lease = %id, bytes, used = charge.used, quota = charge.quota, "charge refused: over quota");
+            tracing::info!(lease = %id, bytes, used = charge.used, overhead = charge.overhead, quota = charge.quota, "charge refused: over quota (used includes the processes' overhead)");
         }
         Ok(charge)
     }
@@ -832,6 +916,9 @@ impl Arbiter {
 
     pub fn lease_detach(&mut self, id: &LeaseId, connection: ConnectionId) {
         let credited = self.ledger.detach(id, connection);
+        if self.ledger.get(id).is_some_and(|l| l.clients.is_empty()) {
+            self.measured_at.remove(id);
+        }
         tracing::debug!(lease = %id, credited, "lease client detached");
     }
 
@@ -886,6 +973,8 @@ impl Arbiter {
                                     .map(|c| ClientStatus {
                                         pid: c.pid,
                                         memory_held: c.held,
+                                        memory_overhead: c.overhead,
+                                        overhead_measured: c.measured.is_some(),
                                     })
                                     .collect()
                             })

@@ -3,6 +3,11 @@
 //!
 //! Pure: the caller gathers NVML's process lists and the registered clients,
 //! and decides what to do with the findings (log, report, kill by policy).
+//!
+//! Over quota means what the ledger means: the lease's processes' NVML usage
+//! (contexts and modules included, as the ledger now charges them) summed over all
+//! of the lease's GPUs, against the ledger's quota for the lease. A process that
+//! stayed within what its ledger granted therefore stays within this threshold.
 
 use std::collections::BTreeMap;
 
@@ -15,11 +20,15 @@ use crate::inventory::GpuProcess;
 pub struct LeaseView<'a> {
     pub id: &'a LeaseId,
     pub gpus: &'a [String],
-    /// Per GPU.
+    /// The ledger's quota: the lease's memory on each GPU × its GPUs.
     pub memory_quota: u64,
     /// Host pids registered through the lease's socket.
     pub client_pids: Vec<u32>,
 }
+
+/// A lease's NVML usage summed over its GPUs, where its processes are (GPU, pid),
+/// and its quota.
+type LeaseUse<'a> = (u64, Vec<(&'a String, u32)>, u64);
 
 /// `processes`: per shared GPU UUID, what NVML reports running on it.
 pub fn audit(
@@ -27,13 +36,14 @@ pub fn audit(
     leases: &[LeaseView],
 ) -> Vec<Violation> {
     let mut found = Vec::new();
+    // Per lease: NVML's usage over all of its GPUs, and where its processes are.
+    let mut per_lease: BTreeMap<&LeaseId, LeaseUse> = BTreeMap::new();
     for (gpu, procs) in processes {
         let owner = |pid: u32| {
             leases
                 .iter()
                 .find(|l| l.gpus.contains(gpu) && l.client_pids.contains(&pid))
         };
-        let mut per_lease: BTreeMap<&LeaseId, (u64, Vec<u32>, u64)> = BTreeMap::new();
         for p in procs {
             match owner(p.pid) {
                 None => found.push(Violation {
@@ -50,23 +60,23 @@ pub fn audit(
                         per_lease
                             .entry(lease.id)
                             .or_insert((0, Vec::new(), lease.memory_quota));
-                    entry.0 += p.memory_used.unwrap_or(0);
-                    entry.1.push(p.pid);
+                    entry.0 = entry.0.saturating_add(p.memory_used.unwrap_or(0));
+                    entry.1.push((gpu, p.pid));
                 }
             }
         }
-        for (lease, (used, pids, quota)) in per_lease {
-            if used > quota {
-                found.extend(pids.into_iter().map(|pid| Violation {
-                    kind: ViolationKind::OverQuota,
-                    gpu: gpu.clone(),
-                    pid,
-                    lease: Some(lease.clone()),
-                    memory_used: used,
-                    memory_quota: Some(quota),
-                    killed: false,
-                }));
-            }
+    }
+    for (lease, (used, places, quota)) in per_lease {
+        if used > quota {
+            found.extend(places.into_iter().map(|(gpu, pid)| Violation {
+                kind: ViolationKind::OverQuota,
+                gpu: gpu.clone(),
+                pid,
+                lease: Some(lease.clone()),
+                memory_used: used,
+                memory_quota: Some(quota),
+                killed: false,
+            }));
         }
     }
     found
@@ -144,5 +154,56 @@ mod tests {
             assert_eq!((v.memory_used, v.memory_quota), (5 * GI, Some(4 * GI)));
             assert_eq!(v.lease.as_ref(), Some(&id));
         }
+    }
+
+    #[test]
+    fn a_process_with_its_context_up_to_the_quota_is_not_over() {
+        // 1 GiB quota; the process's context (300 MiB) was charged, so it could
+        // allocate only 724 MiB: NVML shows exactly the quota.
+        let id = LeaseId("a".into());
+        let gpus = vec!["GPU-0".to_string()];
+        let leases = [LeaseView {
+            id: &id,
+            gpus: &gpus,
+            memory_quota: GI,
+            client_pids: vec![10],
+        }];
+        let mut table = procs(&[]);
+        table.insert(
+            "GPU-0".into(),
+            vec![GpuProcess {
+                pid: 10,
+                memory_used: Some(GI),
+            }],
+        );
+        assert!(audit(&table, &leases).is_empty());
+        table.get_mut("GPU-0").unwrap()[0].memory_used = Some(GI + 1);
+        assert_eq!(audit(&table, &leases).len(), 1);
+    }
+
+    #[test]
+    fn a_multi_gpu_lease_is_measured_against_its_whole_quota() {
+        // 2 GPUs × 4 GiB: the ledger grants 8 GiB across them, used unevenly.
+        let id = LeaseId("a".into());
+        let gpus = vec!["GPU-0".to_string(), "GPU-1".to_string()];
+        let leases = [LeaseView {
+            id: &id,
+            gpus: &gpus,
+            memory_quota: 8 * GI,
+            client_pids: vec![10],
+        }];
+        assert!(audit(&procs(&[("GPU-0", 10, 6), ("GPU-1", 10, 2)]), &leases).is_empty());
+        let over = audit(&procs(&[("GPU-0", 10, 6), ("GPU-1", 10, 3)]), &leases);
+        let summary: Vec<_> = over
+            .iter()
+            .map(|v| (v.kind, v.gpu.as_str(), v.memory_used, v.memory_quota))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (ViolationKind::OverQuota, "GPU-0", 9 * GI, Some(8 * GI)),
+                (ViolationKind::OverQuota, "GPU-1", 9 * GI, Some(8 * GI)),
+            ]
+        );
     }
 }

@@ -12,10 +12,18 @@
 //! from a pool, the part of the request its cached bytes cannot cover; after it, the
 //! difference to the pool's actual growth; trims are credited when seen (a trim, a
 //! free, a memory query, or a refused charge settles the pools).
+//!
+//! Memory the process uses outside its allocations (context, modules, ...) is not
+//! charged here: the arbiter measures it with NVML and charges it to the lease as
+//! the process's overhead, so the lease's `used` in every answer includes it. Graph
+//! memory nodes are the exception that is settled here too (`graph_launched`):
+//! they reserve memory at a graph's launch, and charging it then makes the next
+//! charge see it without waiting for a measurement.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::cuda::*;
 use crate::ledger::{LeaseLink, QuotaView, Refusal};
@@ -33,7 +41,22 @@ struct Physical {
     bytes: u64,
     released: bool,
     mappings: u32,
+    /// Exported (`cuMemExportToShareableHandle`): another process may map it after
+    /// this one let go, so it stays charged here until the process exits.
+    exported: bool,
 }
+
+/// How old the lease's share may be when `cuMemGetInfo` (or NVML's memory info)
+/// answers from it instead of asking the arbiter. Frameworks poll these in loops
+/// (vLLM's profiling, PyTorch's memory stats, a trainer's logging), so a round trip
+/// each time would load the arbiter and the lease socket for nothing. Every ledger
+/// answer (attach, charge, credit, query) refreshes the share, so this process's
+/// own allocations and frees are always in it; what can be up to this old is what
+/// *other* processes of the lease did, a re-measured overhead, and pool trims that
+/// happened inside the driver. 100 ms is well under the time a framework takes to
+/// act on an answer, and the bound is harmless either way: the answer is advice,
+/// the charge before each allocation is the enforcement.
+pub const VIEW_MAX_AGE: Duration = Duration::from_millis(100);
 
 /// Where a pool allocation came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +78,12 @@ pub struct Accounts {
     physical: HashMap<PhysicalHandle, Physical>,
     /// VMM mappings of tracked physical allocations: address → (size, handle).
     mappings: BTreeMap<CUdeviceptr, (u64, PhysicalHandle)>,
+    /// Exported physical memory this process let go of: still charged (an importer
+    /// may map it), credited by the ledger when the process exits.
+    exported_released: u64,
+    /// Graph memory pools (per device): what is charged for each (its reserved
+    /// bytes when last settled).
+    graph_pools: HashMap<CUdevice, u64>,
 }
 
 /// What a driver call that allocates needs from the accounts.
@@ -72,6 +101,8 @@ impl Accounts {
             orphaned_blocks: 0,
             physical: HashMap::new(),
             mappings: BTreeMap::new(),
+            exported_released: 0,
+            graph_pools: HashMap::new(),
         }
     }
 
@@ -89,7 +120,16 @@ impl Accounts {
     }
 
     fn refused(&self, refusal: Refusal, bytes: u64, what: &str) -> CUresult {
-        crate::log_info!("{what} of {bytes} bytes refused: {refusal:?}");
+        match refusal {
+            Refusal::OverQuota {
+                used,
+                quota,
+                overhead,
+            } => crate::log_info!(
+                "{what} of {bytes} bytes refused: the lease uses {used} of its {quota} bytes, {overhead} of them its processes' own overhead (CUDA contexts, modules)"
+            ),
+            other => crate::log_info!("{what} of {bytes} bytes refused: {other:?}"),
+        }
         CUDA_ERROR_OUT_OF_MEMORY
     }
 
@@ -362,6 +402,7 @@ impl Accounts {
                         bytes,
                         released: false,
                         mappings: 0,
+                        exported: false,
                     },
                 );
                 CUDA_SUCCESS
@@ -375,13 +416,32 @@ impl Accounts {
 
     /// The driver frees a physical allocation once it is released *and* unmapped
     /// everywhere (the usual idiom releases right after mapping): credit then.
+    /// An exported allocation may live on in an importer that maps it, and the
+    /// exporter cannot see that: it stays charged to the exporter (the one that
+    /// allocated it, as NVML counts it) until the exporter's connection closes.
     fn credit_physical_if_gone(&mut self, handle: PhysicalHandle) {
         if let Some(p) = self.physical.get(&handle).copied() {
             if p.released && p.mappings == 0 {
                 self.physical.remove(&handle);
-                self.credit(p.bytes);
+                if p.exported {
+                    self.exported_released += p.bytes;
+                } else {
+                    self.credit(p.bytes);
+                }
             }
         }
+    }
+
+    /// After a successful `cuMemExportToShareableHandle` of `handle`.
+    pub fn physical_exported(&mut self, handle: PhysicalHandle) {
+        if let Some(p) = self.physical.get_mut(&handle) {
+            p.exported = true;
+        }
+    }
+
+    /// Exported memory this process released and still pays for.
+    pub fn exported_released(&self) -> u64 {
+        self.exported_released
     }
 
     pub fn physical_released(&mut self, handle: PhysicalHandle) {
@@ -411,13 +471,94 @@ impl Accounts {
         }
     }
 
+    // ----- graph memory nodes -----
+
+    /// Brings the charge for `device`'s graph memory pool to its reserved size
+    /// (`reserved`: None when it cannot be read). Growth is charged when seen; a
+    /// growth the quota refuses stays uncharged here, and the arbiter's NVML
+    /// measurement counts it as the process's overhead instead (nothing is
+    /// counted twice: that measurement subtracts what was charged). Shrinking
+    /// (`cuDeviceGraphMemTrim`) is credited.
+    pub fn settle_graph_pool(&mut self, device: CUdevice, reserved: Option<u64>) {
+        let Some(reserved) = reserved else { return };
+        let charged = self.graph_pools.get(&device).copied().unwrap_or(0);
+        if reserved < charged {
+            self.credit(charged - reserved);
+            self.graph_pools.insert(device, reserved);
+        } else if reserved > charged && self.link.charge(reserved - charged).is_ok() {
+            self.graph_pools.insert(device, reserved);
+        }
+    }
+
+    fn settle_graph_pools(&mut self) {
+        let devices: Vec<CUdevice> = self.graph_pools.keys().copied().collect();
+        for device in devices {
+            self.settle_graph_pool(device, graph_reserved(device));
+        }
+    }
+
     // ----- queries -----
 
     /// The lease's share now, after crediting pool trims nobody has seen yet.
     pub fn view(&mut self) -> Option<QuotaView> {
+        self.view_at(Instant::now())
+    }
+
+    /// The share as of `now`: what was last heard if younger than `VIEW_MAX_AGE`
+    /// (no round trip), else settled pools and a fresh query.
+    pub fn view_at(&mut self, now: Instant) -> Option<QuotaView> {
+        if let Some(view) = self.link.heard_within(now, VIEW_MAX_AGE) {
+            return Some(view);
+        }
         self.settle_all_pools();
+        self.settle_graph_pools();
         self.link.query()
     }
+}
+
+// ----- graph memory, read from the driver -----
+
+/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: what the device's graph memory pool
+/// holds from the device.
+const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: libc::c_int = 2;
+
+static GRAPH_MEM_ATTRIBUTE: AtomicPtr<libc::c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The graph memory pool's reserved bytes on `device` (None: the driver has no
+/// `cuDeviceGetGraphMemAttribute`, before CUDA 11.4, or it failed).
+fn graph_reserved(device: CUdevice) -> Option<u64> {
+    let mut f = GRAPH_MEM_ATTRIBUTE.load(Ordering::Acquire);
+    if f.is_null() {
+        f = crate::loader::find_in_driver(
+            crate::symbols::Library::Cuda,
+            c"cuDeviceGetGraphMemAttribute",
+        )?;
+        GRAPH_MEM_ATTRIBUTE.store(f, Ordering::Release);
+    }
+    type GetAttr = unsafe extern "C" fn(CUdevice, libc::c_int, *mut libc::c_void) -> CUresult;
+    let mut value: u64 = 0;
+    // SAFETY: cuDeviceGetGraphMemAttribute(device, attr, void*): this attribute is a cuuint64_t.
+    let rc = unsafe {
+        std::mem::transmute::<*mut libc::c_void, GetAttr>(f)(
+            device,
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            (&mut value as *mut u64).cast(),
+        )
+    };
+    (rc == CUDA_SUCCESS).then_some(value)
+}
+
+/// Call after a successful `cuGraphLaunch` (any variant): a graph with memory
+/// nodes reserves its memory at launch, from the device's graph memory pool,
+/// which no allocation call of ours sees. Settles the current device's graph pool
+/// charge. Cheap when nothing changed (one attribute read, no round trip).
+pub fn graph_launched() {
+    let Some(device) = crate::driver::current_device() else {
+        return;
+    };
+    let Some(mut a) = lock() else { return };
+    let reserved = graph_reserved(device);
+    a.settle_graph_pool(device, reserved);
 }
 
 // ----- the process's one instance -----
@@ -482,13 +623,29 @@ mod tests {
 
     /// A stand-in arbiter: one lease of `quota` bytes, a ledger for this one client.
     fn fake_arbiter(quota: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+        let (dir, path, _) = fake_arbiter_with(quota, 0);
+        (dir, path)
+    }
+
+    /// The stand-in with a process overhead of `overhead` bytes charged besides the
+    /// allocations (as the arbiter measures it), counting the requests it answers.
+    fn fake_arbiter_with(
+        quota: u64,
+        overhead: u64,
+    ) -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("arbiter.sock");
         let listener = UnixListener::bind(&path).unwrap();
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut s) = stream else { return };
-                let mut used = 0u64;
+                let mut used = overhead;
                 let q = |used| Quota {
                     lease: LeaseId("l".into()),
                     state: LeaseState::Confirmed,
@@ -496,15 +653,17 @@ mod tests {
                     priority: Priority::Low,
                     memory_quota: quota,
                     memory_used: used,
-                    memory_held: used,
+                    memory_held: used - overhead,
+                    memory_overhead: overhead,
                     compute_request: Fraction::ZERO,
                     compute_limit: Fraction::ONE,
                 };
                 while let Ok(req) = read_message::<LeaseRequest>(&mut s) {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let resp = match req {
                         LeaseRequest::Hello { protocol } => LeaseResponse::Hello { protocol },
                         LeaseRequest::Attach { memory_held } => {
-                            used = memory_held;
+                            used = memory_held + overhead;
                             LeaseResponse::Attached {
                                 pid: 1,
                                 quota: q(used),
@@ -520,6 +679,7 @@ mod tests {
                                 granted,
                                 memory_used: used,
                                 memory_quota: quota,
+                                memory_overhead: overhead,
                             }
                         }
                         LeaseRequest::Credit { bytes } => {
@@ -537,7 +697,7 @@ mod tests {
                 }
             }
         });
-        (dir, path)
+        (dir, path, requests)
     }
 
     #[test]
@@ -674,5 +834,85 @@ mod tests {
         );
         a.freed(1);
         assert_eq!(a.allocate_device(60, "t", || Ok(2)), CUDA_SUCCESS);
+    }
+
+    #[test]
+    fn memory_queries_answer_from_the_last_answer_within_the_staleness_bound() {
+        let (_d, path, requests) = fake_arbiter_with(1000, 300);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        assert_eq!(a.allocate_device(100, "t", || Ok(1)), CUDA_SUCCESS);
+        let count = || requests.load(std::sync::atomic::Ordering::SeqCst);
+        let after_charge = count();
+        let heard = a.link.heard_at().expect("the charge's answer");
+        for _ in 0..1000 {
+            let v = a.view_at(heard).unwrap();
+            assert_eq!(
+                (v.used, v.overhead, v.remaining()),
+                (400, 300, 600),
+                "free is the quota less charges and the process's overhead"
+            );
+        }
+        let almost = heard + VIEW_MAX_AGE - Duration::from_millis(1);
+        a.view_at(almost).unwrap();
+        assert_eq!(count(), after_charge, "no round trip within the bound");
+        let stale = heard + VIEW_MAX_AGE;
+        for _ in 0..1000 {
+            a.view_at(stale).unwrap();
+        }
+        assert_eq!(count(), after_charge + 1, "one query refreshes it, once");
+        // The process's own free is in the next answer at once.
+        a.freed(1);
+        assert_eq!(a.view().unwrap().used, 300);
+    }
+
+    #[test]
+    fn a_refusal_counts_the_overhead() {
+        let (_d, path, _) = fake_arbiter_with(1000, 300);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        assert_eq!(
+            a.link.charge(701),
+            Err(Refusal::OverQuota {
+                used: 300,
+                quota: 1000,
+                overhead: 300
+            })
+        );
+        assert_eq!(a.allocate_device(700, "t", || Ok(1)), CUDA_SUCCESS);
+    }
+
+    #[test]
+    fn exported_physical_memory_stays_charged_after_release_and_unmap() {
+        let (_d, path) = fake_arbiter(1 << 30);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        assert_eq!(a.create_physical(2 << 20, || Ok(42)), CUDA_SUCCESS);
+        a.physical_exported(42);
+        a.mapped(0x1000_0000, 2 << 20, 42);
+        a.physical_released(42);
+        a.unmapped(0x1000_0000, 2 << 20);
+        assert_eq!(
+            (a.link.held(), a.exported_released()),
+            (2 << 20, 2 << 20),
+            "an importer may still map it: the exporter pays until it exits"
+        );
+    }
+
+    #[test]
+    fn graph_memory_pool_is_charged_at_its_reserved_size() {
+        let (_d, path) = fake_arbiter(1000);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        a.settle_graph_pool(0, Some(400));
+        assert_eq!(a.link.held(), 400, "reserved at a graph's launch: charged");
+        a.settle_graph_pool(0, Some(400));
+        assert_eq!(a.link.held(), 400, "settled: nothing more");
+        a.settle_graph_pool(0, Some(100));
+        assert_eq!(a.link.held(), 100, "trimmed: credited");
+        a.settle_graph_pool(0, Some(1200));
+        assert_eq!(
+            a.link.held(),
+            100,
+            "growth beyond the quota stays uncharged here (the arbiter's measurement counts it)"
+        );
+        a.settle_graph_pool(0, None);
+        assert_eq!(a.link.held(), 100, "unreadable: unchanged");
     }
 }

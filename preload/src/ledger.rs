@@ -105,8 +105,11 @@ impl Connection {
 pub struct QuotaView {
     /// The lease's memory quota (its per-GPU memory × its GPUs).
     pub quota: u64,
-    /// In use across every process of the lease.
+    /// In use across every process of the lease: their charges plus each one's
+    /// overhead (context, modules: what NVML shows beyond the charges).
     pub used: u64,
+    /// The part of `used` that is overhead.
+    pub overhead: u64,
     pub gpus: u32,
     pub released: bool,
 }
@@ -116,6 +119,7 @@ impl QuotaView {
         QuotaView {
             quota: q.memory_quota,
             used: q.memory_used,
+            overhead: q.memory_overhead,
             gpus: q.gpus.len() as u32,
             released: q.state == LeaseState::Released,
         }
@@ -135,8 +139,11 @@ impl QuotaView {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     OverQuota {
+        /// Charges plus overhead across the lease.
         used: u64,
         quota: u64,
+        /// The part of `used` that is the processes' overhead.
+        overhead: u64,
     },
     /// The arbiter could not be reached within the patience.
     Unreachable,
@@ -174,6 +181,8 @@ pub struct LeaseLink {
     /// What this process has charged and not credited: re-attached after a reconnect.
     held: u64,
     last: Option<QuotaView>,
+    /// When `last.used` was last heard (any answer that carries it).
+    heard_at: Option<Instant>,
     backoff: Backoff,
     /// The process's own link publishes its descriptor for a fork child to close;
     /// other links (tests) leave CONNECTION_FD alone.
@@ -187,6 +196,7 @@ impl LeaseLink {
             connection: None,
             held: 0,
             last: None,
+            heard_at: None,
             backoff: Backoff::new(),
             publishes_fd: false,
         }
@@ -207,6 +217,23 @@ impl LeaseLink {
     /// What was last heard from the arbiter.
     pub fn last_known(&self) -> Option<QuotaView> {
         self.last
+    }
+
+    /// What was last heard, if it was heard less than `max_age` before `now`.
+    pub fn heard_within(&self, now: Instant, max_age: Duration) -> Option<QuotaView> {
+        let at = self.heard_at?;
+        (now.saturating_duration_since(at) < max_age)
+            .then_some(self.last)
+            .flatten()
+    }
+
+    /// When the share was last heard from the arbiter.
+    pub fn heard_at(&self) -> Option<Instant> {
+        self.heard_at
+    }
+
+    fn heard(&mut self) {
+        self.heard_at = Some(Instant::now());
     }
 
     fn drop_connection(&mut self) {
@@ -270,6 +297,7 @@ impl LeaseLink {
                 }
                 self.connection = Some(c);
                 self.last = Some(view);
+                self.heard();
                 Ok(())
             }
             other => Err(LinkError::Unexpected(format!("{other:?}"))),
@@ -312,10 +340,13 @@ impl LeaseLink {
                 granted,
                 memory_used,
                 memory_quota,
+                memory_overhead,
             }) => {
                 if let Some(last) = self.last.as_mut() {
                     last.used = memory_used;
                     last.quota = memory_quota;
+                    last.overhead = memory_overhead;
+                    self.heard();
                 }
                 if granted {
                     self.held += bytes;
@@ -324,6 +355,7 @@ impl LeaseLink {
                     Err(Refusal::OverQuota {
                         used: memory_used,
                         quota: memory_quota,
+                        overhead: memory_overhead,
                     })
                 }
             }
@@ -365,6 +397,7 @@ impl LeaseLink {
             Ok(LeaseResponse::Credited { memory_used }) => {
                 if let Some(last) = self.last.as_mut() {
                     last.used = memory_used;
+                    self.heard();
                 }
             }
             Ok(other) => crate::log_error!("credit answered with {other:?}"),
@@ -381,6 +414,7 @@ impl LeaseLink {
         match self.request(&LeaseRequest::Query, QUERY_PATIENCE) {
             Ok(LeaseResponse::Quota(q)) => {
                 self.last = Some(QuotaView::from_quota(&q));
+                self.heard();
             }
             Ok(other) => crate::log_error!("query answered with {other:?}"),
             Err(e) => crate::log_info!("query: {e}; answering from what was last known"),
@@ -443,6 +477,7 @@ mod tests {
         let v = QuotaView {
             quota: 8,
             used: 3,
+            overhead: 1,
             gpus: 2,
             released: false,
         };

@@ -230,6 +230,7 @@ impl LeaseClient {
                 granted,
                 memory_used,
                 memory_quota,
+                ..
             } => Ok(ChargeOutcome {
                 granted,
                 memory_used,

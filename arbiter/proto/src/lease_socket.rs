@@ -56,10 +56,15 @@ pub struct Quota {
     pub gpus: Vec<String>,
     pub priority: Priority,
     pub memory_quota: u64,
-    /// Across every process of the lease.
+    /// Across every process of the lease: what they charged plus each one's
+    /// overhead (context, modules, ... : NVML's usage beyond its charges).
     pub memory_used: u64,
-    /// This connection's own share of `memory_used`.
+    /// This connection's own charges (its overhead not included).
     pub memory_held: u64,
+    /// The part of `memory_used` that is per-process overhead, measured or estimated.
+    /// Absent from an older arbiter (which charged none): 0.
+    #[serde(default)]
+    pub memory_overhead: u64,
     pub compute_request: Fraction,
     pub compute_limit: Fraction,
 }
@@ -79,8 +84,12 @@ pub enum LeaseResponse {
     /// `granted`: the bytes are now charged; otherwise nothing changed.
     Charged {
         granted: bool,
+        /// Charges plus overhead across the lease (see `Quota::memory_used`).
         memory_used: u64,
         memory_quota: u64,
+        /// The part of `memory_used` that is per-process overhead (0 from an older arbiter).
+        #[serde(default)]
+        memory_overhead: u64,
     },
     Credited {
         memory_used: u64,

@@ -144,13 +144,20 @@ pub struct ClientStatus {
     pub pid: u32,
     /// Bytes this process has charged and not credited.
     pub memory_held: u64,
+    /// Its device memory beyond those charges (context, modules, ...), charged to
+    /// the lease too: measured from NVML, or the estimate until then.
+    #[serde(default)]
+    pub memory_overhead: u64,
+    /// Whether `memory_overhead` was measured (false: the estimate).
+    #[serde(default)]
+    pub overhead_measured: bool,
 }
 
 /// What the arbiter knows about a lease beyond the grant itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaseUsage {
     pub lease: LeaseId,
-    /// Sum of the ledger over all of the lease's processes.
+    /// Sum of the ledger over all of the lease's processes: charges plus overhead.
     pub memory_used: u64,
     pub memory_quota: u64,
     pub clients: Vec<ClientStatus>,

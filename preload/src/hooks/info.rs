@@ -161,6 +161,7 @@ mod tests {
         let v = QuotaView {
             quota: GI,
             used: GI / 4,
+            overhead: 0,
             gpus: 1,
             released: false,
         };
@@ -171,6 +172,7 @@ mod tests {
         let big = QuotaView {
             quota: 32 * GI,
             used: 0,
+            overhead: 0,
             gpus: 1,
             released: false,
         };
@@ -181,6 +183,7 @@ mod tests {
         let two = QuotaView {
             quota: 8 * GI,
             used: 0,
+            overhead: 0,
             gpus: 2,
             released: false,
         };

@@ -495,6 +495,31 @@ pub unsafe extern "C" fn cuMemRelease(handle: PhysicalHandle) -> CUresult {
 }
 
 /// # Safety
+/// The driver's contract for `cuMemExportToShareableHandle`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: PhysicalHandle,
+    handle_type: c_uint,
+    flags: u64,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemExportToShareableHandle: fn(*mut c_void, PhysicalHandle, c_uint, u64) -> CUresult);
+        accounted(
+            || unsafe { real(shareable, handle, handle_type, flags) },
+            |a| {
+                let rc = unsafe { real(shareable, handle, handle_type, flags) };
+                if rc == CUDA_SUCCESS {
+                    // An importer may map it after we release it: keep it charged.
+                    a.physical_exported(handle);
+                }
+                rc
+            },
+        )
+    })
+}
+
+/// # Safety
 /// The driver's contract for `cuMemMap`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemMap(
