@@ -13,7 +13,7 @@ GLIBC_BASELINE := 2.28
 BASELINE_TARGET := x86_64-unknown-linux-gnu.$(GLIBC_BASELINE)
 BASELINE_DIR := $(CURDIR)/target/x86_64-unknown-linux-gnu
 
-.PHONY: all build deps lint test bench demo install uninstall clean preload-baseline preload-baseline-release check-glibc
+.PHONY: all build deps lint test bench demo gpu-check install uninstall clean preload-baseline preload-baseline-release check-glibc
 
 all: build
 
@@ -68,6 +68,12 @@ bench: deps
 	$(MAKE) --no-print-directory preload-baseline-release
 	$(BENCH_ENV) $(CARGO) bench --workspace
 	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench
+
+# On a machine with an NVIDIA driver: the probe, the memory quota, graph capture, long
+# kernels and the priority pair on the real GPU (tests/bench/results/gpu-check.md); on a
+# machine without one it says so and exits 0.
+gpu-check:
+	@scripts/gpu-check.sh
 
 demo: deps build
 	@GPUSHARE_BIN_DIR=$(BIN_DIR) scripts/demo.sh
