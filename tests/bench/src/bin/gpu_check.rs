@@ -459,7 +459,10 @@ fn main() -> ExitCode {
         .nth(1)
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results/gpu-check.md"));
-    if let Some(why) = no_driver() {
+    // GPUSHARE_GPU_CHECK_ON_SIMGPU=1 (with LD_LIBRARY_PATH at the simulated driver) runs
+    // the checks on the simulated GPU: how this program itself is tested here.
+    let simulated = std::env::var_os("GPUSHARE_GPU_CHECK_ON_SIMGPU").is_some();
+    if let Some(why) = no_driver().filter(|_| !simulated) {
         println!("gpu-check: no NVIDIA driver on this machine ({why}); nothing to check");
         return ExitCode::SUCCESS;
     }
@@ -492,9 +495,13 @@ fn main() -> ExitCode {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
-    let mut md = format!(
-        "# gpu-check (real GPU)\n\nGPU: {gpu}\n\n| check | result | seen |\n|---|---|---|\n"
-    );
+    let kind = if simulated {
+        "SIMULATED GPU, not a real one"
+    } else {
+        "real GPU"
+    };
+    let mut md =
+        format!("# gpu-check ({kind})\n\nGPU: {gpu}\n\n| check | result | seen |\n|---|---|---|\n");
     for c in &found {
         md += &format!(
             "| {} | {} | {} |\n",
