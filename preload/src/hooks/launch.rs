@@ -59,10 +59,62 @@ gated!(cuLaunchCooperativeKernel(false, stream; f: Handle, grid_x: c_uint, grid_
 gated!(cuLaunchCooperativeKernel_ptsz(true, stream; f: Handle, grid_x: c_uint,
     grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint,
     shared_mem: c_uint, stream: Handle, params: Params));
-gated!(
-    /// Graphs are gated when launched; the launches captured into them ran nothing.
-    cuGraphLaunch(false, stream; exec: Handle, stream: Handle));
-gated!(cuGraphLaunch_ptsz(true, stream; exec: Handle, stream: Handle));
+/// Defines a gated graph launch: a graph with memory nodes reserves its memory from
+/// the device's graph pool at launch, which no allocation wrapper sees, so the pool is
+/// settled against the ledger afterwards — at most every [`GRAPH_SETTLE_NS`], so a
+/// program launching graphs back to back takes the accounts' lock ten times a second,
+/// not per launch (the arbiter's reconciliation with NVML covers the gap).
+macro_rules! gated_graph {
+    ($name:ident ($per_thread:expr)) => {
+        /// Graphs are gated when launched; the launches captured into them ran nothing.
+        ///
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(exec: Handle, stream: Handle) -> CUresult {
+            crate::guard::cuda(|| {
+                let real = real_fn!($name: fn(Handle, Handle) -> CUresult);
+                let ticket = gate::admit(Target { stream, per_thread: $per_thread });
+                // SAFETY: the caller's arguments, forwarded unchanged.
+                let result = unsafe { real(exec, stream) };
+                gate::launched(ticket, result);
+                if result == CUDA_SUCCESS {
+                    settle_graph_memory();
+                }
+                result
+            })
+        }
+    };
+}
+
+/// How often graph launches settle the graph memory pool at most.
+const GRAPH_SETTLE_NS: u64 = 100_000_000;
+static LAST_GRAPH_SETTLE_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[inline(always)]
+fn settle_graph_memory() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let now = gate::monotonic_ns();
+    let last = LAST_GRAPH_SETTLE_NS.load(Relaxed);
+    if now.saturating_sub(last) >= GRAPH_SETTLE_NS
+        && LAST_GRAPH_SETTLE_NS
+            .compare_exchange(last, now, Relaxed, Relaxed)
+            .is_ok()
+    {
+        settle_graph_memory_now();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn settle_graph_memory_now() {
+    if crate::config::is_active() {
+        crate::accounts::graph_launched();
+    }
+}
+
+gated_graph!(cuGraphLaunch(false));
+gated_graph!(cuGraphLaunch_ptsz(true));
 gated!(
     /// Pre-4.0 launch API (block shape and parameters set beforehand), on stream 0.
     cuLaunch(false, 0; f: Handle));
