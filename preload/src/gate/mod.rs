@@ -446,13 +446,12 @@ impl Client {
         }
     }
 
-    /// Runs `f` (which waits on events) in RELAXED capture mode while a capture is
-    /// under way: in the default GLOBAL mode the wait would fail and invalidate a
-    /// capture another thread has begun in GLOBAL mode.
+    /// Runs `f` (which waits on events) in RELAXED capture mode: in the thread's default
+    /// GLOBAL mode the wait would fail and invalidate a capture another thread has begun
+    /// in GLOBAL mode (PyTorch's default). Always, not only while a capture is known to
+    /// be under way: one could begin between the look and the wait. The exchange is a
+    /// thread-local store in the driver; the previous mode is restored.
     fn quietly_for_captures<R>(&self, f: impl FnOnce() -> R) -> R {
-        if self.work.captures_under_way() == 0 {
-            return f();
-        }
         let previous =
             crate::driver::exchange_capture_mode(crate::driver::CU_STREAM_CAPTURE_MODE_RELAXED);
         let result = f();
