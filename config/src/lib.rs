@@ -520,6 +520,25 @@ mod tests {
     }
 
     #[test]
+    fn context_memory_estimate_takes_a_size_and_names_itself_when_wrong() {
+        assert_eq!(
+            Config::default().arbiter.context_memory_estimate,
+            ByteSize(300 << 20)
+        );
+        let c = parse("[arbiter]\ncontext_memory_estimate = \"512Mi\"\n").unwrap();
+        assert_eq!(c.arbiter.context_memory_estimate, ByteSize(512 << 20));
+        let c = parse("[arbiter]\ncontext_memory_estimate = 0\n").unwrap();
+        assert_eq!(c.arbiter.context_memory_estimate, ByteSize(0));
+        let err = parse("[arbiter]\ncontext_memory_estimate = \"big\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("context_memory_estimate") && err.contains("big"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn empty_file_is_all_defaults() {
         assert_eq!(parse("").unwrap(), Config::default());
         assert_eq!(
