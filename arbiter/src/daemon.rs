@@ -55,7 +55,17 @@ pub fn recover(
     scheduler: &SchedulerConfig,
     backend: &dyn GpuBackend,
 ) -> Result<SharedArbiter, DaemonError> {
-    let gpus = inventory::narrow_to_shared(backend.gpus(), &config.shared_gpus)?;
+    let survey = inventory::survey(
+        backend,
+        &config.shared_gpus,
+        &inventory::HostMps::from_env(),
+    )?;
+    for gpu in &survey.shareable {
+        tracing::info!(index = gpu.index, uuid = %gpu.uuid, name = %gpu.name, memory = gpu.memory_total, source = backend.source(), "sharing GPU");
+    }
+    for set_aside in &survey.unshareable {
+        tracing::warn!(uuid = %set_aside.gpu.uuid, "{}", set_aside.describe());
+    }
     let (store, table) = LeaseStore::open(&config.state_dir, StoreOptions::default())?;
     let tokens = TokenService::new(scheduler.clone());
     let endpoints = SocketEndpoints::new(
@@ -67,7 +77,7 @@ pub fn recover(
     let arbiter = Arbiter::open(
         config.clone(),
         Inventory {
-            gpus,
+            gpus: survey.shareable,
             source: backend.source(),
             cuda_driver_version: backend.cuda_driver_version(),
         },
@@ -78,6 +88,7 @@ pub fn recover(
     )?;
     let mut arbiter = arbiter;
     arbiter.set_tokens(tokens);
+    arbiter.set_unshareable(survey.unshareable);
     let shared = Arc::new(Mutex::new(arbiter));
     let _ = slot.set(Arc::downgrade(&shared));
     // Start the grace period of leases whose containers died while we were down.

@@ -5,11 +5,23 @@
 //! sit behind `GpuBackend`, so placement and the watchdog are tested without a
 //! driver, and the simulated GPU's own `libnvidia-ml.so.1` exercises the real
 //! NVML path.
+//!
+//! A GPU gpushare cannot share is set aside at inventory ([`survey`]): compute mode
+//! EXCLUSIVE_PROCESS (one context in the whole system: the second container's CUDA
+//! fails to create one) or PROHIBITED (no context at all), MIG enabled (the GPU
+//! runs no CUDA work itself; its instances are separate devices with their own
+//! UUIDs), or a running MPS control daemon (clients then share one MPS server
+//! context, outside the per-process accounting and gating gpushare relies on). Each
+//! breaks sharing silently, so such a GPU gets no leases, is listed with its reason
+//! in status, and a request that names it is refused with what to change.
 
 use std::collections::VecDeque;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpushare_config::ArbiterConfig;
+use gpushare_proto::GpuSelector;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gpu {
@@ -55,6 +67,265 @@ pub trait GpuBackend: Send + Sync {
     fn sample(&self, uuid: &str) -> Result<Option<GpuSample>, InventoryError>;
     /// None when this backend cannot see processes (declared devices).
     fn processes(&self, uuid: &str) -> Result<Option<Vec<GpuProcess>>, InventoryError>;
+    /// The modes that decide whether the GPU can be shared; unknown (the default)
+    /// where this backend cannot tell.
+    fn modes(&self, _uuid: &str) -> GpuModes {
+        GpuModes::default()
+    }
+}
+
+// ----- can a GPU be shared? -----
+
+/// `nvmlComputeMode_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeMode {
+    Default,
+    /// Removed from current drivers; one context used by one thread.
+    ExclusiveThread,
+    Prohibited,
+    ExclusiveProcess,
+}
+
+impl ComputeMode {
+    /// As `nvidia-smi` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "DEFAULT",
+            ComputeMode::ExclusiveThread => "EXCLUSIVE_THREAD",
+            ComputeMode::Prohibited => "PROHIBITED",
+            ComputeMode::ExclusiveProcess => "EXCLUSIVE_PROCESS",
+        }
+    }
+}
+
+/// What the driver says about one GPU; None: it could not tell (declared devices,
+/// a driver without the call, NOT_SUPPORTED — MIG on GPUs that have no MIG).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuModes {
+    pub compute_mode: Option<ComputeMode>,
+    /// MIG mode currently enabled (not the mode pending a reset).
+    pub mig_enabled: Option<bool>,
+}
+
+/// Why a GPU cannot be shared; the text names what to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unshareable {
+    ComputeMode(ComputeMode),
+    Mig,
+    /// `evidence`: what showed that MPS runs.
+    Mps {
+        evidence: String,
+    },
+}
+
+impl fmt::Display for Unshareable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unshareable::ComputeMode(mode) => write!(
+                f,
+                "it is in compute mode {}; set it to DEFAULT with `nvidia-smi -i <uuid> -c DEFAULT`",
+                mode.name()
+            ),
+            Unshareable::Mig => write!(
+                f,
+                "MIG mode is enabled (its MIG instances are separate devices gpushare does not share); disable it with `nvidia-smi -i <uuid> -mig 0`"
+            ),
+            Unshareable::Mps { evidence } => write!(
+                f,
+                "an MPS control daemon is running ({evidence}); stop it with `echo quit | nvidia-cuda-mps-control` (gpushare shares the GPU itself)"
+            ),
+        }
+    }
+}
+
+/// Whether a GPU can be shared: every reason it cannot, none when it can. Unknown
+/// modes count as shareable: refusing a GPU on a guess would be worse than the
+/// silent failure this check exists to catch.
+pub fn shareability(modes: &GpuModes, mps: Option<&str>) -> Vec<Unshareable> {
+    let mut reasons = Vec::new();
+    match modes.compute_mode {
+        None | Some(ComputeMode::Default) => {}
+        Some(mode) => reasons.push(Unshareable::ComputeMode(mode)),
+    }
+    if modes.mig_enabled == Some(true) {
+        reasons.push(Unshareable::Mig);
+    }
+    if let Some(evidence) = mps {
+        reasons.push(Unshareable::Mps {
+            evidence: evidence.to_owned(),
+        });
+    }
+    reasons
+}
+
+/// Whether an MPS control daemon runs on this node (the I/O behind [`shareability`]).
+pub trait MpsProbe {
+    /// What shows that it runs (a process, its pipe), or None.
+    fn running(&self) -> Option<String>;
+}
+
+/// MPS processes in `/proc`, or the control pipe in `CUDA_MPS_PIPE_DIRECTORY`
+/// (default `/tmp/nvidia-mps`): the pipe is what clients connect through, and it
+/// is the only sign visible from an arbiter that does not share the host's pid
+/// namespace.
+pub struct HostMps {
+    pub proc_root: PathBuf,
+    pub pipe_dir: PathBuf,
+}
+
+/// The `comm` of both MPS processes, the control daemon (`nvidia-cuda-mps-control`)
+/// and the server it starts (`nvidia-cuda-mps-server`): the kernel keeps 15 bytes.
+const MPS_COMM: &str = "nvidia-cuda-mps";
+
+impl HostMps {
+    /// The pipe directory is read from the arbiter's own environment, as the MPS
+    /// tools themselves do.
+    pub fn from_env() -> HostMps {
+        HostMps {
+            proc_root: PathBuf::from("/proc"),
+            pipe_dir: std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/tmp/nvidia-mps")),
+        }
+    }
+
+    fn process(&self) -> Option<String> {
+        let entries = std::fs::read_dir(&self.proc_root).ok()?;
+        entries.flatten().find_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+            if comm.trim_end() != MPS_COMM {
+                return None;
+            }
+            // The full name, when the command line still has it.
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+            let name = std::str::from_utf8(argv0)
+                .ok()
+                .and_then(|a| Path::new(a).file_name()?.to_str())
+                .filter(|n| n.starts_with(MPS_COMM))
+                .unwrap_or(MPS_COMM)
+                .to_owned();
+            Some(format!("process {name}, pid {pid}"))
+        })
+    }
+
+    fn pipe(&self) -> Option<String> {
+        use std::os::unix::fs::FileTypeExt;
+        let control = self.pipe_dir.join("control");
+        let meta = std::fs::symlink_metadata(&control).ok()?;
+        meta.file_type()
+            .is_fifo()
+            .then(|| format!("its control pipe {} exists", control.display()))
+    }
+}
+
+impl MpsProbe for HostMps {
+    fn running(&self) -> Option<String> {
+        self.process().or_else(|| self.pipe())
+    }
+}
+
+/// A GPU set aside at inventory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnshareableGpu {
+    pub gpu: Gpu,
+    pub reasons: Vec<Unshareable>,
+}
+
+impl UnshareableGpu {
+    /// "GPU 1 (GPU-…) cannot be shared: it is in compute mode …; set it …", with the
+    /// GPU's UUID in the commands.
+    pub fn describe(&self) -> String {
+        format!(
+            "GPU {} ({}) cannot be shared: {}; then restart gpushare-arbiter",
+            self.gpu.index,
+            self.gpu.uuid,
+            self.reason()
+        )
+    }
+
+    /// The reasons, with the GPU's UUID in the commands.
+    pub fn reason(&self) -> String {
+        self.reasons
+            .iter()
+            .map(|r| r.to_string().replace("<uuid>", &self.gpu.uuid))
+            .collect::<Vec<_>>()
+            .join("; and ")
+    }
+
+    pub fn status(&self) -> gpushare_proto::UnshareableGpuStatus {
+        gpushare_proto::UnshareableGpuStatus {
+            index: self.gpu.index,
+            uuid: self.gpu.uuid.clone(),
+            name: self.gpu.name.clone(),
+            memory_total: self.gpu.memory_total,
+            reason: self.reason(),
+        }
+    }
+}
+
+/// The node's GPUs after `arbiter.shared_gpus` and the shareability check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Survey {
+    pub shareable: Vec<Gpu>,
+    pub unshareable: Vec<UnshareableGpu>,
+}
+
+/// Narrows to `shared` and sets aside the GPUs that cannot be shared.
+pub fn survey(
+    backend: &dyn GpuBackend,
+    shared: &[String],
+    mps: &dyn MpsProbe,
+) -> Result<Survey, InventoryError> {
+    let gpus = narrow_to_shared(backend.gpus(), shared)?;
+    let mps = mps.running();
+    let mut survey = Survey {
+        shareable: Vec::new(),
+        unshareable: Vec::new(),
+    };
+    for gpu in gpus {
+        let reasons = shareability(&backend.modes(&gpu.uuid), mps.as_deref());
+        if reasons.is_empty() {
+            survey.shareable.push(gpu);
+        } else {
+            survey.unshareable.push(UnshareableGpu { gpu, reasons });
+        }
+    }
+    Ok(survey)
+}
+
+/// Why a request for `selector` is refused because of GPUs that cannot be shared:
+/// it names one of them, or asks for more GPUs than can be shared. None: placement
+/// decides as usual.
+pub fn refusal(
+    selector: &GpuSelector,
+    shareable: &[Gpu],
+    unshareable: &[UnshareableGpu],
+) -> Option<String> {
+    let named = |hit: &dyn Fn(&Gpu) -> bool| {
+        unshareable
+            .iter()
+            .find(|u| hit(&u.gpu))
+            .map(|u| format!("gpu {selector}: {}", u.describe()))
+    };
+    match selector {
+        GpuSelector::Index(indices) => named(&|g| indices.contains(&g.index)),
+        GpuSelector::Uuid(uuids) => named(&|g| uuids.contains(&g.uuid)),
+        GpuSelector::Count(n) if (*n as usize) > shareable.len() && !unshareable.is_empty() => {
+            Some(format!(
+                "gpu {selector}: only {} GPU(s) on this node can be shared; {}",
+                shareable.len(),
+                unshareable
+                    .iter()
+                    .map(UnshareableGpu::describe)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))
+        }
+        GpuSelector::Count(_) => None,
+    }
 }
 
 /// The configuration's devices: no measurements, no processes.
@@ -179,6 +450,34 @@ impl GpuBackend for NvmlBackend {
             utilization: f64::from(utilization.gpu.min(100)) / 100.0,
             memory_used: memory.used,
         }))
+    }
+    fn modes(&self, uuid: &str) -> GpuModes {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode as Nvml;
+        let Ok(device) = self.device(uuid) else {
+            return GpuModes::default();
+        };
+        let compute_mode = match device.compute_mode() {
+            Ok(Nvml::Default) => Some(ComputeMode::Default),
+            Ok(Nvml::ExclusiveThread) => Some(ComputeMode::ExclusiveThread),
+            Ok(Nvml::Prohibited) => Some(ComputeMode::Prohibited),
+            Ok(Nvml::ExclusiveProcess) => Some(ComputeMode::ExclusiveProcess),
+            Err(e) => {
+                tracing::debug!(uuid, error = %e, "compute mode unknown");
+                None
+            }
+        };
+        // NVML_DEVICE_MIG_ENABLE = 1; GPUs without MIG answer NOT_SUPPORTED.
+        let mig_enabled = match device.mig_mode() {
+            Ok(mode) => Some(mode.current == 1),
+            Err(e) => {
+                tracing::debug!(uuid, error = %e, "MIG mode unknown");
+                None
+            }
+        };
+        GpuModes {
+            compute_mode,
+            mig_enabled,
+        }
     }
     fn processes(&self, uuid: &str) -> Result<Option<Vec<GpuProcess>>, InventoryError> {
         let device = self.device(uuid)?;
@@ -334,6 +633,232 @@ mod tests {
         assert!(
             err.to_string().contains("/nonexistent/libnvidia-ml.so.1"),
             "{err}"
+        );
+    }
+
+    fn gpu(index: u32) -> Gpu {
+        Gpu {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "x".into(),
+            memory_total: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn shareability_from_the_driver_facts() {
+        use ComputeMode::*;
+        let modes = |compute_mode, mig_enabled| GpuModes {
+            compute_mode,
+            mig_enabled,
+        };
+        let evidence = "process nvidia-cuda-mps-control, pid 7";
+        let mps = Some(evidence);
+        let mps_reason = Unshareable::Mps {
+            evidence: evidence.into(),
+        };
+        for (facts, mps, expected) in [
+            (modes(None, None), None, vec![]),
+            (modes(Some(Default), Some(false)), None, vec![]),
+            (
+                modes(Some(ExclusiveProcess), None),
+                None,
+                vec![Unshareable::ComputeMode(ExclusiveProcess)],
+            ),
+            (
+                modes(Some(Prohibited), Some(false)),
+                None,
+                vec![Unshareable::ComputeMode(Prohibited)],
+            ),
+            (
+                modes(Some(ExclusiveThread), None),
+                None,
+                vec![Unshareable::ComputeMode(ExclusiveThread)],
+            ),
+            (
+                modes(Some(Default), Some(true)),
+                None,
+                vec![Unshareable::Mig],
+            ),
+            (modes(None, None), mps, vec![mps_reason.clone()]),
+            (
+                modes(Some(ExclusiveProcess), Some(true)),
+                mps,
+                vec![
+                    Unshareable::ComputeMode(ExclusiveProcess),
+                    Unshareable::Mig,
+                    mps_reason.clone(),
+                ],
+            ),
+        ] {
+            assert_eq!(shareability(&facts, mps), expected, "{facts:?} {mps:?}");
+        }
+    }
+
+    #[test]
+    fn reasons_name_the_gpu_and_what_to_change() {
+        let set_aside = UnshareableGpu {
+            gpu: gpu(1),
+            reasons: vec![Unshareable::ComputeMode(ComputeMode::ExclusiveProcess)],
+        };
+        assert_eq!(
+            set_aside.describe(),
+            "GPU 1 (GPU-1) cannot be shared: it is in compute mode EXCLUSIVE_PROCESS; set it to \
+             DEFAULT with `nvidia-smi -i GPU-1 -c DEFAULT`; then restart gpushare-arbiter"
+        );
+        let mig = UnshareableGpu {
+            gpu: gpu(0),
+            reasons: vec![
+                Unshareable::Mig,
+                Unshareable::Mps {
+                    evidence: "its control pipe /tmp/nvidia-mps/control exists".into(),
+                },
+            ],
+        };
+        let text = mig.status().reason;
+        for piece in [
+            "MIG mode is enabled",
+            "nvidia-smi -i GPU-0 -mig 0",
+            "; and an MPS control daemon is running (its control pipe /tmp/nvidia-mps/control exists)",
+            "echo quit | nvidia-cuda-mps-control",
+        ] {
+            assert!(text.contains(piece), "{text} lacks {piece:?}");
+        }
+    }
+
+    #[test]
+    fn requests_naming_or_needing_an_unshareable_gpu_are_refused() {
+        let shareable = [gpu(0)];
+        let unshareable = [UnshareableGpu {
+            gpu: gpu(1),
+            reasons: vec![Unshareable::Mig],
+        }];
+        let refusal = |selector: &str| {
+            // The test UUIDs are not real GPU UUIDs, which parsing would refuse.
+            let selector = match selector.strip_prefix("uuid:") {
+                Some(uuid) => GpuSelector::Uuid(vec![uuid.to_owned()]),
+                None => selector.parse().unwrap(),
+            };
+            refusal(&selector, &shareable, &unshareable).unwrap_or_default()
+        };
+        assert_eq!(refusal("count:1"), "", "GPU 0 can take it");
+        assert_eq!(refusal("index:0"), "");
+        assert_eq!(refusal("uuid:GPU-0"), "");
+        assert_eq!(refusal("index:7"), "", "placement says it does not exist");
+        for selector in ["index:1", "index:0,1", "uuid:GPU-1"] {
+            let message = refusal(selector);
+            assert!(
+                message.starts_with(&format!(
+                    "gpu {selector}: GPU 1 (GPU-1) cannot be shared: MIG"
+                )),
+                "{selector}: {message}"
+            );
+        }
+        let message = refusal("count:2");
+        assert!(
+            message.starts_with(
+                "gpu count:2: only 1 GPU(s) on this node can be shared; GPU 1 (GPU-1)"
+            ),
+            "{message}"
+        );
+        assert_eq!(
+            super::refusal(&"count:2".parse().unwrap(), &shareable, &[]),
+            None,
+            "nothing set aside: placement's own error"
+        );
+    }
+
+    #[test]
+    fn mps_is_seen_in_proc_or_by_its_control_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_root = dir.path().join("proc");
+        let pipe_dir = dir.path().join("nvidia-mps");
+        let process = |pid: u32, comm: &str, cmdline: &[u8]| {
+            let p = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
+            std::fs::write(p.join("cmdline"), cmdline).unwrap();
+        };
+        process(1, "systemd", b"/sbin/init\0");
+        std::fs::create_dir_all(proc_root.join("self")).unwrap();
+        let probe = HostMps {
+            proc_root: proc_root.clone(),
+            pipe_dir: pipe_dir.clone(),
+        };
+        assert_eq!(probe.running(), None);
+        // A plain file is not the pipe.
+        std::fs::create_dir_all(&pipe_dir).unwrap();
+        std::fs::write(pipe_dir.join("control"), "").unwrap();
+        assert_eq!(probe.running(), None);
+        std::fs::remove_file(pipe_dir.join("control")).unwrap();
+        nix::unistd::mkfifo(
+            &pipe_dir.join("control"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert_eq!(
+            probe.running().as_deref(),
+            Some(format!("its control pipe {}/control exists", pipe_dir.display()).as_str())
+        );
+        process(
+            4242,
+            "nvidia-cuda-mps",
+            b"/usr/bin/nvidia-cuda-mps-control\0-d\0",
+        );
+        assert_eq!(
+            probe.running().as_deref(),
+            Some("process nvidia-cuda-mps-control, pid 4242"),
+            "the process is the first sign"
+        );
+    }
+
+    #[test]
+    fn a_survey_sets_aside_what_cannot_be_shared() {
+        struct Modes(Vec<Gpu>);
+        impl GpuBackend for Modes {
+            fn source(&self) -> &'static str {
+                "test"
+            }
+            fn gpus(&self) -> Vec<Gpu> {
+                self.0.clone()
+            }
+            fn cuda_driver_version(&self) -> Option<u32> {
+                None
+            }
+            fn sample(&self, _: &str) -> Result<Option<GpuSample>, InventoryError> {
+                Ok(None)
+            }
+            fn processes(&self, _: &str) -> Result<Option<Vec<GpuProcess>>, InventoryError> {
+                Ok(None)
+            }
+            fn modes(&self, uuid: &str) -> GpuModes {
+                GpuModes {
+                    compute_mode: Some(if uuid == "GPU-1" {
+                        ComputeMode::ExclusiveProcess
+                    } else {
+                        ComputeMode::Default
+                    }),
+                    mig_enabled: Some(false),
+                }
+            }
+        }
+        struct Mps(Option<&'static str>);
+        impl MpsProbe for Mps {
+            fn running(&self) -> Option<String> {
+                self.0.map(str::to_owned)
+            }
+        }
+        let backend = Modes(vec![gpu(0), gpu(1), gpu(2)]);
+        let survey = survey(&backend, &["GPU-1".into(), "GPU-2".into()], &Mps(None)).unwrap();
+        assert_eq!(survey.shareable, vec![gpu(2)], "narrowed, then checked");
+        assert_eq!(survey.unshareable.len(), 1);
+        assert_eq!(survey.unshareable[0].gpu, gpu(1));
+        let all = super::survey(&backend, &[], &Mps(Some("pid 9"))).unwrap();
+        assert!(all.shareable.is_empty(), "MPS concerns every GPU");
+        assert_eq!(all.unshareable.len(), 3);
+        assert_eq!(
+            super::survey(&backend, &["GPU-9".into()], &Mps(None)),
+            Err(InventoryError::UnknownSharedGpu("GPU-9".into()))
         );
     }
 

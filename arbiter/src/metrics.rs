@@ -355,6 +355,7 @@ mod tests {
                 }],
                 ..Default::default()
             }],
+            unshareable: vec![],
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);

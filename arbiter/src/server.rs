@@ -191,6 +191,11 @@ async fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlRe
     };
     match request {
         ControlRequest::Reserve(r) => {
+            let refusal = lock(arbiter).unshareable_refusal(&r.gpu);
+            if let Some(message) = refusal {
+                tracing::warn!(container = %r.container_id, "refused: {message}");
+                return error_response(ErrorKind::InvalidRequest, message);
+            }
             let reply = lock(arbiter).submit(r, Instant::now());
             let granted = match reply.await {
                 Ok(Ok(g)) => g,

@@ -206,6 +206,8 @@ pub struct Arbiter {
     probe: Box<dyn ProcessProbe>,
     /// The time-slice tokens, for status (served by the lease sockets).
     tokens: Option<Arc<crate::tokens::TokenService>>,
+    /// GPUs set aside at inventory (not in `inventory`): for status and refusals.
+    unshareable: Vec<crate::inventory::UnshareableGpu>,
     /// Where per-process GPU memory is read (NVML), once the backend showed it can;
     /// None: overhead is neither measured nor charged (see `overhead_estimate`).
     memory_probe: Option<Arc<dyn GpuBackend>>,
@@ -253,6 +255,7 @@ impl Arbiter {
             endpoints,
             probe,
             tokens: None,
+            unshareable: Vec::new(),
             memory_probe: None,
             measured_at: HashMap::new(),
             config,
@@ -294,6 +297,16 @@ impl Arbiter {
     /// Lets status report the time-slice tokens.
     pub fn set_tokens(&mut self, tokens: Arc<crate::tokens::TokenService>) {
         self.tokens = Some(tokens);
+    }
+
+    /// The GPUs set aside at inventory (`inventory::survey`).
+    pub fn set_unshareable(&mut self, gpus: Vec<crate::inventory::UnshareableGpu>) {
+        self.unshareable = gpus;
+    }
+
+    /// Why a request for `selector` is refused because of a GPU that cannot be shared.
+    pub fn unshareable_refusal(&self, selector: &gpushare_proto::GpuSelector) -> Option<String> {
+        crate::inventory::refusal(selector, &self.inventory.gpus, &self.unshareable)
     }
 
     /// Turns on overhead accounting: `backend` lists per-process memory (NVML).
@@ -998,6 +1011,7 @@ impl Arbiter {
                 .collect(),
             violations: self.violations.clone(),
             tokens: self.tokens.as_ref().map(|t| t.status()).unwrap_or_default(),
+            unshareable: self.unshareable.iter().map(|u| u.status()).collect(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The real NVML path, against the simulated GPU's libnvidia-ml.so.1: inventory,
-//! driver CUDA version, utilisation sampling, and the watchdog catching a process
-//! that uses a shared GPU without registering (and killing it when configured).
+//! driver CUDA version, utilisation sampling, GPUs that cannot be shared (compute
+//! mode, MIG, MPS) set aside and refused, and the watchdog catching a process that
+//! uses a shared GPU without registering (and killing it when configured).
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::*;
-use gpushare_proto::ViolationKind;
+use gpushare_proto::{ClientError, ErrorKind, GpuSelector, Priority, ViolationKind};
 
 const GI: u64 = 1 << 30;
 
@@ -56,6 +57,15 @@ fn rogue_workload(sim_dir: &Path, lib_dir: &Path, workload: &Path) -> Child {
 /// The daemon, the simulated GPU's state directory and library directory (and
 /// the temporary directory holding both, removed when dropped).
 fn nvml_daemon(kill: bool) -> (Daemon, PathBuf, PathBuf, tempfile::TempDir) {
+    nvml_daemon_with(kill, &[("SIMGPU_GPUS", "2")])
+}
+
+/// `env`: the simulated GPU's settings (`SIMGPU_GPUS`, modes) and anything else the
+/// arbiter should see.
+fn nvml_daemon_with(
+    kill: bool,
+    env: &[(&str, &str)],
+) -> (Daemon, PathBuf, PathBuf, tempfile::TempDir) {
     let (nvml, _) = simgpu_built();
     let tmp = tempfile::Builder::new()
         .prefix("gss-")
@@ -75,17 +85,132 @@ fn nvml_daemon(kill: bool) -> (Daemon, PathBuf, PathBuf, tempfile::TempDir) {
         lib_dir.join("libnvidia-ml.so.1").display()
     );
     let sim_dir = sim.join("state");
-    let d = Daemon::start_with_env(
-        0,
-        "16Gi",
-        &extra,
+    let mut all_env = vec![
+        ("SIMGPU_DIR", sim_dir.to_str().unwrap()),
+        ("SIMGPU_MEMORY", "16Gi"),
+    ];
+    all_env.extend_from_slice(env);
+    let d = Daemon::start_with_env(0, "16Gi", &extra, &all_env);
+    (d, sim_dir, lib_dir, tmp)
+}
+
+fn reserve_on(d: &Daemon, container: &str, gpu: GpuSelector) -> Result<String, ClientError> {
+    let mut r = request(container, "1Gi", Priority::Low);
+    r.gpu = gpu;
+    d.client().reserve(r).map(|lease| lease.gpus.join(","))
+}
+
+fn refusal(result: Result<String, ClientError>) -> String {
+    match result {
+        Err(ClientError::Refused { kind, message }) => {
+            assert_eq!(kind, ErrorKind::InvalidRequest, "{message}");
+            message
+        }
+        other => panic!("expected a refusal: {other:?}"),
+    }
+}
+
+#[test]
+fn gpus_in_exclusive_process_mode_or_with_mig_are_set_aside_reported_and_refused() {
+    let (d, _sim, _lib, _tmp) = nvml_daemon_with(
+        false,
         &[
-            ("SIMGPU_DIR", sim_dir.to_str().unwrap()),
-            ("SIMGPU_GPUS", "2"),
-            ("SIMGPU_MEMORY", "16Gi"),
+            ("SIMGPU_GPUS", "3"),
+            ("SIMGPU_COMPUTE_MODE", "1:exclusive_process"),
+            ("SIMGPU_MIG", "2"),
         ],
     );
-    (d, sim_dir, lib_dir, tmp)
+    let status = d.client().status().unwrap();
+    assert_eq!(status.inventory_source, "nvml", "{}", d.log());
+    assert_eq!(
+        status
+            .gpus
+            .iter()
+            .map(|g| g.uuid.clone())
+            .collect::<Vec<_>>(),
+        vec![sim_uuid(0)],
+        "only GPU 0 is shared"
+    );
+    let set_aside: Vec<(u32, String, String)> = status
+        .unshareable
+        .iter()
+        .map(|u| (u.index, u.uuid.clone(), u.reason.clone()))
+        .collect();
+    assert_eq!(set_aside.len(), 2, "{set_aside:?}");
+    assert_eq!((set_aside[0].0, &set_aside[0].1), (1, &sim_uuid(1)));
+    assert!(
+        set_aside[0].2.contains("compute mode EXCLUSIVE_PROCESS")
+            && set_aside[0]
+                .2
+                .contains(&format!("nvidia-smi -i {} -c DEFAULT", sim_uuid(1))),
+        "{}",
+        set_aside[0].2
+    );
+    assert_eq!((set_aside[1].0, &set_aside[1].1), (2, &sim_uuid(2)));
+    assert!(
+        set_aside[1].2.contains("MIG mode is enabled"),
+        "{}",
+        set_aside[1].2
+    );
+
+    let text = String::from_utf8_lossy(&d.ctl(&["status"]).stdout).into_owned();
+    assert!(
+        text.contains("UNSHAREABLE (2)")
+            && text.contains(&format!("1 {} ", sim_uuid(1)))
+            && text.contains("EXCLUSIVE_PROCESS"),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&d.ctl(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(json["unshareable"][1]["uuid"], sim_uuid(2));
+
+    let named = refusal(reserve_on(&d, "x", GpuSelector::Index(vec![1])));
+    assert!(
+        named.contains(&sim_uuid(1))
+            && named.contains("EXCLUSIVE_PROCESS")
+            && named.contains("set it to DEFAULT"),
+        "{named}"
+    );
+    let by_uuid = refusal(reserve_on(&d, "y", GpuSelector::Uuid(vec![sim_uuid(2)])));
+    assert!(by_uuid.contains("MIG"), "{by_uuid}");
+    let two = refusal(reserve_on(&d, "z", GpuSelector::Count(2)));
+    assert!(
+        two.contains("only 1 GPU(s) on this node can be shared"),
+        "{two}"
+    );
+    assert_eq!(
+        reserve_on(&d, "fits", GpuSelector::Count(1)).unwrap(),
+        sim_uuid(0),
+        "the shareable GPU still takes requests"
+    );
+    assert!(d.log().contains("cannot be shared"), "{}", d.log());
+}
+
+#[test]
+fn a_running_mps_daemon_sets_every_gpu_aside() {
+    let pipes = tempfile::tempdir().unwrap();
+    nix::unistd::mkfifo(
+        &pipes.path().join("control"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let (d, _sim, _lib, _tmp) = nvml_daemon_with(
+        false,
+        &[
+            ("SIMGPU_GPUS", "2"),
+            ("CUDA_MPS_PIPE_DIRECTORY", pipes.path().to_str().unwrap()),
+        ],
+    );
+    let status = d.client().status().unwrap();
+    assert!(status.gpus.is_empty(), "{:?}", status.gpus);
+    assert_eq!(status.unshareable.len(), 2);
+    let message = refusal(reserve_on(&d, "x", GpuSelector::Count(1)));
+    assert!(
+        message.contains("MPS control daemon is running")
+            && message.contains("control pipe")
+            && message.contains("echo quit | nvidia-cuda-mps-control"),
+        "{message}"
+    );
 }
 
 #[test]

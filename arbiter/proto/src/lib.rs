@@ -18,7 +18,8 @@ pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{
     ClientStatus, ControlRequest, ControlResponse, ErrorKind, GpuStatus, LeaseUsage, QueuedRequest,
-    ReserveRequest, StatusReport, TokenHolder, TokenStatus, Violation, ViolationKind,
+    ReserveRequest, StatusReport, TokenHolder, TokenStatus, UnshareableGpuStatus, Violation,
+    ViolationKind,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
 pub use token::{LossPolicy, ScheduleTerms, TokenPage, TokenRequest};

@@ -224,6 +224,22 @@ pub struct StatusReport {
     /// The time-slice token of each GPU that has token clients.
     #[serde(default)]
     pub tokens: Vec<TokenStatus>,
+    /// GPUs of this node set aside at inventory because gpushare cannot share them
+    /// (compute mode, MIG, MPS); not in `gpus`, no lease is placed on them.
+    #[serde(default)]
+    pub unshareable: Vec<UnshareableGpuStatus>,
+}
+
+/// A GPU gpushare cannot share, and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnshareableGpuStatus {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total: u64,
+    /// What is wrong and what to change ("it is in compute mode EXCLUSIVE_PROCESS;
+    /// set it to DEFAULT with `nvidia-smi -i GPU-… -c DEFAULT`").
+    pub reason: String,
 }
 
 /// One GPU's time-slice token.

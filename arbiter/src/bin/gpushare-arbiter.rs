@@ -55,9 +55,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     if shared_gpus.is_empty() {
         tracing::warn!("no GPUs to share: no NVML GPUs and no [[arbiter.devices]] declared");
     }
-    for gpu in &shared_gpus {
-        tracing::info!(index = gpu.index, uuid = %gpu.uuid, name = %gpu.name, memory = gpu.memory_total, source = backend.source(), "sharing GPU");
-    }
+    // Which of them can be shared is logged by the recovery (inventory::survey).
     let socket = config.control_socket();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -152,6 +152,22 @@ fn render_status(report: &StatusReport) -> String {
             flags
         );
     }
+    if !report.unshareable.is_empty() {
+        out += &format!(
+            "UNSHAREABLE ({}): no leases are placed on these GPUs\n",
+            report.unshareable.len()
+        );
+        for u in &report.unshareable {
+            out += &format!(
+                "  {} {} {} {}  {}\n",
+                u.index,
+                u.uuid,
+                u.name,
+                ByteSize(u.memory_total),
+                u.reason
+            );
+        }
+    }
     for priority in [Priority::High, Priority::Low] {
         let leases: Vec<_> = report
             .leases

@@ -73,7 +73,94 @@ const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 
 struct Library {
     device: Device,
+    modes: Modes,
     init_count: u32,
+}
+
+/// `nvmlComputeMode_t`.
+pub const NVML_COMPUTEMODE_DEFAULT: c_int = 0;
+pub const NVML_COMPUTEMODE_EXCLUSIVE_THREAD: c_int = 1;
+pub const NVML_COMPUTEMODE_PROHIBITED: c_int = 2;
+pub const NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: c_int = 3;
+/// `NVML_DEVICE_MIG_DISABLE` / `NVML_DEVICE_MIG_ENABLE`.
+pub const NVML_DEVICE_MIG_DISABLE: c_uint = 0;
+pub const NVML_DEVICE_MIG_ENABLE: c_uint = 1;
+
+/// Device modes the real driver would report, from the environment read at `nvmlInit`
+/// (so a test can present a GPU gpushare must not share):
+/// `SIMGPU_COMPUTE_MODE="1:exclusive_process,2:prohibited"` (GPU index: mode; every
+/// other GPU is `default`) and `SIMGPU_MIG="0,3"` (GPUs with MIG enabled; the others
+/// report it disabled, like a MIG-capable GPU).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Modes {
+    compute: Vec<(u32, c_int)>,
+    mig: Vec<u32>,
+}
+
+const COMPUTE_MODES: [(&str, c_int); 4] = [
+    ("default", NVML_COMPUTEMODE_DEFAULT),
+    ("exclusive_thread", NVML_COMPUTEMODE_EXCLUSIVE_THREAD),
+    ("prohibited", NVML_COMPUTEMODE_PROHIBITED),
+    ("exclusive_process", NVML_COMPUTEMODE_EXCLUSIVE_PROCESS),
+];
+
+impl Modes {
+    /// `compute`/`mig`: the variables' values (None or empty: unset). An error names
+    /// the variable, its value and what is accepted.
+    pub fn parse(compute: Option<&str>, mig: Option<&str>, gpus: u32) -> Result<Modes, String> {
+        let index = |var: &str, value: &str, text: &str| -> Result<u32, String> {
+            match text.trim().parse::<u32>() {
+                Ok(i) if i < gpus => Ok(i),
+                _ => Err(format!(
+                    "{var}={value:?}: {text:?} is not a GPU index (0 to {}, SIMGPU_GPUS={gpus})",
+                    gpus.saturating_sub(1)
+                )),
+            }
+        };
+        let mut modes = Modes::default();
+        let compute = compute.unwrap_or_default();
+        for item in compute.split(',').filter(|i| !i.trim().is_empty()) {
+            let accepted = "expected GPU:MODE pairs separated by commas, MODE one of default, exclusive_thread, prohibited, exclusive_process (e.g. \"1:exclusive_process\")";
+            let (gpu, mode) = item
+                .split_once(':')
+                .ok_or_else(|| format!("SIMGPU_COMPUTE_MODE={compute:?}: {accepted}"))?;
+            let gpu = index("SIMGPU_COMPUTE_MODE", compute, gpu)?;
+            let (_, mode) = COMPUTE_MODES
+                .iter()
+                .find(|(name, _)| *name == mode.trim())
+                .ok_or_else(|| {
+                    format!("SIMGPU_COMPUTE_MODE={compute:?}: mode {mode:?}: {accepted}")
+                })?;
+            modes.compute.push((gpu, *mode));
+        }
+        let mig = mig.unwrap_or_default();
+        for item in mig.split(',').filter(|i| !i.trim().is_empty()) {
+            modes.mig.push(index("SIMGPU_MIG", mig, item)?);
+        }
+        Ok(modes)
+    }
+
+    fn from_env(gpus: u32) -> Result<Modes, String> {
+        let compute = std::env::var("SIMGPU_COMPUTE_MODE").ok();
+        let mig = std::env::var("SIMGPU_MIG").ok();
+        Modes::parse(compute.as_deref(), mig.as_deref(), gpus)
+    }
+
+    pub fn compute_mode(&self, gpu: u32) -> c_int {
+        self.compute
+            .iter()
+            .rev()
+            .find(|(g, _)| *g == gpu)
+            .map_or(NVML_COMPUTEMODE_DEFAULT, |(_, m)| *m)
+    }
+
+    pub fn mig(&self, gpu: u32) -> c_uint {
+        if self.mig.contains(&gpu) {
+            NVML_DEVICE_MIG_ENABLE
+        } else {
+            NVML_DEVICE_MIG_DISABLE
+        }
+    }
 }
 
 /// The attached model while initialised. Dropped at the last `nvmlShutdown`, so a later
@@ -166,9 +253,15 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
             Some(l) => l.init_count += 1,
             None => {
                 let config = SimConfig::from_env().map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
+                // A wrong mode variable is a broken test setup: say so, and load nothing.
+                let modes = Modes::from_env(config.gpus).map_err(|message| {
+                    eprintln!("simgpu libnvidia-ml: {message}");
+                    NVML_ERROR_DRIVER_NOT_LOADED
+                })?;
                 let device = Device::open(&config).map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
                 *lib = Some(Library {
                     device,
+                    modes,
                     init_count: 1,
                 });
             }
@@ -323,6 +416,43 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
         with_device(|d| gpu_of(device, d))?;
         // SAFETY: caller buffer of `len` bytes.
         unsafe { write_string(name, len, "NVIDIA Simulated GPU (simgpu)") }
+    })
+}
+
+fn modes<T>(device: NvmlDevice, read: impl FnOnce(&Modes, u32) -> T) -> Result<T, NvmlReturn> {
+    let lib = library();
+    let lib = lib.as_ref().ok_or(NVML_ERROR_UNINITIALIZED)?;
+    let gpu = gpu_of(device, &lib.device)?;
+    Ok(read(&lib.modes, gpu))
+}
+
+/// `SIMGPU_COMPUTE_MODE`; `default` unless set.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
+    device: NvmlDevice,
+    mode: *mut c_int,
+) -> NvmlReturn {
+    guard(|| {
+        let m = modes(device, |m, gpu| m.compute_mode(gpu))?;
+        // SAFETY: out-parameter.
+        unsafe { write_out(mode, m) }
+    })
+}
+
+/// `SIMGPU_MIG`; the pending mode is the current one (no reset pending).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: NvmlDevice,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        let m = modes(device, |m, gpu| m.mig(gpu))?;
+        // SAFETY: out-parameters.
+        unsafe {
+            write_out(current, m)?;
+            write_out(pending, m)
+        }
     })
 }
 
@@ -490,5 +620,53 @@ mod tests {
         assert_eq!(MEMORY_V2_VERSION, 40 | (2 << 24));
         assert_eq!(std::mem::size_of::<NvmlProcessInfo>(), 24);
         assert_eq!(std::mem::size_of::<NvmlProcessInfoV1>(), 16);
+    }
+
+    #[test]
+    fn modes_come_from_the_environment_and_errors_name_variable_value_and_forms() {
+        let modes = Modes::parse(Some("1:exclusive_process, 2:prohibited"), Some("0"), 3).unwrap();
+        assert_eq!(
+            (0..3).map(|g| modes.compute_mode(g)).collect::<Vec<_>>(),
+            vec![
+                NVML_COMPUTEMODE_DEFAULT,
+                NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+                NVML_COMPUTEMODE_PROHIBITED
+            ]
+        );
+        assert_eq!(
+            (0..3).map(|g| modes.mig(g)).collect::<Vec<_>>(),
+            vec![
+                NVML_DEVICE_MIG_ENABLE,
+                NVML_DEVICE_MIG_DISABLE,
+                NVML_DEVICE_MIG_DISABLE
+            ]
+        );
+        assert_eq!(Modes::parse(None, Some(""), 1).unwrap(), Modes::default());
+        for (compute, mig, pieces) in [
+            (
+                "1:exclusive",
+                "",
+                [
+                    "SIMGPU_COMPUTE_MODE=\"1:exclusive\"",
+                    "\"exclusive\"",
+                    "exclusive_process",
+                ],
+            ),
+            (
+                "exclusive_process",
+                "",
+                ["SIMGPU_COMPUTE_MODE", "GPU:MODE", "default"],
+            ),
+            ("5:default", "", ["SIMGPU_COMPUTE_MODE", "\"5\"", "0 to 1"]),
+            ("", "0,x", ["SIMGPU_MIG=\"0,x\"", "\"x\"", "SIMGPU_GPUS=2"]),
+        ] {
+            let err = Modes::parse(Some(compute), Some(mig), 2).unwrap_err();
+            for piece in pieces {
+                assert!(
+                    err.contains(piece),
+                    "{compute:?} {mig:?}: {err} lacks {piece:?}"
+                );
+            }
+        }
     }
 }
