@@ -512,6 +512,11 @@ impl Accounts {
         }
         self.settle_all_pools();
         self.settle_graph_pools();
+        if let Some(device) = crate::driver::current_device() {
+            if !self.graph_pools.contains_key(&device) {
+                self.settle_graph_pool(device, graph_reserved(device));
+            }
+        }
         self.link.query()
     }
 }
@@ -551,13 +556,25 @@ fn graph_reserved(device: CUdevice) -> Option<u64> {
 /// Call after a successful `cuGraphLaunch` (any variant): a graph with memory
 /// nodes reserves its memory at launch, from the device's graph memory pool,
 /// which no allocation call of ours sees. Settles the current device's graph pool
-/// charge. Cheap when nothing changed (one attribute read, no round trip).
+/// charge. Cheap when nothing changed: two driver attribute reads and an
+/// uncontended lock, no round trip. Never waits for the accounts: another thread
+/// may hold them across a synchronising driver call (`cuMemFree`), and a launch
+/// path must not queue behind that; a settle skipped here is done by the next
+/// memory query, and the arbiter's NVML measurement counts the memory meanwhile.
 pub fn graph_launched() {
+    if !crate::config::is_active() {
+        return;
+    }
     let Some(device) = crate::driver::current_device() else {
         return;
     };
-    let Some(mut a) = lock() else { return };
     let reserved = graph_reserved(device);
+    let Some(m) = instance() else { return };
+    let mut a = match m.try_lock() {
+        Ok(a) => a,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
     a.settle_graph_pool(device, reserved);
 }
 

@@ -218,3 +218,256 @@ fn a_quota_that_cannot_hold_one_context_is_refused_at_reserve() {
     );
     assert!(m.reserve("ok", "512Mi").is_ok());
 }
+
+// ----- a CUDA program of this test binary -----
+//
+// The probe (src/bin) has no steps for graph memory nodes or VMM export; this
+// binary runs itself as the program instead: the `program` test, under
+// `LD_PRELOAD=libgpushare.so`, resolves the driver as the CUDA runtime does
+// (`dlopen`, `cuGetProcAddress_v2`) and prints `step <name> <result> k=v ...` lines.
+
+const PROGRAM_ENV: &str = "GPUSHARE_MEMTEST_PROGRAM";
+
+type R = i32;
+type GetProc =
+    unsafe extern "C" fn(*const libc::c_char, *mut *mut libc::c_void, i32, u64, *mut i32) -> R;
+
+struct Cuda {
+    get_proc: GetProc,
+}
+
+impl Cuda {
+    fn load() -> Cuda {
+        // SAFETY: dlopen/dlsym with NUL-terminated names; the handle is never closed.
+        unsafe {
+            let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+            assert!(!handle.is_null(), "dlopen(libcuda.so.1)");
+            let sym = libc::dlsym(handle, c"cuGetProcAddress_v2".as_ptr());
+            assert!(!sym.is_null(), "no cuGetProcAddress_v2");
+            Cuda {
+                get_proc: std::mem::transmute::<*mut libc::c_void, GetProc>(sym),
+            }
+        }
+    }
+
+    /// The entry point `name` for CUDA 12.4 (what a program built with it asks for).
+    fn get<T: Copy>(&self, name: &str) -> T {
+        assert_eq!(
+            std::mem::size_of::<T>(),
+            std::mem::size_of::<*mut libc::c_void>()
+        );
+        let c = std::ffi::CString::new(name).unwrap();
+        let (mut p, mut status) = (std::ptr::null_mut(), 0);
+        // SAFETY: cuGetProcAddress_v2's signature; out-pointers valid.
+        let rc = unsafe { (self.get_proc)(c.as_ptr(), &mut p, 12040, 0, &mut status) };
+        assert!(rc == 0 && !p.is_null(), "cuGetProcAddress_v2({name}): {rc}");
+        // SAFETY: T is the C signature of `name` (asserted pointer-sized above).
+        unsafe { std::mem::transmute_copy::<*mut libc::c_void, T>(&p) }
+    }
+
+    fn free_memory(&self) -> u64 {
+        let f: unsafe extern "C" fn(*mut usize, *mut usize) -> R = self.get("cuMemGetInfo");
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: valid out-pointers.
+        assert_eq!(unsafe { f(&mut free, &mut total) }, 0);
+        free as u64
+    }
+}
+
+fn step(name: &str, rc: R, rest: &str) {
+    println!("step {name} {rc} {rest}");
+}
+
+/// cuInit and the primary context of device 0, current on this thread.
+fn context(c: &Cuda) {
+    let init: unsafe extern "C" fn(u32) -> R = c.get("cuInit");
+    let retain: unsafe extern "C" fn(*mut usize, i32) -> R = c.get("cuDevicePrimaryCtxRetain");
+    let set: unsafe extern "C" fn(usize) -> R = c.get("cuCtxSetCurrent");
+    let mut ctx = 0;
+    // SAFETY: the driver API's signatures; valid out-pointers.
+    unsafe {
+        assert_eq!(init(0), 0);
+        assert_eq!(retain(&mut ctx, 0), 0);
+        assert_eq!(set(ctx), 0);
+    }
+}
+
+/// A graph with a memory node: `bytes` allocated and freed inside a stream
+/// capture, instantiated and launched, which reserves the graph pool's memory.
+fn graph_program(c: &Cuda, bytes: usize) {
+    context(c);
+    step("meminfo", 0, &format!("free={}", c.free_memory()));
+    let create: unsafe extern "C" fn(*mut usize, u32) -> R = c.get("cuStreamCreate");
+    let begin: unsafe extern "C" fn(usize, i32) -> R = c.get("cuStreamBeginCapture");
+    let alloc: unsafe extern "C" fn(*mut u64, usize, usize) -> R = c.get("cuMemAllocAsync");
+    let free: unsafe extern "C" fn(u64, usize) -> R = c.get("cuMemFreeAsync");
+    let end: unsafe extern "C" fn(usize, *mut usize) -> R = c.get("cuStreamEndCapture");
+    let instantiate: unsafe extern "C" fn(*mut usize, usize, u64) -> R =
+        c.get("cuGraphInstantiateWithFlags");
+    let launch: unsafe extern "C" fn(usize, usize) -> R = c.get("cuGraphLaunch");
+    let sync: unsafe extern "C" fn(usize) -> R = c.get("cuStreamSynchronize");
+    let attribute: unsafe extern "C" fn(i32, i32, *mut u64) -> R =
+        c.get("cuDeviceGetGraphMemAttribute");
+    let (mut stream, mut graph, mut exec, mut ptr) = (0, 0, 0, 0u64);
+    // SAFETY: the driver API's signatures; valid out-pointers.
+    let rc = unsafe {
+        let mut rc = create(&mut stream, 1);
+        rc = rc.max(begin(stream, 2)); // relaxed
+        rc = rc.max(alloc(&mut ptr, bytes, stream));
+        rc = rc.max(free(ptr, stream));
+        rc = rc.max(end(stream, &mut graph));
+        rc = rc.max(instantiate(&mut exec, graph, 0));
+        rc = rc.max(launch(exec, stream));
+        rc.max(sync(stream))
+    };
+    let mut reserved = 0u64;
+    // SAFETY: CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT (2) is a cuuint64_t.
+    let attr_rc = unsafe { attribute(0, 2, &mut reserved) };
+    step("graph", rc.max(attr_rc), &format!("reserved={reserved}"));
+    // The charge shows within the watchdog's period (or at once when the launch
+    // settles it); poll past the 100 ms answer cache.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = c.free_memory();
+    while std::time::Instant::now() < deadline && seen + reserved > QUOTA - CONTEXT {
+        std::thread::sleep(Duration::from_millis(20));
+        seen = c.free_memory();
+    }
+    step("meminfo", 0, &format!("free={seen}"));
+    let alloc_sync: unsafe extern "C" fn(*mut u64, usize) -> R = c.get("cuMemAlloc");
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { alloc_sync(&mut ptr, (seen + MI) as usize) };
+    step("alloc-beyond", rc, "");
+}
+
+#[repr(C)]
+struct AllocationProp {
+    kind: u32,
+    handle_types: u32,
+    location_type: u32,
+    location_id: i32,
+    win32: *mut libc::c_void,
+    flags: [u8; 8],
+}
+
+/// Physical memory exported as a POSIX descriptor, then released: an importer
+/// could still map it, so it stays charged here.
+fn export_program(c: &Cuda, bytes: usize) {
+    context(c);
+    step("meminfo", 0, &format!("free={}", c.free_memory()));
+    let create: unsafe extern "C" fn(*mut u64, usize, *const AllocationProp, u64) -> R =
+        c.get("cuMemCreate");
+    let export: unsafe extern "C" fn(*mut libc::c_void, u64, u32, u64) -> R =
+        c.get("cuMemExportToShareableHandle");
+    let release: unsafe extern "C" fn(u64) -> R = c.get("cuMemRelease");
+    let prop = AllocationProp {
+        kind: 1,          // CU_MEM_ALLOCATION_TYPE_PINNED
+        handle_types: 1,  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        location_type: 1, // CU_MEM_LOCATION_TYPE_DEVICE
+        location_id: 0,
+        win32: std::ptr::null_mut(),
+        flags: [0; 8],
+    };
+    let (mut handle, mut fd) = (0u64, -1i32);
+    // SAFETY: the driver API's signatures; valid pointers.
+    let rc = unsafe { create(&mut handle, bytes, &prop, 0) };
+    step("create", rc, "");
+    let rc = unsafe { export((&mut fd as *mut i32).cast(), handle, 1, 0) };
+    step("export", rc, &format!("fd={fd}"));
+    let rc = unsafe { release(handle) };
+    step("release", rc, "");
+    std::thread::sleep(VIEW_AGE);
+    step("meminfo", 0, &format!("free={}", c.free_memory()));
+}
+
+/// Past the interposer's answer cache (100 ms).
+const VIEW_AGE: Duration = Duration::from_millis(150);
+
+#[test]
+#[ignore = "the CUDA program the other tests run under the interposer"]
+fn program() {
+    let Ok(which) = std::env::var(PROGRAM_ENV) else {
+        return;
+    };
+    let c = Cuda::load();
+    match which.as_str() {
+        "graph" => graph_program(&c, (64 * MI) as usize),
+        "export" => export_program(&c, (64 * MI) as usize),
+        other => panic!("no program {other:?}"),
+    }
+}
+
+impl NvmlMachine {
+    /// This test binary as the program `which`, a process of `lease`.
+    fn program(&self, lease: &str, which: &str) -> Steps {
+        // The probe's environment (interposer, lease, simulated machine), this binary.
+        let probe = self.probe(lease, &[]);
+        let mut program = Command::new(std::env::current_exe().unwrap());
+        program
+            .args([
+                "--exact",
+                "program",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(PROGRAM_ENV, which)
+            .envs(probe.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null());
+        let out = program.output().unwrap();
+        let steps = Steps::from(&out);
+        assert!(
+            out.status.success(),
+            "program {which} failed: {}\n{:?}\n{}",
+            out.status,
+            steps.lines,
+            steps.stderr
+        );
+        Steps {
+            lines: steps
+                .lines
+                .iter()
+                .filter_map(|l| l.strip_prefix("step ").map(str::to_owned))
+                .collect(),
+            stderr: steps.stderr,
+        }
+    }
+}
+
+#[test]
+fn graph_memory_nodes_count_against_the_quota_after_the_launch() {
+    let mut m = NvmlMachine::start();
+    let lease = m.lease("1Gi");
+    let s = m.program(&lease, "graph");
+    assert_eq!(s.number("meminfo", 0, "free"), QUOTA - CONTEXT);
+    assert_eq!(s.result("graph", 0), "0", "{}", s.stderr);
+    let reserved = s.number("graph", 0, "reserved");
+    assert!(
+        reserved >= 64 * MI,
+        "the launch reserved the node's memory: {reserved}"
+    );
+    assert_eq!(
+        s.number("meminfo", 1, "free"),
+        QUOTA - CONTEXT - reserved,
+        "the graph pool is charged\n{}",
+        s.stderr
+    );
+    assert_eq!(s.result("alloc-beyond", 0), "2", "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
+#[test]
+fn exported_memory_stays_charged_to_the_exporter_after_release() {
+    let mut m = NvmlMachine::start();
+    let lease = m.lease("1Gi");
+    let s = m.program(&lease, "export");
+    assert_eq!(s.result("create", 0), "0", "{}", s.stderr);
+    assert_eq!(s.result("export", 0), "0", "{}", s.stderr);
+    assert_eq!(s.result("release", 0), "0");
+    assert_eq!(
+        s.number("meminfo", 1, "free"),
+        s.number("meminfo", 0, "free") - 64 * MI,
+        "an importer may map it: still charged\n{}",
+        s.stderr
+    );
+}
