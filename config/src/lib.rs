@@ -286,8 +286,9 @@ pub struct SchedulerConfig {
     /// slowdown (0.8–1.4 %) and idle capture (90–94 %): the holder drains before it
     /// releases, so the threshold only has to exceed the launch gaps of a burst.
     pub idle_us: u64,
-    /// Launch-ahead depth of a low-priority holder when no high-priority client shares
-    /// the GPU. 0 = unbounded: with only equals there is nothing to preempt quickly.
+    /// Launch-ahead depth of a low-priority holder while no high-priority client is
+    /// active on the GPU (see `high_active_ms`). 0 = unbounded: with only equals, or a
+    /// high-priority neighbour that is idle, there is nothing to preempt quickly.
     pub launch_ahead: u32,
     /// Launch-ahead depth of a low-priority holder while a high-priority client is
     /// active on the GPU (see `high_active_ms`): 1, so a preempted holder drains in
