@@ -436,6 +436,7 @@ impl NvmlMachine {
 }
 
 #[test]
+#[ignore = "until simgpu has graph memory nodes (cuDeviceGetGraphMemAttribute)"]
 fn graph_memory_nodes_count_against_the_quota_after_the_launch() {
     let mut m = NvmlMachine::start();
     let lease = m.lease("1Gi");
@@ -457,6 +458,7 @@ fn graph_memory_nodes_count_against_the_quota_after_the_launch() {
 }
 
 #[test]
+#[ignore = "until simgpu has cuMemExportToShareableHandle"]
 fn exported_memory_stays_charged_to_the_exporter_after_release() {
     let mut m = NvmlMachine::start();
     let lease = m.lease("1Gi");
