@@ -83,10 +83,15 @@ impl LeaseLedger {
     }
 
     /// Sets each measured process's overhead from NVML's usage of it (`usage`: pid →
-    /// bytes on the lease's GPUs); processes NVML does not list keep theirs (no
-    /// context yet: the estimate stands). A pid with several connections (a
-    /// reconnect racing its old connection's close) is measured once, against
-    /// everything its connections charged, and the overhead put on the first.
+    /// bytes on the lease's GPUs, a complete listing). A process NVML does not list
+    /// has no context on them: if it charged nothing either (it attached through a
+    /// query that needs no context, `cuDeviceTotalMem`, NVML's memory info: a
+    /// monitoring process, or one about to create its context) it costs nothing,
+    /// and stays unmeasured so it is looked for again soon (`has_unmeasured`); one
+    /// that charged memory NVML does not show yet keeps what it had. A pid with
+    /// several connections (a reconnect racing its old connection's close) is
+    /// measured once, against everything its connections charged, and the overhead
+    /// put on the first.
     pub fn record_usage(&mut self, usage: &BTreeMap<u32, u64>) {
         let mut held_by_pid: BTreeMap<u32, u64> = BTreeMap::new();
         for c in self.clients.values() {
@@ -96,6 +101,9 @@ impl LeaseLedger {
         let mut done = std::collections::BTreeSet::new();
         for c in self.clients.values_mut() {
             let Some(&nvml) = usage.get(&c.pid) else {
+                if held_by_pid[&c.pid] == 0 && c.measured.is_none() {
+                    c.overhead = 0;
+                }
                 continue;
             };
             let measured = if done.insert(c.pid) {
@@ -424,26 +432,39 @@ mod tests {
     }
 
     #[test]
-    fn unlisted_processes_keep_the_estimate_and_a_pid_is_measured_once() {
+    fn unlisted_processes_cost_what_they_charged_and_a_pid_is_measured_once() {
         let mut l = ledger(10_000);
         l.attach(&lease(), 1, 10, 0, 300).unwrap();
         l.attach(&lease(), 2, 11, 0, 300).unwrap();
         l.attach(&lease(), 3, 11, 0, 300).unwrap();
+        l.attach(&lease(), 4, 12, 0, 300).unwrap();
         l.charge(&lease(), 3, 1000).unwrap();
+        l.charge(&lease(), 4, 50).unwrap();
         assert!(l.get(&lease()).unwrap().has_unmeasured());
-        // pid 10 has no context yet; pid 11 (two connections) uses 1200.
+        // pid 10 has no context (a monitoring process); pid 12 charged memory NVML
+        // does not show yet; pid 11 (two connections) uses 1200.
         l.record_usage(&lease(), &BTreeMap::from([(11, 1200)]));
         let ledger = l.get(&lease()).unwrap();
         assert_eq!(
-            ledger.clients[&1].overhead, 300,
-            "not listed: still the estimate"
+            ledger.clients[&1].overhead, 0,
+            "no context, no charges: it costs nothing"
+        );
+        assert_eq!(
+            ledger.clients[&4].overhead, 300,
+            "charged but not listed: the estimate stands"
         );
         assert_eq!(
             (ledger.clients[&2].overhead, ledger.clients[&3].overhead),
             (200, 0),
             "1200 used − 1000 charged, once"
         );
-        assert!(ledger.has_unmeasured());
-        assert_eq!(ledger.used(), 300 + 200 + 1000);
+        assert!(
+            ledger.has_unmeasured(),
+            "pids 10 and 12 are looked for again"
+        );
+        assert_eq!(ledger.used(), 200 + 1000 + 300 + 50);
+        // pid 10 creates its context: its first measurement.
+        l.record_usage(&lease(), &BTreeMap::from([(10, 256), (11, 1200)]));
+        assert_eq!(l.get(&lease()).unwrap().clients[&1].overhead, 256);
     }
 }

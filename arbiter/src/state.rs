@@ -357,12 +357,13 @@ impl Arbiter {
     }
 
     /// Records NVML's process lists (per GPU UUID) in the ledger: each lease's
-    /// processes' usage on the lease's GPUs sets their overhead. Leases with no
-    /// listed GPU are left as they were.
+    /// processes' usage on the lease's GPUs sets their overhead. A lease with a GPU
+    /// missing from the lists (its listing failed) is left as it was: a partial
+    /// listing would read as processes without a context.
     pub fn record_process_memory(&mut self, processes: &ProcessTable, now: Instant) {
         for record in self.leases.values() {
             let l = &record.lease;
-            if !l.gpus.iter().any(|g| processes.contains_key(g)) {
+            if l.gpus.is_empty() || !l.gpus.iter().all(|g| processes.contains_key(g)) {
                 continue;
             }
             let mut usage: BTreeMap<u32, u64> = BTreeMap::new();
@@ -1415,6 +1416,95 @@ mod tests {
             arbiter.lease_attach(&id, 3, 20, 0).unwrap_err().kind(),
             ErrorKind::NotFound
         );
+    }
+
+    /// NVML as the watchdog and the overhead measurement see it: no processes
+    /// listed (the tests record their own tables).
+    struct ListingBackend;
+    impl GpuBackend for ListingBackend {
+        fn source(&self) -> &'static str {
+            "nvml"
+        }
+        fn gpus(&self) -> Vec<Gpu> {
+            Vec::new()
+        }
+        fn cuda_driver_version(&self) -> Option<u32> {
+            None
+        }
+        fn sample(&self, _: &str) -> Result<Option<GpuSample>, crate::inventory::InventoryError> {
+            Ok(None)
+        }
+        fn processes(
+            &self,
+            _: &str,
+        ) -> Result<Option<Vec<GpuProcess>>, crate::inventory::InventoryError> {
+            Ok(Some(Vec::new()))
+        }
+    }
+
+    #[test]
+    fn process_overhead_is_estimated_then_measured_and_a_quota_must_hold_one() {
+        const MI: u64 = 1 << 20;
+        let (_dir, mut arbiter, procs) = setup();
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(10, (1, "pid:[9]".into(), "/ctr".into()));
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(20, (1, "pid:[9]".into(), "/ctr/app".into()));
+        assert_eq!(arbiter.overhead_estimate(), 0, "not accounted without NVML");
+        arbiter.set_memory_probe(Arc::new(ListingBackend));
+        assert_eq!(arbiter.overhead_estimate(), 300 * MI);
+        let err = arbiter
+            .reserve_now(request("tiny", "300Mi", Priority::Low))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StateError::Placement(PlacementError::BelowProcessOverhead { .. })
+            ),
+            "{err}"
+        );
+        let g = arbiter
+            .reserve_now(request("c", "1Gi", Priority::Low))
+            .unwrap();
+        arbiter.confirm("c", 10).unwrap();
+        let id = g.lease.id;
+        let q = arbiter.lease_attach(&id, 1, 20, 0).unwrap();
+        assert_eq!(
+            (q.memory_used, q.memory_overhead),
+            (300 * MI, 300 * MI),
+            "the estimate until measured"
+        );
+        assert!(arbiter.has_unmeasured_clients());
+        let table = ProcessTable::from([(
+            "GPU-0".to_string(),
+            vec![GpuProcess {
+                pid: 20,
+                memory_used: Some(100 * MI),
+            }],
+        )]);
+        arbiter.record_process_memory(&table, Instant::now());
+        assert!(!arbiter.has_unmeasured_clients());
+        assert!(arbiter.measured_within(&id, Instant::now(), Duration::from_secs(1)));
+        assert_eq!(arbiter.lease_query(&id, 1).memory_used, 100 * MI);
+        let c = arbiter.lease_charge(&id, 1, GI - 100 * MI).unwrap();
+        assert!(c.granted);
+        let c = arbiter.lease_charge(&id, 1, 1).unwrap();
+        assert_eq!((c.granted, c.overhead), (false, 100 * MI));
+        let usage = &arbiter.status().usage[0];
+        assert_eq!(
+            (usage.memory_used, usage.clients[0].memory_overhead),
+            (GI, 100 * MI)
+        );
+        assert!(usage.clients[0].overhead_measured);
+        // A partial listing (the lease's GPU missing) changes nothing.
+        arbiter.record_process_memory(&ProcessTable::new(), Instant::now());
+        assert_eq!(arbiter.lease_query(&id, 1).memory_used, GI);
     }
 
     #[test]
