@@ -116,6 +116,7 @@ pub struct QuotaView {
 
 impl QuotaView {
     fn from_quota(q: &Quota) -> QuotaView {
+        crate::gate::lease_class_learned(q.priority);
         QuotaView {
             quota: q.memory_quota,
             used: q.memory_used,

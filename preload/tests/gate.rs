@@ -158,3 +158,50 @@ fn the_per_thread_builds_get_proc_address_leads_to_the_wrappers() {
         "uncharged: the allocation went around the quota"
     );
 }
+
+/// A high-priority process never waits for a grant, so it must not wait for an arbiter
+/// that went away before its first launch either: the class its ledger learned lets it
+/// run (its loss policy), where before the first launch waited until the arbiter came back.
+#[test]
+fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
+    let mut m = Machine::start();
+    let lease = m.lease_of("1Gi", Priority::High);
+    let dir = tempfile::tempdir().unwrap();
+    let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
+    let mut child = m
+        .probe(
+            Some(&lease),
+            &[
+                "alloc",
+                "1Mi",
+                "touch",
+                ready.to_str().unwrap(),
+                "wait",
+                go.to_str().unwrap(),
+                "launch",
+                "1",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the probe's ledger attached",
+        std::time::Duration::from_secs(20),
+        || ready.exists(),
+    );
+    m.kill_arbiter();
+    std::fs::write(&go, b"").unwrap();
+    let finished = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if finished.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!(
+                "the high-priority launch waited for the arbiter: {}",
+                finish(child).stderr
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let s = finish(child);
+    assert_eq!(s.result("launch", 0), "CUDA_SUCCESS", "{}", s.stderr);
+}

@@ -67,7 +67,13 @@ pub(super) fn run(gate: &'static Gate, client: &'static Client, socket: std::pat
             Opened::Unreachable(e) => {
                 crate::log_debug!("token connection at {}: {e}", socket.display());
                 if terms.is_none() {
-                    gate.publish(&WAITING);
+                    // Never connected: the class the ledger learned decides (a
+                    // high-priority process runs, as its loss policy would have it).
+                    gate.publish(if gate.known_high() {
+                        &UNGATED
+                    } else {
+                        &WAITING
+                    });
                 }
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(MAX_BACKOFF);

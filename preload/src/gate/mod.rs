@@ -223,6 +223,20 @@ pub struct Gate {
     /// The token connection's descriptor, for a fork child to close (-1: none).
     token_fd: AtomicI32,
     socket: Socket,
+    /// The lease's class as the ledger learned it from the arbiter ([`CLASS_UNKNOWN`],
+    /// [`CLASS_LOW`], [`CLASS_HIGH`]): lets a high-priority process run before its token
+    /// connection is open, and while the arbiter it has never reached is away.
+    class_hint: AtomicU32,
+}
+
+const CLASS_UNKNOWN: u32 = 0;
+const CLASS_LOW: u32 = 1;
+const CLASS_HIGH: u32 = 2;
+
+/// The ledger learned the lease's class from the arbiter (never from the container's
+/// environment, which is not authority).
+pub fn lease_class_learned(priority: gpushare_proto::Priority) {
+    GATE.learn_class(priority);
 }
 
 impl Gate {
@@ -233,7 +247,23 @@ impl Gate {
             client: AtomicPtr::new(std::ptr::null_mut()),
             token_fd: AtomicI32::new(-1),
             socket,
+            class_hint: AtomicU32::new(CLASS_UNKNOWN),
         }
+    }
+
+    pub fn learn_class(&self, priority: gpushare_proto::Priority) {
+        let class = match priority {
+            gpushare_proto::Priority::High => CLASS_HIGH,
+            gpushare_proto::Priority::Low => CLASS_LOW,
+        };
+        self.class_hint.store(class, Relaxed);
+    }
+
+    /// A high-priority process never waits for a grant, so it need not wait for the
+    /// connection either: before one is open (or while an arbiter it never reached is
+    /// away) its launches run, as they would once connected.
+    fn known_high(&self) -> bool {
+        self.class_hint.load(Relaxed) == CLASS_HIGH
     }
 
     /// A gate of its own for a test, on `socket` (leaked: its agent outlives borrows).
@@ -469,6 +499,10 @@ impl Client {
                 gate.publish(&UNGATED);
                 return;
             };
+            if gate.known_high() {
+                // Before the agent exists, so its own publications come after this one.
+                gate.publish(&UNGATED);
+            }
             let spawned = std::thread::Builder::new()
                 .name("gpushare-token".into())
                 .spawn(move || agent::run(gate, self, socket));

@@ -279,3 +279,25 @@ fn per_thread_launches_name_the_threads_default_stream() {
     assert_eq!(t(0, false), 0);
     assert_eq!(t(9, true), 9);
 }
+
+#[test]
+fn a_process_known_to_be_high_priority_runs_while_the_arbiter_was_never_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nobody listens here: the arbiter is away from the start.
+    let gate = Gate::for_socket(dir.path().join("arbiter.sock"));
+    gate.learn_class(Priority::High);
+    let passed = launch_in_background(gate);
+    assert_eq!(
+        passed.recv_timeout(PATIENCE),
+        Ok(false),
+        "a high-priority launch waited for an arbiter that is away"
+    );
+    // A process whose class is low (or unknown) waits instead.
+    let low = Gate::for_socket(dir.path().join("arbiter.sock"));
+    low.learn_class(Priority::Low);
+    let waiting = launch_in_background(low);
+    assert!(waiting.recv_timeout(Duration::from_millis(200)).is_err());
+    let unknown = Gate::for_socket(dir.path().join("arbiter.sock"));
+    let waiting = launch_in_background(unknown);
+    assert!(waiting.recv_timeout(Duration::from_millis(200)).is_err());
+}
