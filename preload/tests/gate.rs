@@ -205,3 +205,54 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
     let s = finish(child);
     assert_eq!(s.result("launch", 0), "CUDA_SUCCESS", "{}", s.stderr);
 }
+
+/// The agent waits for the work of every context the process made, not only the context
+/// its first launching thread used: a 1.5 s kernel in a second context keeps a revoked
+/// low-priority holder draining past the (shortened) grace, so it is reported overdue.
+/// Draining only the first context released at once, with the kernel still running.
+#[test]
+fn a_revoked_holder_drains_every_context() {
+    let mut m = Machine::start_with("[scheduler]\nrevoke_grace_ms = 200\n");
+    let low = m.lease_of("2Gi", Priority::Low);
+    let high = m.lease_of("2Gi", Priority::High);
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let started = started.to_str().unwrap();
+    let low_job = m
+        .probe(
+            Some(&low),
+            &[
+                "launch",
+                "1",
+                "ctx-create",
+                "kernel-ms",
+                "1500",
+                "touch",
+                started,
+                "sleep",
+                "2500",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    let h = run(&mut m.probe(
+        Some(&high),
+        &["wait", started, "launch", "1", "sleep", "600"],
+    ));
+    assert_eq!(h.result("launch", 0), "CUDA_SUCCESS");
+    let token = m
+        .control()
+        .status()
+        .unwrap()
+        .tokens
+        .into_iter()
+        .next()
+        .unwrap();
+    let s = finish(low_job);
+    assert_eq!(s.result("ctx-create", 0), "CUDA_SUCCESS", "{}", s.stderr);
+    assert_eq!(s.result("kernel-ms", 0), "CUDA_SUCCESS", "{}", s.stderr);
+    assert!(
+        token.overdue >= 1,
+        "the revoked holder released before its second context's 1.5 s kernel finished: {token:?}"
+    );
+}

@@ -10,7 +10,7 @@
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
-//! `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
+//! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
 //! `two-streams MS`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
@@ -690,6 +690,31 @@ fn run_step(
                 p.held.push(Held::Device(ptr));
             }
             p.report(step, rc, &format!("bytes={bytes} via={}", who(f)));
+        }
+        "ctx-create" => {
+            // A second context on the device, made current (pushed) like cuCtxCreate does;
+            // the probe's kernels then run in it (the module is loaded there too).
+            // CUDA 11.4–12.4 resolve cuCtxCreate to cuCtxCreate_v3 (execution affinity).
+            let create: unsafe extern "C" fn(*mut H, *mut c_void, c_int, c_uint, c_int) -> R =
+                c.get("cuCtxCreate");
+            let load_module: unsafe extern "C" fn(*mut H, *const c_void) -> R =
+                c.get("cuModuleLoadData");
+            let get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> R =
+                c.get("cuModuleGetFunction");
+            let (mut context, mut module, mut function) = (0, 0, 0);
+            let rc = unsafe {
+                create(&mut context, std::ptr::null_mut(), 0, 0, dev)
+                    .max(load_module(&mut module, SPIN_PTX.as_ptr().cast()))
+                    .max(get_function(
+                        &mut function,
+                        module,
+                        c"gpushare_spin_ns".as_ptr(),
+                    ))
+            };
+            if rc == 0 {
+                p.function = function;
+            }
+            p.report(step, rc, "");
         }
         "kernel-ms" => {
             // One kernel of N ms on the legacy stream (long kernels: drains, overdue).
