@@ -615,7 +615,8 @@ async fn handle_lease_connection(
                 // measurement: an estimate, or an overhead that shrank since
                 // (a trimmed graph pool), must not refuse memory that fits.
                 let refused = matches!(&result, Ok(c) if !c.granted);
-                let stale = || !lock(arbiter).measured_within(lease, Instant::now(), MEASURE_FRESH);
+                let stale =
+                    || !lock(arbiter).measured_within(lease, Instant::now(), MEASURE_FRESH);
                 if refused && stale() && measure_memory(arbiter, Some(lease)).await {
                     result = lock(arbiter).lease_charge(lease, connection, bytes);
                 }
@@ -651,8 +652,8 @@ async fn handle_lease_connection(
 // ----- per-process memory -----
 
 /// A refused charge re-measures its lease unless it was measured this recently:
-/// NVML's process listing is one call per GPU (about a millisecond), and a program
-/// probing for the largest allocation that fits retries in a tight loop.
+/// NVML's process listing is one driver call per GPU, and a program probing for the
+/// largest allocation that fits retries in a tight loop.
 pub const MEASURE_FRESH: Duration = Duration::from_millis(100);
 /// How often processes still charged the estimate (attached before NVML listed
 /// them: no context yet) are looked for. Only runs while there are such
