@@ -615,8 +615,7 @@ async fn handle_lease_connection(
                 // measurement: an estimate, or an overhead that shrank since
                 // (a trimmed graph pool), must not refuse memory that fits.
                 let refused = matches!(&result, Ok(c) if !c.granted);
-                let stale =
-                    || !lock(arbiter).measured_within(lease, Instant::now(), MEASURE_FRESH);
+                let stale = || !lock(arbiter).measured_within(lease, Instant::now(), MEASURE_FRESH);
                 if refused && stale() && measure_memory(arbiter, Some(lease)).await {
                     result = lock(arbiter).lease_charge(lease, connection, bytes);
                 }
