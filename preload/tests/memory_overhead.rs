@@ -24,7 +24,7 @@ fn profile_dir() -> PathBuf {
 }
 
 /// A private arbiter on one simulated 16 GiB GPU, seen through the simulated NVML,
-/// with the watchdog (every 200 ms unless told) killing what it reports.
+/// with the watchdog every 200 ms and killing what it reports.
 struct NvmlMachine {
     dir: tempfile::TempDir,
     arbiter: Child,
@@ -33,11 +33,6 @@ struct NvmlMachine {
 
 impl NvmlMachine {
     fn start() -> NvmlMachine {
-        NvmlMachine::start_with(200)
-    }
-
-    /// With the watchdog (and its measurement of every process) every `watchdog_ms`.
-    fn start_with(watchdog_ms: u64) -> NvmlMachine {
         let libs = sim_libs();
         let dir = tempfile::Builder::new()
             .prefix("gsm-")
@@ -45,7 +40,7 @@ impl NvmlMachine {
             .unwrap();
         let config = format!(
             "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nclient_timeout_ms = 5000\n\
-             nvml_library = \"{}\"\nwatchdog_interval_ms = {watchdog_ms}\nwatchdog_kill = true\n",
+             nvml_library = \"{}\"\nwatchdog_interval_ms = 200\nwatchdog_kill = true\n",
             dir.path().join("run").display(),
             dir.path().join("state").display(),
             libs.join("libnvidia-ml.so.1").display(),
@@ -354,11 +349,31 @@ struct AllocationProp {
     flags: [u8; 8],
 }
 
-/// Physical memory exported as a POSIX descriptor, then released: an importer
-/// could still map it, so it stays charged here.
-fn export_program(c: &Cuda, bytes: usize) {
+/// Waits (polling) for `path` to exist: the programs' and the test's handshakes.
+fn wait_for(path: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 30 s for {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn handshake_dir() -> PathBuf {
+    PathBuf::from(std::env::var_os(HANDSHAKE_ENV).expect("the handshake directory"))
+}
+
+const HANDSHAKE_ENV: &str = "GPUSHARE_MEMTEST_DIR";
+
+/// Physical memory exported as a POSIX descriptor; released once another process
+/// imported it. Handshakes in `$GPUSHARE_MEMTEST_DIR`: writes `exported` ("pid fd"),
+/// waits for `imported`, releases, writes `released`, waits for `finish`.
+fn exporter_program(c: &Cuda, bytes: usize) {
+    let dir = handshake_dir();
     context(c);
-    step("meminfo", 0, &format!("free={}", c.free_memory()));
     let create: unsafe extern "C" fn(*mut u64, usize, *const AllocationProp, u64) -> R =
         c.get("cuMemCreate");
     let export: unsafe extern "C" fn(*mut libc::c_void, u64, u32, u64) -> R =
@@ -373,19 +388,51 @@ fn export_program(c: &Cuda, bytes: usize) {
         flags: [0; 8],
     };
     let (mut handle, mut fd) = (0u64, -1i32);
-    // SAFETY: the driver API's signatures; valid pointers.
+    // SAFETY (each call below): the driver API's signatures; valid pointers.
     let rc = unsafe { create(&mut handle, bytes, &prop, 0) };
     step("create", rc, "");
     let rc = unsafe { export((&mut fd as *mut i32).cast(), handle, 1, 0) };
     step("export", rc, &format!("fd={fd}"));
+    std::fs::write(
+        dir.join("exported.tmp"),
+        format!("{} {fd}", std::process::id()),
+    )
+    .unwrap();
+    std::fs::rename(dir.join("exported.tmp"), dir.join("exported")).unwrap();
+    wait_for(&dir.join("imported"));
     let rc = unsafe { release(handle) };
     step("release", rc, "");
-    std::thread::sleep(VIEW_AGE);
-    step("meminfo", 0, &format!("free={}", c.free_memory()));
+    std::fs::write(dir.join("released"), "").unwrap();
+    wait_for(&dir.join("finish"));
 }
 
-/// Past the interposer's answer cache (100 ms).
-const VIEW_AGE: Duration = Duration::from_millis(150);
+/// Imports the exporter's allocation (its descriptor through /proc) and maps it.
+fn importer_program(c: &Cuda) {
+    let dir = handshake_dir();
+    context(c);
+    wait_for(&dir.join("exported"));
+    let text = std::fs::read_to_string(dir.join("exported")).unwrap();
+    let (pid, fd) = text.split_once(' ').unwrap();
+    let theirs = format!("/proc/{pid}/fd/{fd}");
+    let file = std::fs::File::open(&theirs).unwrap();
+    let import: unsafe extern "C" fn(*mut u64, *mut libc::c_void, u32) -> R =
+        c.get("cuMemImportFromShareableHandle");
+    let reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> R =
+        c.get("cuMemAddressReserve");
+    let map: unsafe extern "C" fn(u64, usize, usize, u64, u64) -> R = c.get("cuMemMap");
+    let (mut handle, mut address) = (0u64, 0u64);
+    let os_handle = std::os::fd::AsRawFd::as_raw_fd(&file) as usize as *mut libc::c_void;
+    // SAFETY (each call below): the driver API's signatures; valid pointers.
+    let rc = unsafe { import(&mut handle, os_handle, 1) };
+    step("import", rc, "");
+    let bytes = (64 * MI) as usize;
+    let rc = unsafe { reserve(&mut address, bytes, 0, 0, 0) };
+    let rc = rc.max(unsafe { map(address, bytes, 0, handle, 0) });
+    step("map", rc, "");
+    step("meminfo", 0, &format!("free={}", c.free_memory()));
+    std::fs::write(dir.join("imported"), "").unwrap();
+    wait_for(&dir.join("finish"));
+}
 
 #[test]
 #[ignore = "the CUDA program the other tests run under the interposer"]
@@ -396,14 +443,15 @@ fn program() {
     let c = Cuda::load();
     match which.as_str() {
         "graph" => graph_program(&c, (64 * MI) as usize),
-        "export" => export_program(&c, (64 * MI) as usize),
+        "exporter" => exporter_program(&c, (64 * MI) as usize),
+        "importer" => importer_program(&c),
         other => panic!("no program {other:?}"),
     }
 }
 
 impl NvmlMachine {
     /// This test binary as the program `which`, a process of `lease`.
-    fn program(&self, lease: &str, which: &str) -> Steps {
+    fn program_command(&self, lease: &str, which: &str) -> Command {
         // The probe's environment (interposer, lease, simulated machine), this binary.
         let probe = self.probe(lease, &[]);
         let mut program = Command::new(std::env::current_exe().unwrap());
@@ -420,23 +468,42 @@ impl NvmlMachine {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .stdin(Stdio::null());
-        let out = program.output().unwrap();
-        let steps = Steps::from(&out);
-        assert!(
-            out.status.success(),
-            "program {which} failed: {}\n{:?}\n{}",
-            out.status,
-            steps.lines,
-            steps.stderr
-        );
-        Steps {
-            lines: steps
-                .lines
-                .iter()
-                .filter_map(|l| l.strip_prefix("step ").map(str::to_owned))
-                .collect(),
-            stderr: steps.stderr,
-        }
+        program
+    }
+
+    /// Runs the program `which` to its end.
+    fn program(&self, lease: &str, which: &str) -> Steps {
+        program_steps(self.program_command(lease, which).spawn().unwrap(), which)
+    }
+
+    fn used(&self, lease: &str) -> u64 {
+        let report = self.control().status().unwrap();
+        report
+            .usage
+            .iter()
+            .find(|u| u.lease.0 == lease)
+            .map_or(0, |u| u.memory_used)
+    }
+}
+
+/// A program's `step` lines, once it exited successfully.
+fn program_steps(child: Child, which: &str) -> Steps {
+    let out = child.wait_with_output().unwrap();
+    let steps = Steps::from(&out);
+    assert!(
+        out.status.success(),
+        "program {which} failed: {}\n{:?}\n{}",
+        out.status,
+        steps.lines,
+        steps.stderr
+    );
+    Steps {
+        lines: steps
+            .lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("step ").map(str::to_owned))
+            .collect(),
+        stderr: steps.stderr,
     }
 }
 
@@ -464,21 +531,52 @@ fn graph_memory_nodes_count_against_the_quota_after_the_launch() {
 
 #[test]
 #[ignore = "until simgpu has cuMemExportToShareableHandle"]
-fn exported_memory_stays_charged_to_the_exporter_after_release() {
-    // No watchdog pass during the program: nothing but the ledger decides. (Once
-    // the simulator frees it, nobody having imported it, two measurements would
-    // find the process's NVML usage lower than its charges and lower its overhead
-    // to match: what nvidia-smi shows.)
-    let mut m = NvmlMachine::start_with(600_000);
-    let lease = m.lease("1Gi");
-    let s = m.program(&lease, "export");
-    assert_eq!(s.result("create", 0), "0", "{}", s.stderr);
-    assert_eq!(s.result("export", 0), "0", "{}", s.stderr);
-    assert_eq!(s.result("release", 0), "0");
+fn exported_memory_stays_charged_to_the_exporter_while_an_importer_maps_it() {
+    let mut m = NvmlMachine::start();
+    let exporter_lease = m.lease("1Gi");
+    let importer_lease = m.lease("1Gi");
+    let dir = tempfile::tempdir().unwrap();
+    let exporter = m
+        .program_command(&exporter_lease, "exporter")
+        .env(HANDSHAKE_ENV, dir.path())
+        .spawn()
+        .unwrap();
+    let importer = m
+        .program_command(&importer_lease, "importer")
+        .env(HANDSHAKE_ENV, dir.path())
+        .spawn()
+        .unwrap();
+    wait_for(&dir.path().join("released"));
+    // The exporter let go of its handle; the importer maps the memory, which NVML
+    // counts for the exporter. Whatever the watchdog measures meanwhile, the
+    // exporter's lease pays for it and the importer's does not.
+    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
-        s.number("meminfo", 1, "free"),
-        s.number("meminfo", 0, "free") - 64 * MI,
-        "an importer may map it: still charged\n{}",
-        s.stderr
+        (m.used(&exporter_lease), m.used(&importer_lease)),
+        (CONTEXT + 64 * MI, CONTEXT),
+        "{}",
+        m.log()
+    );
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    let e = program_steps(exporter, "exporter");
+    let i = program_steps(importer, "importer");
+    for (s, step) in [
+        (&e, "create"),
+        (&e, "export"),
+        (&e, "release"),
+        (&i, "import"),
+        (&i, "map"),
+    ] {
+        assert_eq!(s.result(step, 0), "0", "{step}: {}", s.stderr);
+    }
+    assert_eq!(
+        i.number("meminfo", 0, "free"),
+        QUOTA - CONTEXT,
+        "the importer is not charged for what it maps"
+    );
+    wait_until(
+        "the exporter's exit to credit it",
+        Duration::from_secs(10),
+        || m.used(&exporter_lease) == 0,
     );
 }
