@@ -7,12 +7,13 @@
 use crate::handles::{Kind, Slab};
 use crate::result::{CuResult, CudaError};
 use simgpu_model::device::{ContextId, ProcessId};
-use simgpu_model::kernel::KernelDuration;
+use simgpu_model::kernel::{KernelDuration, ModuleImage};
 use simgpu_model::shared::{StoredConfig, MAX_GPUS, NO_EVENT};
 use simgpu_model::{Device, DeviceError, SimConfig};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::thread::ThreadId;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the compilation mode.
 pub const STREAM_LEGACY: usize = 0x1;
@@ -38,29 +39,101 @@ pub struct Primary {
     pub flags: u32,
 }
 
+/// `CU_STREAM_NON_BLOCKING`: a stream that does not synchronise with the legacy stream.
+pub const STREAM_NON_BLOCKING: u32 = 0x1;
+
+/// `CUstreamCaptureMode`: how a capture restricts "potentially unsafe" API calls
+/// (cuda.h, `cuStreamBeginCapture` / `cuThreadExchangeStreamCaptureMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureMode {
+    /// Unsafe calls are prohibited in the capturing thread and, in every thread whose own
+    /// interaction mode is GLOBAL, while any GLOBAL capture is under way in the process.
+    Global = 0,
+    /// Unsafe calls are prohibited only in the thread that began the capture.
+    ThreadLocal = 1,
+    /// Nothing is prohibited (the caller promises it knows what it does).
+    Relaxed = 2,
+}
+
+impl CaptureMode {
+    pub fn from_raw(raw: i32) -> CuResult<CaptureMode> {
+        match raw {
+            0 => Ok(CaptureMode::Global),
+            1 => Ok(CaptureMode::ThreadLocal),
+            2 => Ok(CaptureMode::Relaxed),
+            _ => Err(CudaError::InvalidValue),
+        }
+    }
+}
+
+/// A stream capture sequence.
+pub struct Capture {
+    /// The graph it records into.
+    pub graph: usize,
+    /// `cuStreamGetCaptureInfo`'s id: unique per process.
+    pub id: u64,
+    pub mode: CaptureMode,
+    /// The thread that called `cuStreamBeginCapture`.
+    pub thread: ThreadId,
+    /// An illegal operation broke it: everything on the stream now fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` until `cuStreamEndCapture`, which returns no
+    /// graph.
+    pub invalidated: bool,
+}
+
 pub struct Stream {
     pub ctx: usize,
     pub last: u64,
     pub flags: u32,
     pub priority: i32,
-    /// The graph this stream is capturing into.
-    pub capture: Option<usize>,
+    /// The capture sequence under way on this stream.
+    pub capture: Option<Capture>,
 }
 
 pub struct Event {
     pub ctx: usize,
     pub slot: u32,
     pub flags: u32,
+    /// The capture (its id) the event was last recorded in: such an event is a graph node, not
+    /// a point in a stream, and cannot be queried or waited for.
+    pub captured: Option<u64>,
+}
+
+pub struct Module {
+    pub ctx: usize,
+    pub image: ModuleImage,
+    /// Device memory charged for the module's lazily loaded code (0 until its first launch).
+    pub loaded_bytes: u64,
 }
 
 pub struct Function {
     pub duration: KernelDuration,
+    pub module: usize,
 }
 
-/// What a captured stream recorded: the durations of its operations, in order.
+/// What a captured stream recorded: the durations of its operations, in order, and its memory
+/// allocation nodes (`cuMemAllocAsync` during the capture).
 #[derive(Clone, Default)]
 pub struct Graph {
     pub nodes: Vec<u64>,
+    /// (address, bytes) of each allocation node.
+    pub allocs: Vec<(u64, u64)>,
+    /// Addresses the graph frees itself (a `cuMemFreeAsync` node).
+    pub frees: Vec<u64>,
+    /// The GPU its allocation nodes live on, and the context that captured it.
+    pub gpu: Option<u32>,
+    pub ctx: usize,
+}
+
+/// The graph memory pool of one GPU (`cuDeviceGetGraphMemAttribute`): allocation nodes draw
+/// from it when their graph is launched, and memory the pool reserved stays reserved (charged
+/// to the process) after the launch until `cuDeviceGraphMemTrim` or the end of the context.
+#[derive(Default, Clone, Copy)]
+pub struct GraphPool {
+    pub reserved: u64,
+    pub used: u64,
+    pub reserved_high: u64,
+    pub used_high: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +142,8 @@ pub enum AllocKind {
     Managed,
     /// From a memory pool (`cuMemAllocAsync` / `cuMemAllocFromPoolAsync`).
     Pool(usize),
+    /// Made by an allocation node of a launched graph, from the GPU's graph memory pool.
+    Graph,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -104,6 +179,11 @@ pub struct Physical {
     pub size: u64,
     pub released: bool,
     pub mappings: u32,
+    /// `CUmemAllocationProp::requestedHandleTypes`: what it may be exported as.
+    pub handle_types: u32,
+    /// Registered in the shared model once exported or imported: the model then keeps the
+    /// bytes charged to the exporter until every process's reference is gone.
+    pub shared: Option<simgpu_model::device::SharedAllocId>,
 }
 
 pub struct Mapping {
@@ -116,7 +196,7 @@ pub struct State {
     pub primary: [Primary; MAX_GPUS],
     pub streams: Slab<Stream>,
     pub events: Slab<Event>,
-    pub modules: Slab<()>,
+    pub modules: Slab<Module>,
     pub functions: Slab<Function>,
     pub graphs: Slab<Graph>,
     pub graph_execs: Slab<Graph>,
@@ -130,7 +210,9 @@ pub struct State {
     pub next_physical: u64,
     pub reservations: BTreeMap<u64, u64>,
     pub mappings: BTreeMap<u64, Mapping>,
+    pub graph_pools: [GraphPool; MAX_GPUS],
     next_va: u64,
+    next_capture_id: u64,
 }
 
 impl State {
@@ -154,8 +236,16 @@ impl State {
             next_physical: 1,
             reservations: BTreeMap::new(),
             mappings: BTreeMap::new(),
+            graph_pools: [GraphPool::default(); MAX_GPUS],
             next_va: VA_BASE,
+            next_capture_id: 1,
         }
+    }
+
+    pub fn next_capture_id(&mut self) -> u64 {
+        let id = self.next_capture_id;
+        self.next_capture_id += 1;
+        id
     }
 
     /// A fresh, aligned device address range of `size` bytes (never reused in a process).
@@ -210,6 +300,18 @@ thread_local! {
     static CONTEXT_STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     /// Completion count of the last operation on this thread's default stream, per context.
     static PER_THREAD_LAST: RefCell<Vec<(usize, u64)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`); CUDA
+    /// starts every thread in GLOBAL.
+    static THREAD_CAPTURE_MODE: Cell<CaptureMode> = const { Cell::new(CaptureMode::Global) };
+}
+
+/// Swaps the calling thread's capture interaction mode, returning the previous one.
+pub fn exchange_thread_capture_mode(mode: CaptureMode) -> CaptureMode {
+    THREAD_CAPTURE_MODE.with(|m| m.replace(mode))
+}
+
+pub fn thread_capture_mode() -> CaptureMode {
+    THREAD_CAPTURE_MODE.with(|m| m.get())
 }
 
 /// `cuInit`: attach to the shared device once per process. A failure is remembered, as the real
@@ -357,11 +459,123 @@ impl Driver {
         }
     }
 
-    /// The graph `target` is capturing into, if any.
-    pub fn capturing(&self, state: &State, target: StreamTarget) -> Option<usize> {
+    /// The capture under way on `target`, if any (active or invalidated, until it ends).
+    pub fn capturing<'s>(&self, state: &'s State, target: StreamTarget) -> Option<&'s Capture> {
         match target {
-            StreamTarget::Created(h) => state.streams.get(h).and_then(|s| s.capture),
+            StreamTarget::Created(h) => state.streams.get(h).and_then(|s| s.capture.as_ref()),
             _ => None,
+        }
+    }
+
+    /// Invalidates the captures of the streams in `streams`.
+    fn invalidate(state: &mut State, streams: &[usize]) {
+        for &h in streams {
+            if let Some(c) = state.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
+                c.invalidated = true;
+            }
+        }
+    }
+
+    /// The rule for "potentially unsafe" API calls (memory allocation and free, synchronous
+    /// queries and waits) during stream capture, as `cuStreamBeginCapture` documents it: a
+    /// thread whose interaction mode is not RELAXED may not make them while a non-RELAXED
+    /// capture it began itself is under way, nor, when its mode is GLOBAL, while any GLOBAL
+    /// capture is under way in the process. Such a call fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the captures it conflicts with,
+    /// so the application finds out at `cuStreamEndCapture` (the real driver's behaviour, and
+    /// why an interposer that queries or synchronises from its own thread breaks a PyTorch
+    /// capture in its default `capture_error_mode="global"`).
+    pub fn check_unsafe_call(&self, state: &mut State) -> CuResult<()> {
+        let mine = thread_capture_mode();
+        if mine == CaptureMode::Relaxed {
+            return Ok(());
+        }
+        let me = std::thread::current().id();
+        let conflicts: Vec<usize> = state
+            .streams
+            .iter()
+            .filter(|(_, s)| {
+                s.capture.as_ref().is_some_and(|c| {
+                    c.mode != CaptureMode::Relaxed
+                        && (c.thread == me
+                            || (c.mode == CaptureMode::Global && mine == CaptureMode::Global))
+                })
+            })
+            .map(|(h, _)| h)
+            .collect();
+        if conflicts.is_empty() {
+            return Ok(());
+        }
+        Self::invalidate(state, &conflicts);
+        Err(CudaError::StreamCaptureUnsupported)
+    }
+
+    /// A context-wide synchronisation waits for every stream of the context, which a capturing
+    /// stream cannot be waited for: it fails, and invalidates those captures, whatever the
+    /// modes (`cuCtxSynchronize` during any capture of the context).
+    pub fn check_context_sync(&self, state: &mut State, ctx: usize) -> CuResult<()> {
+        let capturing: Vec<usize> = state
+            .streams
+            .iter()
+            .filter(|(_, s)| s.ctx == ctx && s.capture.is_some())
+            .map(|(h, _)| h)
+            .collect();
+        if capturing.is_empty() {
+            return Ok(());
+        }
+        Self::invalidate(state, &capturing);
+        Err(CudaError::StreamCaptureUnsupported)
+    }
+
+    /// Work on the legacy default stream waits for every blocking stream of its context; if
+    /// one of them is capturing (not RELAXED), that dependency cannot be captured: the work
+    /// fails with `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` and the capture is invalidated.
+    pub fn check_legacy_work(&self, state: &mut State, target: StreamTarget) -> CuResult<()> {
+        let StreamTarget::Legacy(ctx) = target else {
+            return Ok(());
+        };
+        let implicit: Vec<usize> = state
+            .streams
+            .iter()
+            .filter(|(_, s)| {
+                s.ctx == ctx
+                    && s.flags & STREAM_NON_BLOCKING == 0
+                    && s.capture
+                        .as_ref()
+                        .is_some_and(|c| c.mode != CaptureMode::Relaxed)
+            })
+            .map(|(h, _)| h)
+            .collect();
+        if implicit.is_empty() {
+            return Ok(());
+        }
+        Self::invalidate(state, &implicit);
+        Err(CudaError::StreamCaptureImplicit)
+    }
+
+    /// Synchronising or querying `target` itself while it captures is illegal in every mode
+    /// and invalidates its capture; any other stream falls under the unsafe-call rule.
+    pub fn check_stream_wait(&self, state: &mut State, target: StreamTarget) -> CuResult<()> {
+        if let StreamTarget::Created(h) = target {
+            if let Some(c) = state.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
+                c.invalidated = true;
+                return Err(CudaError::StreamCaptureUnsupported);
+            }
+        }
+        self.check_unsafe_call(state)
+    }
+
+    /// Busy time the calling thread spends in the driver per launch (see
+    /// `simgpu_model::config::DEFAULT_LAUNCH_HOST_NS`): spun, not slept, as the driver's own
+    /// work is CPU work.
+    pub fn launch_host_cost(&self) {
+        let cost = self.config.launch_host_ns;
+        if cost == 0 {
+            return;
+        }
+        let end = simgpu_model::now_ns() + cost;
+        while simgpu_model::now_ns() < end {
+            std::hint::spin_loop();
         }
     }
 
@@ -379,16 +593,23 @@ impl Driver {
 
     /// Queues operations on a stream (or records them into the graph it is capturing).
     /// Blocks while the context's queue is full, like a full pushbuffer.
+    /// `kernels`: the operations are kernels (a launch, or a graph's nodes), which reach the
+    /// device a launch latency after submission; copies start as soon as the GPU is free.
     pub fn enqueue(
         &self,
         raw_stream: usize,
         per_thread_default: bool,
         durations: &[u64],
+        kernels: bool,
     ) -> CuResult<()> {
         let (target, ctx_id) = {
             let mut state = self.state();
             let target = self.resolve_stream(&state, raw_stream, per_thread_default)?;
-            if let Some(graph) = self.capturing(&state, target) {
+            if let Some(c) = self.capturing(&state, target) {
+                if c.invalidated {
+                    return Err(CudaError::StreamCaptureInvalidated);
+                }
+                let graph = c.graph;
                 let g = state
                     .graphs
                     .get_mut(graph)
@@ -396,12 +617,13 @@ impl Driver {
                 g.nodes.extend_from_slice(durations);
                 return Ok(());
             }
+            self.check_legacy_work(&mut state, target)?;
             let ctx = self.target_context(&state, target)?;
             (target, state.context(ctx)?.id)
         };
         let mut last = 0;
         for &d in durations {
-            last = self.submit_blocking(ctx_id, d, NO_EVENT)?;
+            last = self.submit_blocking(ctx_id, d, kernels)?;
         }
         if durations.is_empty() {
             return Ok(());
@@ -427,9 +649,16 @@ impl Driver {
         }
     }
 
-    pub fn submit_blocking(&self, ctx: ContextId, duration_ns: u64, event: u32) -> CuResult<u64> {
+    pub fn submit_blocking(&self, ctx: ContextId, duration_ns: u64, kernel: bool) -> CuResult<u64> {
         loop {
-            let result = self.device.lock()?.submit(ctx, duration_ns, event);
+            let result = {
+                let mut locked = self.device.lock()?;
+                if kernel {
+                    locked.submit_kernel(ctx, duration_ns)
+                } else {
+                    locked.submit(ctx, duration_ns, NO_EVENT)
+                }
+            };
             match result {
                 Ok(count) => return Ok(count),
                 Err(DeviceError::QueueFull { completed }) => {
@@ -502,7 +731,7 @@ impl Driver {
 
     pub fn free(&self, state: &mut State, ptr: u64) -> CuResult<Allocation> {
         let a = *state.allocations.get(&ptr).ok_or(CudaError::InvalidValue)?;
-        if let AllocKind::Pool(_) = a.kind {
+        if let AllocKind::Pool(_) | AllocKind::Graph = a.kind {
             // Pool memory goes back through cuMemFreeAsync; the real driver also accepts
             // cuMemFree here, synchronising first.
             return self.free_to_pool(state, ptr);
@@ -519,6 +748,12 @@ impl Driver {
             .allocations
             .remove(&ptr)
             .ok_or(CudaError::InvalidValue)?;
+        if a.kind == AllocKind::Graph {
+            // Back to the graph memory pool, which keeps it reserved.
+            let pool = &mut state.graph_pools[a.gpu as usize];
+            pool.used = pool.used.saturating_sub(a.size);
+            return Ok(a);
+        }
         let AllocKind::Pool(pool) = a.kind else {
             state.allocations.insert(ptr, a);
             return self.free(state, ptr);
@@ -572,6 +807,70 @@ impl Driver {
         Ok(ptr)
     }
 
+    /// A launched graph's allocation nodes: memory comes from the GPU's graph memory pool,
+    /// which grows (charging the device; `CUDA_ERROR_OUT_OF_MEMORY` if it cannot) when what it
+    /// has reserved and not in use is not enough, and keeps what it reserved afterwards. An
+    /// allocation the graph also frees is back in the pool when the launch returns; one it does
+    /// not free stays allocated (a live address) until `cuMemFree(Async)`.
+    pub fn run_graph_allocations(&self, g: &Graph) -> CuResult<()> {
+        let Some(gpu) = g.gpu else {
+            return Ok(());
+        };
+        if g.allocs.is_empty() {
+            return Ok(());
+        }
+        let mut state = self.state();
+        // The previous launch's allocations must have been freed first (the real driver
+        // refuses to launch a graph whose allocations are still live).
+        if g.allocs
+            .iter()
+            .any(|(p, _)| state.allocations.contains_key(p))
+        {
+            return Err(CudaError::InvalidValue);
+        }
+        let total: u64 = g.allocs.iter().map(|(_, size)| size).sum();
+        let pool = state.graph_pools[gpu as usize];
+        let grow = total.saturating_sub(pool.reserved - pool.used);
+        if grow > 0 {
+            self.charge(gpu, grow)?;
+        }
+        let freed_inside: u64 = g
+            .allocs
+            .iter()
+            .filter(|(p, _)| g.frees.contains(p))
+            .map(|(_, size)| size)
+            .sum();
+        let pool = &mut state.graph_pools[gpu as usize];
+        pool.reserved += grow;
+        pool.used += total;
+        pool.reserved_high = pool.reserved_high.max(pool.reserved);
+        pool.used_high = pool.used_high.max(pool.used);
+        pool.used -= freed_inside;
+        for &(ptr, size) in g.allocs.iter().filter(|(p, _)| !g.frees.contains(p)) {
+            state.allocations.insert(
+                ptr,
+                Allocation {
+                    size,
+                    gpu,
+                    ctx: g.ctx,
+                    kind: AllocKind::Graph,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// `cuDeviceGraphMemTrim`: the graph pool gives back what it reserved and does not use.
+    pub fn trim_graph_pool(&self, state: &mut State, gpu: u32) -> CuResult<()> {
+        let pool = &mut state.graph_pools[gpu as usize];
+        let release = pool.reserved - pool.used;
+        pool.reserved = pool.used;
+        if release > 0 {
+            self.credit(gpu, release)?;
+        }
+        Ok(())
+    }
+
     pub fn default_pool(&self, state: &mut State, gpu: u32) -> usize {
         let slot = &mut state.default_pools[gpu as usize];
         if *slot == 0 {
@@ -605,6 +904,53 @@ impl Driver {
             .release_memory(self.process, gpu, bytes)?)
     }
 
+    /// Unloads a module: its lazily loaded memory goes back, its functions become invalid.
+    pub fn unload_module(&self, state: &mut State, module: usize) -> CuResult<()> {
+        let m = state
+            .modules
+            .remove(module)
+            .ok_or(CudaError::InvalidHandle)?;
+        let functions: Vec<usize> = state
+            .functions
+            .iter()
+            .filter(|(_, f)| f.module == module)
+            .map(|(h, _)| h)
+            .collect();
+        for f in functions {
+            state.functions.remove(f);
+        }
+        if m.loaded_bytes > 0 {
+            if let Ok(c) = state.context(m.ctx) {
+                self.credit(c.gpu, m.loaded_bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The lazy loading of a function's module at its first launch: charges the module's
+    /// memory to the device, or fails with `CUDA_ERROR_OUT_OF_MEMORY` as a real lazily loaded
+    /// launch does on a full GPU.
+    pub fn load_for_launch(&self, state: &mut State, function: usize) -> CuResult<()> {
+        let module = state
+            .functions
+            .get(function)
+            .ok_or(CudaError::InvalidHandle)?
+            .module;
+        let m = state.modules.get(module).ok_or(CudaError::InvalidHandle)?;
+        let bytes = self.config.module_memory_bytes;
+        if m.loaded_bytes > 0 || bytes == 0 {
+            return Ok(());
+        }
+        let gpu = state.context(m.ctx)?.gpu;
+        self.charge(gpu, bytes)?;
+        state
+            .modules
+            .get_mut(module)
+            .expect("looked up above")
+            .loaded_bytes = bytes;
+        Ok(())
+    }
+
     /// Destroys a context: its queued work is dropped and the memory allocated in it freed.
     pub fn destroy_context(&self, state: &mut State, ctx: usize) -> CuResult<()> {
         let c = state
@@ -612,6 +958,19 @@ impl Driver {
             .remove(ctx)
             .ok_or(CudaError::InvalidContext)?;
         let _ = self.device.lock()?.destroy_context(c.id);
+        let modules: Vec<usize> = state
+            .modules
+            .iter()
+            .filter(|(_, m)| m.ctx == ctx)
+            .map(|(h, _)| h)
+            .collect();
+        for m in modules {
+            if let Some(m) = state.modules.remove(m) {
+                if m.loaded_bytes > 0 {
+                    self.credit(c.gpu, m.loaded_bytes)?;
+                }
+            }
+        }
         let owned: Vec<u64> = state
             .allocations
             .iter()
@@ -625,6 +984,10 @@ impl Driver {
                         if let Some(p) = state.pools.get_mut(pool) {
                             p.used = p.used.saturating_sub(a.size);
                         }
+                    }
+                    AllocKind::Graph => {
+                        let pool = &mut state.graph_pools[a.gpu as usize];
+                        pool.used = pool.used.saturating_sub(a.size);
                     }
                     _ => self.credit(a.gpu, a.size)?,
                 }
@@ -659,6 +1022,14 @@ impl Driver {
             .collect();
         for h in events {
             state.events.remove(h);
+        }
+        // The graph memory pool's reservation lasts until the context ends.
+        let still_used = state.contexts.iter().any(|(_, other)| other.gpu == c.gpu);
+        if !still_used {
+            let pool = std::mem::take(&mut state.graph_pools[c.gpu as usize]);
+            if pool.reserved > 0 {
+                self.credit(c.gpu, pool.reserved)?;
+            }
         }
         forget_context_on_this_thread(ctx);
         Ok(())

@@ -35,6 +35,16 @@ pub enum CudaError {
     StreamCaptureInvalidated,
     #[error("operation not permitted on an event last recorded in a capturing stream")]
     IllegalState,
+    #[error("device kernel image is invalid")]
+    InvalidImage,
+    #[error("a PTX JIT compilation failed")]
+    InvalidPtx,
+    #[error("operation not permitted")]
+    NotPermitted,
+    #[error("operation would make the legacy stream depend on a capturing blocking stream")]
+    StreamCaptureImplicit,
+    #[error("attempt to terminate a thread-local capture sequence from another thread")]
+    StreamCaptureWrongThread,
     #[error("unknown error")]
     Unknown,
 }
@@ -56,11 +66,16 @@ impl CudaError {
             CudaError::NotSupported => 801,
             CudaError::StreamCaptureUnsupported => 900,
             CudaError::StreamCaptureInvalidated => 901,
+            CudaError::InvalidImage => 200,
+            CudaError::InvalidPtx => 218,
+            CudaError::NotPermitted => 800,
+            CudaError::StreamCaptureImplicit => 906,
+            CudaError::StreamCaptureWrongThread => 908,
             CudaError::Unknown => 999,
         }
     }
 
-    pub const ALL: [CudaError; 15] = [
+    pub const ALL: [CudaError; 20] = [
         CudaError::InvalidValue,
         CudaError::OutOfMemory,
         CudaError::NotInitialized,
@@ -75,6 +90,11 @@ impl CudaError {
         CudaError::NotSupported,
         CudaError::StreamCaptureUnsupported,
         CudaError::StreamCaptureInvalidated,
+        CudaError::InvalidImage,
+        CudaError::InvalidPtx,
+        CudaError::NotPermitted,
+        CudaError::StreamCaptureImplicit,
+        CudaError::StreamCaptureWrongThread,
         CudaError::Unknown,
     ];
 
@@ -99,6 +119,11 @@ impl CudaError {
             CudaError::NotSupported => b"CUDA_ERROR_NOT_SUPPORTED\0",
             CudaError::StreamCaptureUnsupported => b"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED\0",
             CudaError::StreamCaptureInvalidated => b"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED\0",
+            CudaError::InvalidImage => b"CUDA_ERROR_INVALID_IMAGE\0",
+            CudaError::InvalidPtx => b"CUDA_ERROR_INVALID_PTX\0",
+            CudaError::NotPermitted => b"CUDA_ERROR_NOT_PERMITTED\0",
+            CudaError::StreamCaptureImplicit => b"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT\0",
+            CudaError::StreamCaptureWrongThread => b"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD\0",
             CudaError::Unknown => b"CUDA_ERROR_UNKNOWN\0",
         }
     }
@@ -123,6 +148,15 @@ impl CudaError {
             }
             CudaError::StreamCaptureInvalidated => {
                 b"operation failed due to a previous error during capture\0"
+            }
+            CudaError::InvalidImage => b"device kernel image is invalid\0",
+            CudaError::InvalidPtx => b"a PTX JIT compilation failed\0",
+            CudaError::NotPermitted => b"operation not permitted\0",
+            CudaError::StreamCaptureImplicit => {
+                b"operation would make the legacy stream depend on a capturing blocking stream\0"
+            }
+            CudaError::StreamCaptureWrongThread => {
+                b"attempt to terminate a thread-local capture sequence from another thread\0"
             }
             CudaError::Unknown => b"unknown error\0",
         }

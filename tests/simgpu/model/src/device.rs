@@ -8,8 +8,8 @@ use crate::lock::Acquired;
 use crate::pidns::PidNamespace;
 use crate::shared::{
     EventSlot, GpuState, Queue, QueuedOp, Region, SharedError, SharedState, StoredConfig,
-    EVENTS_PER_CONTEXT, MAX_CONTEXTS, MAX_PROCESSES, NO_EVENT, QUEUE_DEPTH, SLOT_FREE, SLOT_LIVE,
-    UTIL_BUCKETS, UTIL_BUCKET_NS,
+    EVENTS_PER_CONTEXT, MAX_CONTEXTS, MAX_PROCESSES, MAX_SHARED_ALLOCS, NO_EVENT, QUEUE_DEPTH,
+    SLOT_FREE, SLOT_LIVE, UTIL_BUCKETS, UTIL_BUCKET_NS,
 };
 use crate::timeslice::{self, Cursor, OpSource, Progress, SliceParams};
 use crate::{now_ns, SimConfig};
@@ -43,10 +43,19 @@ pub enum DeviceError {
     QueueFull { completed: u64 },
     #[error("unknown event slot")]
     InvalidEvent,
+    #[error("the shared allocation no longer exists")]
+    StaleSharedAlloc,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessId {
+    pub slot: u32,
+    pub generation: u64,
+}
+
+/// A physical allocation registered for sharing between processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SharedAllocId {
     pub slot: u32,
     pub generation: u64,
 }
@@ -474,6 +483,27 @@ impl Locked<'_> {
                 self.free_context_slot(c);
             }
         }
+        // Its references to shared allocations die with it; an allocation it exported stops
+        // being charged (its memory goes below) whoever still maps it.
+        for a in self.state.shared_allocs.iter_mut() {
+            if a.state != SLOT_LIVE {
+                continue;
+            }
+            a.refs[slot] = 0;
+            if a.owner == slot as u32 {
+                a.state = SLOT_FREE;
+            } else if a.refs.iter().all(|&r| r == 0) {
+                a.state = SLOT_FREE;
+                let owner = &mut self.state.processes[a.owner as usize];
+                if owner.state == SLOT_LIVE && owner.generation == a.owner_generation {
+                    let held = &mut owner.memory[a.gpu as usize];
+                    let bytes = a.bytes.min(*held);
+                    *held -= bytes;
+                    let used = &mut self.state.gpus[a.gpu as usize].memory_used;
+                    *used = used.saturating_sub(bytes);
+                }
+            }
+        }
         let p = &mut self.state.processes[slot];
         for (gpu, bytes) in p.memory.iter_mut().enumerate() {
             let used = &mut self.state.gpus[gpu].memory_used;
@@ -584,6 +614,81 @@ impl Locked<'_> {
         *held -= bytes;
         let used = &mut self.state.gpus[gpu as usize].memory_used;
         *used = used.saturating_sub(bytes);
+        Ok(())
+    }
+
+    /// Registers `bytes` of GPU `gpu`, already charged to `p`, as a shared physical allocation
+    /// with one reference (the exporter's own handle).
+    pub fn share_allocation(
+        &mut self,
+        p: ProcessId,
+        gpu: u32,
+        bytes: u64,
+    ) -> Result<SharedAllocId, DeviceError> {
+        let process = self.process_slot(p)?;
+        let slot = (0..MAX_SHARED_ALLOCS)
+            .find(|&a| self.state.shared_allocs[a].state == SLOT_FREE)
+            .ok_or(DeviceError::NoFreeSlot("shared allocation"))?;
+        let generation = self.next_generation();
+        let a = &mut self.state.shared_allocs[slot];
+        a.state = SLOT_LIVE;
+        a.gpu = gpu;
+        a.owner = process as u32;
+        a.owner_generation = p.generation;
+        a.generation = generation;
+        a.bytes = bytes;
+        a.refs = [0; MAX_PROCESSES];
+        a.refs[process] = 1;
+        Ok(SharedAllocId {
+            slot: slot as u32,
+            generation,
+        })
+    }
+
+    fn shared_alloc(&mut self, id: SharedAllocId) -> Result<usize, DeviceError> {
+        let a = self
+            .state
+            .shared_allocs
+            .get(id.slot as usize)
+            .ok_or(DeviceError::StaleSharedAlloc)?;
+        if a.state != SLOT_LIVE || a.generation != id.generation {
+            return Err(DeviceError::StaleSharedAlloc);
+        }
+        Ok(id.slot as usize)
+    }
+
+    /// Takes a reference for `p` (an imported handle); returns the allocation's (GPU, bytes).
+    pub fn import_allocation(
+        &mut self,
+        p: ProcessId,
+        id: SharedAllocId,
+    ) -> Result<(u32, u64), DeviceError> {
+        let process = self.process_slot(p)?;
+        let a = self.shared_alloc(id)?;
+        let a = &mut self.state.shared_allocs[a];
+        a.refs[process] += 1;
+        Ok((a.gpu, a.bytes))
+    }
+
+    /// Drops a reference of `p`; the last one gives the bytes back to the exporter's charge.
+    pub fn release_shared(&mut self, p: ProcessId, id: SharedAllocId) -> Result<(), DeviceError> {
+        let process = self.process_slot(p)?;
+        let slot = self.shared_alloc(id)?;
+        let a = &mut self.state.shared_allocs[slot];
+        a.refs[process] = a.refs[process].saturating_sub(1);
+        if a.refs.iter().any(|&r| r > 0) {
+            return Ok(());
+        }
+        a.state = SLOT_FREE;
+        let (owner, generation, gpu, bytes) = (a.owner, a.owner_generation, a.gpu, a.bytes);
+        let owner = &mut self.state.processes[owner as usize];
+        if owner.state == SLOT_LIVE && owner.generation == generation {
+            let held = &mut owner.memory[gpu as usize];
+            let bytes = bytes.min(*held);
+            *held -= bytes;
+            let used = &mut self.state.gpus[gpu as usize].memory_used;
+            *used = used.saturating_sub(bytes);
+        }
         Ok(())
     }
 
@@ -868,6 +973,47 @@ mod tests {
             "the overhead goes with the context"
         );
         assert_eq!(l.snapshot(0).unwrap().processes[0].memory_bytes, 600 << 20);
+    }
+
+    #[test]
+    fn a_shared_allocation_stays_charged_to_its_exporter_until_every_reference_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let vars = [("SIMGPU_MEMORY", "4Gi"), ("SIMGPU_CONTEXT_MEMORY", "0")];
+        let (exporter, importer) = (device(dir.path(), &vars), device(dir.path(), &vars));
+        // One statement per lock: a guard lives to the end of its statement.
+        let p = exporter.lock().unwrap().attach_process().unwrap();
+        let q = importer.lock().unwrap().attach_process().unwrap();
+        let mut l = exporter.lock().unwrap();
+        l.reserve_memory(p, 0, 1 << 30).unwrap();
+        let id = l.share_allocation(p, 0, 1 << 30).unwrap();
+        drop(l);
+        let mut l = importer.lock().unwrap();
+        assert_eq!(l.import_allocation(q, id).unwrap(), (0, 1 << 30));
+        l.release_shared(p, id).unwrap(); // the exporter releases its handle
+        let snap = l.snapshot(0).unwrap();
+        assert_eq!(snap.memory_used, 1 << 30, "the importer still holds it");
+        let owner = snap.processes.iter().find(|u| u.slot == p.slot).unwrap();
+        assert_eq!(owner.memory_bytes, 1 << 30, "charged to the exporter");
+        assert!(
+            snap.processes.iter().all(|u| u.slot != q.slot),
+            "not to the importer"
+        );
+        l.release_shared(q, id).unwrap();
+        assert_eq!(l.memory_info(0).0, 4 << 30);
+        assert!(matches!(
+            l.import_allocation(q, id),
+            Err(DeviceError::StaleSharedAlloc)
+        ));
+        // An importer that dies drops its references.
+        l.reserve_memory(p, 0, 1 << 30).unwrap();
+        let id = l.share_allocation(p, 0, 1 << 30).unwrap();
+        l.import_allocation(q, id).unwrap();
+        l.release_shared(p, id).unwrap();
+        drop(l);
+        importer.simulate_death(q);
+        let mut l = exporter.lock().unwrap();
+        l.reap_dead();
+        assert_eq!(l.memory_info(0).0, 4 << 30);
     }
 
     #[test]

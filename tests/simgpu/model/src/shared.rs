@@ -22,6 +22,8 @@ pub const MAX_CONTEXTS: usize = 64;
 /// Operations a context may have queued; a launch beyond it blocks, like a full pushbuffer.
 pub const QUEUE_DEPTH: usize = 1024;
 pub const EVENTS_PER_CONTEXT: usize = 1024;
+/// Physical allocations exported for sharing (`cuMemExportToShareableHandle`) at once.
+pub const MAX_SHARED_ALLOCS: usize = 256;
 pub const UTIL_BUCKETS: usize = 32;
 /// Utilisation is kept in buckets of this length; NVML averages the last second of them.
 pub const UTIL_BUCKET_NS: u64 = 100_000_000;
@@ -148,6 +150,21 @@ pub struct EventTable {
     pub slots: [EventSlot; EVENTS_PER_CONTEXT],
 }
 
+/// A physical allocation shared between processes: charged to the exporter (`owner`) until
+/// no process holds a reference (a handle or a mapping) any more.
+#[repr(C)]
+pub struct SharedAlloc {
+    pub state: u32,
+    pub gpu: u32,
+    pub owner: u32,
+    pub _pad: u32,
+    pub owner_generation: u64,
+    pub generation: u64,
+    pub bytes: u64,
+    /// References held, per process slot.
+    pub refs: [u32; MAX_PROCESSES],
+}
+
 #[repr(C)]
 pub struct SharedState {
     pub magic: AtomicU64,
@@ -160,6 +177,7 @@ pub struct SharedState {
     pub contexts: [ContextState; MAX_CONTEXTS],
     pub queues: [Queue; MAX_CONTEXTS],
     pub events: [EventTable; MAX_CONTEXTS],
+    pub shared_allocs: [SharedAlloc; MAX_SHARED_ALLOCS],
 }
 
 /// The state file, mapped into this process.

@@ -397,7 +397,9 @@ mod tests {
 
     #[test]
     fn a_kernel_starts_no_earlier_than_it_reaches_the_device() {
-        let table: &[(&str, Vec<Vec<(u64, u64)>>, Vec<(usize, u64, u64)>)] = &[
+        type Queues = Vec<Vec<(u64, u64)>>;
+        type Completions = Vec<(usize, u64, u64)>;
+        let table: &[(&str, Queues, Completions)] = &[
             (
                 "idle GPU: start = arrival",
                 vec![vec![(MS, 4 * US)]],

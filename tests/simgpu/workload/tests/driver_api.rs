@@ -67,9 +67,13 @@ fn events_capture_pools_vmm_and_arrays() {
         assert_eq!(current, ctx, "a created context is current");
 
         let mut module = 0usize;
-        lib.f::<P2<*mut usize, *const c_void>>("cuModuleLoadData")(
-            &mut module,
-            c"x".as_ptr().cast(),
+        let image = CString::new(simgpu_model::kernel::ptx_with_entries(&["sleep_20ms"])).unwrap();
+        assert_eq!(
+            lib.f::<P2<*mut usize, *const c_void>>("cuModuleLoadData")(
+                &mut module,
+                image.as_ptr().cast(),
+            ),
+            0
         );
         let mut k20 = 0usize;
         lib.f::<P3<*mut usize, usize, *const i8>>("cuModuleGetFunction")(
@@ -111,19 +115,41 @@ fn events_capture_pools_vmm_and_arrays() {
 
         // Stream capture records instead of running; the graph launch runs it.
         let begin: P2<usize, c_int> = lib.f("cuStreamBeginCapture_v2");
+        let is_capturing = |stream| {
+            let mut status = -1;
+            lib.f::<P2<usize, *mut c_int>>("cuStreamIsCapturing")(stream, &mut status);
+            status
+        };
+        // Synchronising a capturing stream is illegal: it fails and breaks the capture, which
+        // then ends without a graph (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
         assert_eq!(begin(stream, 0), 0);
-        let mut status = -1;
-        lib.f::<P2<usize, *mut c_int>>("cuStreamIsCapturing")(stream, &mut status);
-        assert_eq!(status, 1);
-        for _ in 0..3 {
-            assert_eq!(launch(k20, 1, 1, 1, 1, 1, 1, 0, stream, null, null), 0);
-        }
+        assert_eq!(is_capturing(stream), 1);
         assert_eq!(
             lib.f::<P1<usize>>("cuStreamSynchronize")(stream),
             900,
             "sync while capturing"
         );
-        let (mut graph, mut exec) = (0usize, 0usize);
+        assert_eq!(
+            is_capturing(stream),
+            2,
+            "CU_STREAM_CAPTURE_STATUS_INVALIDATED"
+        );
+        assert_eq!(launch(k20, 1, 1, 1, 1, 1, 1, 0, stream, null, null), 901);
+        let (mut graph, mut exec) = (usize::MAX, 0usize);
+        assert_eq!(
+            lib.f::<P2<usize, *mut usize>>("cuStreamEndCapture")(stream, &mut graph),
+            901
+        );
+        assert_eq!(
+            (graph, is_capturing(stream)),
+            (0, 0),
+            "no graph, capture over"
+        );
+
+        assert_eq!(begin(stream, 0), 0);
+        for _ in 0..3 {
+            assert_eq!(launch(k20, 1, 1, 1, 1, 1, 1, 0, stream, null, null), 0);
+        }
         assert_eq!(
             lib.f::<P2<usize, *mut usize>>("cuStreamEndCapture")(stream, &mut graph),
             0
@@ -138,6 +164,9 @@ fn events_capture_pools_vmm_and_arrays() {
             lib.f::<P3<*mut usize, usize, u64>>("cuGraphInstantiateWithFlags")(&mut exec, graph, 0),
             0
         );
+        // As above, a kernel ahead of the start marker keeps the launch latency and the test
+        // thread's scheduling out of the measurement.
+        assert_eq!(launch(k20, 1, 1, 1, 1, 1, 1, 0, stream, null, null), 0);
         lib.f::<P2<usize, usize>>("cuEventRecord")(start, stream);
         assert_eq!(lib.f::<P2<usize, usize>>("cuGraphLaunch")(exec, stream), 0);
         lib.f::<P2<usize, usize>>("cuEventRecord")(end, stream);
@@ -148,7 +177,7 @@ fn events_capture_pools_vmm_and_arrays() {
             "graph of three 20 ms kernels took {ms} ms"
         );
 
-        let mem_info = || {
+        let used = || {
             let (mut free, mut total) = (0usize, 0usize);
             assert_eq!(
                 lib.f::<P2<*mut usize, *mut usize>>("cuMemGetInfo_v2")(&mut free, &mut total),
@@ -156,6 +185,11 @@ fn events_capture_pools_vmm_and_arrays() {
             );
             (total - free) as u64
         };
+        // Before any allocation, the device already holds the context (300 MiB) and the module
+        // its kernels lazily loaded (2 MiB): the defaults, as nvidia-smi would show them.
+        let overhead = used();
+        assert_eq!(overhead, (300 << 20) + (2 << 20));
+        let mem_info = || used() - overhead;
         assert_eq!(mem_info(), 0);
 
         // Pools: freed blocks stay charged until a synchronisation trims to the threshold.

@@ -221,7 +221,13 @@ fn context_or_current(ctx: Handle) -> Result<Handle, CudaError> {
 /// Waits for everything queued in `ctx` so far, on every stream.
 fn synchronize(ctx: Handle) -> Result<(), CudaError> {
     let d = driver()?;
-    let id = d.state().context(ctx)?.id;
+    let id = {
+        let mut state = d.state();
+        let id = state.context(ctx)?.id;
+        d.check_context_sync(&mut state, ctx)?;
+        d.check_unsafe_call(&mut state)?;
+        id
+    };
     let count = d.device.lock()?.submitted_count(id)?;
     d.wait(id, count)
 }

@@ -32,7 +32,7 @@ fn copy(
 ) -> Result<(), CudaError> {
     let d = driver()?;
     {
-        let state = d.state();
+        let mut state = d.state();
         if bytes > 0 && dir != Direction::DeviceToDevice && host.is_null() {
             return Err(CudaError::InvalidValue);
         }
@@ -42,11 +42,9 @@ fn copy(
         {
             return Err(CudaError::InvalidValue);
         }
-        if synchronous
-            && d.capturing(&state, d.resolve_stream(&state, stream, per_thread)?)
-                .is_some()
-        {
-            return Err(CudaError::StreamCaptureUnsupported);
+        if synchronous {
+            // A synchronous copy waits for the GPU: unsafe during capture.
+            d.check_unsafe_call(&mut state)?;
         }
     }
     let bandwidth = match dir {
@@ -57,6 +55,7 @@ fn copy(
         stream,
         per_thread,
         &[copy_duration_ns(bytes as u64, bandwidth)],
+        false,
     )?;
     if synchronous {
         let (id, last) = {

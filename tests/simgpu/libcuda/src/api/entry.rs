@@ -69,6 +69,26 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     guard(|| get_proc_address(symbol, pfn, cuda_version, flags, status))
 }
 
+/// What cuda.h's `cuGetProcAddress` macro becomes in a per-thread-default-stream build
+/// (`--default-stream per-thread`, `CUDA_API_PER_THREAD_DEFAULT_STREAM`): the same call, except
+/// that flags `CU_GET_PROC_ADDRESS_DEFAULT` (0) mean `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_
+/// STREAM`, so the program gets the `_ptsz` variants its own compilation mode implies.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: u64,
+    status: *mut i32,
+) -> CUresult {
+    let flags = if flags == 0 {
+        crate::procaddr::FLAG_PER_THREAD_DEFAULT_STREAM
+    } else {
+        flags
+    };
+    guard(|| get_proc_address(symbol, pfn, cuda_version, flags, status))
+}
+
 fn error_text(error: CUresult, out: *mut *const c_char, name: bool) -> Result<(), CudaError> {
     let text: &'static [u8] = match (error, CudaError::from_code(error)) {
         (0, _) if name => b"CUDA_SUCCESS\0",

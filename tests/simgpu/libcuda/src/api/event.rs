@@ -19,7 +19,12 @@ pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, flags: c_uint) -> CUr
             return Err(CudaError::InvalidValue);
         }
         let slot = d.device.lock()?.create_event(state.context(ctx)?.id)?;
-        let h = state.events.insert(Event { ctx, slot, flags });
+        let h = state.events.insert(Event {
+            ctx,
+            slot,
+            flags,
+            captured: None,
+        });
         // SAFETY: out-parameter per the API contract.
         unsafe { write_out(event, h) }
     })
@@ -41,18 +46,34 @@ pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
 fn record(event: Handle, stream: Handle, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
     let (target, id, slot) = {
-        let state = d.state();
+        let mut state = d.state();
         let e = state.events.get(event).ok_or(CudaError::InvalidHandle)?;
+        let ctx = e.ctx;
         let target = d.resolve_stream(&state, stream, per_thread)?;
-        if d.capturing(&state, target).is_some() {
-            // A captured event record becomes part of the graph; the graph's own ordering
-            // already covers it in the simulated device.
+        if let Some(c) = d.capturing(&state, target) {
+            if c.invalidated {
+                return Err(CudaError::StreamCaptureInvalidated);
+            }
+            // A captured event record becomes a node of the graph (the graph's own ordering
+            // already covers it in the simulated device); the event now stands for that node.
+            let capture = c.id;
+            state
+                .events
+                .get_mut(event)
+                .expect("looked up above")
+                .captured = Some(capture);
             return Ok(());
         }
-        if d.target_context(&state, target)? != e.ctx {
+        d.check_legacy_work(&mut state, target)?;
+        if d.target_context(&state, target)? != ctx {
             return Err(CudaError::InvalidHandle);
         }
-        (target, state.context(e.ctx)?.id, e.slot)
+        state
+            .events
+            .get_mut(event)
+            .expect("looked up above")
+            .captured = None;
+        (target, state.context(ctx)?.id, e_slot(&state, event)?)
     };
     let count = loop {
         let result = d.device.lock()?.record_event(id, slot);
@@ -96,6 +117,39 @@ pub extern "C" fn cuEventRecordWithFlags_ptsz(
     guard(|| record(event, stream, true))
 }
 
+fn e_slot(state: &crate::driver::State, event: Handle) -> Result<u32, CudaError> {
+    Ok(state
+        .events
+        .get(event)
+        .ok_or(CudaError::InvalidHandle)?
+        .slot)
+}
+
+/// The checks of a synchronous query of or wait for `event`: one last recorded inside a
+/// capture is a graph node, not something that completes (`CUDA_ERROR_STREAM_CAPTURE_
+/// UNSUPPORTED` in every mode, and a capture still under way is invalidated); any other event
+/// falls under the unsafe-call rule of the calling thread's capture mode.
+fn check_event_wait(event: Handle) -> Result<(), CudaError> {
+    let d = driver()?;
+    let mut state = d.state();
+    let e = state.events.get(event).ok_or(CudaError::InvalidHandle)?;
+    if let Some(capture) = e.captured {
+        let ongoing: Vec<usize> = state
+            .streams
+            .iter()
+            .filter(|(_, s)| s.capture.as_ref().is_some_and(|c| c.id == capture))
+            .map(|(h, _)| h)
+            .collect();
+        for h in ongoing {
+            if let Some(c) = state.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
+                c.invalidated = true;
+            }
+        }
+        return Err(CudaError::StreamCaptureUnsupported);
+    }
+    d.check_unsafe_call(&mut state)
+}
+
 fn event_state(
     event: Handle,
 ) -> Result<
@@ -119,6 +173,7 @@ fn event_state(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     guard(|| {
+        check_event_wait(event)?;
         let (_, s, _) = event_state(event)?;
         if !s.recorded || s.complete {
             Ok(())
@@ -131,6 +186,7 @@ pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
     guard(|| {
+        check_event_wait(event)?;
         let (id, s, _) = event_state(event)?;
         if !s.recorded {
             return Ok(());

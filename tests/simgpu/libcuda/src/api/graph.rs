@@ -44,14 +44,16 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
 
 fn launch(exec: Handle, stream: Handle, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
-    let nodes = d
+    d.launch_host_cost();
+    let graph = d
         .state()
         .graph_execs
         .get(exec)
         .ok_or(CudaError::InvalidHandle)?
-        .nodes
         .clone();
-    d.enqueue(stream, per_thread, &nodes)
+    d.run_graph_allocations(&graph)?;
+    // A graph reaches the device as one launch; its nodes then run back to back.
+    d.enqueue(stream, per_thread, &graph.nodes, true)
 }
 
 #[unsafe(no_mangle)]

@@ -1,5 +1,9 @@
-//! Kernel launches: the duration comes from the function (its name, or its first parameter for
-//! `simgpu_kernel`); the kernel occupies the GPU for that long once the model schedules it.
+//! Kernel launches: the duration comes from the function (its first parameter for
+//! `gpushare_spin_ns`, or its name); the kernel occupies the GPU for that long once the model
+//! schedules it. Each launch costs the calling thread `SIMGPU_LAUNCH_HOST_NS` of busy time in
+//! the driver, and the kernel reaches the device `SIMGPU_LAUNCH_LATENCY_NS` after submission.
+//! The first launch of a module's kernel loads the module (lazy loading: its memory is charged
+//! then).
 
 use super::Handle;
 use crate::driver::driver;
@@ -18,9 +22,16 @@ fn launch(
         return Err(CudaError::InvalidValue);
     }
     let d = driver()?;
-    // SAFETY: params/extra are the launch's own arrays per the cuLaunchKernel contract.
-    let duration = unsafe { d.kernel_duration(&d.state(), function, params, extra)? };
-    d.enqueue(stream, per_thread, &[duration])
+    // The driver's own CPU work for a launch (parameter marshalling, pushbuffer write).
+    d.launch_host_cost();
+    let duration = {
+        let mut state = d.state();
+        // SAFETY: params/extra are the launch's own arrays per the cuLaunchKernel contract.
+        let duration = unsafe { d.kernel_duration(&state, function, params, extra)? };
+        d.load_for_launch(&mut state, function)?;
+        duration
+    };
+    d.enqueue(stream, per_thread, &[duration], true)
 }
 
 #[unsafe(no_mangle)]

@@ -20,6 +20,8 @@ fn allocate_current(dptr: *mut DevicePtr, size: usize, kind: AllocKind) -> Resul
     if dptr.is_null() {
         return Err(CudaError::InvalidValue);
     }
+    // cuMemAlloc may synchronise (it can reuse memory the GPU still uses): unsafe in capture.
+    d.check_unsafe_call(&mut state)?;
     let ptr = d.allocate(&mut state, ctx, size as u64, kind)?;
     // SAFETY: out-parameter per the API contract.
     unsafe { write_out(dptr, ptr) }
@@ -71,10 +73,13 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 pub extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CUresult {
     guard(|| {
         let d = driver()?;
+        let mut state = d.state();
+        // cuMemFree synchronises the device before releasing: unsafe during capture.
+        d.check_unsafe_call(&mut state)?;
         if dptr == 0 {
             return Ok(());
         }
-        d.free(&mut d.state(), dptr).map(|_| ())
+        d.free(&mut state, dptr).map(|_| ())
     })
 }
 

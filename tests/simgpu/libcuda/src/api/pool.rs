@@ -3,7 +3,7 @@
 //! `cuMemPoolTrimTo` is called: exactly the growth an interposer must account for.
 
 use super::{CuDevice, DevicePtr, Handle};
-use crate::driver::{driver, Pool};
+use crate::driver::{driver, AllocKind, Pool};
 use crate::result::{guard, write_out, CUresult, CudaError};
 use libc::c_void;
 
@@ -38,8 +38,25 @@ fn alloc_async(
     let mut state = d.state();
     let target = d.resolve_stream(&state, stream, per_thread)?;
     let ctx = d.target_context(&state, target)?;
-    if dptr.is_null() {
+    if dptr.is_null() || size == 0 {
         return Err(CudaError::InvalidValue);
+    }
+    if let Some(c) = d.capturing(&state, target) {
+        // Captured, it becomes a memory allocation node: the address is fixed now, the memory
+        // comes from the graph memory pool when the graph is launched.
+        if c.invalidated {
+            return Err(CudaError::StreamCaptureInvalidated);
+        }
+        let graph = c.graph;
+        let ptr = state.take_va(size as u64, 512);
+        state
+            .graphs
+            .get_mut(graph)
+            .ok_or(CudaError::StreamCaptureInvalidated)?
+            .allocs
+            .push((ptr, size as u64));
+        // SAFETY: checked non-null; out-parameter per the API contract.
+        return unsafe { write_out(dptr, ptr) };
     }
     let pool = match pool {
         Some(p) => p,
@@ -95,8 +112,98 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 fn free_async(dptr: DevicePtr, stream: Handle, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
     let mut state = d.state();
-    d.resolve_stream(&state, stream, per_thread)?;
+    let target = d.resolve_stream(&state, stream, per_thread)?;
+    if let Some(c) = d.capturing(&state, target) {
+        // A memory free node: it may free only what an allocation node of the same graph
+        // allocated, or a live graph allocation.
+        if c.invalidated {
+            return Err(CudaError::StreamCaptureInvalidated);
+        }
+        let graph = c.graph;
+        let live_graph_alloc = state
+            .allocations
+            .get(&dptr)
+            .is_some_and(|a| a.kind == AllocKind::Graph);
+        let g = state
+            .graphs
+            .get_mut(graph)
+            .ok_or(CudaError::StreamCaptureInvalidated)?;
+        if g.allocs.iter().any(|(p, _)| *p == dptr) {
+            g.frees.push(dptr);
+            return Ok(());
+        }
+        if live_graph_alloc {
+            // Freed when the graph runs; simgpu frees it now (the graph can only run after).
+            return d.free_to_pool(&mut state, dptr).map(|_| ());
+        }
+        return Err(CudaError::InvalidValue);
+    }
     d.free_to_pool(&mut state, dptr).map(|_| ())
+}
+
+/// `CUgraphMem_attribute`.
+const GRAPH_MEM_USED_CURRENT: i32 = 0;
+const GRAPH_MEM_USED_HIGH: i32 = 1;
+const GRAPH_MEM_RESERVED_CURRENT: i32 = 2;
+const GRAPH_MEM_RESERVED_HIGH: i32 = 3;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    dev: CuDevice,
+    attr: i32,
+    value: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let gpu = d.check_gpu(dev)?;
+        let pool = d.state().graph_pools[gpu as usize];
+        let v = match attr {
+            GRAPH_MEM_USED_CURRENT => pool.used,
+            GRAPH_MEM_USED_HIGH => pool.used_high,
+            GRAPH_MEM_RESERVED_CURRENT => pool.reserved,
+            GRAPH_MEM_RESERVED_HIGH => pool.reserved_high,
+            _ => return Err(CudaError::InvalidValue),
+        };
+        // SAFETY: a cuuint64_t out-parameter per the API contract.
+        unsafe { write_out(value as *mut u64, v) }
+    })
+}
+
+/// Only the high-water marks can be set, and only to 0 (a reset to the current value).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    dev: CuDevice,
+    attr: i32,
+    value: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let gpu = d.check_gpu(dev)?;
+        if value.is_null() {
+            return Err(CudaError::InvalidValue);
+        }
+        // SAFETY: a cuuint64_t per the API contract (checked non-null).
+        if unsafe { *(value as *const u64) } != 0 {
+            return Err(CudaError::InvalidValue);
+        }
+        let mut state = d.state();
+        let pool = &mut state.graph_pools[gpu as usize];
+        match attr {
+            GRAPH_MEM_USED_HIGH => pool.used_high = pool.used,
+            GRAPH_MEM_RESERVED_HIGH => pool.reserved_high = pool.reserved,
+            _ => return Err(CudaError::InvalidValue),
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDeviceGraphMemTrim(dev: CuDevice) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let gpu = d.check_gpu(dev)?;
+        d.trim_graph_pool(&mut d.state(), gpu)
+    })
 }
 
 #[unsafe(no_mangle)]

@@ -5,13 +5,14 @@
 //! synchronisation waits for its own last operation.
 
 use super::Handle;
-use crate::driver::{driver, Graph, Stream, StreamTarget};
+use crate::driver::{self, driver, Capture, CaptureMode, Graph, Stream, StreamTarget};
 use crate::result::{guard, write_out, CUresult, CudaError};
 use libc::{c_int, c_uint};
 
-/// `CU_STREAM_CAPTURE_STATUS_NONE` / `_ACTIVE`.
+/// `CU_STREAM_CAPTURE_STATUS_NONE` / `_ACTIVE` / `_INVALIDATED`.
 const CAPTURE_NONE: c_int = 0;
 const CAPTURE_ACTIVE: c_int = 1;
+const CAPTURE_INVALIDATED: c_int = 2;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> CUresult {
@@ -60,11 +61,9 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
 fn synchronize(stream: Handle, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
     let (id, last) = {
-        let state = d.state();
+        let mut state = d.state();
         let target = d.resolve_stream(&state, stream, per_thread)?;
-        if d.capturing(&state, target).is_some() {
-            return Err(CudaError::StreamCaptureUnsupported);
-        }
+        d.check_stream_wait(&mut state, target)?;
         d.stream_last(&state, target)?
     };
     d.wait(id, last)
@@ -73,11 +72,9 @@ fn synchronize(stream: Handle, per_thread: bool) -> Result<(), CudaError> {
 fn query(stream: Handle, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
     let (id, last) = {
-        let state = d.state();
+        let mut state = d.state();
         let target = d.resolve_stream(&state, stream, per_thread)?;
-        if d.capturing(&state, target).is_some() {
-            return Err(CudaError::StreamCaptureUnsupported);
-        }
+        d.check_stream_wait(&mut state, target)?;
         d.stream_last(&state, target)?
     };
     if d.device.lock()?.completed_count(id)? >= last {
@@ -130,15 +127,19 @@ pub extern "C" fn cuStreamWaitEvent_ptsz(
     guard(|| wait_event(stream, event, true))
 }
 
+fn capture_status(capture: Option<&Capture>) -> c_int {
+    match capture {
+        None => CAPTURE_NONE,
+        Some(c) if c.invalidated => CAPTURE_INVALIDATED,
+        Some(_) => CAPTURE_ACTIVE,
+    }
+}
+
 fn is_capturing(stream: Handle, status: *mut c_int, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
     let state = d.state();
     let target = d.resolve_stream(&state, stream, per_thread)?;
-    let value = if d.capturing(&state, target).is_some() {
-        CAPTURE_ACTIVE
-    } else {
-        CAPTURE_NONE
-    };
+    let value = capture_status(d.capturing(&state, target));
     // SAFETY: out-parameter per the API contract.
     unsafe { write_out(status, value) }
 }
@@ -153,48 +154,85 @@ pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(stream: Handle, status: *mut c
     guard(|| is_capturing(stream, status, true))
 }
 
-fn begin_capture(stream: Handle, per_thread: bool) -> Result<(), CudaError> {
+fn begin_capture(stream: Handle, mode: c_int, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
+    let mode = CaptureMode::from_raw(mode)?;
     let mut state = d.state();
     let StreamTarget::Created(h) = d.resolve_stream(&state, stream, per_thread)? else {
-        // The legacy and per-thread default streams cannot be captured.
+        // The legacy and per-thread default streams cannot be captured here.
         return Err(CudaError::StreamCaptureUnsupported);
     };
-    if state.streams.get(h).and_then(|s| s.capture).is_some() {
+    if state.streams.get(h).is_some_and(|s| s.capture.is_some()) {
         return Err(CudaError::IllegalState);
     }
-    let graph = state.graphs.insert(Graph::default());
+    let ctx = state.streams.get(h).ok_or(CudaError::InvalidHandle)?.ctx;
+    let gpu = state.context(ctx)?.gpu;
+    let graph = state.graphs.insert(Graph {
+        gpu: Some(gpu),
+        ctx,
+        ..Graph::default()
+    });
+    let id = state.next_capture_id();
     state
         .streams
         .get_mut(h)
         .ok_or(CudaError::InvalidHandle)?
-        .capture = Some(graph);
+        .capture = Some(Capture {
+        graph,
+        id,
+        mode,
+        thread: std::thread::current().id(),
+        invalidated: false,
+    });
     Ok(())
 }
 
+/// CUDA 10.0 form, before the mode argument: a GLOBAL capture.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamBeginCapture_v2(stream: Handle, _mode: c_int) -> CUresult {
-    guard(|| begin_capture(stream, false))
+pub extern "C" fn cuStreamBeginCapture(stream: Handle) -> CUresult {
+    guard(|| begin_capture(stream, CaptureMode::Global as c_int, false))
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, _mode: c_int) -> CUresult {
-    guard(|| begin_capture(stream, true))
+pub extern "C" fn cuStreamBeginCapture_ptsz(stream: Handle) -> CUresult {
+    guard(|| begin_capture(stream, CaptureMode::Global as c_int, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: c_int) -> CUresult {
+    guard(|| begin_capture(stream, mode, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int) -> CUresult {
+    guard(|| begin_capture(stream, mode, true))
 }
 
 fn end_capture(stream: Handle, graph: *mut Handle, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
     let mut state = d.state();
+    if graph.is_null() {
+        return Err(CudaError::InvalidValue);
+    }
     let StreamTarget::Created(h) = d.resolve_stream(&state, stream, per_thread)? else {
         return Err(CudaError::IllegalState);
     };
-    let g = state
-        .streams
-        .get_mut(h)
-        .and_then(|s| s.capture.take())
-        .ok_or(CudaError::IllegalState)?;
-    // SAFETY: out-parameter per the API contract.
-    unsafe { write_out(graph, g) }
+    let s = state.streams.get_mut(h).ok_or(CudaError::InvalidHandle)?;
+    let c = s.capture.as_ref().ok_or(CudaError::IllegalState)?;
+    // A non-relaxed capture belongs to the thread that began it (cuStreamEndCapture:
+    // CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD).
+    if c.mode != CaptureMode::Relaxed && c.thread != std::thread::current().id() {
+        return Err(CudaError::StreamCaptureWrongThread);
+    }
+    let c = s.capture.take().expect("checked above");
+    if c.invalidated {
+        state.graphs.remove(c.graph);
+        // SAFETY: checked non-null; out-parameter per the API contract (NULL graph).
+        unsafe { write_out(graph, 0)? };
+        return Err(CudaError::StreamCaptureInvalidated);
+    }
+    // SAFETY: checked non-null; out-parameter per the API contract.
+    unsafe { write_out(graph, c.graph) }
 }
 
 #[unsafe(no_mangle)]
@@ -205,4 +243,264 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, graph: *mut Handle) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: Handle, graph: *mut Handle) -> CUresult {
     guard(|| end_capture(stream, graph, true))
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: sets the calling thread's capture interaction mode to
+/// `*mode` and returns the previous one in `*mode` (the idiom is exchange, unsafe call,
+/// exchange back).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult {
+    guard(|| {
+        driver()?;
+        if mode.is_null() {
+            return Err(CudaError::InvalidValue);
+        }
+        // SAFETY: checked non-null; in/out parameter per the API contract.
+        let wanted = CaptureMode::from_raw(unsafe { *mode })?;
+        let previous = driver::exchange_thread_capture_mode(wanted);
+        // SAFETY: as above.
+        unsafe { write_out(mode, previous as c_int) }
+    })
+}
+
+/// The dependency set `cuStreamGetCaptureInfo_v2/_v3` report: simgpu's captures are linear, so
+/// at most one node, whose handle is not one simgpu hands out (NULL), with default edge data.
+static NO_NODES: [usize; 1] = [0];
+static DEFAULT_EDGES: [u64; 1] = [0];
+
+struct CaptureInfo {
+    status: c_int,
+    id: u64,
+    graph: Handle,
+    dependencies: usize,
+}
+
+fn capture_info(stream: Handle, per_thread: bool) -> Result<CaptureInfo, CudaError> {
+    let d = driver()?;
+    let state = d.state();
+    let target = d.resolve_stream(&state, stream, per_thread)?;
+    let capture = d.capturing(&state, target);
+    let status = capture_status(capture);
+    Ok(match capture {
+        Some(c) => CaptureInfo {
+            status,
+            id: c.id,
+            graph: if c.invalidated { 0 } else { c.graph },
+            dependencies: state
+                .graphs
+                .get(c.graph)
+                .map_or(0, |g| g.nodes.len().min(1)),
+        },
+        None => CaptureInfo {
+            status,
+            id: 0,
+            graph: 0,
+            dependencies: 0,
+        },
+    })
+}
+
+/// Writes the optional outputs of the `cuStreamGetCaptureInfo` family (NULL: not wanted).
+///
+/// # Safety
+/// Each pointer must be NULL or valid for a write of its type.
+unsafe fn write_capture_info(
+    info: &CaptureInfo,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut Handle,
+    deps: *mut *const usize,
+    edges: *mut *const u64,
+    num_deps: *mut usize,
+) -> Result<(), CudaError> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        write_out(status, info.status)?;
+        let active = info.status != CAPTURE_NONE;
+        if !id.is_null() && active {
+            id.write(info.id);
+        }
+        if !graph.is_null() && active {
+            graph.write(info.graph);
+        }
+        if !deps.is_null() && active {
+            deps.write(NO_NODES.as_ptr());
+        }
+        if !edges.is_null() && active {
+            edges.write(DEFAULT_EDGES.as_ptr());
+        }
+        if !num_deps.is_null() && active {
+            num_deps.write(info.dependencies);
+        }
+    }
+    Ok(())
+}
+
+/// CUDA 10.1: status and id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    stream: Handle,
+    status: *mut c_int,
+    id: *mut u64,
+) -> CUresult {
+    guard(|| {
+        let info = capture_info(stream, false)?;
+        // SAFETY: out-parameters per the API contract; the rest are not wanted.
+        unsafe {
+            write_capture_info(
+                &info,
+                status,
+                id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
+    stream: Handle,
+    status: *mut c_int,
+    id: *mut u64,
+) -> CUresult {
+    guard(|| {
+        let info = capture_info(stream, true)?;
+        // SAFETY: out-parameters per the API contract; the rest are not wanted.
+        unsafe {
+            write_capture_info(
+                &info,
+                status,
+                id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+    })
+}
+
+/// CUDA 11.3: also the graph being built and the stream's current dependencies.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    stream: Handle,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut Handle,
+    deps: *mut *const usize,
+    num_deps: *mut usize,
+) -> CUresult {
+    guard(|| {
+        let info = capture_info(stream, false)?;
+        let no_edges = std::ptr::null_mut();
+        // SAFETY: out-parameters per the API contract.
+        unsafe { write_capture_info(&info, status, id, graph, deps, no_edges, num_deps) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
+    stream: Handle,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut Handle,
+    deps: *mut *const usize,
+    num_deps: *mut usize,
+) -> CUresult {
+    guard(|| {
+        let info = capture_info(stream, true)?;
+        let no_edges = std::ptr::null_mut();
+        // SAFETY: out-parameters per the API contract.
+        unsafe { write_capture_info(&info, status, id, graph, deps, no_edges, num_deps) }
+    })
+}
+
+/// CUDA 12.3: with the dependencies' edge data (all default in simgpu).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    stream: Handle,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut Handle,
+    deps: *mut *const usize,
+    edges: *mut *const u64,
+    num_deps: *mut usize,
+) -> CUresult {
+    guard(|| {
+        let info = capture_info(stream, false)?;
+        // SAFETY: out-parameters per the API contract.
+        unsafe { write_capture_info(&info, status, id, graph, deps, edges, num_deps) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
+    stream: Handle,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut Handle,
+    deps: *mut *const usize,
+    edges: *mut *const u64,
+    num_deps: *mut usize,
+) -> CUresult {
+    guard(|| {
+        let info = capture_info(stream, true)?;
+        // SAFETY: out-parameters per the API contract.
+        unsafe { write_capture_info(&info, status, id, graph, deps, edges, num_deps) }
+    })
+}
+
+fn stream_context(stream: Handle, per_thread: bool) -> Result<Handle, CudaError> {
+    let d = driver()?;
+    let state = d.state();
+    let target = d.resolve_stream(&state, stream, per_thread)?;
+    d.target_context(&state, target)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx(stream: Handle, ctx: *mut Handle) -> CUresult {
+    // SAFETY: out-parameter per the API contract.
+    guard(|| unsafe { write_out(ctx, stream_context(stream, false)?) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_ptsz(stream: Handle, ctx: *mut Handle) -> CUresult {
+    // SAFETY: out-parameter per the API contract.
+    guard(|| unsafe { write_out(ctx, stream_context(stream, true)?) })
+}
+
+/// CUDA 12.5: also the green context (simgpu has none: NULL).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_v2(
+    stream: Handle,
+    ctx: *mut Handle,
+    green: *mut Handle,
+) -> CUresult {
+    guard(|| {
+        let c = stream_context(stream, false)?;
+        // SAFETY: out-parameters per the API contract.
+        unsafe {
+            write_out(ctx, c)?;
+            write_out(green, 0)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_v2_ptsz(
+    stream: Handle,
+    ctx: *mut Handle,
+    green: *mut Handle,
+) -> CUresult {
+    guard(|| {
+        let c = stream_context(stream, true)?;
+        // SAFETY: out-parameters per the API contract.
+        unsafe {
+            write_out(ctx, c)?;
+            write_out(green, 0)
+        }
+    })
 }

@@ -1,10 +1,17 @@
 //! Virtual memory management: physical allocations (`cuMemCreate`) are charged when created,
 //! device-located only; they are credited once released and no longer mapped.
+//!
+//! Sharing: `cuMemExportToShareableHandle` (POSIX file descriptor) hands out a real descriptor,
+//! a memfd naming the allocation in the shared device model, which any process that receives it
+//! (SCM_RIGHTS, pidfd_getfd) imports with `cuMemImportFromShareableHandle`. As on the real
+//! driver, the memory stays allocated, and charged to the exporting process (as `nvidia-smi`
+//! shows it), until every handle of every process is released and every mapping is gone.
 
 use super::DevicePtr;
 use crate::driver::{driver, Mapping, Physical};
 use crate::result::{guard, write_out, CUresult, CudaError};
-use libc::c_void;
+use libc::{c_int, c_void};
+use simgpu_model::device::SharedAllocId;
 
 /// Granularity of physical allocations and mappings (2 MiB, as on current GPUs).
 pub const GRANULARITY: usize = 2 << 20;
@@ -12,6 +19,8 @@ pub const GRANULARITY: usize = 2 << 20;
 const LOCATION_DEVICE: u32 = 1;
 const LOCATION_HOST_FIRST: u32 = 2;
 const LOCATION_HOST_LAST: u32 = 4;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const HANDLE_TYPE_POSIX_FD: u32 = 0x1;
 
 /// `CUmemAllocationProp`.
 #[repr(C)]
@@ -72,6 +81,8 @@ pub unsafe extern "C" fn cuMemCreate(
                 size: size as u64,
                 released: false,
                 mappings: 0,
+                handle_types: prop.requested_handle_types,
+                shared: None,
             },
         );
         // SAFETY: checked non-null; out-parameter per the API contract.
@@ -90,11 +101,131 @@ fn credit_if_unused(
         .is_some_and(|p| p.released && p.mappings == 0);
     if done {
         let p = state.physical.remove(&handle).expect("checked above");
-        if let Some(gpu) = p.gpu {
-            d.credit(gpu, p.size)?;
+        match (p.shared, p.gpu) {
+            // Shared: this process's reference goes; the model credits the exporter when the
+            // last reference of any process does.
+            (Some(id), _) => {
+                let _ = d.device.lock()?.release_shared(d.process, id);
+            }
+            (None, Some(gpu)) => d.credit(gpu, p.size)?,
+            (None, None) => {}
         }
     }
     Ok(())
+}
+
+/// The bytes of an exported handle's memfd: the model's slot and generation.
+fn encode(id: SharedAllocId) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[..4].copy_from_slice(&id.slot.to_le_bytes());
+    bytes[8..].copy_from_slice(&id.generation.to_le_bytes());
+    bytes
+}
+
+fn decode(bytes: &[u8; 16]) -> SharedAllocId {
+    SharedAllocId {
+        slot: u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")),
+        generation: u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: u64,
+    handle_type: u32,
+    flags: u64,
+) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        if shareable.is_null() || flags != 0 {
+            return Err(CudaError::InvalidValue);
+        }
+        if handle_type != HANDLE_TYPE_POSIX_FD {
+            return Err(CudaError::NotSupported);
+        }
+        let mut state = d.state();
+        let p = state
+            .physical
+            .get_mut(&handle)
+            .ok_or(CudaError::InvalidValue)?;
+        // Only a type requested at cuMemCreate can be exported.
+        if p.handle_types & HANDLE_TYPE_POSIX_FD == 0 {
+            return Err(CudaError::NotPermitted);
+        }
+        let gpu = p.gpu.ok_or(CudaError::NotSupported)?;
+        let id = match p.shared {
+            Some(id) => id,
+            None => {
+                let id = d.device.lock()?.share_allocation(d.process, gpu, p.size)?;
+                p.shared = Some(id);
+                id
+            }
+        };
+        let bytes = encode(id);
+        // SAFETY: memfd_create with a static NUL-terminated name; pwrite of a local buffer to
+        // the descriptor just created (closed again if the write fails).
+        let fd = unsafe {
+            let fd = libc::memfd_create(c"simgpu-vmm".as_ptr(), libc::MFD_CLOEXEC);
+            if fd < 0 {
+                return Err(CudaError::OutOfMemory);
+            }
+            if libc::pwrite(fd, bytes.as_ptr().cast(), bytes.len(), 0) != bytes.len() as isize {
+                libc::close(fd);
+                return Err(CudaError::Unknown);
+            }
+            fd
+        };
+        // SAFETY: for a POSIX descriptor the shareable handle is an int, per the API contract.
+        unsafe { write_out(shareable as *mut c_int, fd) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut c_void,
+    handle_type: u32,
+) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        if handle.is_null() {
+            return Err(CudaError::InvalidValue);
+        }
+        if handle_type != HANDLE_TYPE_POSIX_FD {
+            return Err(CudaError::NotSupported);
+        }
+        // For a POSIX descriptor the OS handle is the descriptor's value, cast to a pointer.
+        let fd = os_handle as usize as c_int;
+        let mut bytes = [0u8; 16];
+        // SAFETY: pread into a local buffer of its length from a descriptor the caller owns.
+        let read = unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        if read != bytes.len() as isize {
+            return Err(CudaError::InvalidValue);
+        }
+        let id = decode(&bytes);
+        let (gpu, size) = d
+            .device
+            .lock()?
+            .import_allocation(d.process, id)
+            .map_err(|_| CudaError::InvalidValue)?;
+        let mut state = d.state();
+        let h = state.next_physical;
+        state.next_physical += 1;
+        state.physical.insert(
+            h,
+            Physical {
+                gpu: Some(gpu),
+                size,
+                released: false,
+                mappings: 0,
+                handle_types: HANDLE_TYPE_POSIX_FD,
+                shared: Some(id),
+            },
+        );
+        // SAFETY: checked non-null; out-parameter per the API contract.
+        unsafe { write_out(handle, h) }
+    })
 }
 
 #[unsafe(no_mangle)]

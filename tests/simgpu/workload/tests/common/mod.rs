@@ -156,3 +156,38 @@ pub fn f(v: &serde_json::Value, key: &str) -> f64 {
         .as_f64()
         .unwrap_or_else(|| panic!("{key} missing in {v}"))
 }
+
+/// The installed `libcuda.so.1`, opened in this test process with `dlopen`, as an interposer or
+/// the CUDA runtime reaches it. The handle is kept as an integer so that threads can share it.
+pub struct Lib(usize);
+
+impl Lib {
+    /// Opens the library after pointing this process at `sim` (the driver reads `SIMGPU_*` at
+    /// `cuInit`, once per process).
+    pub fn open(sim: &Sim) -> Lib {
+        for (k, v) in &sim.vars {
+            // Set before any thread of this test binary reads the environment through libc.
+            std::env::set_var(k, v);
+        }
+        let path =
+            std::ffi::CString::new(libs_dir().join("libcuda.so.1").to_str().unwrap()).unwrap();
+        // SAFETY: dlopen of our own library; never closed.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!handle.is_null(), "dlopen libcuda.so.1");
+        Lib(handle as usize)
+    }
+
+    /// The exported function `name`, typed by the caller.
+    pub fn f<T: Copy>(&self, name: &str) -> T {
+        let c = std::ffi::CString::new(name).unwrap();
+        // SAFETY: dlsym on a live handle; the caller names the C signature of that export.
+        let p = unsafe { libc::dlsym(self.0 as *mut libc::c_void, c.as_ptr()) };
+        assert!(!p.is_null(), "{name} not exported");
+        assert_eq!(
+            std::mem::size_of::<T>(),
+            std::mem::size_of::<*mut libc::c_void>()
+        );
+        // SAFETY: T is a function pointer type of the export's signature (size checked above).
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+}
