@@ -266,7 +266,7 @@ fn render_tokens(out: &mut String, report: &StatusReport) {
         (
             "gpushare_token_cut_offs_total",
             "counter",
-            "Token clients cut off because their lease ended.",
+            "Always 0 (kept for compatibility): nobody is cut off for a slow drain; see gpushare_token_overdue_total.",
             |t| t.cut_offs,
         ),
         (

@@ -256,8 +256,10 @@ pub struct TokenStatus {
     pub waiting: usize,
     pub grants: u64,
     pub revocations: u64,
-    /// Clients cut off because their lease ended while they were connected. (Before
-    /// overdue reporting this counted slow drains; nobody is cut off for those now.)
+    /// Always 0, kept so that readers of the old report still parse it: this counted
+    /// clients cut off for a slow drain, and nobody is cut off for that now (see
+    /// `overdue`). A lease that ends still flags its clients cut off, which is routine
+    /// (its processes are gone or going) and not counted.
     pub cut_offs: u64,
     /// Revoked clients that had not released after `scheduler.revoke_grace_ms`: a
     /// total. Such a client is no longer waited for but stays connected.

@@ -239,8 +239,9 @@ fn render_status(report: &StatusReport) -> String {
                 format!("{}/{pid}({})", h.lease, h.priority)
             })
             .collect();
-        out += &format!(
-            "  {} policy={} holder={} clients={} waiting={} grants={} revocations={} overdue={} cut_offs={}\n",
+        out +=
+            &format!(
+            "  {} policy={} holder={} clients={} waiting={} grants={} revocations={} overdue={}\n",
             t.gpu,
             t.policy,
             if holders.is_empty() { "-".into() } else { holders.join(",") },
@@ -248,8 +249,7 @@ fn render_status(report: &StatusReport) -> String {
             t.waiting,
             t.grants,
             t.revocations,
-            t.overdue,
-            t.cut_offs
+            t.overdue
         );
         if !t.overdue_clients.is_empty() {
             // Revoked and still draining past scheduler.revoke_grace_ms: a long kernel
