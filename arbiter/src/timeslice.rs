@@ -37,7 +37,10 @@
 //!   happened in between, a drain (overdue or not) included: its kernels occupied the
 //!   GPU all that time and the arbiter cannot tell how much of it they got. So a long
 //!   drain costs the client exactly the time it used — in its usage (fair share) and
-//!   its credit (limit) — and nothing more: no hold-off, no cut-off.
+//!   its credit (limit) — and nothing more: no hold-off, no cut-off. A stuck agent is
+//!   charged the same way (the arbiter cannot tell it from a long kernel); usage
+//!   forgets it after one window, and a limited client waits until it has earned the
+//!   time back, as it would after a long kernel.
 //! * Launch-ahead of a low-priority holder is `launch_ahead_with_high` only while a
 //!   high-priority client is *active* — holding, or having wanted or released the
 //!   token within `high_active` — and `launch_ahead` otherwise. A high-priority client
