@@ -97,6 +97,20 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     }
     family(
         &mut out,
+        "gpushare_gpu_unshareable",
+        "gauge",
+        "1 for a GPU set aside at inventory because gpushare cannot share it (compute mode, MIG, MPS; see gpusharectl status).",
+    );
+    for u in &report.unshareable {
+        let _ = writeln!(
+            out,
+            "gpushare_gpu_unshareable{{gpu=\"{}\",index=\"{}\"}} 1",
+            escape(&u.uuid),
+            u.index
+        );
+    }
+    family(
+        &mut out,
         "gpushare_leases",
         "gauge",
         "Leases by priority and state.",
@@ -355,7 +369,12 @@ mod tests {
                 }],
                 ..Default::default()
             }],
-            unshareable: vec![],
+            unshareable: vec![gpushare_proto::UnshareableGpuStatus {
+                index: 1,
+                uuid: "GPU-1".into(),
+                reason: "MIG mode is enabled".into(),
+                ..Default::default()
+            }],
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);
@@ -376,6 +395,7 @@ mod tests {
             "gpushare_token_cut_offs_total{gpu=\"GPU-0\"} 1",
             "gpushare_token_overdue_total{gpu=\"GPU-0\"} 2",
             "gpushare_token_overdue_clients{gpu=\"GPU-0\"} 1",
+            "gpushare_gpu_unshareable{gpu=\"GPU-1\",index=\"1\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
