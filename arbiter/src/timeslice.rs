@@ -96,6 +96,8 @@ pub enum Action {
     Revoke {
         client: ClientId,
     },
+    /// The holder's launch-ahead bound follows high-priority activity (it started, or
+    /// the last active high client went quiet or left) within its slice.
     SetLaunchAhead {
         client: ClientId,
         n: u32,
