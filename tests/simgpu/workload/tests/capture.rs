@@ -7,28 +7,9 @@
 //! because capture rules are process-wide (a GLOBAL capture restricts every thread).
 
 mod common;
-use common::{Lib, Sim};
+use common::{Launch, Lib, Sim, P0, P1, P2, P3, P6};
 use libc::{c_int, c_uint, c_void};
 use std::ffi::CString;
-
-type P0 = unsafe extern "C" fn() -> c_int;
-type P1<A> = unsafe extern "C" fn(A) -> c_int;
-type P2<A, B> = unsafe extern "C" fn(A, B) -> c_int;
-type P3<A, B, C> = unsafe extern "C" fn(A, B, C) -> c_int;
-type P6<A, B, C, D, E, F> = unsafe extern "C" fn(A, B, C, D, E, F) -> c_int;
-type Launch = unsafe extern "C" fn(
-    usize,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    usize,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> c_int;
 
 const UNSUPPORTED: c_int = 900;
 const INVALIDATED: c_int = 901;

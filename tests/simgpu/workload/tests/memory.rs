@@ -56,7 +56,12 @@ fn over_capacity_is_out_of_memory_and_nvml_reports_per_process_usage() {
 
     // B asks for 2 GiB more than is left: a clean CUDA_ERROR_OUT_OF_MEMORY, nothing charged.
     let over = sim.run(&["--memory", "2Gi", "--iterations", "1", "--kernels", "1"]);
-    let during = gpu.memory_info().unwrap();
+    // B's own context and module are reclaimed once its exit is noticed (within 100 ms).
+    let mut during = gpu.memory_info().unwrap();
+    common::eventually(Duration::from_secs(2), || {
+        during = gpu.memory_info().unwrap();
+        during.used <= 3 * GIB + OVERHEAD
+    });
     let processes = gpu.running_compute_processes().unwrap();
     // Utilisation covers the last second: once the holder has run that long it reads ~100 %.
     let mut utilization = 0;

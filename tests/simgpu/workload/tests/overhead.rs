@@ -4,28 +4,9 @@
 //! context on a full GPU was created and a lazily loaded kernel always launched.
 
 mod common;
-use common::{Lib, Sim};
+use common::{Launch, Lib, Sim, P1, P2, P3, P4, P5};
 use libc::{c_int, c_uint, c_void};
 use std::ffi::CString;
-
-type P1<A> = unsafe extern "C" fn(A) -> c_int;
-type P2<A, B> = unsafe extern "C" fn(A, B) -> c_int;
-type P3<A, B, C> = unsafe extern "C" fn(A, B, C) -> c_int;
-type P4<A, B, C, D> = unsafe extern "C" fn(A, B, C, D) -> c_int;
-type P5<A, B, C, D, E> = unsafe extern "C" fn(A, B, C, D, E) -> c_int;
-type Launch = unsafe extern "C" fn(
-    usize,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    usize,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> c_int;
 
 const MIB: u64 = 1 << 20;
 const OUT_OF_MEMORY: c_int = 2;

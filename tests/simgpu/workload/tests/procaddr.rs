@@ -88,6 +88,41 @@ fn versions_and_flags_select_the_abi() {
 }
 
 #[test]
+fn the_per_thread_get_proc_address_defaults_to_per_thread_variants() {
+    let lib = Lib::open();
+    found_ptsz(&lib);
+}
+
+/// cuda.h's `cuGetProcAddress` under per-thread default stream compilation is
+/// `cuGetProcAddress_v2_ptsz`: flags 0 there mean CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
+fn found_ptsz(lib: &Lib) {
+    let (rc, pfn, status) = lib.get("cuGetProcAddress", 12040, PTDS);
+    assert_eq!((rc, status), (0, 0));
+    assert_eq!(pfn, lib.sym("cuGetProcAddress_v2_ptsz"));
+    // SAFETY: the export has cuGetProcAddress_v2's signature.
+    let ptsz: GetProcAddressV2 = unsafe { std::mem::transmute(pfn) };
+    let get = |name: &str, flags: u64| {
+        let c = CString::new(name).unwrap();
+        let (mut pfn, mut status) = (std::ptr::null_mut(), -1);
+        // SAFETY: valid out-pointers.
+        let rc = unsafe { ptsz(c.as_ptr(), &mut pfn, 12040, flags, &mut status) };
+        assert_eq!((rc, status), (0, 0), "{name}");
+        pfn
+    };
+    assert_eq!(get("cuLaunchKernel", 0), lib.sym("cuLaunchKernel_ptsz"));
+    assert_eq!(
+        get("cuStreamGetCaptureInfo", 0),
+        lib.sym("cuStreamGetCaptureInfo_v3_ptsz")
+    );
+    assert_eq!(
+        get("cuLaunchKernel", 1),
+        lib.sym("cuLaunchKernel"),
+        "an explicit CU_GET_PROC_ADDRESS_LEGACY_STREAM is honoured"
+    );
+    assert_eq!(get("cuMemAlloc", 0), lib.sym("cuMemAlloc_v2"), "no stream");
+}
+
+#[test]
 fn library_has_the_driver_soname_and_binds_symbolically() {
     let out = std::process::Command::new("readelf")
         .arg("-d")

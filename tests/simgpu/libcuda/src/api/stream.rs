@@ -268,44 +268,16 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> 
 static NO_NODES: [usize; 1] = [0];
 static DEFAULT_EDGES: [u64; 1] = [0];
 
-struct CaptureInfo {
-    status: c_int,
-    id: u64,
-    graph: Handle,
-    dependencies: usize,
-}
-
-fn capture_info(stream: Handle, per_thread: bool) -> Result<CaptureInfo, CudaError> {
-    let d = driver()?;
-    let state = d.state();
-    let target = d.resolve_stream(&state, stream, per_thread)?;
-    let capture = d.capturing(&state, target);
-    let status = capture_status(capture);
-    Ok(match capture {
-        Some(c) => CaptureInfo {
-            status,
-            id: c.id,
-            graph: if c.invalidated { 0 } else { c.graph },
-            dependencies: state
-                .graphs
-                .get(c.graph)
-                .map_or(0, |g| g.nodes.len().min(1)),
-        },
-        None => CaptureInfo {
-            status,
-            id: 0,
-            graph: 0,
-            dependencies: 0,
-        },
-    })
-}
-
-/// Writes the optional outputs of the `cuStreamGetCaptureInfo` family (NULL: not wanted).
+/// Writes what the `cuStreamGetCaptureInfo` family reports about `stream`; every output but
+/// `status` is optional (NULL: not wanted), and the graph, id and dependencies are written only
+/// while a capture is under way.
 ///
 /// # Safety
 /// Each pointer must be NULL or valid for a write of its type.
-unsafe fn write_capture_info(
-    info: &CaptureInfo,
+#[allow(clippy::too_many_arguments)]
+unsafe fn capture_info(
+    stream: Handle,
+    per_thread: bool,
     status: *mut c_int,
     id: *mut u64,
     graph: *mut Handle,
@@ -313,24 +285,32 @@ unsafe fn write_capture_info(
     edges: *mut *const u64,
     num_deps: *mut usize,
 ) -> Result<(), CudaError> {
-    // SAFETY: per this function's contract.
+    let d = driver()?;
+    let state = d.state();
+    let target = d.resolve_stream(&state, stream, per_thread)?;
+    let capture = d.capturing(&state, target);
+    // SAFETY: out-parameters per this function's contract.
     unsafe {
-        write_out(status, info.status)?;
-        let active = info.status != CAPTURE_NONE;
-        if !id.is_null() && active {
-            id.write(info.id);
-        }
-        if !graph.is_null() && active {
-            graph.write(info.graph);
-        }
-        if !deps.is_null() && active {
-            deps.write(NO_NODES.as_ptr());
-        }
-        if !edges.is_null() && active {
-            edges.write(DEFAULT_EDGES.as_ptr());
-        }
-        if !num_deps.is_null() && active {
-            num_deps.write(info.dependencies);
+        write_out(status, capture_status(capture))?;
+        let Some(c) = capture else {
+            return Ok(());
+        };
+        let dependencies = state
+            .graphs
+            .get(c.graph)
+            .map_or(0, |g| g.nodes.len().min(1));
+        let outputs = [
+            (id.cast::<u64>(), c.id),
+            (graph.cast(), if c.invalidated { 0 } else { c.graph as u64 }),
+            (deps.cast(), NO_NODES.as_ptr() as u64),
+            (edges.cast(), DEFAULT_EDGES.as_ptr() as u64),
+            (num_deps.cast(), dependencies as u64),
+        ];
+        // Handles, pointers and counts are all 64-bit on the platforms simgpu runs on.
+        for (out, value) in outputs {
+            if !out.is_null() {
+                out.write(value);
+            }
         }
     }
     Ok(())
@@ -343,20 +323,19 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo(
     status: *mut c_int,
     id: *mut u64,
 ) -> CUresult {
-    guard(|| {
-        let info = capture_info(stream, false)?;
-        // SAFETY: out-parameters per the API contract; the rest are not wanted.
-        unsafe {
-            write_capture_info(
-                &info,
-                status,
-                id,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        }
+    let null = std::ptr::null_mut::<usize>();
+    // SAFETY: out-parameters per the API contract; the others are not wanted.
+    guard(|| unsafe {
+        capture_info(
+            stream,
+            false,
+            status,
+            id,
+            null.cast(),
+            null.cast(),
+            null.cast(),
+            null,
+        )
     })
 }
 
@@ -366,20 +345,19 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
     status: *mut c_int,
     id: *mut u64,
 ) -> CUresult {
-    guard(|| {
-        let info = capture_info(stream, true)?;
-        // SAFETY: out-parameters per the API contract; the rest are not wanted.
-        unsafe {
-            write_capture_info(
-                &info,
-                status,
-                id,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        }
+    let null = std::ptr::null_mut::<usize>();
+    // SAFETY: out-parameters per the API contract; the others are not wanted.
+    guard(|| unsafe {
+        capture_info(
+            stream,
+            true,
+            status,
+            id,
+            null.cast(),
+            null.cast(),
+            null.cast(),
+            null,
+        )
     })
 }
 
@@ -393,12 +371,9 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     deps: *mut *const usize,
     num_deps: *mut usize,
 ) -> CUresult {
-    guard(|| {
-        let info = capture_info(stream, false)?;
-        let no_edges = std::ptr::null_mut();
-        // SAFETY: out-parameters per the API contract.
-        unsafe { write_capture_info(&info, status, id, graph, deps, no_edges, num_deps) }
-    })
+    let edges = std::ptr::null_mut();
+    // SAFETY: out-parameters per the API contract.
+    guard(|| unsafe { capture_info(stream, false, status, id, graph, deps, edges, num_deps) })
 }
 
 #[unsafe(no_mangle)]
@@ -410,12 +385,9 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
     deps: *mut *const usize,
     num_deps: *mut usize,
 ) -> CUresult {
-    guard(|| {
-        let info = capture_info(stream, true)?;
-        let no_edges = std::ptr::null_mut();
-        // SAFETY: out-parameters per the API contract.
-        unsafe { write_capture_info(&info, status, id, graph, deps, no_edges, num_deps) }
-    })
+    let edges = std::ptr::null_mut();
+    // SAFETY: out-parameters per the API contract.
+    guard(|| unsafe { capture_info(stream, true, status, id, graph, deps, edges, num_deps) })
 }
 
 /// CUDA 12.3: with the dependencies' edge data (all default in simgpu).
@@ -429,11 +401,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
     edges: *mut *const u64,
     num_deps: *mut usize,
 ) -> CUresult {
-    guard(|| {
-        let info = capture_info(stream, false)?;
-        // SAFETY: out-parameters per the API contract.
-        unsafe { write_capture_info(&info, status, id, graph, deps, edges, num_deps) }
-    })
+    // SAFETY: out-parameters per the API contract.
+    guard(|| unsafe { capture_info(stream, false, status, id, graph, deps, edges, num_deps) })
 }
 
 #[unsafe(no_mangle)]
@@ -446,11 +415,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
     edges: *mut *const u64,
     num_deps: *mut usize,
 ) -> CUresult {
-    guard(|| {
-        let info = capture_info(stream, true)?;
-        // SAFETY: out-parameters per the API contract.
-        unsafe { write_capture_info(&info, status, id, graph, deps, edges, num_deps) }
-    })
+    // SAFETY: out-parameters per the API contract.
+    guard(|| unsafe { capture_info(stream, true, status, id, graph, deps, edges, num_deps) })
 }
 
 fn stream_context(stream: Handle, per_thread: bool) -> Result<Handle, CudaError> {

@@ -191,3 +191,26 @@ impl Lib {
         unsafe { std::mem::transmute_copy(&p) }
     }
 }
+
+/// Driver entry-point signatures by arity, for [`Lib::f`].
+pub type P0 = unsafe extern "C" fn() -> libc::c_int;
+pub type P1<A> = unsafe extern "C" fn(A) -> libc::c_int;
+pub type P2<A, B> = unsafe extern "C" fn(A, B) -> libc::c_int;
+pub type P3<A, B, C> = unsafe extern "C" fn(A, B, C) -> libc::c_int;
+pub type P4<A, B, C, D> = unsafe extern "C" fn(A, B, C, D) -> libc::c_int;
+pub type P5<A, B, C, D, E> = unsafe extern "C" fn(A, B, C, D, E) -> libc::c_int;
+pub type P6<A, B, C, D, E, F> = unsafe extern "C" fn(A, B, C, D, E, F) -> libc::c_int;
+/// `cuLaunchKernel`.
+pub type Launch = unsafe extern "C" fn(
+    usize,
+    libc::c_uint,
+    libc::c_uint,
+    libc::c_uint,
+    libc::c_uint,
+    libc::c_uint,
+    libc::c_uint,
+    libc::c_uint,
+    usize,
+    *mut *mut libc::c_void,
+    *mut *mut libc::c_void,
+) -> libc::c_int;
