@@ -1,5 +1,6 @@
 //! Graphs from stream capture: a captured launch is recorded, not run; launching the
-//! instantiated graph queues everything it recorded.
+//! instantiated graph queues everything it recorded (one launch: one host cost, one launch
+//! latency) and makes its allocation nodes' memory from the graph memory pool.
 
 use super::Handle;
 use crate::driver::driver;
@@ -51,7 +52,15 @@ fn launch(exec: Handle, stream: Handle, per_thread: bool) -> Result<(), CudaErro
         .get(exec)
         .ok_or(CudaError::InvalidHandle)?
         .clone();
-    d.run_graph_allocations(&graph)?;
+    let captured = {
+        let state = d.state();
+        let target = d.resolve_stream(&state, stream, per_thread)?;
+        d.capturing(&state, target).is_some()
+    };
+    // Launched into a capture, the graph becomes part of another graph: nothing runs yet.
+    if !captured {
+        d.run_graph_allocations(&graph)?;
+    }
     // A graph reaches the device as one launch; its nodes then run back to back.
     d.enqueue(stream, per_thread, &graph.nodes, true)
 }
