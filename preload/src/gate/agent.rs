@@ -57,7 +57,8 @@ pub(super) fn run(gate: &'static Gate, client: &'static Client, socket: std::pat
                 return;
             }
             Opened::Refused(reason) => {
-                // Cut off: it may not run, and asking again later costs little.
+                // Cut off (its lease ended): it may not run, and asking again later
+                // costs little (a lease that ended stays refused).
                 crate::log_debug!("still refused after a cut-off: {reason}");
                 gate.publish(&WAITING);
                 std::thread::sleep(backoff);
@@ -148,9 +149,9 @@ fn serve(gate: &Gate, client: &'static Client, link: &Link, terms: Terms) -> Opt
     let page: &TokenPage = link.page();
     // Every connection has a page of its own whose grant count starts at 0, so a grant
     // already there was made since `open` (which may have sent `Want`) and is owed an
-    // answer. Taking the current count as answered left such a grant unreleased, and
-    // the arbiter cut the client off after its grace (seen in 2 of 24 runs of the
-    // kill test, with four low clients joining together).
+    // answer. Taking the current count as answered left such a grant unreleased until
+    // the arbiter gave up on it after its grace (then a cut-off, now an overdue report;
+    // seen in 2 of 24 runs of the kill test, with four low clients joining together).
     let mut memory = Memory::fresh(0, gate.launches(), monotonic_ns());
     loop {
         if !std::ptr::eq(gate.client.load(Acquire), client) {

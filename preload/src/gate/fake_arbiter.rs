@@ -124,8 +124,8 @@ impl FakeArbiter {
         self.with_page(|page| page.deadline_ns.store(NOT_HELD, Ordering::Release));
     }
 
-    /// Marks the page cut off and hangs up, as the arbiter does to a client that
-    /// ignored a revocation.
+    /// Marks the page cut off and hangs up, as the arbiter does to the clients of a
+    /// lease that ended.
     pub fn cut_off(&self) {
         self.with_page(|page| {
             page.flags.fetch_or(FLAG_CUT_OFF, Ordering::Release);
