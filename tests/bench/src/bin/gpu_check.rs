@@ -430,6 +430,8 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
 
     if Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
     {
@@ -509,7 +511,7 @@ fn main() -> ExitCode {
             "| {} | {} | {} |\n",
             c.name,
             if c.passed { "PASS" } else { "FAIL" },
-            c.detail.replace('|', "/")
+            c.detail.replace('|', "/").replace('\n', "; ")
         );
     }
     let json = serde_json::json!({
