@@ -66,7 +66,10 @@ impl CaptureMode {
     }
 }
 
-/// A stream capture sequence.
+/// A stream capture sequence, as seen from one of its streams: the stream that began it (the
+/// origin) or one it joined through `cuStreamWaitEvent` on an event recorded in it (fork/join
+/// capture); they share the graph and the id.
+#[derive(Clone)]
 pub struct Capture {
     /// The graph it records into.
     pub graph: usize,
@@ -79,6 +82,8 @@ pub struct Capture {
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` until `cuStreamEndCapture`, which returns no
     /// graph.
     pub invalidated: bool,
+    /// The stream that began the sequence (only there can it end).
+    pub origin: bool,
 }
 
 pub struct Stream {
@@ -468,10 +473,24 @@ impl Driver {
     }
 
     /// Invalidates the captures of the streams in `streams`.
-    fn invalidate(state: &mut State, streams: &[usize]) {
-        for &h in streams {
+    /// Invalidates the captures under way on `streams`: the whole capture sequence, on every
+    /// stream it has joined.
+    pub fn invalidate(state: &mut State, streams: &[usize]) {
+        let ids: Vec<u64> = streams
+            .iter()
+            .filter_map(|&h| state.streams.get(h).and_then(|s| s.capture.as_ref()))
+            .map(|c| c.id)
+            .collect();
+        Self::invalidate_ids(state, &ids);
+    }
+
+    pub fn invalidate_ids(state: &mut State, ids: &[u64]) {
+        let streams: Vec<usize> = state.streams.iter().map(|(h, _)| h).collect();
+        for h in streams {
             if let Some(c) = state.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
-                c.invalidated = true;
+                if ids.contains(&c.id) {
+                    c.invalidated = true;
+                }
             }
         }
     }
@@ -557,8 +576,8 @@ impl Driver {
     /// and invalidates its capture; any other stream falls under the unsafe-call rule.
     pub fn check_stream_wait(&self, state: &mut State, target: StreamTarget) -> CuResult<()> {
         if let StreamTarget::Created(h) = target {
-            if let Some(c) = state.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
-                c.invalidated = true;
+            if state.streams.get(h).is_some_and(|s| s.capture.is_some()) {
+                Self::invalidate(state, &[h]);
                 return Err(CudaError::StreamCaptureUnsupported);
             }
         }

@@ -45,6 +45,10 @@ pub enum CudaError {
     StreamCaptureImplicit,
     #[error("attempt to terminate a thread-local capture sequence from another thread")]
     StreamCaptureWrongThread,
+    #[error("the capture was not initiated in this stream")]
+    StreamCaptureUnmatched,
+    #[error("operation would have resulted in a merge of two independent capture sequences")]
+    StreamCaptureMerge,
     #[error("unknown error")]
     Unknown,
 }
@@ -71,11 +75,13 @@ impl CudaError {
             CudaError::NotPermitted => 800,
             CudaError::StreamCaptureImplicit => 906,
             CudaError::StreamCaptureWrongThread => 908,
+            CudaError::StreamCaptureUnmatched => 903,
+            CudaError::StreamCaptureMerge => 902,
             CudaError::Unknown => 999,
         }
     }
 
-    pub const ALL: [CudaError; 20] = [
+    pub const ALL: [CudaError; 22] = [
         CudaError::InvalidValue,
         CudaError::OutOfMemory,
         CudaError::NotInitialized,
@@ -95,6 +101,8 @@ impl CudaError {
         CudaError::NotPermitted,
         CudaError::StreamCaptureImplicit,
         CudaError::StreamCaptureWrongThread,
+        CudaError::StreamCaptureUnmatched,
+        CudaError::StreamCaptureMerge,
         CudaError::Unknown,
     ];
 
@@ -124,6 +132,8 @@ impl CudaError {
             CudaError::NotPermitted => b"CUDA_ERROR_NOT_PERMITTED\0",
             CudaError::StreamCaptureImplicit => b"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT\0",
             CudaError::StreamCaptureWrongThread => b"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD\0",
+            CudaError::StreamCaptureUnmatched => b"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED\0",
+            CudaError::StreamCaptureMerge => b"CUDA_ERROR_STREAM_CAPTURE_MERGE\0",
             CudaError::Unknown => b"CUDA_ERROR_UNKNOWN\0",
         }
     }
@@ -157,6 +167,10 @@ impl CudaError {
             }
             CudaError::StreamCaptureWrongThread => {
                 b"attempt to terminate a thread-local capture sequence from another thread\0"
+            }
+            CudaError::StreamCaptureUnmatched => b"the capture was not initiated in this stream\0",
+            CudaError::StreamCaptureMerge => {
+                b"operation would have resulted in a merge of two independent capture sequences\0"
             }
             CudaError::Unknown => b"unknown error\0",
         }

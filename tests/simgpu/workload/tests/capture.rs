@@ -284,6 +284,37 @@ fn capture_modes_decide_which_calls_fail_and_invalidate_the_capture() {
     assert_eq!(api.launch(0), 0);
     assert_eq!(api.end(side).0, 0);
 
+    // Fork/join: waiting for an event recorded in the capture joins another stream to it;
+    // the sequence ends only on its origin, and on every stream at once.
+    let forked = api.stream(0);
+    let (fork, join) = (api.event(), api.event());
+    let wait: P3<usize, usize, c_uint> = lib.f("cuStreamWaitEvent");
+    api.begin(capturing, GLOBAL);
+    assert_eq!(api.record(fork, capturing), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(forked, fork, 0) }, 0);
+    assert_eq!(api.status(forked), ACTIVE, "joined the capture");
+    assert_eq!(api.launch(forked), 0);
+    assert_eq!(
+        api.end(forked).0,
+        903,
+        "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED"
+    );
+    assert_eq!(api.record(join, forked), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(capturing, join, 0) }, 0);
+    assert_eq!(api.end(capturing).0, 0);
+    assert_eq!(api.status(forked), 0, "ended everywhere");
+    // A drain during a multi-stream capture breaks all of it.
+    api.begin(capturing, GLOBAL);
+    assert_eq!(api.record(fork, capturing), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(forked, fork, 0) }, 0);
+    assert_eq!(api.on_other_thread(|a| a.ctx_sync()), UNSUPPORTED);
+    assert_eq!(api.status(forked), STATUS_INVALIDATED);
+    assert_eq!(api.end(capturing).0, INVALIDATED);
+    assert_eq!(api.status(forked), 0);
+
     // A GLOBAL capture ends in the thread that began it.
     api.begin(capturing, GLOBAL);
     assert_eq!(api.on_other_thread(|a| a.end(capturing).0), WRONG_THREAD);

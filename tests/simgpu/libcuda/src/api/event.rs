@@ -134,17 +134,7 @@ fn check_event_wait(event: Handle) -> Result<(), CudaError> {
     let mut state = d.state();
     let e = state.events.get(event).ok_or(CudaError::InvalidHandle)?;
     if let Some(capture) = e.captured {
-        let ongoing: Vec<usize> = state
-            .streams
-            .iter()
-            .filter(|(_, s)| s.capture.as_ref().is_some_and(|c| c.id == capture))
-            .map(|(h, _)| h)
-            .collect();
-        for h in ongoing {
-            if let Some(c) = state.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
-                c.invalidated = true;
-            }
-        }
+        crate::driver::Driver::invalidate_ids(&mut state, &[capture]);
         return Err(CudaError::StreamCaptureUnsupported);
     }
     d.check_unsafe_call(&mut state)

@@ -5,7 +5,7 @@
 //! synchronisation waits for its own last operation.
 
 use super::Handle;
-use crate::driver::{self, driver, Capture, CaptureMode, Graph, Stream, StreamTarget};
+use crate::driver::{self, driver, Capture, CaptureMode, Driver, Graph, Stream, StreamTarget};
 use crate::result::{guard, write_out, CUresult, CudaError};
 use libc::{c_int, c_uint};
 
@@ -106,9 +106,41 @@ pub extern "C" fn cuStreamQuery_ptsz(stream: Handle) -> CUresult {
 
 fn wait_event(stream: Handle, event: Handle, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
-    let state = d.state();
-    d.resolve_stream(&state, stream, per_thread)?;
-    state.events.get(event).ok_or(CudaError::InvalidHandle)?;
+    let mut state = d.state();
+    let target = d.resolve_stream(&state, stream, per_thread)?;
+    let captured = state
+        .events
+        .get(event)
+        .ok_or(CudaError::InvalidHandle)?
+        .captured;
+    // Waiting for an event recorded in an ongoing capture joins the waiting stream to that
+    // capture (fork/join capture, as multi-stream graph capture in PyTorch does): its work is
+    // recorded into the same graph until the capture ends.
+    let ongoing = captured.and_then(|id| {
+        state
+            .streams
+            .iter()
+            .filter_map(|(_, s)| s.capture.as_ref())
+            .find(|c| c.id == id && c.origin)
+            .cloned()
+    });
+    if let (Some(origin), StreamTarget::Created(h)) = (ongoing, target) {
+        let s = state.streams.get_mut(h).ok_or(CudaError::InvalidHandle)?;
+        match &s.capture {
+            None => {
+                s.capture = Some(Capture {
+                    origin: false,
+                    ..origin
+                })
+            }
+            Some(c) if c.id == origin.id => {}
+            // Two capture sequences cannot be merged (CUDA_ERROR_STREAM_CAPTURE_MERGE).
+            Some(_) => {
+                Driver::invalidate(&mut state, &[h]);
+                return Err(CudaError::StreamCaptureMerge);
+            }
+        }
+    }
     // Within a context the single FIFO already orders the stream after the event's work.
     Ok(())
 }
@@ -183,6 +215,7 @@ fn begin_capture(stream: Handle, mode: c_int, per_thread: bool) -> Result<(), Cu
         mode,
         thread: std::thread::current().id(),
         invalidated: false,
+        origin: true,
     });
     Ok(())
 }
@@ -224,7 +257,23 @@ fn end_capture(stream: Handle, graph: *mut Handle, per_thread: bool) -> Result<(
     if c.mode != CaptureMode::Relaxed && c.thread != std::thread::current().id() {
         return Err(CudaError::StreamCaptureWrongThread);
     }
+    // Only the stream that began the sequence ends it (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+    // ending it ends it on every stream it joined.
+    if !c.origin {
+        return Err(CudaError::StreamCaptureUnmatched);
+    }
     let c = s.capture.take().expect("checked above");
+    let joined: Vec<usize> = state
+        .streams
+        .iter()
+        .filter(|(_, s)| s.capture.as_ref().is_some_and(|j| j.id == c.id))
+        .map(|(h, _)| h)
+        .collect();
+    for j in joined {
+        if let Some(s) = state.streams.get_mut(j) {
+            s.capture = None;
+        }
+    }
     if c.invalidated {
         state.graphs.remove(c.graph);
         // SAFETY: checked non-null; out-parameter per the API contract (NULL graph).
