@@ -1111,7 +1111,7 @@ unsafe fn first_u64_param(
     extra: *mut *mut libc::c_void,
 ) -> CuResult<u64> {
     // SAFETY: per the cuLaunchKernel contract, kernelParams[0] points at the first argument,
-    // which for simgpu_kernel is a u64; `extra` is a (key, value) list ending with
+    // which for gpushare_spin_ns is a u64; `extra` is a (key, value) list ending with
     // CU_LAUNCH_PARAM_END whose buffer holds the packed arguments.
     unsafe {
         if !kernel_params.is_null() {

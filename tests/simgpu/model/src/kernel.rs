@@ -2,14 +2,12 @@
 //!
 //! The simulated GPU runs no code, so the duration travels in the launch itself: as the first
 //! kernel parameter (a `u64` of nanoseconds) of `gpushare_spin_ns`, the portable PTX kernel in
-//! `tests/simgpu/ptx/spin.ptx` that spins on `%globaltimer` for that long on a real GPU (and of
-//! the legacy `simgpu_kernel`); or in the function name (`sleep_250us`, `sleep_2ms`,
+//! `tests/simgpu/ptx/spin.ptx` that spins on `%globaltimer` for that long on a real GPU; or in
+//! the function name (`sleep_250us`, `sleep_2ms`,
 //! `sleep_1500ns`, `sleep_1s`), for test images that declare such entries.
 
 /// The portable kernel whose first parameter is its duration in nanoseconds.
 pub const SPIN_KERNEL_NAME: &str = "gpushare_spin_ns";
-/// The legacy name of the same thing, accepted only from the legacy image `"simgpu"`.
-pub const PARAM_KERNEL_NAME: &str = "simgpu_kernel";
 /// The PTX text of `gpushare_spin_ns` (also at `tests/simgpu/ptx/spin.ptx`).
 pub const SPIN_PTX: &str = include_str!("../../ptx/spin.ptx");
 
@@ -25,7 +23,7 @@ pub enum KernelDuration {
 
 impl KernelDuration {
     pub fn from_function_name(name: &str) -> KernelDuration {
-        if name == SPIN_KERNEL_NAME || name == PARAM_KERNEL_NAME {
+        if name == SPIN_KERNEL_NAME {
             return KernelDuration::FirstParam;
         }
         match name.strip_prefix("sleep_").and_then(parse_duration) {
@@ -40,9 +38,6 @@ impl KernelDuration {
 pub enum ModuleImage {
     /// PTX text and the kernels (`.entry`) it declares, in order.
     Ptx(Vec<String>),
-    /// The pre-PTX test image `"simgpu"`: every function name resolves. Kept only for callers
-    /// outside tests/simgpu that still load it (see the README); a real driver rejects it.
-    Legacy,
     /// A cubin (ELF) or fatbinary: the simulator cannot read which kernels it holds.
     Binary,
     /// Text that claims to be PTX (it has `.entry` or `.version`) but lacks its header.
@@ -51,8 +46,6 @@ pub enum ModuleImage {
     Invalid,
 }
 
-/// The legacy image's bytes, without the NUL.
-pub const LEGACY_IMAGE: &[u8] = b"simgpu";
 const ELF_MAGIC: &[u8] = b"\x7fELF";
 /// `FATBIN_MAGIC` 0xBA55ED50, little-endian.
 const FATBIN_MAGIC: &[u8] = &[0x50, 0xed, 0x55, 0xba];
@@ -63,9 +56,6 @@ impl ModuleImage {
     pub fn parse(bytes: &[u8]) -> ModuleImage {
         if bytes.starts_with(ELF_MAGIC) || bytes.starts_with(FATBIN_MAGIC) {
             return ModuleImage::Binary;
-        }
-        if bytes == LEGACY_IMAGE {
-            return ModuleImage::Legacy;
         }
         let text = strip_comments(&String::from_utf8_lossy(bytes));
         let has = |directive: &str| {
@@ -87,7 +77,6 @@ impl ModuleImage {
     pub fn declares(&self, name: &str) -> bool {
         match self {
             ModuleImage::Ptx(entries) => entries.iter().any(|e| e == name),
-            ModuleImage::Legacy => true,
             _ => false,
         }
     }
@@ -180,8 +169,8 @@ mod tests {
             ModuleImage::parse(commented.as_bytes()),
             ModuleImage::Ptx(vec!["visible_one".to_string()])
         );
-        assert_eq!(ModuleImage::parse(b"simgpu"), ModuleImage::Legacy);
-        assert!(ModuleImage::Legacy.declares("simgpu_kernel"));
+        // The pre-PTX test image of earlier versions: a real driver rejects it, so does this.
+        assert_eq!(ModuleImage::parse(b"simgpu"), ModuleImage::Invalid);
         assert_eq!(ModuleImage::parse(b"x"), ModuleImage::Invalid);
         assert_eq!(ModuleImage::parse(b"\x7fELF\x02\x01"), ModuleImage::Binary);
         assert_eq!(
@@ -198,7 +187,7 @@ mod tests {
             ("sleep_2ms", KernelDuration::Fixed(2_000_000)),
             ("sleep_1500ns", KernelDuration::Fixed(1_500)),
             ("sleep_1s", KernelDuration::Fixed(1_000_000_000)),
-            ("simgpu_kernel", KernelDuration::FirstParam),
+            ("simgpu_kernel", KernelDuration::Default),
             ("gpushare_spin_ns", KernelDuration::FirstParam),
             ("gemm_kernel", KernelDuration::Default),
             ("sleep_", KernelDuration::Default),
