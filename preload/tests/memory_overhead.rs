@@ -27,12 +27,20 @@ fn profile_dir() -> PathBuf {
 /// with the watchdog every 200 ms and killing what it reports.
 struct NvmlMachine {
     dir: tempfile::TempDir,
+    /// `SIMGPU_MODULE_MEMORY`: what a module costs once lazily loaded.
+    module_memory: u64,
     arbiter: Child,
     containers: Vec<Child>,
 }
 
 impl NvmlMachine {
     fn start() -> NvmlMachine {
+        NvmlMachine::start_with_module_memory(0)
+    }
+
+    /// The simulated modules cost `module_memory` each once loaded (the arbiter's
+    /// NVML creates the simulated machine, so its environment sets it for all).
+    fn start_with_module_memory(module_memory: u64) -> NvmlMachine {
         let libs = sim_libs();
         let dir = tempfile::Builder::new()
             .prefix("gsm-")
@@ -54,7 +62,7 @@ impl NvmlMachine {
             .arg(dir.path().join("config.toml"))
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        sim_env(&mut arbiter, dir.path());
+        sim_env(&mut arbiter, dir.path(), module_memory);
         let arbiter = arbiter.spawn().expect("start gpushare-arbiter");
         let socket = dir.path().join("run/control.sock");
         wait_until("the arbiter", Duration::from_secs(30), || {
@@ -62,6 +70,7 @@ impl NvmlMachine {
         });
         NvmlMachine {
             dir,
+            module_memory,
             arbiter,
             containers: Vec::new(),
         }
@@ -123,7 +132,7 @@ impl NvmlMachine {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        sim_env(&mut cmd, self.dir.path());
+        sim_env(&mut cmd, self.dir.path(), self.module_memory);
         cmd
     }
 
@@ -133,12 +142,12 @@ impl NvmlMachine {
 }
 
 /// The same simulated machine for the arbiter (NVML) and the programs.
-fn sim_env(cmd: &mut Command, dir: &Path) {
+fn sim_env(cmd: &mut Command, dir: &Path, module_memory: u64) {
     cmd.env("SIMGPU_DIR", dir.join("simgpu"))
         .env("SIMGPU_GPUS", "1")
         .env("SIMGPU_MEMORY", "16Gi")
         .env("SIMGPU_CONTEXT_MEMORY", CONTEXT.to_string())
-        .env("SIMGPU_MODULE_MEMORY", "0");
+        .env("SIMGPU_MODULE_MEMORY", module_memory.to_string());
 }
 
 impl Drop for NvmlMachine {
@@ -204,6 +213,43 @@ fn a_process_that_fills_what_it_was_told_is_free_is_not_killed() {
         m.log()
     );
     assert!(!m.log().contains("watchdog killed"), "{}", m.log());
+}
+
+#[test]
+fn a_lazily_loaded_module_is_counted_once_measured() {
+    const MODULE: u64 = 8 * MI;
+    let mut m = NvmlMachine::start_with_module_memory(MODULE);
+    let lease = m.lease("1Gi");
+    let go = m.dir.path().join("go");
+    let probe = m
+        .probe(
+            &lease,
+            &[
+                "meminfo",
+                "launch",
+                "1",
+                "sync",
+                "wait",
+                go.to_str().unwrap(),
+                "meminfo",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    // Its first launch loaded the probe's module: the watchdog's next measurement
+    // (every 200 ms) counts it as the process's overhead.
+    wait_until("the module to be measured", Duration::from_secs(30), || {
+        m.used(&lease) == CONTEXT + MODULE
+    });
+    std::fs::write(&go, "").unwrap();
+    let s = finish(probe);
+    assert_eq!(s.result("launch", 0), "CUDA_SUCCESS", "{}", s.stderr);
+    assert_eq!(s.number("meminfo", 0, "free"), QUOTA - CONTEXT);
+    assert_eq!(
+        s.number("meminfo", 1, "free"),
+        QUOTA - CONTEXT - MODULE,
+        "cuMemGetInfo counts the loaded module"
+    );
 }
 
 #[test]
