@@ -256,3 +256,45 @@ fn a_revoked_holder_drains_every_context() {
         "the revoked holder released before its second context's 1.5 s kernel finished: {token:?}"
     );
 }
+
+/// A driver may answer `cuGetProcAddress` with a function other than its export of the
+/// variant the interposer's table computes (a newer ABI variant the table does not know).
+/// Calling it through the old variant's wrapper would use the wrong ABI, so the answer
+/// passes through untouched and the mismatch is logged once. (The simulated driver's test
+/// hook answers `cuMemAlloc` with a function that is not its `cuMemAlloc_v2`.)
+#[test]
+fn an_answer_that_is_not_the_drivers_export_passes_through() {
+    let mut m = Machine::start();
+    let lease = m.lease("1Gi");
+    let s = run(&mut m.probe(Some(&lease), &["procaddr", "cuMemAlloc", "12040", "0"]));
+    assert!(
+        s.value("procaddr", 0, "via").starts_with("libgpushare"),
+        "the driver's own export is wrapped: {:?}",
+        s.lines
+    );
+    let s = run(m
+        .probe(
+            Some(&lease),
+            &[
+                "procaddr",
+                "cuMemAlloc",
+                "12040",
+                "0",
+                "procaddr",
+                "cuMemAlloc",
+                "12040",
+                "0",
+            ],
+        )
+        .env("SIMGPU_UNEXPORTED_VARIANT", "cuMemAlloc"));
+    for n in 0..2 {
+        let via = s.value("procaddr", n, "via");
+        assert!(via.starts_with("libcuda"), "wrapped anyway: {via}");
+    }
+    assert_eq!(
+        s.stderr.matches("passed through unwrapped").count(),
+        1,
+        "logged once: {}",
+        s.stderr
+    );
+}

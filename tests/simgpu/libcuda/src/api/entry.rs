@@ -4,6 +4,29 @@ use crate::procaddr::{resolve, Resolution, SymbolStatus};
 use crate::result::{guard, write_out, CUresult, CudaError};
 use libc::{c_char, c_int, c_void};
 use std::ffi::CStr;
+use std::sync::OnceLock;
+
+/// Test hook, off unless set: `SIMGPU_UNEXPORTED_VARIANT=cuMemAlloc` makes `cuGetProcAddress`
+/// answer `cuMemAlloc` requests with a function that is *not* the driver's `cuMemAlloc_v2`
+/// export, as a future driver may once it adds an ABI variant the caller's table does not
+/// know. An interposer must then pass the answer through rather than call it through its
+/// `cuMemAlloc_v2` wrapper. (The function behaves as `cuMemAlloc_v2`, so programs still work.)
+fn unexported_variant_for(name: &str) -> Option<*mut c_void> {
+    static NAMES: OnceLock<Vec<String>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        std::env::var("SIMGPU_UNEXPORTED_VARIANT")
+            .map(|v| v.split(',').map(|n| n.trim().to_owned()).collect())
+            .unwrap_or_default()
+    });
+    (name == "cuMemAlloc" && names.iter().any(|n| n == name))
+        .then_some(unexported_mem_alloc as *mut c_void)
+}
+
+/// Not exported (no `no_mangle`): reachable only through `cuGetProcAddress` with the hook on.
+extern "C" fn unexported_mem_alloc(dptr: *mut u64, size: usize) -> CUresult {
+    // SAFETY: the same contract as cuMemAlloc_v2, which this stands for.
+    unsafe { super::memory::cuMemAlloc_v2(dptr, size) }
+}
 
 fn get_proc_address(
     symbol: *const c_char,
@@ -19,7 +42,8 @@ fn get_proc_address(
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
     let (address, outcome) =
         match resolve(name, cuda_version, flags, super::device::driver_version()) {
-            Resolution::Found(s) => match crate::export_address(s) {
+            Resolution::Found(s) => match unexported_variant_for(name).or(crate::export_address(s))
+            {
                 Some(a) => (a, SymbolStatus::Success),
                 None => (std::ptr::null_mut(), SymbolStatus::SymbolNotFound),
             },
