@@ -204,6 +204,44 @@ pub unsafe extern "C" fn cuGetProcAddress(
     })
 }
 
+/// Forwards a `cuGetProcAddress_v2`-shaped request to the driver's `hook` variant, then
+/// substitutes the wrapper for the variant that `substituted_flags` select.
+///
+/// # Safety
+/// The driver's contract for `cuGetProcAddress_v2`.
+unsafe fn forward_v2(
+    hook: Hook,
+    (symbol, pfn, cuda_version, flags, status): (
+        *const c_char,
+        *mut *mut c_void,
+        c_int,
+        u64,
+        *mut c_int,
+    ),
+    substituted_flags: u64,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let Some(real) = symbols::real(hook) else {
+            return CUDA_ERROR_NOT_FOUND;
+        };
+        // SAFETY: the driver's function for `hook` (cuGetProcAddress_v2's signature, as is
+        // its _ptsz form), called with the caller's arguments.
+        let result = unsafe {
+            std::mem::transmute::<*mut c_void, GetProcAddressV2Fn>(real)(
+                symbol,
+                pfn,
+                cuda_version,
+                flags,
+                status,
+            )
+        };
+        if result == CUDA_SUCCESS {
+            substitute(symbol, pfn, cuda_version, substituted_flags);
+        }
+        result
+    })
+}
+
 /// CUDA 12.0+ form (`cuGetProcAddress` in 12.x headers is a macro for it).
 ///
 /// # Safety
@@ -216,25 +254,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    crate::guard::cuda(|| {
-        let Some(real) = symbols::real(Hook::cuGetProcAddress_v2) else {
-            return CUDA_ERROR_NOT_FOUND;
-        };
-        // SAFETY: the driver's cuGetProcAddress_v2, called with the caller's arguments.
-        let result = unsafe {
-            std::mem::transmute::<*mut c_void, GetProcAddressV2Fn>(real)(
-                symbol,
-                pfn,
-                cuda_version,
-                flags,
-                status,
-            )
-        };
-        if result == CUDA_SUCCESS {
-            substitute(symbol, pfn, cuda_version, flags);
-        }
-        result
-    })
+    let request = (symbol, pfn, cuda_version, flags, status);
+    // SAFETY: the caller's contract, passed on.
+    unsafe { forward_v2(Hook::cuGetProcAddress_v2, request, flags) }
 }
 
 /// CUDA 12.0+ form as cuda.h names it under per-thread-default-stream compilation.
@@ -249,25 +271,15 @@ pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    crate::guard::cuda(|| {
-        let Some(real) = symbols::real(Hook::cuGetProcAddress_v2_ptsz) else {
-            return CUDA_ERROR_NOT_FOUND;
-        };
-        // SAFETY: the driver's cuGetProcAddress_v2_ptsz, called with the caller's arguments.
-        let result = unsafe {
-            std::mem::transmute::<*mut c_void, GetProcAddressV2Fn>(real)(
-                symbol,
-                pfn,
-                cuda_version,
-                flags,
-                status,
-            )
-        };
-        if result == CUDA_SUCCESS {
-            substitute(symbol, pfn, cuda_version, per_thread_build_flags(flags));
-        }
-        result
-    })
+    let request = (symbol, pfn, cuda_version, flags, status);
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        forward_v2(
+            Hook::cuGetProcAddress_v2_ptsz,
+            request,
+            per_thread_build_flags(flags),
+        )
+    }
 }
 
 #[cfg(test)]
