@@ -59,6 +59,7 @@ const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuStreamCreateWithPriority", &[(5050, Hook::cuStreamCreateWithPriority)], &[]),
     ("cuStreamDestroy", &[(4000, Hook::cuStreamDestroy_v2)], &[]),
     ("cuStreamBeginCapture", &[(10010, Hook::cuStreamBeginCapture_v2), (10000, Hook::cuStreamBeginCapture)], &[(10010, Hook::cuStreamBeginCapture_v2_ptsz), (10000, Hook::cuStreamBeginCapture_ptsz)]),
+    ("cuStreamBeginCaptureToGraph", &[(12030, Hook::cuStreamBeginCaptureToGraph)], &[(12030, Hook::cuStreamBeginCaptureToGraph_ptsz)]),
     ("cuStreamEndCapture", &[(10000, Hook::cuStreamEndCapture)], &[(10000, Hook::cuStreamEndCapture_ptsz)]),
     ("cuDevicePrimaryCtxRetain", &[(7000, Hook::cuDevicePrimaryCtxRetain)], &[]),
     ("cuDevicePrimaryCtxRelease", &[(11000, Hook::cuDevicePrimaryCtxRelease_v2), (7000, Hook::cuDevicePrimaryCtxRelease)], &[]),

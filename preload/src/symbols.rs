@@ -117,6 +117,8 @@ hook_table! {
     Cuda: cuStreamBeginCapture_ptsz => work::cuStreamBeginCapture_ptsz,
     Cuda: cuStreamBeginCapture_v2 => work::cuStreamBeginCapture_v2,
     Cuda: cuStreamBeginCapture_v2_ptsz => work::cuStreamBeginCapture_v2_ptsz,
+    Cuda: cuStreamBeginCaptureToGraph => work::cuStreamBeginCaptureToGraph,
+    Cuda: cuStreamBeginCaptureToGraph_ptsz => work::cuStreamBeginCaptureToGraph_ptsz,
     Cuda: cuStreamEndCapture => work::cuStreamEndCapture,
     Cuda: cuStreamEndCapture_ptsz => work::cuStreamEndCapture_ptsz,
     Cuda: cuDevicePrimaryCtxRetain => work::cuDevicePrimaryCtxRetain,

@@ -122,6 +122,12 @@ fn launch_ahead_is_bounded_per_stream() {
         waited_us < 250_000,
         "the second stream's launch waited {waited_us} µs for the first stream's 500 ms kernel"
     );
+    // The bound is in force: a second launch into the first stream waits for its kernel.
+    let same_us = s.number("two-streams", 0, "same_stream_launch_us");
+    assert!(
+        same_us >= 250_000,
+        "a launch behind the same stream's 500 ms kernel went after {same_us} µs: no bound"
+    );
 }
 
 /// `cuGetProcAddress_v2_ptsz` — what cuda.h's `cuGetProcAddress` is in a
@@ -207,7 +213,7 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
 }
 
 /// The agent waits for the work of every context the process made, not only the context
-/// its first launching thread used: a 1.5 s kernel in a second context keeps a revoked
+/// its first launching thread used: a 3 s kernel in a second context keeps a revoked
 /// low-priority holder draining past the (shortened) grace, so it is reported overdue.
 /// Draining only the first context released at once, with the kernel still running.
 #[test]
@@ -218,6 +224,15 @@ fn a_revoked_holder_drains_every_context() {
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
     let started = started.to_str().unwrap();
+    // The high-priority job is up and watching before the kernel starts, so the
+    // revocation lands early in the kernel however slowly processes start.
+    let high_job = m
+        .probe(
+            Some(&high),
+            &["wait", started, "launch", "1", "sleep", "600"],
+        )
+        .spawn()
+        .unwrap();
     let low_job = m
         .probe(
             Some(&low),
@@ -226,20 +241,17 @@ fn a_revoked_holder_drains_every_context() {
                 "1",
                 "ctx-create",
                 "kernel-ms",
-                "1500",
+                "3000",
                 "touch",
                 started,
                 "sleep",
-                "2500",
+                "3500",
             ],
         )
         .spawn()
         .unwrap();
-    let h = run(&mut m.probe(
-        Some(&high),
-        &["wait", started, "launch", "1", "sleep", "600"],
-    ));
-    assert_eq!(h.result("launch", 0), "CUDA_SUCCESS");
+    let h = finish(high_job);
+    assert_eq!(h.result("launch", 0), "CUDA_SUCCESS", "{}", h.stderr);
     let token = m
         .control()
         .status()
@@ -253,7 +265,7 @@ fn a_revoked_holder_drains_every_context() {
     assert_eq!(s.result("kernel-ms", 0), "CUDA_SUCCESS", "{}", s.stderr);
     assert!(
         token.overdue >= 1,
-        "the revoked holder released before its second context's 1.5 s kernel finished: {token:?}"
+        "the revoked holder released before its second context's 3 s kernel finished: {token:?}"
     );
 }
 

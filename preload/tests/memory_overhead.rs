@@ -444,6 +444,7 @@ fn exporter_program(c: &Cuda, bytes: usize) {
     .unwrap();
     std::fs::rename(dir.join("exported.tmp"), dir.join("exported")).unwrap();
     wait_for(&dir.join("imported"));
+    // SAFETY: cuMemRelease of the handle this program created.
     let rc = unsafe { release(handle) };
     step("release", rc, "");
     step("meminfo", 0, &format!("free={}", c.free_memory()));

@@ -375,7 +375,7 @@ impl Gate {
                     self.count_launch();
                     return Ticket::Free;
                 };
-                client.quietly_for_captures(|| ring.with(|r| r.wait_below(limit, &DriverEvents)));
+                quietly_for_captures(|| ring.with(|r| r.wait_below(limit, &DriverEvents)));
                 if !holds(self.page()) {
                     // Revoked while the ring drained: wait for the token again.
                     continue;
@@ -425,9 +425,31 @@ impl Bounded {
     fn finish(self, result: CUresult) {
         if result == CUDA_SUCCESS {
             let stream = self.stream;
-            self.ring.with(|r| r.record(stream, &DriverEvents));
+            self.ring.with(|r| {
+                if r.pending() >= ahead::RING {
+                    // Full (threads overshot the bound together): recording waits first.
+                    quietly_for_captures(|| r.record(stream, &DriverEvents));
+                } else {
+                    r.record(stream, &DriverEvents);
+                }
+            });
         }
     }
+}
+
+/// Runs `f` (which waits on events) in RELAXED capture mode: in the thread's default
+/// GLOBAL mode the wait would fail and invalidate a capture another thread has begun in
+/// GLOBAL mode (PyTorch's default). Always, not only while a capture is known to be under
+/// way: one could begin between the look and the wait. The exchange is a thread-local
+/// store in the driver; the previous mode is restored.
+fn quietly_for_captures<R>(f: impl FnOnce() -> R) -> R {
+    let previous =
+        crate::driver::exchange_capture_mode(crate::driver::CU_STREAM_CAPTURE_MODE_RELAXED);
+    let result = f();
+    if let Some(mode) = previous {
+        crate::driver::exchange_capture_mode(mode);
+    }
+    result
 }
 
 /// A launching thread counted among the waiters while it lives.
@@ -474,21 +496,6 @@ impl Client {
             send_lock: Mutex::new(()),
             work: Work::new(),
         }
-    }
-
-    /// Runs `f` (which waits on events) in RELAXED capture mode: in the thread's default
-    /// GLOBAL mode the wait would fail and invalidate a capture another thread has begun
-    /// in GLOBAL mode (PyTorch's default). Always, not only while a capture is known to
-    /// be under way: one could begin between the look and the wait. The exchange is a
-    /// thread-local store in the driver; the previous mode is restored.
-    fn quietly_for_captures<R>(&self, f: impl FnOnce() -> R) -> R {
-        let previous =
-            crate::driver::exchange_capture_mode(crate::driver::CU_STREAM_CAPTURE_MODE_RELAXED);
-        let result = f();
-        if let Some(mode) = previous {
-            crate::driver::exchange_capture_mode(mode);
-        }
-        result
     }
 
     /// Once per process: an inactive library is ungated for good; an active one

@@ -9,14 +9,15 @@
 //! conflicts with it), which is what broke graph-capturing programs (vLLM,
 //! `torch.compile(mode="reduce-overhead")`, llama.cpp) under other interposers. So:
 //!
-//! * capture begin/end are wrapped ([`Work::capture_begins`], [`Work::capture_ended`])
-//!   and counted;
-//! * the agent synchronises whole contexts only inside [`Work::while_no_capture`], a
-//!   two-flag handshake (each side stores its own flag, then reads the other's, all
-//!   SeqCst) that guarantees a capture never begins while such a synchronisation runs
-//!   and that none starts while a capture is under way — a beginning capture waits for
-//!   the synchronisation in progress to finish;
-//! * while captures are under way the agent drains stream by stream instead: an event
+//! * capture begin/end are wrapped ([`Work::capture_begins`], [`Work::capture_ended`]):
+//!   a beginning capture is listed (with its stream) *before* the driver sees it;
+//! * every drain runs inside [`Work::exclusive`], a two-flag handshake (each side stores
+//!   its own flag, then reads the other's, all SeqCst): a capture that begins while a
+//!   drain runs waits for the drain to end, and a drain sees every capture that could
+//!   already be under way — so it never synchronises a context with a capture in it,
+//!   and never records its event into a stream that started capturing after it looked;
+//! * with no capture under way it synchronises whole contexts; while captures are under
+//!   way it drains stream by stream instead: an event
 //!   recorded on each created stream that is not capturing, waited for from a thread in
 //!   RELAXED capture mode (GLOBAL mode would make even that query invalidate another
 //!   thread's capture); the legacy stream only in contexts with no blocking stream
@@ -135,10 +136,13 @@ impl Work {
         self.context_created(handle, None);
     }
 
-    /// A context was destroyed: forget it and its streams (their handles may be reused).
+    /// A context was destroyed: forget it, its streams (their handles may be reused) and
+    /// the captures in it (a destroyed context ends them; a count left behind would keep
+    /// the process "capturing", never idle, for good).
     pub fn context_destroyed(&self, handle: Handle) {
         lock(&self.contexts).retain(|c| c.handle != handle);
         lock(&self.streams).retain(|s| s.context != handle);
+        self.forget_captures(|c| c.context == handle);
     }
 
     /// `device`'s primary context was released or reset; `still_active` is the
@@ -187,8 +191,20 @@ impl Work {
         self.context_seen(context);
     }
 
+    /// A stream was destroyed: forget it and a capture it had under way.
     pub fn stream_destroyed(&self, handle: Handle) {
         lock(&self.streams).retain(|s| s.handle != handle);
+        self.forget_captures(|c| c.thread.is_none() && c.stream == handle);
+    }
+
+    fn forget_captures(&self, gone: impl Fn(&Capture) -> bool) {
+        let mut captures = lock(&self.captures);
+        let before = captures.len();
+        captures.retain(|c| !gone(c));
+        let forgotten = (before - captures.len()) as u32;
+        if forgotten > 0 {
+            self.capturing.fetch_sub(forgotten, SeqCst);
+        }
     }
 
     /// The entry of a created stream; one the wrappers did not see is registered now
@@ -217,35 +233,25 @@ impl Work {
         self.capturing.load(SeqCst)
     }
 
-    /// Before the real `cuStreamBeginCapture*`: counts the capture and waits for a
-    /// context synchronisation in progress (which would otherwise invalidate it).
-    pub fn capture_begins(&self) {
+    /// Before the real `cuStreamBeginCapture*`: lists the capture, then waits for a drain
+    /// in progress (which could otherwise record into this stream or synchronise its
+    /// context after the capture began). Listing first is what lets a drain that starts
+    /// now see this capture even before the driver has begun it.
+    pub fn capture_begins(&self, stream: Handle, per_thread: bool) {
+        let capture = self.capture_of(stream, per_thread);
+        lock(&self.captures).push(capture);
         self.capturing.fetch_add(1, SeqCst);
         while self.context_sync.load(SeqCst) != 0 {
             futex_wait(&self.context_sync, 1, CAPTURE_WAIT_SLICE);
         }
     }
 
-    /// After the real `cuStreamBeginCapture*`: records the capture, or uncounts it when
-    /// the driver refused to begin.
+    /// After the real `cuStreamBeginCapture*`: a capture the driver refused to begin is
+    /// unlisted.
     pub fn capture_begun(&self, stream: Handle, per_thread: bool, result: crate::cuda::CUresult) {
         if result != CUDA_SUCCESS {
-            self.capturing.fetch_sub(1, SeqCst);
-            return;
+            self.capture_ended(stream, per_thread);
         }
-        let (key, thread) = capture_key(stream, per_thread);
-        // A per-thread default stream synchronises with the legacy stream: blocking.
-        let entry = thread.is_none().then(|| self.stream(key)).flatten();
-        let context = entry
-            .as_ref()
-            .map_or_else(crate::driver::current_context, |s| s.context);
-        let blocking = entry.is_none_or(|s| !s.non_blocking);
-        lock(&self.captures).push(Capture {
-            stream: key,
-            thread,
-            context,
-            blocking,
-        });
     }
 
     /// After the real `cuStreamEndCapture*`, whatever it answered: an invalidated
@@ -262,6 +268,22 @@ impl Work {
         }
     }
 
+    fn capture_of(&self, stream: Handle, per_thread: bool) -> Capture {
+        let (key, thread) = capture_key(stream, per_thread);
+        // A per-thread default stream synchronises with the legacy stream: blocking.
+        let entry = thread.is_none().then(|| self.stream(key)).flatten();
+        let context = entry
+            .as_ref()
+            .map_or_else(crate::driver::current_context, |s| s.context);
+        let blocking = entry.is_none_or(|s| !s.non_blocking);
+        Capture {
+            stream: key,
+            thread,
+            context,
+            blocking,
+        }
+    }
+
     fn capturing_stream(&self, handle: Handle) -> bool {
         lock(&self.captures)
             .iter()
@@ -274,11 +296,11 @@ impl Work {
             .any(|c| c.context == context && c.blocking)
     }
 
-    /// Runs `synchronize` unless a capture is under way, with the guarantee that no
-    /// capture begins while it runs. `None`: captures were under way; nothing ran.
-    pub fn while_no_capture<R>(&self, synchronize: impl FnOnce() -> R) -> Option<R> {
+    /// Runs `drain` with no capture able to begin meanwhile; `drain` is told whether
+    /// captures are (or may be) under way. A capture beginning in the meantime waits.
+    pub fn exclusive<R>(&self, drain: impl FnOnce(bool) -> R) -> R {
         self.context_sync.store(1, SeqCst);
-        let result = (self.capturing.load(SeqCst) == 0).then(synchronize);
+        let result = drain(self.capturing.load(SeqCst) != 0);
         self.context_sync.store(0, SeqCst);
         futex_wake(&self.context_sync);
         result
@@ -290,43 +312,43 @@ impl Work {
     /// under way, else stream by stream around the captures (see the module's doc).
     /// The calling thread must be in RELAXED capture mode (the agent sets it once).
     pub fn drain(&self, driver: &impl DrainDriver) -> Drained {
-        let contexts = self.contexts();
-        let whole = self.while_no_capture(|| {
+        self.exclusive(|captures_under_way| {
+            let contexts = self.contexts();
+            if !captures_under_way {
+                for context in &contexts {
+                    driver.synchronize_context(context.handle);
+                }
+                return Drained {
+                    contexts: contexts.len(),
+                    ..Drained::default()
+                };
+            }
+            let mut drained = Drained::default();
+            for stream in self.streams() {
+                if self.capturing_stream(stream.handle) {
+                    drained.skipped += 1;
+                    continue;
+                }
+                if wait_on(driver, stream.context, stream.handle, &stream.drain_event) {
+                    drained.streams += 1;
+                } else {
+                    drained.skipped += 1;
+                }
+            }
             for context in &contexts {
-                driver.synchronize_context(context.handle);
+                if self.blocking_capture_in(context.handle) {
+                    drained.skipped += 1;
+                    continue;
+                }
+                let legacy = crate::driver::CU_STREAM_LEGACY;
+                if wait_on(driver, context.handle, legacy, &context.drain_event) {
+                    drained.streams += 1;
+                } else {
+                    drained.skipped += 1;
+                }
             }
-        });
-        if whole.is_some() {
-            return Drained {
-                contexts: contexts.len(),
-                ..Drained::default()
-            };
-        }
-        let mut drained = Drained::default();
-        for stream in self.streams() {
-            if self.capturing_stream(stream.handle) {
-                drained.skipped += 1;
-                continue;
-            }
-            if wait_on(driver, stream.context, stream.handle, &stream.drain_event) {
-                drained.streams += 1;
-            } else {
-                drained.skipped += 1;
-            }
-        }
-        for context in &contexts {
-            if self.blocking_capture_in(context.handle) {
-                drained.skipped += 1;
-                continue;
-            }
-            let legacy = crate::driver::CU_STREAM_LEGACY;
-            if wait_on(driver, context.handle, legacy, &context.drain_event) {
-                drained.streams += 1;
-            } else {
-                drained.skipped += 1;
-            }
-        }
-        drained
+            drained
+        })
     }
 }
 
@@ -465,7 +487,7 @@ mod tests {
     fn during_a_capture_no_context_is_synchronised_and_the_capturing_stream_is_left_alone() {
         let work = work_with_two_contexts_and_streams();
         // A non-blocking stream of context 1 captures.
-        work.capture_begins();
+        work.capture_begins(10, false);
         work.capture_begun(10, false, CUDA_SUCCESS);
         let driver = Recorder::default();
         let drained = work.drain(&driver);
@@ -501,7 +523,7 @@ mod tests {
     #[test]
     fn a_blocking_capture_keeps_the_drain_off_its_contexts_legacy_stream() {
         let work = work_with_two_contexts_and_streams();
-        work.capture_begins();
+        work.capture_begins(20, false);
         work.capture_begun(20, false, CUDA_SUCCESS);
         let driver = Recorder::default();
         work.drain(&driver);
@@ -515,7 +537,7 @@ mod tests {
     #[test]
     fn a_refused_begin_is_not_counted_and_a_reset_primary_context_is_forgotten() {
         let work = work_with_two_contexts_and_streams();
-        work.capture_begins();
+        work.capture_begins(10, false);
         work.capture_begun(10, false, 900);
         assert_eq!(work.captures_under_way(), 0);
         work.primary_released(0, true);
@@ -526,38 +548,152 @@ mod tests {
         assert!(work.streams().iter().all(|s| s.context != 1));
     }
 
-    #[test]
-    fn a_capture_waits_for_a_context_synchronisation_in_progress() {
-        let work: &'static Work = Box::leak(Box::new(Work::new()));
-        let (entered, proceed) = (
-            std::sync::mpsc::channel::<()>(),
-            std::sync::mpsc::channel::<()>(),
-        );
-        let (entered_tx, entered_rx) = entered;
-        let (proceed_tx, proceed_rx) = proceed;
-        let syncing = std::thread::spawn(move || {
-            work.while_no_capture(|| {
-                entered_tx.send(()).unwrap();
-                proceed_rx.recv().unwrap();
-            })
-        });
+    /// A drain driver whose event waits block until the test lets them go (it is used
+    /// from another thread, so no RefCell).
+    struct Gated {
+        entered: std::sync::mpsc::SyncSender<()>,
+        proceed: Mutex<std::sync::mpsc::Receiver<()>>,
+        recorded_on: Mutex<Vec<Handle>>,
+    }
+
+    impl DrainDriver for Gated {
+        fn make_current(&self, _: Handle) -> bool {
+            true
+        }
+        fn synchronize_context(&self, _: Handle) {
+            let _ = self.entered.send(());
+            let _ = self.proceed.lock().unwrap().recv();
+        }
+        fn create_event(&self) -> Option<Handle> {
+            Some(1)
+        }
+        fn record(&self, _: Handle, stream: Handle) -> bool {
+            self.recorded_on.lock().unwrap().push(stream);
+            true
+        }
+        fn wait(&self, _: Handle) -> bool {
+            let _ = self.entered.send(());
+            let _ = self.proceed.lock().unwrap().recv();
+            true
+        }
+    }
+
+    /// Starts a drain of `work` on another thread and returns once it is inside its first
+    /// wait; the returned sender lets every wait go.
+    fn drain_in_background(
+        work: &'static Work,
+    ) -> (
+        std::thread::JoinHandle<Drained>,
+        std::sync::mpsc::Sender<()>,
+        &'static Gated,
+    ) {
+        let (entered_tx, entered_rx) = std::sync::mpsc::sync_channel(16);
+        let (proceed_tx, proceed_rx) = std::sync::mpsc::channel();
+        let driver: &'static Gated = Box::leak(Box::new(Gated {
+            entered: entered_tx,
+            proceed: Mutex::new(proceed_rx),
+            recorded_on: Mutex::new(Vec::new()),
+        }));
+        let draining = std::thread::spawn(move || work.drain(driver));
         entered_rx.recv().unwrap();
-        let begun = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (draining, proceed_tx, driver)
+    }
+
+    /// Begins a capture on another thread; the flag says when `capture_begins` returned.
+    fn begin_in_background(
+        work: &'static Work,
+        stream: Handle,
+    ) -> (
+        std::thread::JoinHandle<()>,
+        Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let begun = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = begun.clone();
-        let capturing = std::thread::spawn(move || {
-            work.capture_begins();
+        let thread = std::thread::spawn(move || {
+            work.capture_begins(stream, false);
             flag.store(true, SeqCst);
         });
+        (thread, begun)
+    }
+
+    #[test]
+    fn a_capture_waits_for_a_context_synchronisation_in_progress() {
+        let work: &'static Work = Box::leak(Box::new(work_with_two_contexts_and_streams()));
+        let (draining, proceed, _) = drain_in_background(work);
+        let (capturing, begun) = begin_in_background(work, 10);
         std::thread::sleep(Duration::from_millis(50));
         assert!(
             !begun.load(SeqCst),
             "a capture began during a context synchronisation"
         );
-        proceed_tx.send(()).unwrap();
-        assert_eq!(syncing.join().unwrap(), Some(()));
+        proceed.send(()).unwrap();
+        proceed.send(()).unwrap();
+        assert_eq!(draining.join().unwrap().contexts, 2);
         capturing.join().unwrap();
         assert!(begun.load(SeqCst));
-        // And with a capture under way, no context synchronisation starts.
-        assert_eq!(work.while_no_capture(|| ()), None);
+        // With a capture under way, the next drain synchronises no context.
+        assert!(work.exclusive(|captures_under_way| captures_under_way));
+    }
+
+    /// The race a per-stream drain must not lose: a capture beginning on a stream the
+    /// drain has not reached yet would receive the drain's event (and its wait would
+    /// invalidate the capture). It waits until the drain is over instead.
+    #[test]
+    fn a_capture_waits_for_a_stream_by_stream_drain_too() {
+        let work: &'static Work = Box::leak(Box::new(work_with_two_contexts_and_streams()));
+        // Stream 10 captures, so the drain goes stream by stream (20, then legacy streams).
+        work.capture_begins(10, false);
+        work.capture_begun(10, false, CUDA_SUCCESS);
+        let (draining, proceed, driver) = drain_in_background(work);
+        // The drain waits on stream 20; meanwhile a capture begins on stream 30, which the
+        // drain has yet to reach.
+        work.stream_created(30, 2, 0);
+        let (capturing, begun) = begin_in_background(work, 30);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!begun.load(SeqCst), "a capture began during a drain");
+        for _ in 0..8 {
+            let _ = proceed.send(());
+        }
+        let drained = draining.join().unwrap();
+        capturing.join().unwrap();
+        assert!(begun.load(SeqCst));
+        assert!(
+            !driver.recorded_on.lock().unwrap().contains(&10),
+            "recorded into a capturing stream"
+        );
+        assert_eq!(
+            drained.contexts, 0,
+            "no context synchronised during a capture"
+        );
+    }
+
+    /// A capture listed by `capture_begins` whose driver call has not returned yet is
+    /// already kept out of a drain, and one the driver refused is forgotten.
+    #[test]
+    fn a_beginning_capture_is_seen_by_a_drain_before_the_driver_has_begun_it() {
+        let work = work_with_two_contexts_and_streams();
+        work.capture_begins(20, false);
+        let driver = Recorder::default();
+        work.drain(&driver);
+        let log = driver.log.borrow().clone();
+        assert!(!log.iter().any(|l| l.ends_with(" on 20")), "{log:?}");
+        assert!(
+            !log.iter().any(|l| l.starts_with("sync context")),
+            "{log:?}"
+        );
+        work.capture_begun(20, false, 900);
+        assert_eq!(work.captures_under_way(), 0);
+    }
+
+    #[test]
+    fn destroying_a_capturing_stream_or_its_context_ends_the_capture() {
+        let work = work_with_two_contexts_and_streams();
+        work.capture_begins(10, false);
+        work.capture_begins(20, false);
+        assert_eq!(work.captures_under_way(), 2);
+        work.stream_destroyed(10);
+        assert_eq!(work.captures_under_way(), 1);
+        work.context_destroyed(2);
+        assert_eq!(work.captures_under_way(), 0);
     }
 }

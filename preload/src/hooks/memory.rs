@@ -506,8 +506,10 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemExportToShareableHandle: fn(*mut c_void, PhysicalHandle, c_uint, u64) -> CUresult);
         accounted(
+            // SAFETY: the caller's arguments, forwarded.
             || unsafe { real(shareable, handle, handle_type, flags) },
             |a| {
+                // SAFETY: the caller's arguments, forwarded.
                 let rc = unsafe { real(shareable, handle, handle_type, flags) };
                 if rc == CUDA_SUCCESS {
                     // An importer may map it after we release it: keep it charged.

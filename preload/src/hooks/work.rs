@@ -83,7 +83,7 @@ macro_rules! begin_capture {
                     return unsafe { real(stream $(, $arg)*) };
                 }
                 let work = gate::work();
-                work.capture_begins();
+                work.capture_begins(stream, $per_thread);
                 // SAFETY: the caller's arguments, forwarded.
                 let rc = unsafe { real(stream $(, $arg)*) };
                 work.capture_begun(stream, $per_thread, rc);
@@ -97,6 +97,11 @@ begin_capture!(cuStreamBeginCapture(false; stream: Handle));
 begin_capture!(cuStreamBeginCapture_ptsz(true; stream: Handle));
 begin_capture!(cuStreamBeginCapture_v2(false; stream: Handle, mode: c_int));
 begin_capture!(cuStreamBeginCapture_v2_ptsz(true; stream: Handle, mode: c_int));
+// CUDA 12.3: capture into an existing graph, after the given nodes.
+begin_capture!(cuStreamBeginCaptureToGraph(false; stream: Handle, graph: Handle,
+    dependencies: *const Handle, edge_data: *const c_void, dependency_count: usize, mode: c_int));
+begin_capture!(cuStreamBeginCaptureToGraph_ptsz(true; stream: Handle, graph: Handle,
+    dependencies: *const Handle, edge_data: *const c_void, dependency_count: usize, mode: c_int));
 
 macro_rules! end_capture {
     ($name:ident ($per_thread:expr)) => {
