@@ -182,6 +182,17 @@ impl Parameters {
         }
     }
 
+    /// A saturating low-priority job whose kernels last `kernel_us` (issue 14's sweep):
+    /// about 2 ms of kernels per iteration, at least one, two iterations queued.
+    pub fn low_job_with_kernels_of(&self, kernel_us: u64) -> Job {
+        let mut sweep = self.clone();
+        sweep.low_kernel_us = kernel_us;
+        sweep.low_kernels_per_iteration = (2_000 / kernel_us.max(1)).max(1) as u32;
+        let mut job = sweep.low_job(0, 0.0, 1.0);
+        job.name = format!("low-{kernel_us}us");
+        job
+    }
+
     /// A saturating low-priority job (no gap, two iterations queued).
     pub fn low_job(&self, index: usize, compute_request: f64, compute_limit: f64) -> Job {
         Job {

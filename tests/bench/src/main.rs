@@ -11,7 +11,11 @@ use gpushare_bench::report;
 use gpushare_bench::setup::{Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
-const SCENARIOS: [&str; 6] = ["priority", "shares", "e1", "e2", "e3", "e5"];
+const SCENARIOS: [&str; 7] = ["priority", "shares", "kernels", "e1", "e2", "e3", "e5"];
+/// Issue 14's sweep of low-priority kernel lengths (µs): 100 µs is what every other
+/// scenario uses; 1–20 ms are real GEMMs, convolutions and attention; 50 ms stands in for a
+/// captured CUDA graph, which reaches the device as one launch.
+const KERNEL_SWEEP_US: [u64; 5] = [100, 1_000, 5_000, 20_000, 50_000];
 /// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates).
 const EXIT_CONFIG_REFUSED: u8 = 3;
 
@@ -123,6 +127,29 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
             by_mode.insert(mode.name(), Value::Object(cases));
         }
         scenarios.insert("priority".into(), Value::Object(by_mode));
+    }
+    if wanted("kernels") {
+        // The priority scenario's high job beside one saturating low job, for each low kernel
+        // length: how much of the GPU the high job finds taken when it comes back.
+        let alone = case(Mode::Alone, &[parameters.high_job()])?.remove(0);
+        let mut by_length = Map::new();
+        for kernel_us in KERNEL_SWEEP_US {
+            let mut by_mode = Map::new();
+            for &mode in modes.iter().filter(|&&m| m != Mode::Alone) {
+                let jobs = [
+                    parameters.high_job(),
+                    parameters.low_job_with_kernels_of(kernel_us),
+                ];
+                let reports = case(mode, &jobs)?;
+                let figures = metrics::priority_case(&alone, &reports[0], &reports[1..])?;
+                by_mode.insert(mode.name(), json!({"metrics": figures, "jobs": reports}));
+            }
+            by_length.insert(kernel_us.to_string(), Value::Object(by_mode));
+        }
+        scenarios.insert(
+            "kernels".into(),
+            json!({"alone": {"metrics": metrics::alone_case(&alone)?, "jobs": [alone]}, "low_kernel_us": by_length}),
+        );
     }
     if wanted("shares") {
         let mut by_mode = Map::new();

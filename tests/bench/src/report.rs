@@ -100,6 +100,36 @@ pub fn markdown(results: &Value) -> String {
             results["parameters"]["low_kernel_us"]
         );
     }
+    if let Some(lengths) = results["scenarios"]["kernels"]["low_kernel_us"].as_object() {
+        md += "## Scenario `kernels` (simulated)\n\n\
+               The `priority` scenario's high job beside one saturating low-priority job whose \
+               kernels last 0.1–50 ms (50 ms stands in for a captured CUDA graph: one launch). \
+               A preempted low job drains for about the rest of one kernel, so the high job's \
+               slowdown grows with the kernel length until admission knows how long low work \
+               runs (issue 14).\n\n\
+               | low kernel | mode | slowdown | p99 slowdown | start p50 µs | start p99 µs | idle captured |\n\
+               |---|---|---|---|---|---|---|\n";
+        let mut rows: Vec<(&String, &Value)> = lengths.iter().collect();
+        rows.sort_by_key(|(us, _)| us.parse::<u64>().unwrap_or(0));
+        for (kernel_us, modes) in rows {
+            let Some(modes) = modes.as_object() else {
+                continue;
+            };
+            for (mode, case) in modes {
+                let m = &case["metrics"];
+                let _ = writeln!(
+                    md,
+                    "| {kernel_us} µs | {mode} | {} | {} | {} | {} | {} |",
+                    cell(m, "high_mean_slowdown_percent", 1, "%"),
+                    cell(m, "high_p99_slowdown_percent", 1, "%"),
+                    cell(m, "high_start_p50_us", 1, ""),
+                    cell(m, "high_start_p99_us", 1, ""),
+                    cell(m, "idle_captured_percent", 1, "%"),
+                );
+            }
+        }
+        md += "\n";
+    }
     if let Some(shares) = results["scenarios"]["shares"].as_object() {
         md += "## Scenario `shares` (simulated)\n\n\
                `pair`: two saturating low jobs with compute requests 0.3 and 0.6 (limit 1.0); \

@@ -70,6 +70,18 @@ fn assert_results(results: &Value, modes: &[&str]) {
             );
         }
     }
+    // The kernel-length sweep: every length in every shared mode.
+    let kernels = &results["scenarios"]["kernels"];
+    assert_case("kernels", "alone", "high", &kernels["alone"]);
+    let lengths = kernels["low_kernel_us"]
+        .as_object()
+        .expect("kernel lengths");
+    assert_eq!(lengths.len(), 5, "0.1, 1, 5, 20 and 50 ms");
+    for (length, by_mode) in lengths {
+        for mode in modes.iter().filter(|m| **m != "alone") {
+            assert_case("kernels", mode, length, &by_mode[mode]);
+        }
+    }
     // E1: every pair in every mode, `alone` being the exclusive runs.
     let pairs = results["scenarios"]["e1"]["pairs"]
         .as_object()
