@@ -31,8 +31,8 @@ struct Args {
     /// Results directory.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
-    /// Only this scenario: priority, shares, e1 (training pairs), e2 (jobs arriving on 4 GPUs),
-    /// e3 (inference latency) or e5 (scaling).
+    /// Only this scenario: priority, shares, kernels (low kernel lengths), e1 (training
+    /// pairs), e2 (jobs arriving on 4 GPUs), e3 (inference latency) or e5 (scaling).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
     /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare, tgs.
@@ -54,6 +54,10 @@ struct Args {
     /// most cases).
     #[arg(long)]
     e_duration_s: Option<f64>,
+    /// Run nothing: re-write the Markdown and the charts of the results in `--out` from
+    /// their JSON, which stays as it is (after the report or the charts changed).
+    #[arg(long)]
+    rerender: bool,
 }
 
 fn main() -> ExitCode {
@@ -73,6 +77,24 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), ExperimentError> {
+    if args.rerender {
+        let io = |what: String| move |source| ExperimentError::Io { what, source };
+        let path = args.out.join(report::JSON_FILE);
+        let text = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+        let results: Value = serde_json::from_slice(&text).map_err(|e| {
+            ExperimentError::Usage(format!("{} is not a results document: {e}", path.display()))
+        })?;
+        // The JSON itself is left as measured (a parse and re-print would round floats).
+        let md = args.out.join(report::MARKDOWN_FILE);
+        std::fs::write(&md, report::markdown(&results))
+            .map_err(io(format!("writing {}", md.display())))?;
+        return gpushare_bench::plot::write_all(&args.out, &results)
+            .map(drop)
+            .map_err(io(format!(
+                "writing the charts into {}",
+                args.out.display()
+            )));
+    }
     let modes = Mode::parse_list(&args.modes, &args.round_robin_slices_ms)
         .map_err(ExperimentError::Usage)?;
     let duration_s = args

@@ -65,6 +65,7 @@ pub fn figures(results: &Value) -> Vec<Figure> {
     [
         priority(&s["priority"]),
         shares(&s["shares"]),
+        kernels(&s["kernels"]),
         e1(&s["e1"]),
         e2(&s["e2"]),
         e3(&s["e3"]),
@@ -113,6 +114,50 @@ fn by_case_and_mode(
         groups,
     };
     (!panel.is_empty()).then_some(panel)
+}
+
+/// `kernels.low_kernel_us[length][mode].metrics`: the high job's slowdown by low kernel
+/// length, one bar per mode (the 250 ms round robin, at +2,600 % and more, is left out so
+/// the rest stay readable; it is in the table).
+fn kernels(s: &Value) -> Option<Figure> {
+    let lengths = s["low_kernel_us"].as_object()?;
+    let mut rows: Vec<(u64, &Value)> = lengths
+        .iter()
+        .filter_map(|(us, modes)| Some((us.parse().ok()?, modes)))
+        .collect();
+    rows.sort_by_key(|(us, _)| *us);
+    let panel = |key: &str, title: &str, y_label: &str| Panel {
+        title: title.into(),
+        y_label: y_label.into(),
+        groups: rows
+            .iter()
+            .map(|(us, modes)| {
+                let bars = modes
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(mode, _)| mode.as_str() != "round-robin-250ms")
+                    .filter_map(|(mode, case)| Some((mode.clone(), case["metrics"][key].as_f64()?)))
+                    .collect();
+                (format!("{} ms", *us as f64 / 1000.0), bars)
+            })
+            .collect(),
+    };
+    figure(
+        "kernels",
+        vec![
+            Some(panel(
+                "high_mean_slowdown_percent",
+                "kernels: high job iteration slowdown vs alone, by low kernel length (simulated)",
+                "mean slowdown %",
+            )),
+            Some(panel(
+                "idle_captured_percent",
+                "kernels: low job's GPU time over the time the high job leaves idle (simulated)",
+                "idle captured %",
+            )),
+        ],
+    )
 }
 
 /// `priority[mode][low jobs].metrics`: the high job's slowdown and the idle time captured.
