@@ -165,18 +165,42 @@ impl Drop for Arbiter {
     }
 }
 
-fn probe(bins: &Bins, lease: Option<&(String, PathBuf)>, args: &[&str]) -> Command {
-    let mut cmd = Command::new(bins.dir.join("gpushare-cuda-probe"));
+/// `cmd` as a process of `lease`'s container: the interposer preloaded, the lease named.
+fn interposed<'a>(
+    bins: &Bins,
+    cmd: &'a mut Command,
+    (id, socket): &(String, PathBuf),
+) -> &'a mut Command {
+    cmd.env("LD_PRELOAD", &bins.preload)
+        .env("GPUSHARE_LEASE", id)
+        .env("GPUSHARE_SOCKET", socket)
+}
+
+/// One of the built programs with `args`, its output captured, under `lease` if given.
+fn program(bins: &Bins, name: &str, lease: Option<&(String, PathBuf)>, args: &[&str]) -> Command {
+    let mut cmd = Command::new(bins.dir.join(name));
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some((id, socket)) = lease {
-        cmd.env("LD_PRELOAD", &bins.preload)
-            .env("GPUSHARE_LEASE", id)
-            .env("GPUSHARE_SOCKET", socket);
+    if let Some(lease) = lease {
+        interposed(bins, &mut cmd, lease);
     }
     cmd
+}
+
+fn probe(bins: &Bins, lease: Option<&(String, PathBuf)>, args: &[&str]) -> Command {
+    program(bins, "gpushare-cuda-probe", lease, args)
+}
+
+/// Runs `high` to completion while `low` runs; returns both outputs and how long `low`
+/// went on after `high` had finished.
+fn beside(mut low: Command, mut high: Command) -> Result<(Output, Output, Duration), String> {
+    let low = low.spawn().map_err(|e| e.to_string())?;
+    let high = run(&mut high);
+    let high_done = Instant::now();
+    let low = low.wait_with_output().map_err(|e| e.to_string())?;
+    Ok((low, high, high_done.elapsed()))
 }
 
 /// The probe's `<step> <result> …` lines, and whether every step of `steps` succeeded.
@@ -296,10 +320,8 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
             "launch",
             "1",
         ],
-    )
-    .spawn()
-    .map_err(|e| e.to_string())?;
-    let _ = run(&mut probe(
+    );
+    let high_job = probe(
         bins,
         Some(&high),
         &[
@@ -312,8 +334,9 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
             "touch",
             revoked.to_str().unwrap_or(""),
         ],
-    ));
-    let (ok, detail) = results(&low_job.wait_with_output().map_err(|e| e.to_string())?);
+    );
+    let (low_out, _, _) = beside(low_job, high_job)?;
+    let (ok, detail) = results(&low_out);
     found.push(Check {
         name: "capture across a low-priority holder's revocation (GLOBAL mode)",
         passed: ok,
@@ -337,10 +360,8 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
             "2000",
             "sync",
         ],
-    )
-    .spawn()
-    .map_err(|e| e.to_string())?;
-    let _ = run(&mut probe(
+    );
+    let high_job = probe(
         bins,
         Some(&high),
         &[
@@ -351,9 +372,9 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
             "sleep",
             "200",
         ],
-    ));
-    let finished = Instant::now();
-    let (ok, detail) = results(&long.wait_with_output().map_err(|e| e.to_string())?);
+    );
+    let (long_out, _, after_high) = beside(long, high_job)?;
+    let (ok, detail) = results(&long_out);
     let status = arbiter.control()?.status().map_err(|e| e.to_string())?;
     // Finishing every step is the proof it was not stranded (a cut-off client waited
     // for ever); how often its drain outlasted the grace is reported.
@@ -363,19 +384,12 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
         passed: ok,
         detail: format!(
             "{detail}; reported overdue {overdue} times; finished {:.1} s after the high job left",
-            finished.elapsed().as_secs_f64()
+            after_high.as_secs_f64()
         ),
     });
 
     let workload = |lease: &(String, PathBuf), args: &[&str]| {
-        let mut cmd = Command::new(bins.dir.join("simgpu-workload"));
-        cmd.args(args)
-            .env("LD_PRELOAD", &bins.preload)
-            .env("GPUSHARE_LEASE", &lease.0)
-            .env("GPUSHARE_SOCKET", &lease.1)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
+        program(bins, "simgpu-workload", Some(lease), args)
     };
     let high_args = [
         "--kernel",
@@ -396,11 +410,7 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
         "--duration",
         "12s",
     ];
-    let neighbour = workload(&low, &low_args)
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let shared = run(&mut workload(&high, &high_args));
-    let low_out = neighbour.wait_with_output().map_err(|e| e.to_string())?;
+    let (low_out, shared, _) = beside(workload(&low, &low_args), workload(&high, &high_args))?;
     let throughput = |out: &Output| {
         serde_json::from_slice::<serde_json::Value>(&out.stdout)
             .ok()
@@ -444,11 +454,11 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
             torch.cuda.current_stream().wait_stream(s)\n\
             with torch.cuda.graph(g):\n    time.sleep(0.05)\n    y = x @ x\n    time.sleep(0.05)\n\
             g.replay(); torch.cuda.synchronize(); print('graph replayed')\n";
-        let out = run(Command::new("python3")
-            .args(["-c", script])
-            .env("LD_PRELOAD", &bins.preload)
-            .env("GPUSHARE_LEASE", &high.0)
-            .env("GPUSHARE_SOCKET", &high.1));
+        let out = run(interposed(
+            bins,
+            Command::new("python3").args(["-c", script]),
+            &high,
+        ));
         found.push(Check {
             name: "PyTorch CUDA graph capture (torch.cuda.graph, GLOBAL mode, idle inside the capture)",
             passed: out.status.success(),
