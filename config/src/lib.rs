@@ -318,6 +318,20 @@ pub struct SchedulerConfig {
     /// bounded queue of ordinary kernels, so an overdue report means a long kernel or
     /// graph, or a stuck agent, and other low waiters wait at most this long for it.
     pub revoke_grace_ms: u64,
+    /// Duration-aware admission (issue 14): while a high-priority client is active, a
+    /// low-priority holder submits a launch only if the interposer's estimate of how
+    /// long it will occupy the GPU ends before the high-priority job is expected back
+    /// (learned from its gaps between release and want); work that does not fit waits.
+    /// `false` gives the behaviour before it: a launch-ahead bound only, so a
+    /// returning high job waits for the rest of the low job's current kernel (measured
+    /// +20 % slowdown beside 5 ms low kernels, simulated).
+    pub admit_by_duration: bool,
+    /// The risk, in percent, that the high-priority job returns while admitted low
+    /// work still runs: the admission window ends at this percentile of the high job's
+    /// recent gaps (those longer than the time already waited). 10: a periodic job's
+    /// window is nearly its whole gap; a random (Poisson) one's is about a tenth of its
+    /// mean gap.
+    pub high_return_risk_percent: u32,
     /// High-priority clients keep running while the arbiter is unreachable: they never
     /// wait for a grant anyway, and an arbiter restart must not stall them.
     pub high_on_arbiter_loss: LossPolicy,
@@ -339,6 +353,8 @@ impl Default for SchedulerConfig {
             window_ms: 2_000,
             high_active_ms: 500,
             revoke_grace_ms: 500,
+            admit_by_duration: true,
+            high_return_risk_percent: 10,
             high_on_arbiter_loss: LossPolicy::Run,
             low_on_arbiter_loss: LossPolicy::Wait,
         }
@@ -367,6 +383,12 @@ impl SchedulerConfig {
             if value == 0 {
                 return Err(format!("{key} = 0: must be at least 1"));
             }
+        }
+        if !(1..=100).contains(&self.high_return_risk_percent) {
+            return Err(format!(
+                "scheduler.high_return_risk_percent = {}: must be 1 to 100",
+                self.high_return_risk_percent
+            ));
         }
         if self.min_slice_ms > self.slice_ms {
             return Err(format!(
@@ -563,7 +585,8 @@ mod tests {
         let config = parse(
             "[scheduler]\npolicy = \"round-robin\"\nslice_ms = 10\nmin_slice_ms = 1\nmax_slice_ms = 100\n\
              idle_us = 500\nlaunch_ahead = 8\nlaunch_ahead_with_high = 2\nwindow_ms = 1000\n\
-             revoke_grace_ms = 50\nhigh_active_ms = 250\nhigh_on_arbiter_loss = \"wait\"\nlow_on_arbiter_loss = \"run\"\n",
+             revoke_grace_ms = 50\nhigh_active_ms = 250\nhigh_on_arbiter_loss = \"wait\"\nlow_on_arbiter_loss = \"run\"\n\
+             admit_by_duration = false\nhigh_return_risk_percent = 25\n",
         )
         .unwrap();
         let s = &config.scheduler;
@@ -577,6 +600,7 @@ mod tests {
             (s.window_ms, s.revoke_grace_ms, s.high_active_ms),
             (1000, 50, 250)
         );
+        assert_eq!((s.admit_by_duration, s.high_return_risk_percent), (false, 25));
         assert_eq!(
             s.on_arbiter_loss(gpushare_proto::Priority::High),
             LossPolicy::Wait
@@ -612,6 +636,14 @@ mod tests {
             (
                 "[scheduler]\nwindow_ms = 0\n",
                 ["scheduler.window_ms", "= 0", "at least 1"],
+            ),
+            (
+                "[scheduler]\nhigh_return_risk_percent = 0\n",
+                ["scheduler.high_return_risk_percent", "= 0", "1 to 100"],
+            ),
+            (
+                "[scheduler]\nhigh_return_risk_percent = 101\n",
+                ["scheduler.high_return_risk_percent", "= 101", "1 to 100"],
             ),
             (
                 "[scheduler]\nmin_slice_ms = 30\n",
