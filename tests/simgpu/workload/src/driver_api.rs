@@ -60,14 +60,31 @@ pub struct Driver {
     pub event_synchronize: unsafe extern "C" fn(usize) -> CuResult,
     pub event_destroy: unsafe extern "C" fn(usize) -> CuResult,
     pub get_error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    /// Streams, capture and graphs: resolved only for `--graph` (older drivers lack some).
+    pub graph: Option<GraphApi>,
     /// Found with `dlsym` on the library's handle: `cuGetProcAddress` never hands it out.
     pub event_timestamp_ns: Option<EventTimestampNs>,
+}
+
+/// What `--graph` needs: a created stream, stream capture, instantiation and launch.
+pub struct GraphApi {
+    pub stream_create: unsafe extern "C" fn(*mut usize, c_uint) -> CuResult,
+    pub stream_destroy: unsafe extern "C" fn(usize) -> CuResult,
+    /// `cuStreamBeginCapture_v2(stream, CUstreamCaptureMode)`.
+    pub stream_begin_capture: unsafe extern "C" fn(usize, c_int) -> CuResult,
+    pub stream_end_capture: unsafe extern "C" fn(usize, *mut usize) -> CuResult,
+    /// `cuGraphInstantiateWithFlags(exec, graph, flags)`: unlike `cuGraphInstantiate`, whose
+    /// signature changed in CUDA 12, the same ABI at every version.
+    pub graph_instantiate: unsafe extern "C" fn(*mut usize, usize, u64) -> CuResult,
+    pub graph_launch: unsafe extern "C" fn(usize, usize) -> CuResult,
+    pub graph_exec_destroy: unsafe extern "C" fn(usize) -> CuResult,
+    pub graph_destroy: unsafe extern "C" fn(usize) -> CuResult,
 }
 
 impl Driver {
     // Each transmute's target is the struct field it initialises, which spells the signature.
     #[allow(clippy::missing_transmute_annotations)]
-    pub fn load(per_thread_default_stream: bool) -> Result<Driver, LoadError> {
+    pub fn load(per_thread_default_stream: bool, graph: bool) -> Result<Driver, LoadError> {
         let name = CString::new("libcuda.so.1").expect("no NUL");
         // SAFETY: dlopen/dlsym with valid NUL-terminated strings; the handle is never closed, so
         // every pointer obtained through it stays valid for the life of the process. The
@@ -133,6 +150,20 @@ impl Driver {
             event_synchronize: entry!("cuEventSynchronize"),
             event_destroy: entry!("cuEventDestroy"),
             get_error_name: entry!("cuGetErrorName"),
+            graph: if graph {
+                Some(GraphApi {
+                    stream_create: entry!("cuStreamCreate"),
+                    stream_destroy: entry!("cuStreamDestroy"),
+                    stream_begin_capture: entry!("cuStreamBeginCapture"),
+                    stream_end_capture: entry!("cuStreamEndCapture"),
+                    graph_instantiate: entry!("cuGraphInstantiateWithFlags"),
+                    graph_launch: entry!("cuGraphLaunch"),
+                    graph_exec_destroy: entry!("cuGraphExecDestroy"),
+                    graph_destroy: entry!("cuGraphDestroy"),
+                })
+            } else {
+                None
+            },
             event_timestamp_ns,
         })
     }

@@ -114,7 +114,7 @@ fn main() {
 }
 
 fn run(o: &Options) -> (serde_json::Value, bool) {
-    let driver = match Driver::load(o.per_thread_default_stream) {
+    let driver = match Driver::load(o.per_thread_default_stream, o.graph) {
         Ok(d) => d,
         Err(e) => return (json!({"simulated": true, "fatal": e.to_string()}), false),
     };
@@ -172,21 +172,42 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
     };
     allocate(&mut report, o.memory);
 
+    let mut rng = Rng(o.seed.max(1));
+    // `--graph`: the iteration captured once, before the barrier, into a created stream.
+    let graph = match d
+        .graph
+        .as_ref()
+        .map(|api| capture(d, api, function, o, &mut rng))
+    {
+        None => None,
+        Some(Ok(graph)) => Some(graph),
+        Some(Err((what, code))) => {
+            report.check(d, what, code);
+            return (
+                json!({"simulated": true, "fatal": "graph capture failed", "errors": report.errors}),
+                false,
+            );
+        }
+    };
+    // Where the iterations' work, events and stream synchronisation go.
+    let work_stream = graph.as_ref().map_or(0, |g| g.stream);
+
     if let Some(barrier) = &o.start_barrier {
         while !barrier.exists() {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
 
-    let mut rng = Rng(o.seed.max(1));
     let sync = |report: &mut Report, event: usize| {
         // SAFETY: see above.
         unsafe {
             match o.sync {
                 SyncStyle::Context => report.check(d, "cuCtxSynchronize", (d.ctx_synchronize)()),
-                SyncStyle::Stream => {
-                    report.check(d, "cuStreamSynchronize", (d.stream_synchronize)(0))
-                }
+                SyncStyle::Stream => report.check(
+                    d,
+                    "cuStreamSynchronize",
+                    (d.stream_synchronize)(work_stream),
+                ),
                 SyncStyle::Event => {
                     report.check(d, "cuEventSynchronize", (d.event_synchronize)(event))
                 }
@@ -254,7 +275,35 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         }
         let requested_ns = monotonic_ns();
         let mut start = None;
-        for k in 0..o.kernels {
+        if let Some(g) = &graph {
+            // One launch: the graph's kernels reach the device together and run back to back.
+            // SAFETY: see above; the graph was instantiated from a capture on this stream.
+            let launched = unsafe { (g.api.graph_launch)(g.exec, g.stream) };
+            if report.check(d, "cuGraphLaunch", launched) {
+                kernels += g.kernels;
+                kernel_ns += g.kernel_ns;
+                if event_timestamp_ns.is_some() {
+                    let mut event = 0usize;
+                    // SAFETY: see above.
+                    let recorded = unsafe {
+                        report.check(d, "cuEventCreate", (d.event_create)(&mut event, 0))
+                            && report.check(
+                                d,
+                                "cuEventRecord",
+                                (d.event_record)(event, work_stream),
+                            )
+                    };
+                    // Recorded after the whole graph, whose kernels run back to back: its
+                    // first kernel started the graph's kernel time before this completed.
+                    start = recorded.then_some(StartProbe {
+                        event,
+                        requested_ns,
+                        first_kernel_ns: g.kernel_ns,
+                    });
+                }
+            }
+        }
+        for k in (0..o.kernels).filter(|_| graph.is_none()) {
             let duration = rng.duration(o.distribution);
             let launched = launch(d, function, duration);
             if report.check(d, "cuLaunchKernel", launched) {
@@ -283,7 +332,7 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         // SAFETY: see above.
         unsafe {
             report.check(d, "cuEventCreate", (d.event_create)(&mut event, 0));
-            report.check(d, "cuEventRecord", (d.event_record)(event, 0));
+            report.check(d, "cuEventRecord", (d.event_record)(event, work_stream));
         }
         in_flight.push_back(InFlight {
             began,
@@ -302,6 +351,14 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         finish_oldest(&mut report, &mut in_flight);
     }
     let elapsed = start.elapsed().as_secs_f64();
+    if let Some(g) = &graph {
+        // SAFETY: see above; every launch of the graph has completed.
+        unsafe {
+            report.check(d, "cuGraphExecDestroy", (g.api.graph_exec_destroy)(g.exec));
+            report.check(d, "cuGraphDestroy", (g.api.graph_destroy)(g.graph));
+            report.check(d, "cuStreamDestroy", (g.api.stream_destroy)(g.stream));
+        }
+    }
     for ptr in allocations {
         // SAFETY: see above.
         unsafe { report.check(d, "cuMemFree", (d.mem_free)(ptr)) };
@@ -355,6 +412,13 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         },
         "errors": report.errors,
     });
+    if let Some(g) = &graph {
+        json["graph"] = json!({
+            "kernels": g.kernels,
+            "kernel_time_ms": g.kernel_ns as f64 / 1e6,
+            "launches": iterations,
+        });
+    }
     if event_timestamp_ns.is_some() {
         // From just before an iteration's first launch until that kernel started running on
         // the (simulated) GPU: what a neighbour's work or a scheduler's gate cost it.
@@ -368,8 +432,86 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
     (json, true)
 }
 
+/// An instantiated graph of one iteration's kernels and the stream it was captured on.
+struct Graph<'d> {
+    api: &'d driver_api::GraphApi,
+    stream: usize,
+    graph: usize,
+    exec: usize,
+    kernels: u64,
+    /// The captured kernels' durations, summed: the GPU time of one launch.
+    kernel_ns: u64,
+}
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`: what the CUDA runtime and PyTorch capture with.
+const CAPTURE_MODE_GLOBAL: libc::c_int = 0;
+
+/// Captures `o.kernels` launches (durations drawn from `rng`) on a new stream into a graph
+/// and instantiates it. The launches' parameters are copied at capture, as CUDA does, so
+/// every launch of the graph runs the durations drawn here.
+fn capture<'d>(
+    d: &Driver,
+    api: &'d driver_api::GraphApi,
+    function: usize,
+    o: &Options,
+    rng: &mut Rng,
+) -> Result<Graph<'d>, (&'static str, driver_api::CuResult)> {
+    let check = |what: &'static str, code: driver_api::CuResult| match code {
+        0 => Ok(()),
+        code => Err((what, code)),
+    };
+    let mut g = Graph {
+        api,
+        stream: 0,
+        graph: 0,
+        exec: 0,
+        kernels: 0,
+        kernel_ns: 0,
+    };
+    // SAFETY: the entry points come from cuGetProcAddress_v2 for CUDA_VERSION; every
+    // out-pointer is a live local.
+    unsafe {
+        check("cuStreamCreate", (api.stream_create)(&mut g.stream, 0))?;
+        check(
+            "cuStreamBeginCapture",
+            (api.stream_begin_capture)(g.stream, CAPTURE_MODE_GLOBAL),
+        )?;
+        for _ in 0..o.kernels {
+            let duration = rng.duration(o.distribution);
+            let launched = launch_on(d, function, duration, g.stream);
+            if launched != 0 {
+                // Ends the (now useless) capture so the stream can be destroyed.
+                let mut graph = 0usize;
+                (api.stream_end_capture)(g.stream, &mut graph);
+                return Err(("cuLaunchKernel (capture)", launched));
+            }
+            g.kernels += 1;
+            g.kernel_ns += duration;
+        }
+        check(
+            "cuStreamEndCapture",
+            (api.stream_end_capture)(g.stream, &mut g.graph),
+        )?;
+        check(
+            "cuGraphInstantiateWithFlags",
+            (api.graph_instantiate)(&mut g.exec, g.graph, 0),
+        )?;
+    }
+    Ok(g)
+}
+
 /// Launches one `gpushare_spin_ns` of `duration` ns (one warp) on the default stream.
-fn launch(d: &Driver, function: usize, mut duration: u64) -> driver_api::CuResult {
+fn launch(d: &Driver, function: usize, duration: u64) -> driver_api::CuResult {
+    launch_on(d, function, duration, 0)
+}
+
+/// Launches one `gpushare_spin_ns` of `duration` ns (one warp) on `stream`.
+fn launch_on(
+    d: &Driver,
+    function: usize,
+    mut duration: u64,
+    stream: usize,
+) -> driver_api::CuResult {
     let mut params = [&mut duration as *mut u64 as *mut libc::c_void];
     // SAFETY: the entry point comes from cuGetProcAddress_v2; params[0] points at the u64
     // duration gpushare_spin_ns takes, alive for the call (the driver copies its parameters).
@@ -383,7 +525,7 @@ fn launch(d: &Driver, function: usize, mut duration: u64) -> driver_api::CuResul
             1,
             1,
             0,
-            0,
+            stream,
             params.as_mut_ptr(),
             std::ptr::null_mut(),
         )

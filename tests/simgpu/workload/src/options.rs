@@ -59,12 +59,17 @@ pub struct Options {
     /// from its scheduled arrival (queueing counts). `iterations` counts requests; `gap`
     /// and `pipeline` do not apply.
     pub requests_per_s: Option<f64>,
+    /// Each iteration's `kernels` launches are captured once, at start, into a CUDA graph on
+    /// a created stream (durations drawn then, parameters copied at capture as CUDA does);
+    /// every iteration is then one `cuGraphLaunch` into that stream, which the sync style and
+    /// the pipeline apply to. Not with `--launch-ahead` or `--requests-per-s`.
+    pub graph: bool,
 }
 
 pub const USAGE: &str = "simgpu-workload [--device N] [--memory BYTES] [--memory-growth BYTES] \
 [--kernels N] [--kernel DIST] [--gap DURATION] [--sync context|stream|event] \
 [--iterations N | --duration DURATION] [--launch-ahead N] [--pipeline N] [--ptds] [--seed N] \
-[--start-barrier FILE] [--report-start] [--requests-per-s R]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
+[--start-barrier FILE] [--report-start] [--requests-per-s R] [--graph]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
 
 fn duration(text: &str) -> Result<u64, OptionsError> {
     if text == "0" {
@@ -153,6 +158,7 @@ impl Options {
             start_barrier: None,
             report_start: false,
             requests_per_s: None,
+            graph: false,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -163,6 +169,10 @@ impl Options {
                 }
                 "--report-start" => {
                     o.report_start = true;
+                    continue;
+                }
+                "--graph" => {
+                    o.graph = true;
                     continue;
                 }
                 _ => {}
@@ -206,6 +216,16 @@ impl Options {
                 }
                 _ => return Err(invalid(format!("unknown option {flag}\n{USAGE}"))),
             }
+        }
+        if o.graph && o.launch_ahead > 0 {
+            return Err(invalid(
+                "--graph launches an iteration at once: no --launch-ahead",
+            ));
+        }
+        if o.graph && o.requests_per_s.is_some() {
+            return Err(invalid(
+                "--graph applies to the training mode, not --requests-per-s",
+            ));
         }
         if o.iterations.is_none() && o.duration_ns.is_none() {
             o.iterations = Some(100);
@@ -258,6 +278,14 @@ mod tests {
             Some(12.5)
         );
         assert!(!parse("").unwrap().report_start);
+        assert!(!parse("").unwrap().graph);
+        let graph =
+            parse("--graph --kernels 10 --kernel fixed:5ms --sync event --pipeline 2").unwrap();
+        assert!(graph.graph);
+        assert_eq!(
+            (graph.kernels, graph.distribution, graph.pipeline),
+            (10, Distribution::Fixed(5_000_000), 2)
+        );
         assert_eq!(parse("").unwrap().iterations, Some(100));
         assert_eq!(
             parse("--kernel uniform:1ms:2ms").unwrap().distribution,
@@ -280,6 +308,9 @@ mod tests {
             "--requests-per-s 0",
             "--requests-per-s -3",
             "--requests-per-s fast",
+            "--graph --launch-ahead 2",
+            "--requests-per-s 10 --graph",
+            "--graph 1",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
