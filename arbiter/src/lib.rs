@@ -12,6 +12,7 @@ pub mod placement;
 pub mod process;
 pub mod queue;
 pub mod reconcile;
+pub mod rhythm;
 pub mod server;
 pub mod state;
 pub mod store;

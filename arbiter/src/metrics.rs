@@ -252,7 +252,7 @@ where
 /// The time-slice tokens: counters per GPU (only GPUs that had token clients).
 fn render_tokens(out: &mut String, report: &StatusReport) {
     type Field = fn(&gpushare_proto::TokenStatus) -> u64;
-    let families: [(&str, &str, &str, Field); 7] = [
+    let families: [(&str, &str, &str, Field); 13] = [
         (
             "gpushare_token_grants_total",
             "counter",
@@ -294,6 +294,42 @@ fn render_tokens(out: &mut String, report: &StatusReport) {
             "gauge",
             "Token clients waiting for the token.",
             |t| t.waiting as u64,
+        ),
+        (
+            "gpushare_admission_windows_total",
+            "counter",
+            "Admission windows published to low-priority holders (the time until the high-priority job is expected back).",
+            |t| t.admission.windows,
+        ),
+        (
+            "gpushare_admission_early_returns_total",
+            "counter",
+            "Times the high-priority job came back while a low-priority window was still open (rhythm mis-predictions).",
+            |t| t.admission.early_returns,
+        ),
+        (
+            "gpushare_admission_fitted_launches_total",
+            "counter",
+            "Low-priority launches admitted inside a window.",
+            |t| t.admission.launches.fitted,
+        ),
+        (
+            "gpushare_admission_held_back_total",
+            "counter",
+            "Low-priority launches that waited because their measured duration did not fit the window.",
+            |t| t.admission.launches.held_back,
+        ),
+        (
+            "gpushare_admission_overran_launches_total",
+            "counter",
+            "Admitted launches measured still running after their window's end (duration mis-predictions).",
+            |t| t.admission.launches.overran,
+        ),
+        (
+            "gpushare_admission_overran_microseconds_total",
+            "counter",
+            "Their total time past the window's end, in microseconds.",
+            |t| t.admission.launches.overran_ns / 1_000,
         ),
     ];
     for (name, kind, help, field) in families {
@@ -367,6 +403,18 @@ mod tests {
                     pid: Some(4),
                     priority: Priority::Low,
                 }],
+                admission: gpushare_proto::AdmissionStatus {
+                    windows: 11,
+                    early_returns: 3,
+                    launches: gpushare_proto::FitCounts {
+                        fitted: 40,
+                        held_back: 5,
+                        overran: 2,
+                        overran_ns: 7_000,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 ..Default::default()
             }],
             unshareable: vec![gpushare_proto::UnshareableGpuStatus {
@@ -395,6 +443,12 @@ mod tests {
             "gpushare_token_cut_offs_total{gpu=\"GPU-0\"} 1",
             "gpushare_token_overdue_total{gpu=\"GPU-0\"} 2",
             "gpushare_token_overdue_clients{gpu=\"GPU-0\"} 1",
+            "gpushare_admission_windows_total{gpu=\"GPU-0\"} 11",
+            "gpushare_admission_early_returns_total{gpu=\"GPU-0\"} 3",
+            "gpushare_admission_fitted_launches_total{gpu=\"GPU-0\"} 40",
+            "gpushare_admission_held_back_total{gpu=\"GPU-0\"} 5",
+            "gpushare_admission_overran_launches_total{gpu=\"GPU-0\"} 2",
+            "gpushare_admission_overran_microseconds_total{gpu=\"GPU-0\"} 7",
             "gpushare_gpu_unshareable{gpu=\"GPU-1\",index=\"1\"} 1",
         ] {
             assert!(

@@ -47,6 +47,14 @@
 //!   that is merely registered (an idle inference server) costs the low job nothing.
 //!   The bound follows the high client's activity within the holder's slice
 //!   (`SetLaunchAhead`); the timer fires when the window expires.
+//! * Duration-aware admission (`admit_by_duration`, issue 14): while a high-priority
+//!   client is active and its rhythm is known (`rhythm`: gaps from its last release to
+//!   its next want), a low holder's page carries an admission window (`fit_by_ns`): the
+//!   interposer submits a launch only if its measured duration ends inside it, so the
+//!   high job comes back to an idle GPU instead of waiting out the rest of a long low
+//!   kernel. A client whose waiting launch does not fit (`Need`) is not granted until a
+//!   window it fits opens or the high client goes quiet — no grants it cannot use. A
+//!   high client that returns inside a window it predicted is counted (`early_returns`).
 //! * Leave (death, disconnect) loses the token at once; it passes on in the same step.
 //! * `round-robin` (a baseline): no priority, FIFO order of wanting, fixed `slice`,
 //!   no launch-ahead bound, no limits.
@@ -54,8 +62,10 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use gpushare_config::{SchedulerConfig, SchedulingPolicy};
-use gpushare_proto::token::HELD_UNTIL_RELEASED;
+use gpushare_proto::token::{FIT_UNBOUNDED, HELD_UNTIL_RELEASED};
 use gpushare_proto::Priority;
+
+use crate::rhythm::{HighRhythm, Window};
 
 /// One token connection, numbered by the I/O layer.
 pub type ClientId = u64;
@@ -82,6 +92,12 @@ pub enum Event {
     Leave {
         client: ClientId,
     },
+    /// The client's waiting launch needs this much GPU time to fit a window (0: none
+    /// waits for one).
+    Need {
+        client: ClientId,
+        need_ns: u64,
+    },
     /// The time given by `next_wakeup` has come.
     Tick,
 }
@@ -101,6 +117,12 @@ pub enum Action {
     SetLaunchAhead {
         client: ClientId,
         n: u32,
+    },
+    /// The client's admission window ([`FIT_UNBOUNDED`]: none). Comes before the
+    /// `Grant` it belongs to, so the page shows it with the grant.
+    SetFitBy {
+        client: ClientId,
+        fit_by_ns: u64,
     },
     /// A revoked client has not released within the grace period: report it (once).
     /// Its page is unchanged (it is already revoked) and it stays connected; the
@@ -128,6 +150,15 @@ pub struct PolicySnapshot {
     pub overdue_total: u64,
     /// Revoked clients overdue now (still draining past the grace period).
     pub overdue: Vec<ClientId>,
+    /// Admission windows published to low holders (a total).
+    pub windows: u64,
+    /// Times the high-priority job came back while a low holder's window was still
+    /// open: the rhythm mis-predicted (a total).
+    pub early_returns: u64,
+    /// The high-priority job's recent gaps (ns), oldest first.
+    pub high_gaps: Vec<u64>,
+    /// Waiting clients whose next launch fits no window now: (client, need ns).
+    pub needs: Vec<(ClientId, u64)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -141,6 +172,8 @@ struct Settings {
     window: u64,
     revoke_grace: u64,
     high_active: u64,
+    admit_by_duration: bool,
+    risk_percent: u32,
 }
 
 #[derive(Debug)]
@@ -168,6 +201,10 @@ struct Client {
     credit_at: u64,
     /// The most credit a client can save up: its burst allowance.
     credit_cap: f64,
+    /// What its waiting launch needs to fit a window (0: unknown or none).
+    need_ns: u64,
+    /// The admission window on its page now.
+    page_fit_by: u64,
 }
 
 impl Client {
@@ -237,6 +274,13 @@ pub struct TokenPolicy {
     grants: u64,
     revocations: u64,
     overdue_total: u64,
+    rhythm: HighRhythm,
+    /// The current admission window, cached until it is due for re-evaluation (or the
+    /// high job's activity changes): every event evaluating it afresh would move a
+    /// late job's window with each step.
+    window: Option<Window>,
+    windows: u64,
+    early_returns: u64,
 }
 
 impl TokenPolicy {
@@ -254,6 +298,8 @@ impl TokenPolicy {
                 window: config.window_ms * MS,
                 revoke_grace: config.revoke_grace_ms * MS,
                 high_active: config.high_active_ms * MS,
+                admit_by_duration: config.admit_by_duration,
+                risk_percent: config.high_return_risk_percent,
             },
             clients: BTreeMap::new(),
             holder: None,
@@ -263,6 +309,10 @@ impl TokenPolicy {
             grants: 0,
             revocations: 0,
             overdue_total: 0,
+            rhythm: HighRhythm::default(),
+            window: None,
+            windows: 0,
+            early_returns: 0,
         }
     }
 
@@ -281,10 +331,32 @@ impl TokenPolicy {
             .holder
             .filter(|h| h.launch_ahead != self.settings.launch_ahead)
             .and_then(|_| self.high_active_until());
-        [revoke, overdue, self.retry_at, high_quiet]
-            .into_iter()
-            .flatten()
-            .min()
+        // A window is looked at again while a holder has one or a waiter needs one;
+        // a waiter that fits no window is granted once the high client goes quiet.
+        let needs_window = self.clients.values().any(|c| c.wanting && c.need_ns > 0);
+        let windowed = self
+            .holder
+            .is_some_and(|h| self.clients[&h.client].page_fit_by != FIT_UNBOUNDED);
+        let window = self
+            .window
+            .filter(|_| windowed || needs_window)
+            .map(|w| w.reevaluate_at);
+        let waiter_unblocked = if needs_window {
+            self.high_active_until()
+        } else {
+            None
+        };
+        [
+            revoke,
+            overdue,
+            self.retry_at,
+            high_quiet,
+            window,
+            waiter_unblocked,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub fn snapshot(&self) -> PolicySnapshot {
@@ -307,6 +379,15 @@ impl TokenPolicy {
                 .filter(|(_, c)| c.overdue)
                 .map(|(&id, _)| id)
                 .collect(),
+            windows: self.windows,
+            early_returns: self.early_returns,
+            high_gaps: self.rhythm.gaps().collect(),
+            needs: self
+                .clients
+                .iter()
+                .filter(|(_, c)| c.wanting && c.need_ns > 0)
+                .map(|(&id, c)| (id, c.need_ns))
+                .collect(),
         }
     }
 
@@ -321,7 +402,12 @@ impl TokenPolicy {
             } => self.join(now, client, priority, request, limit),
             Event::Want { client } => self.want(now, client, &mut actions),
             Event::Release { client, again } => self.release(now, client, again, &mut actions),
-            Event::Leave { client } => self.leave(client),
+            Event::Leave { client } => self.leave(now, client),
+            Event::Need { client, need_ns } => {
+                if let Some(c) = self.clients.get_mut(&client) {
+                    c.need_ns = need_ns;
+                }
+            }
             Event::Tick => {}
         }
         self.dispatch(now, &mut actions);
@@ -370,6 +456,32 @@ impl TokenPolicy {
         }
     }
 
+    /// The admission window a low holder gets now: [`FIT_UNBOUNDED`] unless windows
+    /// are on, a high-priority client is active and its rhythm is known.
+    fn fit_by(&self, now: u64) -> u64 {
+        if !self.settings.admit_by_duration || !self.high_active(now) {
+            return FIT_UNBOUNDED;
+        }
+        self.window.map_or(FIT_UNBOUNDED, |w| w.fit_by)
+    }
+
+    /// Re-evaluates the cached window when it is due (or was dropped by a change of
+    /// the high job's activity).
+    fn refresh_window(&mut self, now: u64) {
+        if self.window.is_none_or(|w| now >= w.reevaluate_at) {
+            self.window = self.rhythm.window(now, self.settings.risk_percent);
+        }
+    }
+
+    /// Whether a waiter's known need fits the window (an unknown need always does:
+    /// the interposer holds back what it measured not to fit).
+    fn need_fits(&self, now: u64, client: &Client) -> bool {
+        let fit_by = self.fit_by(now);
+        client.need_ns == 0
+            || fit_by == FIT_UNBOUNDED
+            || fit_by.saturating_sub(now) >= client.need_ns
+    }
+
     fn join(&mut self, now: u64, client: ClientId, priority: Priority, request: f64, limit: f64) {
         let limit = limit.clamp(0.0, 1.0);
         // Enough for one contended slice at the limit's pace, and never less than two
@@ -395,6 +507,8 @@ impl TokenPolicy {
                 // until it wants the GPU.
                 last_active: None,
                 burst: self.settings.slice as f64,
+                need_ns: 0,
+                page_fit_by: FIT_UNBOUNDED,
             },
         );
     }
@@ -411,6 +525,18 @@ impl TokenPolicy {
             return;
         }
         if preemptive {
+            if self.high_holders.is_empty() {
+                // A gap of the high job's rhythm ends; was it back inside a window?
+                if let Some(holder) = self.holder {
+                    if self.clients[&holder.client].page_fit_by > now
+                        && self.clients[&holder.client].page_fit_by != FIT_UNBOUNDED
+                    {
+                        self.early_returns += 1;
+                    }
+                }
+                self.rhythm.wanted(now, self.settings.high_active);
+                self.window = None;
+            }
             // Revoke first, so the low holder's page changes before the high client's
             // kernels reach the GPU; no waiting for its acknowledgement.
             if let Some(low) = self.holder.take() {
@@ -482,19 +608,29 @@ impl TokenPolicy {
         if was_high_holder && again {
             // A high-priority client never waits: it is granted again at once.
             self.want(now, id, actions);
+        } else if was_high_holder && self.high_holders.is_empty() {
+            self.rhythm.released(now);
+            self.window = None;
         }
     }
 
-    fn leave(&mut self, id: ClientId) {
-        self.high_holders.remove(&id);
+    fn leave(&mut self, now: u64, id: ClientId) {
+        let was_high_holder = self.high_holders.remove(&id);
         if self.holder.is_some_and(|h| h.client == id) {
             self.holder = None;
         }
         self.clients.remove(&id);
+        if !self.clients.values().any(|c| c.priority == Priority::High) {
+            self.rhythm.forget();
+            self.window = None;
+        } else if was_high_holder && self.high_holders.is_empty() {
+            self.rhythm.released(now);
+            self.window = None;
+        }
     }
 
     /// High-priority activity started or ended: the low holder's launch-ahead bound
-    /// follows it.
+    /// and admission window follow it.
     fn retune_holder(&mut self, now: u64, actions: &mut Vec<Action>) {
         let n = self.low_launch_ahead(now);
         if let Some(holder) = self.holder.as_mut().filter(|h| h.launch_ahead != n) {
@@ -502,6 +638,25 @@ impl TokenPolicy {
             actions.push(Action::SetLaunchAhead {
                 client: holder.client,
                 n,
+            });
+        }
+        if let Some(holder) = self.holder {
+            self.publish_window(now, holder.client, actions);
+        }
+    }
+
+    /// Puts the current window on `id`'s page if it shows another.
+    fn publish_window(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
+        let fit_by_ns = self.fit_by(now);
+        let client = self.clients.get_mut(&id).expect("a holder exists");
+        if client.page_fit_by != fit_by_ns {
+            client.page_fit_by = fit_by_ns;
+            if fit_by_ns != FIT_UNBOUNDED {
+                self.windows += 1;
+            }
+            actions.push(Action::SetFitBy {
+                client: id,
+                fit_by_ns,
             });
         }
     }
@@ -513,6 +668,7 @@ impl TokenPolicy {
                 && !self.holds(id)
                 && c.revoked_at.is_none()
                 && !self.is_preemptive(c)
+                && self.need_fits(now, c)
                 && (self.settings.round_robin
                     || c.budget(now).is_none_or(|b| b >= self.settings.min_slice));
             ok.then_some((id, c))
@@ -571,6 +727,7 @@ impl TokenPolicy {
     }
 
     fn grant_low(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
+        self.publish_window(now, id, actions);
         let slice = self.slice_for(now, id);
         let deadline_ns = now.saturating_add(slice);
         let launch_ahead = self.low_launch_ahead(now);
@@ -596,6 +753,7 @@ impl TokenPolicy {
     /// Runs after every event: overdue drains, slice ends, the next grant, the
     /// launch-ahead bound, the retry timer.
     fn dispatch(&mut self, now: u64, actions: &mut Vec<Action>) {
+        self.refresh_window(now);
         let grace = self.settings.revoke_grace;
         for (&id, client) in self.clients.iter_mut() {
             let past_grace = client
@@ -682,8 +840,13 @@ mod tests {
     const LOW: Priority = Priority::Low;
     const HIGH: Priority = Priority::High;
 
+    /// The rules before admission windows: the tables below predate them (windows
+    /// have tables of their own, with the shipped default).
     fn config() -> SchedulerConfig {
-        SchedulerConfig::default()
+        SchedulerConfig {
+            admit_by_duration: false,
+            ..SchedulerConfig::default()
+        }
     }
 
     fn join(client: ClientId, priority: Priority) -> Event {
@@ -1139,6 +1302,157 @@ mod tests {
             ],
         );
         assert_eq!(policy.next_wakeup(), Some(20 * MS));
+    }
+
+    fn fit_by(client: ClientId, at_ms: u64) -> Action {
+        SetFitBy {
+            client,
+            fit_by_ns: at_ms * MS,
+        }
+    }
+
+    fn unbounded(client: ClientId) -> Action {
+        SetFitBy {
+            client,
+            fit_by_ns: FIT_UNBOUNDED,
+        }
+    }
+
+    fn need(client: ClientId, need_ms: u64) -> Event {
+        Event::Need {
+            client,
+            need_ns: need_ms * MS,
+        }
+    }
+
+    /// The high job (2) bursts 0–5 and 8–13: one gap of 3 ms learned by the time the
+    /// low job (1) is granted at 13.
+    fn rhythm_rows() -> Vec<(u64, Event, &'static [Action])> {
+        vec![
+            (0, join(1, LOW), &[]),
+            (0, join(2, HIGH), &[]),
+            (0, want(2), &[]),
+            (5, release(2, false), &[]),
+            (8, want(2), &[]),
+            (13, release(2, false), &[]),
+        ]
+    }
+
+    /// Runs the rows, checking their actions when `check`.
+    fn run_rows(policy: &mut TokenPolicy, rows: &[(u64, Event, &[Action])], check: bool) {
+        for (i, (at_ms, event, expected)) in rows.iter().enumerate() {
+            let actions = policy.handle(at_ms * MS, *event);
+            if check {
+                assert_eq!(&actions, expected, "row {i}: {event:?} at {at_ms} ms");
+            }
+        }
+    }
+
+    #[test]
+    fn a_low_holder_gets_the_high_jobs_predicted_gap_as_its_window() {
+        let mut policy = TokenPolicy::new(&SchedulerConfig::default());
+        run_rows(&mut policy, &rhythm_rows(), false);
+        assert_eq!(policy.snapshot().high_gaps, vec![3 * MS]);
+        run_rows(
+            &mut policy,
+            &[
+                // The window: the release at 13 plus the 3 ms gap, on the page first.
+                (13, want(1), &[fit_by(1, 16), grant(1, 13, 200, 1)]),
+            ],
+            true,
+        );
+        assert_eq!(policy.next_wakeup(), Some(16 * MS), "the window's end");
+        run_rows(
+            &mut policy,
+            &[
+                // Back early (2 ms): counted as a mis-prediction, preempted as ever.
+                (15, want(2), &[Revoke { client: 1 }, high_grant(2)]),
+                (16, release(1, true), &[]),
+                // Gaps 3 and 2: the shorter decides (10 % of two gaps is the smallest).
+                (
+                    20,
+                    release(2, false),
+                    &[fit_by(1, 22), grant(1, 20, 200, 1)],
+                ),
+                // Not back by 22: of its gaps only 3 ms is longer than 2, so until 23…
+                (22, Event::Tick, &[fit_by(1, 23)]),
+                // …and later than every gap: fresh windows of 2 ms from now.
+                (23, Event::Tick, &[fit_by(1, 25)]),
+                (24, Event::Tick, &[]),
+                // Quiet for high_active_ms (500) after its release at 20: no window, no
+                // bound (the slice that ended at 220 is extended at the same step).
+                (520, Event::Tick, &[unbounded(1), grant(1, 520, 200, 0)]),
+            ],
+            true,
+        );
+        let snapshot = policy.snapshot();
+        assert_eq!((snapshot.early_returns, snapshot.windows), (1, 4));
+        assert_eq!(snapshot.high_gaps, vec![3 * MS, 2 * MS]);
+    }
+
+    #[test]
+    fn a_waiter_whose_launch_fits_no_window_waits_for_one_or_for_the_high_job_to_go_quiet() {
+        let mut policy = TokenPolicy::new(&SchedulerConfig::default());
+        run_rows(&mut policy, &rhythm_rows(), false);
+        run_rows(
+            &mut policy,
+            &[
+                (13, want(1), &[fit_by(1, 16), grant(1, 13, 200, 1)]),
+                // Its next launch measured 5 ms: it waits, released, and is not granted
+                // a window of 2 ms it cannot use.
+                (14, need(1, 5), &[]),
+                (14, release(1, true), &[]),
+            ],
+            true,
+        );
+        assert_eq!(policy.snapshot().needs, vec![(1, 5 * MS)]);
+        assert_eq!(
+            policy.next_wakeup(),
+            Some(16 * MS),
+            "the window is looked at again"
+        );
+        run_rows(
+            &mut policy,
+            &[
+                // Later than every gap: a fresh 3 ms window, still too short.
+                (16, Event::Tick, &[]),
+                (17, want(2), &[high_grant(2)]),
+                (22, release(2, false), &[]),
+            ],
+            true,
+        );
+        assert_eq!(policy.next_wakeup(), Some(25 * MS));
+        // The high job goes quiet (500 ms after 22): unbounded, granted at once.
+        assert_eq!(
+            policy.handle(522 * MS, Event::Tick),
+            vec![unbounded(1), grant(1, 522, 200, 0)]
+        );
+        // A need that fits is granted inside the window.
+        let mut policy = TokenPolicy::new(&SchedulerConfig::default());
+        run_rows(&mut policy, &rhythm_rows(), false);
+        run_rows(
+            &mut policy,
+            &[
+                (13, need(1, 2), &[]),
+                (13, want(1), &[fit_by(1, 16), grant(1, 13, 200, 1)]),
+            ],
+            true,
+        );
+    }
+
+    #[test]
+    fn without_duration_admission_no_window_is_ever_published() {
+        let mut policy = TokenPolicy::new(&config());
+        run_rows(&mut policy, &rhythm_rows(), false);
+        run_rows(
+            &mut policy,
+            &[
+                (13, need(1, 5), &[]),
+                (13, want(1), &[grant(1, 13, 200, 1)]),
+            ],
+            true,
+        );
+        assert_eq!(policy.snapshot().windows, 0);
     }
 
     #[test]

@@ -23,15 +23,16 @@ use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::token::{FLAG_CUT_OFF, NOT_HELD, TOKEN_PAGE_SIZE};
 use gpushare_proto::token_client::futex_wake;
 use gpushare_proto::{
-    ErrorKind, LeaseId, LeaseResponse, Priority, ScheduleTerms, TokenHolder, TokenPage,
-    TokenRequest, TokenStatus,
+    AdmissionStatus, ErrorKind, FitCounts, LeaseId, LeaseResponse, Priority, ScheduleTerms,
+    TokenHolder, TokenPage, TokenRequest, TokenStatus, WindowWaiter,
 };
 
 use crate::timeslice::{Action, ClientId, Event, TokenPolicy};
 
 /// Longest frame a token connection may send: `{"op":"release","again":false}` is 31
-/// bytes. Anything bigger is not a token request, and a bound this small means a
-/// hostile client cannot make the arbiter buffer anything.
+/// bytes, a `fit` report with every count at `u64::MAX` about 210. Anything bigger is
+/// not a token request, and a bound this small means a hostile client cannot make the
+/// arbiter buffer anything.
 pub const MAX_TOKEN_FRAME: usize = 256;
 
 /// How long the arbiter waits to hand a client its `Scheduled` answer; a client that
@@ -154,6 +155,9 @@ impl PageMapping {
             }
             Action::Revoke { .. } => page.deadline_ns.store(NOT_HELD, Ordering::Release),
             Action::SetLaunchAhead { n, .. } => page.launch_ahead.store(n, Ordering::Release),
+            Action::SetFitBy { fit_by_ns, .. } => {
+                page.fit_by_ns.store(fit_by_ns, Ordering::Release)
+            }
             Action::Overdue { .. } | Action::Recovered { .. } => return false,
         }
         self.bump();
@@ -184,11 +188,15 @@ struct Registered {
     lease: LeaseId,
     pid: Option<u32>,
     priority: Priority,
+    /// Its latest admission report (cumulative since it connected).
+    fit: FitCounts,
 }
 
 struct GpuState {
     policy: TokenPolicy,
     clients: HashMap<ClientId, Registered>,
+    /// Every client's admission reports summed, gone clients included (monotonic).
+    fit_totals: FitCounts,
     /// What the timer thread sleeps until (None: until notified).
     timer_at: Option<u64>,
 }
@@ -245,6 +253,7 @@ impl GpuToken {
             Action::Grant { client, .. }
             | Action::Revoke { client }
             | Action::SetLaunchAhead { client, .. }
+            | Action::SetFitBy { client, .. }
             | Action::Overdue { client }
             | Action::Recovered { client, .. } => client,
         };
@@ -320,7 +329,58 @@ impl GpuToken {
             cut_offs: 0,
             overdue: snapshot.overdue_total,
             overdue_clients: describe(&snapshot.overdue),
+            admission: AdmissionStatus {
+                windows: snapshot.windows,
+                early_returns: snapshot.early_returns,
+                high_gaps_us: snapshot.high_gaps.iter().map(|g| g / 1_000).collect(),
+                launches: state.fit_totals,
+                waiting_for_window: snapshot
+                    .needs
+                    .iter()
+                    .filter_map(|(id, need)| {
+                        state.clients.get(id).map(|r| WindowWaiter {
+                            lease: r.lease.clone(),
+                            pid: r.pid,
+                            need_us: need / 1_000,
+                        })
+                    })
+                    .collect(),
+            },
         }
+    }
+
+    /// A client's admission report: the GPU's totals grow by what is new in it (the
+    /// counts are cumulative per connection, so a repeated report adds nothing).
+    fn record_fit(&self, client: ClientId, counts: FitCounts) {
+        let mut state = self.lock();
+        let GpuState {
+            clients,
+            fit_totals,
+            ..
+        } = &mut *state;
+        let Some(registered) = clients.get_mut(&client) else {
+            return;
+        };
+        let before = registered.fit;
+        let grow = |total: &mut u64, now: u64, was: u64| *total += now.saturating_sub(was);
+        grow(&mut fit_totals.fitted, counts.fitted, before.fitted);
+        grow(
+            &mut fit_totals.unestimated,
+            counts.unestimated,
+            before.unestimated,
+        );
+        grow(
+            &mut fit_totals.held_back,
+            counts.held_back,
+            before.held_back,
+        );
+        grow(&mut fit_totals.overran, counts.overran, before.overran);
+        grow(
+            &mut fit_totals.overran_ns,
+            counts.overran_ns,
+            before.overran_ns,
+        );
+        registered.fit = counts;
     }
 }
 
@@ -367,6 +427,7 @@ impl TokenService {
             state: Mutex::new(GpuState {
                 policy: TokenPolicy::new(&self.config),
                 clients: HashMap::new(),
+                fit_totals: FitCounts::default(),
                 timer_at: None,
             }),
             timer: Condvar::new(),
@@ -425,6 +486,7 @@ impl TokenService {
                     lease: lease.lease.clone(),
                     pid,
                     priority: lease.priority,
+                    fit: FitCounts::default(),
                 },
             );
         }
@@ -446,6 +508,8 @@ impl TokenService {
             priority: class_for_client,
             idle_ns: self.config.idle_us * 1_000,
             on_arbiter_loss: self.config.on_arbiter_loss(lease.priority),
+            fit_launches: self.config.admit_by_duration
+                && self.config.policy == SchedulingPolicy::Priority,
         };
         let result = send_scheduled(&stream, &terms, &fd).and_then(|()| {
             drop(fd);
@@ -454,6 +518,10 @@ impl TokenService {
                 let event = match read_request(&mut stream)? {
                     TokenRequest::Want => Event::Want { client },
                     TokenRequest::Release { again } => Event::Release { client, again },
+                    TokenRequest::Fit { need_ns, counts } => {
+                        gpu.record_fit(client, counts);
+                        Event::Need { client, need_ns }
+                    }
                 };
                 gpu.handle(event);
             }

@@ -195,6 +195,7 @@ fn end_to_end() -> serde_json::Value {
             priority: Priority::Low,
             idle_ns: 3_600_000_000_000,
             on_arbiter_loss: LossPolicy::Wait,
+            fit_launches: false,
         }),
         gpushare::gate::monotonic_ns() + 3_600_000_000_000,
     );

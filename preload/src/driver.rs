@@ -152,14 +152,40 @@ pub fn stream_is_capturing(stream: Handle) -> bool {
 
 /// A completion-only event in the current context.
 pub fn create_event() -> Option<Handle> {
+    create_event_with(CU_EVENT_DISABLE_TIMING)
+}
+
+/// An event that records a timestamp, for the launch-ahead ring to time launches
+/// with (`elapsed_ns`).
+pub fn create_timing_event() -> Option<Handle> {
+    create_event_with(0)
+}
+
+fn create_event_with(flags: libc::c_uint) -> Option<Handle> {
     let mut event: Handle = 0;
     let rc = call!(
         EVENT_CREATE,
         fn(*mut Handle, libc::c_uint),
         &mut event,
-        CU_EVENT_DISABLE_TIMING
+        flags
     );
     (rc == Some(CUDA_SUCCESS) && event != 0).then_some(event)
+}
+
+static EVENT_ELAPSED_TIME: Lazy = Lazy::new(c"cuEventElapsedTime");
+
+/// Nanoseconds between two completed timing events (the driver's resolution is about
+/// half a microsecond); None when either lacks a timestamp or is not complete.
+pub fn elapsed_ns(start: Handle, end: Handle) -> Option<u64> {
+    let mut ms: f32 = 0.0;
+    let rc = call!(
+        EVENT_ELAPSED_TIME,
+        fn(*mut f32, Handle, Handle),
+        &mut ms,
+        start,
+        end
+    );
+    (rc == Some(CUDA_SUCCESS) && ms.is_finite() && ms >= 0.0).then_some((ms as f64 * 1e6) as u64)
 }
 
 pub fn record_event(event: Handle, stream: Handle) -> bool {

@@ -17,12 +17,12 @@ pub use client::{ChargeOutcome, ClientError, ControlClient, LeaseClient};
 pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{
-    ClientStatus, ControlRequest, ControlResponse, ErrorKind, GpuStatus, LeaseUsage, QueuedRequest,
-    ReserveRequest, StatusReport, TokenHolder, TokenStatus, UnshareableGpuStatus, Violation,
-    ViolationKind,
+    AdmissionStatus, ClientStatus, ControlRequest, ControlResponse, ErrorKind, GpuStatus,
+    LeaseUsage, QueuedRequest, ReserveRequest, StatusReport, TokenHolder, TokenStatus,
+    UnshareableGpuStatus, Violation, ViolationKind, WindowWaiter,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
-pub use token::{LossPolicy, ScheduleTerms, TokenPage, TokenRequest};
+pub use token::{FitCounts, LossPolicy, ScheduleTerms, TokenPage, TokenRequest};
 
 /// Bumped on any incompatible change to the messages; the first frame of every
 /// connection carries it and a mismatch closes the connection with a clear error.

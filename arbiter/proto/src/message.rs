@@ -268,6 +268,36 @@ pub struct TokenStatus {
     /// The clients overdue now (revoked, past the grace period, still draining).
     #[serde(default)]
     pub overdue_clients: Vec<TokenHolder>,
+    /// Duration-aware admission on this GPU (totals since the arbiter started).
+    #[serde(default)]
+    pub admission: AdmissionStatus,
+}
+
+/// What duration-aware admission did on one GPU: the arbiter's side (windows, the
+/// high-priority job's rhythm and its mis-predictions) and the interposers' (launches
+/// admitted, held back, and measured past their window's end).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AdmissionStatus {
+    /// Admission windows published to low-priority holders.
+    pub windows: u64,
+    /// Times the high-priority job came back while a window was still open.
+    pub early_returns: u64,
+    /// The high-priority job's recent gaps between bursts, in µs, oldest first.
+    pub high_gaps_us: Vec<u64>,
+    /// The interposers' counts, summed over every client that reported (including
+    /// clients gone since).
+    #[serde(flatten)]
+    pub launches: crate::token::FitCounts,
+    /// Clients waiting for a window their next launch fits.
+    pub waiting_for_window: Vec<WindowWaiter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowWaiter {
+    pub lease: LeaseId,
+    pub pid: Option<u32>,
+    /// The estimated GPU time of its waiting launch, in µs.
+    pub need_us: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -39,6 +39,9 @@ pub const NOT_HELD: u64 = 0;
 /// `deadline_ns`: held until the client releases it or the arbiter revokes it.
 pub const HELD_UNTIL_RELEASED: u64 = u64::MAX;
 
+/// `fit_by_ns`: no admission window; a launch is bounded by `launch_ahead` only.
+pub const FIT_UNBOUNDED: u64 = u64::MAX;
+
 /// `flags`: the arbiter has cut this client off (it ignored a revocation, or its lease
 /// ended). The connection is closed right after; the client must not ask again on it.
 pub const FLAG_CUT_OFF: u32 = 1;
@@ -67,6 +70,12 @@ pub struct TokenPage {
     /// Bumped with each grant (the count of grants so far); lets a client tell a new
     /// grant from the one it already answered.
     pub grants: AtomicU64,
+    /// Duration-aware admission (when the terms say `fit_launches`): while holding with
+    /// `launch_ahead > 0`, a launch whose estimated GPU time would end after this
+    /// CLOCK_MONOTONIC instant waits — a high-priority job is expected back then.
+    /// [`FIT_UNBOUNDED`]: no window. Written before `deadline_ns` on a grant; a change
+    /// within a grant bumps `seq` and wakes, like any other.
+    pub fit_by_ns: AtomicU64,
 }
 
 impl TokenPage {
@@ -80,6 +89,7 @@ impl TokenPage {
             launch_ahead: AtomicU32::new(0),
             flags: AtomicU32::new(0),
             grants: AtomicU64::new(0),
+            fit_by_ns: AtomicU64::new(FIT_UNBOUNDED),
         }
     }
 }
@@ -114,6 +124,11 @@ pub struct ScheduleTerms {
     pub idle_ns: u64,
     /// What to do while the arbiter is unreachable.
     pub on_arbiter_loss: LossPolicy,
+    /// The arbiter publishes admission windows (`TokenPage::fit_by_ns`) and accepts
+    /// [`TokenRequest::Fit`] reports. Absent (false) from arbiters that predate them,
+    /// whose connections would close on an unknown frame.
+    #[serde(default)]
+    pub fit_launches: bool,
 }
 
 /// Client → arbiter, after `Scheduled`. One-way: the answer is a change of the page.
@@ -126,6 +141,32 @@ pub enum TokenRequest {
     /// revoked — this is also the acknowledgement of a revocation). Its submitted work
     /// has completed. `again`: it still has work and wants the token back.
     Release { again: bool },
+    /// Sent just before a `Release` when the terms say `fit_launches`: what the client's
+    /// duration-aware admission saw since the connection opened (cumulative counts, so a
+    /// lost frame loses nothing) and what its waiting launch needs. The arbiter grants a
+    /// client whose `need_ns` does not fit the current window only once one does (or the
+    /// high-priority job is no longer active), rather than churning grants it cannot use.
+    Fit {
+        /// Estimated GPU time of the launch waiting for a window (0: none waits for one).
+        need_ns: u64,
+        #[serde(flatten)]
+        counts: FitCounts,
+    },
+}
+
+/// A client's duration-aware admission, counted since its connection opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FitCounts {
+    /// Launches admitted inside a window (their estimate fitted, or nothing was known yet).
+    pub fitted: u64,
+    /// Of those, launches nothing was known about (first of their kind): admitted to learn.
+    pub unestimated: u64,
+    /// Times a launch waited because its estimate did not fit the window.
+    pub held_back: u64,
+    /// Admitted launches measured still running after the window's end: mis-predictions.
+    pub overran: u64,
+    /// Their total time past the window's end.
+    pub overran_ns: u64,
 }
 
 #[cfg(test)]
@@ -141,6 +182,7 @@ mod tests {
         assert_eq!(std::mem::offset_of!(TokenPage, launch_ahead), 16);
         assert_eq!(std::mem::offset_of!(TokenPage, flags), 20);
         assert_eq!(std::mem::offset_of!(TokenPage, grants), 24);
+        assert_eq!(std::mem::offset_of!(TokenPage, fit_by_ns), 32);
         assert_eq!(std::mem::size_of::<TokenPage>(), 64);
     }
 
@@ -150,5 +192,26 @@ mod tests {
         assert_eq!(json, r#"{"op":"release","again":true}"#);
         let back: TokenRequest = serde_json::from_str(r#"{"op":"want"}"#).unwrap();
         assert_eq!(back, TokenRequest::Want);
+        let fit = TokenRequest::Fit {
+            need_ns: 5,
+            counts: FitCounts {
+                fitted: 1,
+                overran: 2,
+                ..FitCounts::default()
+            },
+        };
+        let json = serde_json::to_string(&fit).unwrap();
+        assert_eq!(
+            json,
+            r#"{"op":"fit","need_ns":5,"fitted":1,"unestimated":0,"held_back":0,"overran":2,"overran_ns":0}"#
+        );
+        assert_eq!(serde_json::from_str::<TokenRequest>(&json).unwrap(), fit);
+        // Terms from an arbiter that predates windows: no fit reports.
+        let old = r#"{"gpu":"GPU-0","priority":"low","idle_ns":1,"on_arbiter_loss":"wait"}"#;
+        assert!(
+            !serde_json::from_str::<ScheduleTerms>(old)
+                .unwrap()
+                .fit_launches
+        );
     }
 }

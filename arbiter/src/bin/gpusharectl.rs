@@ -264,6 +264,27 @@ fn render_status(report: &StatusReport) -> String {
                 .collect();
             out += &format!("    overdue: {}\n", overdue.join(","));
         }
+        let a = &t.admission;
+        if a.windows > 0 || a.launches.fitted > 0 || !a.waiting_for_window.is_empty() {
+            // Duration-aware admission: low work admitted only when it fits before the
+            // high-priority job is expected back; mis-predictions counted both ways.
+            out += &format!(
+                "    admission: windows={} early_returns={} fitted={} held_back={} overran={} ({} µs)\n",
+                a.windows,
+                a.early_returns,
+                a.launches.fitted,
+                a.launches.held_back,
+                a.launches.overran,
+                a.launches.overran_ns / 1_000
+            );
+            for w in &a.waiting_for_window {
+                let pid = w.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+                out += &format!(
+                    "    waiting for a window: {}/{pid} needs {} µs\n",
+                    w.lease, w.need_us
+                );
+            }
+        }
     }
     out
 }

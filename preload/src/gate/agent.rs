@@ -132,6 +132,7 @@ fn open(gate: &'static Gate, client: &'static Client, socket: &Path) -> Opened {
         on_loss: terms.on_arbiter_loss,
     };
     client.high.store(terms.priority == Priority::High, Relaxed);
+    client.connected(terms.fit_launches);
     let link = Arc::new(Link::new(connection, gate));
     client.set_link(Some(link.clone()));
     client.want_sent.store(false, Relaxed);

@@ -25,6 +25,28 @@ pub trait Events {
     fn record(&self, event: Handle, stream: Handle) -> bool;
     fn synchronize(&self, event: Handle);
     fn destroy(&self, event: Handle);
+    /// Nanoseconds from `start` to `end` (both completed), if the driver can tell.
+    fn elapsed_ns(&self, start: Handle, end: Handle) -> Option<u64>;
+}
+
+/// Where the ring's measurements go.
+pub trait Learn {
+    /// A launch of kind `key` ran `duration_ns`; it was admitted at `admitted_ns`
+    /// against the window `fit_by_ns`.
+    fn measured(&self, key: u64, duration_ns: u64, admitted_ns: u64, fit_by_ns: u64);
+}
+
+impl Learn for super::estimate::Estimates {
+    fn measured(&self, key: u64, duration_ns: u64, admitted_ns: u64, fit_by_ns: u64) {
+        super::estimate::Estimates::measured(self, key, duration_ns, admitted_ns, fit_by_ns)
+    }
+}
+
+/// Measurements nobody wants.
+pub struct Forget;
+
+impl Learn for Forget {
+    fn measured(&self, _: u64, _: u64, _: u64, _: u64) {}
 }
 
 /// The real driver's events.
@@ -35,7 +57,8 @@ impl Events for DriverEvents {
         crate::driver::current_context()
     }
     fn create(&self) -> Option<Handle> {
-        crate::driver::create_event()
+        // With timestamps: a launch's start and end events time it (`begin`).
+        crate::driver::create_timing_event()
     }
     fn record(&self, event: Handle, stream: Handle) -> bool {
         crate::driver::record_event(event, stream)
@@ -46,13 +69,28 @@ impl Events for DriverEvents {
     fn destroy(&self, event: Handle) {
         crate::driver::destroy_event(event)
     }
+    fn elapsed_ns(&self, start: Handle, end: Handle) -> Option<u64> {
+        crate::driver::elapsed_ns(start, end)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
-    /// 0: not created yet.
+    /// The completion event; 0: not created yet.
     event: Handle,
+    /// The start event (timing launches only); 0: not created yet.
+    start: Handle,
     context: Handle,
+    /// A start was recorded for the launch in this slot: what it runs, when it was
+    /// admitted and against which window.
+    timed: Option<Timed>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Timed {
+    key: u64,
+    admitted_ns: u64,
+    fit_by_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -67,7 +105,9 @@ impl Ring {
         Ring {
             slots: [Slot {
                 event: 0,
+                start: 0,
                 context: 0,
+                timed: None,
             }; RING],
             oldest: 0,
             pending: 0,
@@ -80,37 +120,77 @@ impl Ring {
     }
 
     /// Returns once fewer than `limit` (clamped to 1..=[`RING`]) launches are pending,
-    /// waiting on the oldest ones.
-    pub fn wait_below(&mut self, limit: u32, events: &impl Events) {
+    /// waiting on the oldest ones; a timed launch's duration goes to `learn`.
+    pub fn wait_below(&mut self, limit: u32, events: &impl Events, learn: &impl Learn) {
         let limit = (limit as usize).clamp(1, RING);
         while self.pending >= limit {
-            events.synchronize(self.slots[self.oldest].event);
+            let slot = &mut self.slots[self.oldest];
+            events.synchronize(slot.event);
+            if let Some(timed) = slot.timed.take() {
+                if let Some(duration) = events.elapsed_ns(slot.start, slot.event) {
+                    learn.measured(timed.key, duration, timed.admitted_ns, timed.fit_by_ns);
+                }
+            }
             self.oldest = (self.oldest + 1) % RING;
             self.pending -= 1;
         }
     }
 
-    /// Records the completion of a launch just submitted to `stream`.
-    pub fn record(&mut self, stream: Handle, events: &impl Events) {
-        self.wait_below(RING as u32, events);
+    /// The slot the next launch records into, with events of the current context.
+    fn next_slot(&mut self, events: &impl Events) -> Option<&mut Slot> {
         let context = events.current_context();
         let slot = &mut self.slots[(self.oldest + self.pending) % RING];
         if slot.event == 0 || slot.context != context {
             // Events are per context: a launch in another context needs its own.
-            if slot.event != 0 {
-                events.destroy(slot.event);
+            for event in [slot.event, slot.start] {
+                if event != 0 {
+                    events.destroy(event);
+                }
             }
             *slot = Slot {
                 event: events.create().unwrap_or(0),
+                start: 0,
                 context,
+                timed: None,
             };
-            if slot.event == 0 {
-                return;
-            }
         }
+        (slot.event != 0).then_some(slot)
+    }
+
+    /// Before a launch into `stream` that is to be timed: records its start (the ring
+    /// has room: [`Ring::wait_below`] ran first).
+    pub fn begin(&mut self, stream: Handle, timed: (u64, u64, u64), events: &impl Events) {
+        let Some(slot) = self.next_slot(events) else {
+            return;
+        };
+        if slot.start == 0 {
+            slot.start = events.create().unwrap_or(0);
+        }
+        let (key, admitted_ns, fit_by_ns) = timed;
+        slot.timed = (slot.start != 0 && events.record(slot.start, stream)).then_some(Timed {
+            key,
+            admitted_ns,
+            fit_by_ns,
+        });
+    }
+
+    /// Records the completion of a launch just submitted to `stream`.
+    pub fn record(&mut self, stream: Handle, events: &impl Events, learn: &impl Learn) {
+        self.wait_below(RING as u32, events, learn);
+        let Some(slot) = self.next_slot(events) else {
+            return;
+        };
         if events.record(slot.event, stream) {
             self.pending += 1;
+        } else {
+            slot.timed = None;
         }
+    }
+
+    /// A launch that `begin` timed did not reach the driver: forget its start.
+    pub fn abandon(&mut self) {
+        let index = (self.oldest + self.pending) % RING;
+        self.slots[index].timed = None;
     }
 }
 
@@ -150,6 +230,24 @@ mod tests {
         fn destroy(&self, event: Handle) {
             self.log.borrow_mut().push(format!("destroy {event}"));
         }
+        fn elapsed_ns(&self, start: Handle, end: Handle) -> Option<u64> {
+            self.log
+                .borrow_mut()
+                .push(format!("elapsed {start}..{end}"));
+            Some(1_000 * end as u64)
+        }
+    }
+
+    /// What the ring learned: (key, duration, admitted, window).
+    #[derive(Default)]
+    struct Learned(RefCell<Vec<(u64, u64, u64, u64)>>);
+
+    impl Learn for Learned {
+        fn measured(&self, key: u64, duration_ns: u64, admitted_ns: u64, fit_by_ns: u64) {
+            self.0
+                .borrow_mut()
+                .push((key, duration_ns, admitted_ns, fit_by_ns));
+        }
     }
 
     fn take(fake: &Fake) -> Vec<String> {
@@ -165,20 +263,20 @@ mod tests {
         let mut ring = Ring::new();
         // N = 2: two launches go without waiting.
         for stream in [10, 11] {
-            ring.wait_below(2, &fake);
-            ring.record(stream, &fake);
+            ring.wait_below(2, &fake, &Forget);
+            ring.record(stream, &fake, &Forget);
         }
         assert_eq!(
             take(&fake),
             ["create 1", "record 1 on 10", "create 2", "record 2 on 11"]
         );
         // The third waits for the first, then reuses... a fresh slot (the ring is 16).
-        ring.wait_below(2, &fake);
-        ring.record(12, &fake);
+        ring.wait_below(2, &fake, &Forget);
+        ring.record(12, &fake, &Forget);
         assert_eq!(take(&fake), ["wait 1", "create 3", "record 3 on 12"]);
         assert_eq!(ring.pending(), 2);
         // N = 1: wait for everything pending.
-        ring.wait_below(1, &fake);
+        ring.wait_below(1, &fake, &Forget);
         assert_eq!(take(&fake), ["wait 2", "wait 3"]);
         assert_eq!(ring.pending(), 0);
     }
@@ -191,24 +289,59 @@ mod tests {
         };
         let mut ring = Ring::new();
         for _ in 0..RING {
-            ring.wait_below(1, &fake);
-            ring.record(0, &fake);
+            ring.wait_below(1, &fake, &Forget);
+            ring.record(0, &fake, &Forget);
         }
         take(&fake);
         // Slot 0 again: its event is reused in the same context...
-        ring.wait_below(1, &fake);
-        ring.record(0, &fake);
+        ring.wait_below(1, &fake, &Forget);
+        ring.record(0, &fake, &Forget);
         assert_eq!(
             take(&fake),
             [format!("wait {RING}"), "record 1 on 0".to_string()]
         );
         // ...and replaced when the launch is in another context.
         fake.context.set(2);
-        ring.wait_below(1, &fake);
-        ring.record(0, &fake);
+        ring.wait_below(1, &fake, &Forget);
+        ring.record(0, &fake, &Forget);
         assert_eq!(
             take(&fake),
             ["wait 1", "destroy 2", "create 17", "record 17 on 0"]
         );
+    }
+
+    #[test]
+    fn a_timed_launch_is_measured_when_the_ring_waits_for_it() {
+        let fake = Fake {
+            context: Cell::new(1),
+            ..Fake::default()
+        };
+        let learned = Learned::default();
+        let mut ring = Ring::new();
+        ring.wait_below(1, &fake, &learned);
+        ring.begin(10, (42, 500, 900), &fake);
+        ring.record(10, &fake, &learned);
+        assert_eq!(
+            take(&fake),
+            ["create 1", "create 2", "record 2 on 10", "record 1 on 10"],
+            "the start (2) goes into the stream before the launch, the end (1) after"
+        );
+        // An untimed launch after it: the wait for the first measures it.
+        ring.wait_below(1, &fake, &learned);
+        ring.record(10, &fake, &learned);
+        assert_eq!(
+            take(&fake),
+            ["wait 1", "elapsed 2..1", "create 3", "record 3 on 10"]
+        );
+        assert_eq!(*learned.0.borrow(), [(42, 1_000, 500, 900)]);
+        ring.wait_below(1, &fake, &learned);
+        assert_eq!(take(&fake), ["wait 3"], "nothing to measure");
+        assert_eq!(learned.0.borrow().len(), 1);
+        // A timed launch the driver refused is forgotten.
+        ring.begin(10, (7, 1, 2), &fake);
+        ring.abandon();
+        ring.record(10, &fake, &learned);
+        ring.wait_below(1, &fake, &learned);
+        assert_eq!(learned.0.borrow().len(), 1);
     }
 }

@@ -22,10 +22,15 @@
 //! do not hold the token send `Want` (once per episode) and wait on the page's futex
 //! word — except high-priority ones, which submit at once, and launches into a stream
 //! being captured (they run nothing; their graph's launch is gated).
+//!
+//! Duration-aware admission (`estimate`) lives on the launch-ahead path only (a
+//! low-priority holder while a high-priority job is active): a launch whose measured
+//! duration would end after the page's `fit_by_ns` waits for the window to change.
 
 mod agent;
 pub mod ahead;
 pub mod decide;
+pub mod estimate;
 #[doc(hidden)]
 pub mod fake_arbiter;
 pub mod work;
@@ -37,12 +42,13 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
-use gpushare_proto::token::{HELD_UNTIL_RELEASED, NOT_HELD};
+use gpushare_proto::token::{FIT_UNBOUNDED, HELD_UNTIL_RELEASED, NOT_HELD};
 use gpushare_proto::token_client::{futex_wake, TokenClientError, TokenConnection};
 use gpushare_proto::{TokenPage, TokenRequest};
 
 use crate::cuda::{CUresult, Handle, CUDA_SUCCESS};
 use ahead::{DriverEvents, Ring};
+use estimate::{Admission, Estimates, What};
 use work::{ContextEntry, StreamEntry, Work};
 
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream, as a handle any
@@ -64,12 +70,16 @@ const fn static_page(deadline_ns: u64) -> TokenPage {
 }
 
 /// Where a launch goes: its stream, and whether stream 0 means the thread's default
-/// stream (`_ptsz` variants) rather than the legacy one.
+/// stream (`_ptsz` variants) rather than the legacy one; and what it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target {
     pub stream: Handle,
     pub per_thread: bool,
+    pub what: What,
 }
+
+/// The process's launch durations and admission counts.
+static ESTIMATES: Estimates = Estimates::new();
 
 impl Target {
     /// The stream as a handle valid in any entry point.
@@ -95,6 +105,8 @@ pub enum Ticket {
 pub struct Bounded {
     ring: RingOf,
     stream: Handle,
+    /// `begin` recorded a start event for it.
+    timed: bool,
 }
 
 /// Which stream's launch-ahead ring a bounded launch uses.
@@ -361,6 +373,8 @@ impl Gate {
             return Ticket::Free;
         }
         let mut waiting: Option<Waiting> = None;
+        // This launch was held back for not fitting the window (counted once).
+        let mut held_back = false;
         loop {
             let page = self.page();
             let seq = page.seq.load(Acquire);
@@ -375,13 +389,47 @@ impl Gate {
                     self.count_launch();
                     return Ticket::Free;
                 };
-                quietly_for_captures(|| ring.with(|r| r.wait_below(limit, &DriverEvents)));
-                if !holds(self.page()) {
+                quietly_for_captures(|| {
+                    ring.with(|r| r.wait_below(limit, &DriverEvents, &ESTIMATES))
+                });
+                let page = self.page();
+                if !holds(page) {
                     // Revoked while the ring drained: wait for the token again.
                     continue;
                 }
+                let fit_by = if client.fit_launches.load(Relaxed) {
+                    page.fit_by_ns.load(Acquire)
+                } else {
+                    FIT_UNBOUNDED
+                };
+                let now = monotonic_ns();
+                let admission = estimate::admit(now, ESTIMATES.estimate(target.what), fit_by);
+                // Each launch counts once as held back, and once as admitted.
+                let first_hold = matches!(admission, Admission::Wait { .. }) && !held_back;
+                if fit_by != FIT_UNBOUNDED
+                    && (first_hold || matches!(admission, Admission::Run { .. }))
+                {
+                    ESTIMATES.count(admission);
+                }
+                if let Admission::Wait { need_ns } = admission {
+                    // Not before the high job is expected back: wait for the window to
+                    // change (a revocation, a moved window, or the high job's quiet).
+                    held_back = true;
+                    client.need_ns.store(need_ns, Relaxed);
+                    waiting.get_or_insert_with(|| Waiting::new(client));
+                    gpushare_proto::token_client::futex_wait(&page.seq, seq, WAIT_SLICE);
+                    continue;
+                }
+                if held_back {
+                    client.need_ns.store(0, Relaxed);
+                }
+                ring.with(|r| r.begin(stream, (target.what.key(), now, fit_by), &DriverEvents));
                 self.count_launch();
-                return Ticket::Bounded(Bounded { ring, stream });
+                return Ticket::Bounded(Bounded {
+                    ring,
+                    stream,
+                    timed: true,
+                });
             }
             let connected = !std::ptr::eq(page, &WAITING) && !std::ptr::eq(page, &UNGATED);
             if connected {
@@ -423,16 +471,18 @@ impl Bounded {
     #[cold]
     #[inline(never)]
     fn finish(self, result: CUresult) {
+        let stream = self.stream;
         if result == CUDA_SUCCESS {
-            let stream = self.stream;
             self.ring.with(|r| {
                 if r.pending() >= ahead::RING {
                     // Full (threads overshot the bound together): recording waits first.
-                    quietly_for_captures(|| r.record(stream, &DriverEvents));
+                    quietly_for_captures(|| r.record(stream, &DriverEvents, &ESTIMATES));
                 } else {
-                    r.record(stream, &DriverEvents);
+                    r.record(stream, &DriverEvents, &ESTIMATES);
                 }
             });
+        } else if self.timed {
+            self.ring.with(|r| r.abandon());
         }
     }
 }
@@ -477,10 +527,15 @@ pub struct Client {
     high: AtomicBool,
     /// A `Want` was sent for the current episode (cleared by `Release { again: false }`).
     want_sent: AtomicBool,
-    /// Launching threads waiting for the token.
+    /// Launching threads waiting for the token (or for a window their launch fits).
     waiters: AtomicU32,
-    /// Orders frames: a `Want` decided after a `Release` is sent after it.
-    send_lock: Mutex<()>,
+    /// The terms say the arbiter publishes admission windows and takes `Fit` reports.
+    fit_launches: AtomicBool,
+    /// The estimated duration of a launch waiting for a window (0: none).
+    need_ns: AtomicU64,
+    /// Orders frames: a `Want` decided after a `Release` is sent after it. Holds the
+    /// admission report last sent and the counts when the connection opened.
+    send_lock: Mutex<Reported>,
     /// The process's contexts, streams and captures: what the agent drains.
     pub work: Work,
 }
@@ -493,7 +548,9 @@ impl Client {
             high: AtomicBool::new(false),
             want_sent: AtomicBool::new(false),
             waiters: AtomicU32::new(0),
-            send_lock: Mutex::new(()),
+            fit_launches: AtomicBool::new(false),
+            need_ns: AtomicU64::new(0),
+            send_lock: Mutex::new(Reported::default()),
             work: Work::new(),
         }
     }
@@ -549,25 +606,59 @@ impl Client {
         }
     }
 
+    /// A new connection: admission counts restart from here.
+    fn connected(&self, fit_launches: bool) {
+        self.fit_launches.store(fit_launches, Relaxed);
+        let mut reported = self.send_lock.lock().unwrap_or_else(|e| e.into_inner());
+        *reported = Reported {
+            base: ESTIMATES.counts(),
+            last: None,
+        };
+    }
+
     /// Sends the release `decide` chose after the drain; `again` is decided here,
     /// under the lock, so a thread that starts waiting later sends its own `Want`
-    /// after this frame.
+    /// after this frame. An admission report that changed goes just before it.
     fn release(
         &self,
         link: &Link,
         choose: impl FnOnce(u32) -> Option<TokenRequest>,
     ) -> Result<Option<TokenRequest>, TokenClientError> {
-        let _order = self.send_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reported = self.send_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.want_sent.store(false, SeqCst);
-        let Some(request) = choose(self.waiters.load(SeqCst)) else {
+        let waiters = self.waiters.load(SeqCst);
+        let Some(request) = choose(waiters) else {
             return Ok(None);
         };
+        if self.fit_launches.load(Relaxed) {
+            let need_ns = if waiters > 0 {
+                self.need_ns.load(Relaxed)
+            } else {
+                0
+            };
+            let report = TokenRequest::Fit {
+                need_ns,
+                counts: estimate::since(ESTIMATES.counts(), reported.base),
+            };
+            if reported.last != Some(report) {
+                link.connection.send(report)?;
+                reported.last = Some(report);
+            }
+        }
         link.connection.send(request)?;
         if request == (TokenRequest::Release { again: true }) {
             self.want_sent.store(true, SeqCst);
         }
         Ok(Some(request))
     }
+}
+
+/// What the client last reported of its admission, on this connection.
+#[derive(Debug, Default)]
+struct Reported {
+    /// The counts when the connection opened.
+    base: gpushare_proto::FitCounts,
+    last: Option<TokenRequest>,
 }
 
 /// A token connection whose page may be published. Dropping it closes the socket but

@@ -11,6 +11,7 @@ const PATIENCE: Duration = Duration::from_secs(5);
 const STREAM: Target = Target {
     stream: 7,
     per_thread: false,
+    what: estimate::What::Kernel(0x1000),
 };
 
 fn terms(priority: Priority, idle: Duration, on_loss: LossPolicy) -> ScheduleTerms {
@@ -19,6 +20,7 @@ fn terms(priority: Priority, idle: Duration, on_loss: LossPolicy) -> ScheduleTer
         priority,
         idle_ns: idle.as_nanos() as u64,
         on_arbiter_loss: on_loss,
+        fit_launches: false,
     }
 }
 
@@ -272,7 +274,14 @@ fn the_gate_clock_is_monotonic_nanoseconds() {
 
 #[test]
 fn per_thread_launches_name_the_threads_default_stream() {
-    let t = |stream, per_thread| Target { stream, per_thread }.handle();
+    let t = |stream, per_thread| {
+        Target {
+            stream,
+            per_thread,
+            what: estimate::What::Kernel(1),
+        }
+        .handle()
+    };
     assert_eq!(t(0, true), CU_STREAM_PER_THREAD);
     assert_eq!(t(0, false), 0);
     assert_eq!(t(9, true), 9);

@@ -7,14 +7,15 @@ use libc::{c_int, c_uint, c_void};
 
 use super::real_fn;
 use crate::cuda::*;
+use crate::gate::estimate::What;
 use crate::gate::{self, Target};
 
 type Params = *mut *mut c_void;
 
 /// Defines a gated wrapper:
-/// `name(per_thread_default_stream, stream expression; arg: type, ...)`.
+/// `name(per_thread_default_stream, stream expression, kernel; arg: type, ...)`.
 macro_rules! gated {
-    ($(#[$doc:meta])* $name:ident ($per_thread:expr, $stream:expr; $($arg:ident : $ty:ty),*)) => {
+    ($(#[$doc:meta])* $name:ident ($per_thread:expr, $stream:expr, $kernel:expr; $($arg:ident : $ty:ty),*)) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -23,7 +24,11 @@ macro_rules! gated {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn($($ty),*) -> CUresult);
-                let ticket = gate::admit(Target { stream: $stream, per_thread: $per_thread });
+                let ticket = gate::admit(Target {
+                    stream: $stream,
+                    per_thread: $per_thread,
+                    what: What::Kernel($kernel),
+                });
                 // SAFETY: the caller's arguments, forwarded unchanged.
                 let result = unsafe { real($($arg),*) };
                 gate::launched(ticket, result);
@@ -43,20 +48,20 @@ fn config_stream(config: *const LaunchConfig) -> Handle {
     }
 }
 
-gated!(cuLaunchKernel(false, stream; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
+gated!(cuLaunchKernel(false, stream, f; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
     block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint, stream: Handle,
     params: Params, extra: Params));
-gated!(cuLaunchKernel_ptsz(true, stream; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
+gated!(cuLaunchKernel_ptsz(true, stream, f; f: Handle, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint,
     block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint, stream: Handle,
     params: Params, extra: Params));
-gated!(cuLaunchKernelEx(false, config_stream(config); config: *const LaunchConfig, f: Handle,
+gated!(cuLaunchKernelEx(false, config_stream(config), f; config: *const LaunchConfig, f: Handle,
     params: Params, extra: Params));
-gated!(cuLaunchKernelEx_ptsz(true, config_stream(config); config: *const LaunchConfig, f: Handle,
+gated!(cuLaunchKernelEx_ptsz(true, config_stream(config), f; config: *const LaunchConfig, f: Handle,
     params: Params, extra: Params));
-gated!(cuLaunchCooperativeKernel(false, stream; f: Handle, grid_x: c_uint, grid_y: c_uint,
+gated!(cuLaunchCooperativeKernel(false, stream, f; f: Handle, grid_x: c_uint, grid_y: c_uint,
     grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared_mem: c_uint,
     stream: Handle, params: Params));
-gated!(cuLaunchCooperativeKernel_ptsz(true, stream; f: Handle, grid_x: c_uint,
+gated!(cuLaunchCooperativeKernel_ptsz(true, stream, f; f: Handle, grid_x: c_uint,
     grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint,
     shared_mem: c_uint, stream: Handle, params: Params));
 /// Defines a gated graph launch: a graph with memory nodes reserves its memory from
@@ -74,7 +79,11 @@ macro_rules! gated_graph {
         pub unsafe extern "C" fn $name(exec: Handle, stream: Handle) -> CUresult {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn(Handle, Handle) -> CUresult);
-                let ticket = gate::admit(Target { stream, per_thread: $per_thread });
+                let ticket = gate::admit(Target {
+                    stream,
+                    per_thread: $per_thread,
+                    what: What::Graph(exec),
+                });
                 // SAFETY: the caller's arguments, forwarded unchanged.
                 let result = unsafe { real(exec, stream) };
                 gate::launched(ticket, result);
@@ -117,9 +126,9 @@ gated_graph!(cuGraphLaunch(false));
 gated_graph!(cuGraphLaunch_ptsz(true));
 gated!(
     /// Pre-4.0 launch API (block shape and parameters set beforehand), on stream 0.
-    cuLaunch(false, 0; f: Handle));
-gated!(cuLaunchGrid(false, 0; f: Handle, grid_width: c_int, grid_height: c_int));
-gated!(cuLaunchGridAsync(false, stream; f: Handle, grid_width: c_int, grid_height: c_int,
+    cuLaunch(false, 0, f; f: Handle));
+gated!(cuLaunchGrid(false, 0, f; f: Handle, grid_width: c_int, grid_height: c_int));
+gated!(cuLaunchGridAsync(false, stream, f; f: Handle, grid_width: c_int, grid_height: c_int,
     stream: Handle));
 
 #[cfg(test)]
