@@ -43,6 +43,9 @@ pub enum Mode {
     RoundRobin { slice_ms: u64 },
     /// `policy = "priority"`: gpushare's token scheduler.
     Gpushare,
+    /// gpushare with issue 14's duration-aware admission switched off
+    /// (`admit_by_duration = false`): the scheduler as it was before, for comparison.
+    GpushareBefore,
     /// `policy = "off"` and a TGS-style AIMD limiter on the low jobs (see `crate::tgs`).
     Tgs,
 }
@@ -54,6 +57,7 @@ impl Mode {
             Mode::Uncontrolled => "uncontrolled".into(),
             Mode::RoundRobin { slice_ms } => format!("round-robin-{slice_ms}ms"),
             Mode::Gpushare => "gpushare".into(),
+            Mode::GpushareBefore => "gpushare-before".into(),
             Mode::Tgs => "tgs".into(),
         }
     }
@@ -65,12 +69,30 @@ impl Mode {
             Mode::Alone => (None, None),
             Mode::Uncontrolled => (Some("off"), None),
             Mode::RoundRobin { slice_ms } => (Some("round-robin"), Some(slice_ms)),
-            Mode::Gpushare => (Some("priority"), None),
+            Mode::Gpushare | Mode::GpushareBefore => (Some("priority"), None),
             Mode::Tgs => (Some("off"), None),
         }
     }
 
-    /// `alone`, `uncontrolled`, `round-robin` (one mode per slice), `gpushare`.
+    /// The `[scheduler]` lines this mode adds after the policy: the `--gpushare-set` lines
+    /// for both gpushare modes, and for `gpushare-before` the switch that turns duration-aware
+    /// admission off (a `--gpushare-set` line of that key is left out there: TOML refuses a
+    /// key twice).
+    pub fn scheduler_settings(self, gpushare_settings: &[String]) -> Vec<String> {
+        match self {
+            Mode::Gpushare => gpushare_settings.to_vec(),
+            Mode::GpushareBefore => gpushare_settings
+                .iter()
+                .filter(|line| line.split('=').next().map(str::trim) != Some(ADMIT_BY_DURATION))
+                .cloned()
+                .chain([format!("{ADMIT_BY_DURATION} = false")])
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// `alone`, `uncontrolled`, `round-robin` (one mode per slice), `gpushare`,
+    /// `gpushare-before`, `tgs`.
     pub fn parse_list(text: &str, slices_ms: &[u64]) -> Result<Vec<Mode>, String> {
         let mut modes = Vec::new();
         for name in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -83,15 +105,67 @@ impl Mode {
                         .map(|&slice_ms| Mode::RoundRobin { slice_ms }),
                 ),
                 "gpushare" => modes.push(Mode::Gpushare),
+                "gpushare-before" => modes.push(Mode::GpushareBefore),
                 "tgs" => modes.push(Mode::Tgs),
                 other => {
                     return Err(format!(
-                        "--modes: unknown mode {other:?}; accepted: alone, uncontrolled, round-robin, gpushare, tgs"
+                        "--modes: unknown mode {other:?}; accepted: alone, uncontrolled, round-robin, gpushare, gpushare-before, tgs"
                     ))
                 }
             }
         }
         Ok(modes)
+    }
+}
+
+/// The arbiter's `[scheduler]` key for issue 14's duration-aware admission.
+pub const ADMIT_BY_DURATION: &str = "admit_by_duration";
+
+/// What the low job of one case of the kernels scenario launches per iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LowKernels {
+    /// Plain launches of kernels of this many µs (about 2 ms of them per iteration).
+    Plain { kernel_us: u64 },
+    /// One `cuGraphLaunch` of a graph of `kernels` kernels of `kernel_us` µs each, captured
+    /// once at start.
+    Graph { kernels: u32, kernel_us: u64 },
+}
+
+impl LowKernels {
+    /// What one launch keeps the GPU busy for, in µs: a kernel, or a whole graph.
+    pub fn launch_us(self) -> u64 {
+        match self {
+            LowKernels::Plain { kernel_us } => kernel_us,
+            LowKernels::Graph { kernels, kernel_us } => kernels as u64 * kernel_us,
+        }
+    }
+
+    /// The case's key in the results (`scenarios.kernels.low_kernel_us`): the launch length
+    /// in µs, with `-graph` for a graph (`"100"`, `"50000-graph"`).
+    pub fn key(self) -> String {
+        match self {
+            LowKernels::Plain { kernel_us } => kernel_us.to_string(),
+            LowKernels::Graph { .. } => format!("{}-graph", self.launch_us()),
+        }
+    }
+
+    /// What the results say about the case (`scenarios.kernels.lows[key]`).
+    pub fn describe(self) -> serde_json::Value {
+        match self {
+            LowKernels::Plain { kernel_us } => serde_json::json!({
+                "launch_us": kernel_us, "kernel_us": kernel_us, "graph": false,
+                "label": format!("{} ms kernels", kernel_us as f64 / 1e3),
+            }),
+            LowKernels::Graph { kernels, kernel_us } => serde_json::json!({
+                "launch_us": self.launch_us(), "kernel_us": kernel_us, "graph": true,
+                "graph_kernels": kernels,
+                "label": format!(
+                    "{} ms graphs ({kernels} × {} ms)",
+                    self.launch_us() as f64 / 1e3,
+                    kernel_us as f64 / 1e3
+                ),
+            }),
+        }
     }
 }
 
@@ -193,6 +267,23 @@ impl Parameters {
         job
     }
 
+    /// A saturating low-priority job of issue 14's sweep, plain kernels or graphs
+    /// ([`Self::low_job_with_kernels_of`]; a graph job launches one graph per iteration).
+    pub fn low_job_for(&self, low: LowKernels) -> Job {
+        match low {
+            LowKernels::Plain { kernel_us } => self.low_job_with_kernels_of(kernel_us),
+            LowKernels::Graph { kernels, kernel_us } => {
+                let mut sweep = self.clone();
+                sweep.low_kernel_us = kernel_us;
+                sweep.low_kernels_per_iteration = kernels;
+                let mut job = sweep.low_job(0, 0.0, 1.0);
+                job.args.insert(0, "--graph".into());
+                job.name = format!("low-graph-{}us", low.launch_us());
+                job
+            }
+        }
+    }
+
     /// A saturating low-priority job (no gap, two iterations queued).
     pub fn low_job(&self, index: usize, compute_request: f64, compute_limit: f64) -> Job {
         Job {
@@ -247,11 +338,9 @@ pub fn run_case(
     );
     let (policy, slice) = mode.scheduler();
     let mut table = scheduler_table(policy, slice);
-    if mode == Mode::Gpushare {
-        for line in &parameters.gpushare_settings {
-            table += line;
-            table += "\n";
-        }
+    for line in mode.scheduler_settings(&parameters.gpushare_settings) {
+        table += &line;
+        table += "\n";
     }
     let config = arbiter_config(dir.path(), libs, binaries, &table);
     let arbiter = Arbiter::start(binaries, dir.path(), &config, &simgpu_env)?;
@@ -423,11 +512,74 @@ mod tests {
             (Some("round-robin"), Some(10))
         );
         assert_eq!(Mode::Gpushare.scheduler(), (Some("priority"), None));
+        let before = Mode::parse_list("gpushare-before", &[1]).unwrap();
+        assert_eq!(before, [Mode::GpushareBefore]);
+        assert_eq!(before[0].name(), "gpushare-before");
+        assert_eq!(before[0].scheduler(), (Some("priority"), None));
         let err = Mode::parse_list("alone,fifo", &[1]).unwrap_err();
         assert!(
             err.contains("\"fifo\"") && err.contains("accepted"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn gpushare_modes_get_the_settings_and_before_switches_admission_off() {
+        let set = vec![
+            "idle_us = 100".to_string(),
+            "admit_by_duration = true".to_string(),
+        ];
+        assert_eq!(Mode::Gpushare.scheduler_settings(&set), set);
+        assert_eq!(
+            Mode::GpushareBefore.scheduler_settings(&set),
+            ["idle_us = 100", "admit_by_duration = false"]
+        );
+        assert_eq!(
+            Mode::GpushareBefore.scheduler_settings(&[]),
+            ["admit_by_duration = false"]
+        );
+        for mode in [
+            Mode::Alone,
+            Mode::Uncontrolled,
+            Mode::Tgs,
+            Mode::RoundRobin { slice_ms: 1 },
+        ] {
+            assert!(mode.scheduler_settings(&set).is_empty(), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn sweep_lows_plain_and_graph() {
+        let p = Parameters::new(1.0, 1, vec![1], Vec::new());
+        let plain = LowKernels::Plain { kernel_us: 1_000 };
+        let graph = LowKernels::Graph {
+            kernels: 10,
+            kernel_us: 5_000,
+        };
+        assert_eq!(
+            (plain.key(), plain.launch_us()),
+            ("1000".to_string(), 1_000)
+        );
+        assert_eq!(
+            (graph.key(), graph.launch_us()),
+            ("50000-graph".to_string(), 50_000)
+        );
+        let job = p.low_job_for(plain).args.join(" ");
+        assert!(
+            job.contains("--kernels 2 --kernel fixed:1000us") && !job.contains("--graph"),
+            "{job}"
+        );
+        let job = p.low_job_for(graph);
+        assert_eq!(job.name, "low-graph-50000us");
+        let args = job.args.join(" ");
+        assert!(
+            args.starts_with(
+                "--graph --kernels 10 --kernel fixed:5000us --sync event --pipeline 2"
+            ),
+            "{args}"
+        );
+        assert_eq!(graph.describe()["label"], "50 ms graphs (10 × 5 ms)");
+        assert_eq!(plain.describe()["label"], "1 ms kernels");
     }
 
     #[test]

@@ -5,17 +5,36 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gpushare_bench::experiment::{install_libs, run_case, ExperimentError, Mode, Parameters};
+use gpushare_bench::experiment::{
+    install_libs, run_case, ExperimentError, LowKernels, Mode, Parameters,
+};
 use gpushare_bench::metrics;
 use gpushare_bench::report;
 use gpushare_bench::setup::{Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
 const SCENARIOS: [&str; 7] = ["priority", "shares", "kernels", "e1", "e2", "e3", "e5"];
-/// Issue 14's sweep of low-priority kernel lengths (µs): 100 µs is what every other
-/// scenario uses; 1–20 ms are real GEMMs, convolutions and attention; 50 ms stands in for a
-/// captured CUDA graph, which reaches the device as one launch.
-const KERNEL_SWEEP_US: [u64; 5] = [100, 1_000, 5_000, 20_000, 50_000];
+/// Issue 14's sweep of what the low-priority job launches: kernels of 100 µs (what every
+/// other scenario uses), 1–20 ms (real GEMMs, convolutions and attention), and a real CUDA
+/// graph of ten 5 ms kernels, captured once and launched as one 50 ms unit per iteration.
+const KERNEL_SWEEP: [LowKernels; 5] = [
+    LowKernels::Plain { kernel_us: 100 },
+    LowKernels::Plain { kernel_us: 1_000 },
+    LowKernels::Plain { kernel_us: 5_000 },
+    LowKernels::Plain { kernel_us: 20_000 },
+    LowKernels::Graph {
+        kernels: 10,
+        kernel_us: 5_000,
+    },
+];
+/// `--quick`'s sweep: the shortest and longest plain kernels and the graph (it checks the
+/// harness; 2 CPUs must run the whole quick run in a few minutes).
+const QUICK_KERNEL_SWEEP: [LowKernels; 3] = [KERNEL_SWEEP[0], KERNEL_SWEEP[3], KERNEL_SWEEP[4]];
+/// The modes every scenario runs unless `--modes` says otherwise.
+const DEFAULT_MODES: &str = "alone,uncontrolled,round-robin,gpushare,tgs";
+/// The kernels scenario's default adds `gpushare-before` (gpushare without issue 14's
+/// duration-aware admission); the other scenarios run it only when `--modes` names it.
+const KERNELS_DEFAULT_MODES: &str = "alone,uncontrolled,round-robin,tgs,gpushare-before,gpushare";
 /// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates).
 const EXIT_CONFIG_REFUSED: u8 = 3;
 
@@ -35,9 +54,11 @@ struct Args {
     /// pairs), e2 (jobs arriving on 4 GPUs), e3 (inference latency) or e5 (scaling).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
-    /// Modes, comma-separated: alone, uncontrolled, round-robin, gpushare, tgs.
-    #[arg(long, default_value = "alone,uncontrolled,round-robin,gpushare,tgs")]
-    modes: String,
+    /// Modes, comma-separated: alone, uncontrolled, round-robin, tgs, gpushare-before,
+    /// gpushare. Default: all but gpushare-before, which the kernels scenario adds
+    /// (gpushare with `admit_by_duration = false`).
+    #[arg(long)]
+    modes: Option<String>,
     /// The round-robin slices (ms), one round-robin mode each (250: a Gemini-like quota).
     #[arg(long, value_delimiter = ',', default_value = "1,10,250")]
     round_robin_slices_ms: Vec<u64>,
@@ -95,8 +116,11 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
                 args.out.display()
             )));
     }
-    let modes = Mode::parse_list(&args.modes, &args.round_robin_slices_ms)
-        .map_err(ExperimentError::Usage)?;
+    let parse_modes = |text: &str| {
+        Mode::parse_list(text, &args.round_robin_slices_ms).map_err(ExperimentError::Usage)
+    };
+    let modes = parse_modes(args.modes.as_deref().unwrap_or(DEFAULT_MODES))?;
+    let kernel_modes = parse_modes(args.modes.as_deref().unwrap_or(KERNELS_DEFAULT_MODES))?;
     let duration_s = args
         .duration_s
         .unwrap_or(if args.quick { 1.5 } else { 10.0 });
@@ -151,26 +175,52 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         scenarios.insert("priority".into(), Value::Object(by_mode));
     }
     if wanted("kernels") {
-        // The priority scenario's high job beside one saturating low job, for each low kernel
-        // length: how much of the GPU the high job finds taken when it comes back.
+        // Beside one saturating low job of each launch length, the priority scenario's high
+        // job (how much of the GPU it finds taken when it comes back) and E3's inference job
+        // (request latency). Each high job alone is measured once, whatever the length.
+        let sweep: &[LowKernels] = if args.quick {
+            &QUICK_KERNEL_SWEEP
+        } else {
+            &KERNEL_SWEEP
+        };
+        let duration_ms = (parameters.duration_s * 1e3).round() as u64;
+        let inference = || gpushare_bench::e3::inference_job(parameters.seed, duration_ms);
         let alone = case(Mode::Alone, &[parameters.high_job()])?.remove(0);
-        let mut by_length = Map::new();
-        for kernel_us in KERNEL_SWEEP_US {
-            let mut by_mode = Map::new();
-            for &mode in modes.iter().filter(|&&m| m != Mode::Alone) {
-                let jobs = [
-                    parameters.high_job(),
-                    parameters.low_job_with_kernels_of(kernel_us),
-                ];
-                let reports = case(mode, &jobs)?;
+        let inference_alone = case(Mode::Alone, &[inference()])?.remove(0);
+        let (mut by_length, mut inference_by_length, mut lows) =
+            (Map::new(), Map::new(), Map::new());
+        for &low in sweep {
+            let (mut by_mode, mut inference_by_mode) = (Map::new(), Map::new());
+            for &mode in kernel_modes.iter().filter(|&&m| m != Mode::Alone) {
+                let reports = case(mode, &[parameters.high_job(), parameters.low_job_for(low)])?;
                 let figures = metrics::priority_case(&alone, &reports[0], &reports[1..])?;
                 by_mode.insert(mode.name(), json!({"metrics": figures, "jobs": reports}));
+                let reports = case(mode, &[inference(), parameters.low_job_for(low)])?;
+                let figures = gpushare_bench::e3::latency_metrics(
+                    &inference_alone,
+                    &reports[0],
+                    Some(&reports[1]),
+                )?;
+                inference_by_mode.insert(mode.name(), json!({"metrics": figures, "jobs": reports}));
             }
-            by_length.insert(kernel_us.to_string(), Value::Object(by_mode));
+            by_length.insert(low.key(), Value::Object(by_mode));
+            inference_by_length.insert(low.key(), Value::Object(inference_by_mode));
+            lows.insert(low.key(), low.describe());
         }
+        let inference_alone_metrics =
+            gpushare_bench::e3::latency_metrics(&inference_alone, &inference_alone, None)?;
         scenarios.insert(
             "kernels".into(),
-            json!({"alone": {"metrics": metrics::alone_case(&alone)?, "jobs": [alone]}, "low_kernel_us": by_length}),
+            json!({
+                "modes": kernel_modes.iter().map(|m| m.name()).collect::<Vec<_>>(),
+                "lows": lows,
+                "alone": {"metrics": metrics::alone_case(&alone)?, "jobs": [alone]},
+                "low_kernel_us": by_length,
+                "inference": {
+                    "alone": {"metrics": inference_alone_metrics, "jobs": [inference_alone]},
+                    "low_kernel_us": inference_by_length,
+                },
+            }),
         );
     }
     if wanted("shares") {

@@ -66,6 +66,7 @@ pub fn figures(results: &Value) -> Vec<Figure> {
         priority(&s["priority"]),
         shares(&s["shares"]),
         kernels(&s["kernels"]),
+        kernels_inference(&s["kernels"]),
         e1(&s["e1"]),
         e2(&s["e2"]),
         e3(&s["e3"]),
@@ -116,47 +117,70 @@ fn by_case_and_mode(
     (!panel.is_empty()).then_some(panel)
 }
 
-/// `kernels.low_kernel_us[length][mode].metrics`: the high job's slowdown by low kernel
-/// length, one bar per mode (the 250 ms round robin, at +2,600 % and more, is left out so
-/// the rest stay readable; it is in the table).
-fn kernels(s: &Value) -> Option<Figure> {
-    let lengths = s["low_kernel_us"].as_object()?;
-    let mut rows: Vec<(u64, &Value)> = lengths
-        .iter()
-        .filter_map(|(us, modes)| Some((us.parse().ok()?, modes)))
-        .collect();
-    rows.sort_by_key(|(us, _)| *us);
-    let panel = |key: &str, title: &str, y_label: &str| Panel {
+/// `by_length[length][mode].metrics[key]` as groups by low launch length (in
+/// [`crate::report::sweep_rows`] order and labels), one bar per mode; the 250 ms round robin,
+/// at +2,600 % and more, is left out so the rest stay readable (it is in the table).
+fn sweep_panel(kernels: &Value, by_length: &Value, key: &str, title: &str, y_label: &str) -> Panel {
+    Panel {
         title: title.into(),
         y_label: y_label.into(),
-        groups: rows
-            .iter()
-            .map(|(us, modes)| {
-                let bars = modes
+        groups: crate::report::sweep_rows(kernels, by_length)
+            .into_iter()
+            .map(|row| {
+                let bars = row
+                    .modes
                     .as_object()
                     .into_iter()
                     .flatten()
                     .filter(|(mode, _)| mode.as_str() != "round-robin-250ms")
                     .filter_map(|(mode, case)| Some((mode.clone(), case["metrics"][key].as_f64()?)))
                     .collect();
-                (format!("{} ms", *us as f64 / 1000.0), bars)
+                (row.label, bars)
             })
             .collect(),
-    };
+    }
+}
+
+/// `kernels.low_kernel_us[length][mode].metrics`: the priority high job's slowdown and the
+/// idle time the low job captured, by low launch length.
+fn kernels(s: &Value) -> Option<Figure> {
+    let by_length = &s["low_kernel_us"];
+    by_length.as_object()?;
     figure(
         "kernels",
         vec![
-            Some(panel(
+            Some(sweep_panel(
+                s,
+                by_length,
                 "high_mean_slowdown_percent",
-                "kernels: high job iteration slowdown vs alone, by low kernel length (simulated)",
+                "kernels: high job iteration slowdown vs alone, by low launch length (simulated)",
                 "mean slowdown %",
             )),
-            Some(panel(
+            Some(sweep_panel(
+                s,
+                by_length,
                 "idle_captured_percent",
                 "kernels: low job's GPU time over the time the high job leaves idle (simulated)",
                 "idle captured %",
             )),
         ],
+    )
+}
+
+/// `kernels.inference.low_kernel_us[length][mode].metrics`: E3's inference job's p99
+/// request latency slowdown, by low launch length.
+fn kernels_inference(s: &Value) -> Option<Figure> {
+    let by_length = &s["inference"]["low_kernel_us"];
+    by_length.as_object()?;
+    figure(
+        "kernels-inference",
+        vec![Some(sweep_panel(
+            s,
+            by_length,
+            "high_p99_slowdown_percent",
+            "kernels: inference p99 latency slowdown vs alone, by low launch length (simulated)",
+            "p99 slowdown %",
+        ))],
     )
 }
 
@@ -645,5 +669,47 @@ mod tests {
         assert!(svg.contains("shares: measured GPU share vs target"));
         let md = markdown_links(&sample());
         assert!(md.contains("![priority](priority.svg)"), "{md}");
+    }
+
+    #[test]
+    fn kernels_charts_by_launch_length_for_both_high_jobs() {
+        let case = |v: f64| {
+            json!({"metrics": {"high_mean_slowdown_percent": v, "idle_captured_percent": 90.0,
+            "high_p99_slowdown_percent": v * 2.0}})
+        };
+        let by_length = json!({
+            "50000-graph": {"gpushare": case(3.0), "round-robin-250ms": case(2600.0)},
+            "100": {"gpushare": case(0.5), "gpushare-before": case(0.6)},
+        });
+        let results = json!({"scenarios": {"kernels": {
+            "lows": {"50000-graph": {"label": "50 ms graphs (10 × 5 ms)"}, "100": {"label": "0.1 ms kernels"}},
+            "low_kernel_us": by_length.clone(),
+            "inference": {"low_kernel_us": by_length},
+        }}});
+        let figs = figures(&results);
+        let names: Vec<&str> = figs.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["kernels", "kernels-inference"]);
+        assert_eq!(
+            figs[0].panels[0].groups,
+            vec![
+                (
+                    "0.1 ms kernels".to_string(),
+                    vec![("gpushare".into(), 0.5), ("gpushare-before".into(), 0.6)]
+                ),
+                (
+                    "50 ms graphs (10 × 5 ms)".to_string(),
+                    vec![("gpushare".into(), 3.0)]
+                ),
+            ]
+        );
+        assert_eq!(
+            figs[1].panels[0].groups[1].1,
+            vec![("gpushare".into(), 6.0)]
+        );
+        // Results from before the sweep had graphs: one chart, labelled by milliseconds.
+        let old = json!({"scenarios": {"kernels": {"low_kernel_us": {"50000": {"gpushare": case(64.0)}}}}});
+        let figs = figures(&old);
+        assert_eq!(figs.len(), 1);
+        assert_eq!(figs[0].panels[0].groups[0].0, "50 ms");
     }
 }

@@ -100,36 +100,7 @@ pub fn markdown(results: &Value) -> String {
             results["parameters"]["low_kernel_us"]
         );
     }
-    if let Some(lengths) = results["scenarios"]["kernels"]["low_kernel_us"].as_object() {
-        md += "## Scenario `kernels` (simulated)\n\n\
-               The `priority` scenario's high job beside one saturating low-priority job whose \
-               kernels last 0.1–50 ms (50 ms stands in for a captured CUDA graph: one launch). \
-               A preempted low job drains for about the rest of one kernel, so the high job's \
-               slowdown grows with the kernel length until admission knows how long low work \
-               runs (issue 14).\n\n\
-               | low kernel | mode | slowdown | p99 slowdown | start p50 µs | start p99 µs | idle captured |\n\
-               |---|---|---|---|---|---|---|\n";
-        let mut rows: Vec<(&String, &Value)> = lengths.iter().collect();
-        rows.sort_by_key(|(us, _)| us.parse::<u64>().unwrap_or(0));
-        for (kernel_us, modes) in rows {
-            let Some(modes) = modes.as_object() else {
-                continue;
-            };
-            for (mode, case) in modes {
-                let m = &case["metrics"];
-                let _ = writeln!(
-                    md,
-                    "| {kernel_us} µs | {mode} | {} | {} | {} | {} | {} |",
-                    cell(m, "high_mean_slowdown_percent", 1, "%"),
-                    cell(m, "high_p99_slowdown_percent", 1, "%"),
-                    cell(m, "high_start_p50_us", 1, ""),
-                    cell(m, "high_start_p99_us", 1, ""),
-                    cell(m, "idle_captured_percent", 1, "%"),
-                );
-            }
-        }
-        md += "\n";
-    }
+    md += &kernels_markdown(&results["scenarios"]["kernels"]);
     if let Some(shares) = results["scenarios"]["shares"].as_object() {
         md += "## Scenario `shares` (simulated)\n\n\
                `pair`: two saturating low jobs with compute requests 0.3 and 0.6 (limit 1.0); \
@@ -216,6 +187,122 @@ pub fn markdown(results: &Value) -> String {
     md
 }
 
+/// One length of the kernels scenario's sweep: its key in the results, a label for tables
+/// and charts, and the cases by mode.
+#[derive(Debug, PartialEq)]
+pub struct SweepRow<'a> {
+    pub key: &'a str,
+    pub label: String,
+    pub modes: &'a Value,
+}
+
+/// The lengths of `by_length` (`scenarios.kernels.low_kernel_us` or its inference twin) in
+/// launch-length order, a graph after plain kernels of its length. Labels come from
+/// `kernels.lows`; results from before the sweep had graphs (keys are µs only) get
+/// `"<ms> ms"`.
+pub fn sweep_rows<'a>(kernels: &Value, by_length: &'a Value) -> Vec<SweepRow<'a>> {
+    let Some(lengths) = by_length.as_object() else {
+        return Vec::new();
+    };
+    let mut rows: Vec<(u64, bool, SweepRow<'a>)> = lengths
+        .iter()
+        .map(|(key, modes)| {
+            let digits: String = key.chars().take_while(char::is_ascii_digit).collect();
+            let us: u64 = digits.parse().unwrap_or(0);
+            let label = kernels["lows"][key]["label"]
+                .as_str()
+                .map_or_else(|| format!("{} ms", us as f64 / 1e3), str::to_owned);
+            let graph = key.ends_with("-graph");
+            (us, graph, SweepRow { key, label, modes })
+        })
+        .collect();
+    rows.sort_by_key(|(us, graph, _)| (*us, *graph));
+    rows.into_iter().map(|(_, _, row)| row).collect()
+}
+
+/// The kernels scenario's tables: the priority high job's, and (since the sweep has them)
+/// the inference job's, by low launch length and mode.
+fn kernels_markdown(kernels: &Value) -> String {
+    let rows = sweep_rows(kernels, &kernels["low_kernel_us"]);
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("## Scenario `kernels` (simulated)\n\n");
+    if kernels["lows"].is_object() {
+        md += "The `priority` scenario's high job, and E3's inference job, each beside one \
+               saturating low-priority job that launches plain kernels of 0.1–20 ms or a real \
+               CUDA graph (ten 5 ms kernels captured once into a graph on its own stream, one \
+               `cuGraphLaunch` per iteration: 50 ms that reach the device as one launch). A \
+               preempted low job drains for about the rest of one launch, so without admission \
+               that knows how long low work runs the high job's slowdown grows with the launch \
+               length (issue 14). `gpushare-before` is gpushare with that admission switched \
+               off (`admit_by_duration = false`); each high job alone is measured once.\n\n";
+    } else {
+        md += "The `priority` scenario's high job beside one saturating low-priority job whose \
+               kernels last 0.1–50 ms (50 ms stands in for a captured CUDA graph: one launch). \
+               A preempted low job drains for about the rest of one kernel, so the high job's \
+               slowdown grows with the kernel length until admission knows how long low work \
+               runs (issue 14).\n\n";
+    }
+    if let Some(mean) = kernels["alone"]["metrics"]["high_mean_ms"].as_f64() {
+        let _ = writeln!(
+            md,
+            "Priority high job alone: iteration {mean:.2} ms, start p99 {} µs (simulated).\n",
+            cell(&kernels["alone"]["metrics"], "high_start_p99_us", 1, "")
+        );
+    }
+    md += "Priority high job (training-like) against itself alone:\n\n\
+           | low launches | mode | slowdown | p99 slowdown | start p50 µs | start p99 µs | idle captured |\n\
+           |---|---|---|---|---|---|---|\n";
+    for row in &rows {
+        for (mode, case) in row.modes.as_object().into_iter().flatten() {
+            let m = &case["metrics"];
+            let _ = writeln!(
+                md,
+                "| {} | {mode} | {} | {} | {} | {} | {} |",
+                row.label,
+                cell(m, "high_mean_slowdown_percent", 1, "%"),
+                cell(m, "high_p99_slowdown_percent", 1, "%"),
+                cell(m, "high_start_p50_us", 1, ""),
+                cell(m, "high_start_p99_us", 1, ""),
+                cell(m, "idle_captured_percent", 1, "%"),
+            );
+        }
+    }
+    md += "\n";
+    let inference = &kernels["inference"];
+    let rows = sweep_rows(kernels, &inference["low_kernel_us"]);
+    if !rows.is_empty() {
+        let alone = &inference["alone"]["metrics"];
+        let _ = writeln!(
+            md,
+            "E3's inference job (Poisson requests; latency from the scheduled arrival) against \
+             itself alone (p50 {} ms, p99 {} ms, simulated):\n\n\
+             | low launches | mode | p50 ms | p50 slowdown | p99 ms | p99 slowdown | low GPU share |\n\
+             |---|---|---|---|---|---|---|",
+            cell(alone, "high_p50_ms", 2, ""),
+            cell(alone, "high_p99_ms", 2, ""),
+        );
+        for row in &rows {
+            for (mode, case) in row.modes.as_object().into_iter().flatten() {
+                let m = &case["metrics"];
+                let _ = writeln!(
+                    md,
+                    "| {} | {mode} | {} | {} | {} | {} | {} |",
+                    row.label,
+                    cell(m, "high_p50_ms", 2, ""),
+                    cell(m, "high_p50_slowdown_percent", 1, "%"),
+                    cell(m, "high_p99_ms", 2, ""),
+                    cell(m, "high_p99_slowdown_percent", 1, "%"),
+                    cell(m, "low_gpu_fraction", 3, ""),
+                );
+            }
+        }
+        md += "\n";
+    }
+    md
+}
+
 /// Writes both files into `dir`, and the charts (`plot`) beside them.
 pub fn write(dir: &Path, results: &Value) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -278,5 +365,77 @@ mod tests {
             md.contains("| uncontrolled | – | – | 81.00 | – | – | 0.500 |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn sweep_rows_order_lengths_and_label_graphs() {
+        let kernels = json!({
+            "lows": {"50000-graph": {"label": "50 ms graphs (10 × 5 ms)"}, "100": {"label": "0.1 ms kernels"}},
+            "low_kernel_us": {"50000-graph": {}, "20000": {}, "100": {}, "50000": {}},
+        });
+        let rows = sweep_rows(&kernels, &kernels["low_kernel_us"]);
+        let keys: Vec<&str> = rows.iter().map(|r| r.key).collect();
+        assert_eq!(keys, ["100", "20000", "50000", "50000-graph"]);
+        let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "0.1 ms kernels",
+                "20 ms",
+                "50 ms",
+                "50 ms graphs (10 × 5 ms)"
+            ]
+        );
+        assert!(sweep_rows(&kernels, &json!(null)).is_empty());
+    }
+
+    #[test]
+    fn kernels_tables_for_both_high_jobs_and_the_old_shape() {
+        let results = json!({
+            "machine": {}, "parameters": {},
+            "scenarios": {"kernels": {
+                "lows": {"50000-graph": {"label": "50 ms graphs (10 × 5 ms)"}},
+                "alone": {"metrics": {"high_mean_ms": 8.5, "high_start_p99_us": 40.0}},
+                "low_kernel_us": {"50000-graph": {"gpushare-before": {"metrics": {
+                    "high_mean_slowdown_percent": 60.0, "idle_captured_percent": 95.0}}}},
+                "inference": {
+                    "alone": {"metrics": {"high_p50_ms": 5.5, "high_p99_ms": 9.0}},
+                    "low_kernel_us": {"50000-graph": {"gpushare": {"metrics": {
+                        "high_p99_ms": 18.0, "high_p99_slowdown_percent": 100.0, "low_gpu_fraction": 0.4}}}},
+                },
+            }},
+        });
+        let md = markdown(&results);
+        assert!(md.contains("## Scenario `kernels` (simulated)"), "{md}");
+        assert!(md.contains("`admit_by_duration = false`"), "{md}");
+        assert!(md.contains("iteration 8.50 ms, start p99 40.0 µs"), "{md}");
+        assert!(
+            md.contains(
+                "| 50 ms graphs (10 × 5 ms) | gpushare-before | 60.0% | – | – | – | 95.0% |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("(p50 5.50 ms, p99 9.00 ms, simulated)"), "{md}");
+        assert!(
+            md.contains("| 50 ms graphs (10 × 5 ms) | gpushare | – | – | 18.00 | 100.0% | 0.400 |"),
+            "{md}"
+        );
+        // The shape committed before the sweep had graphs: µs keys, no inference job.
+        let old = json!({"machine": {}, "parameters": {}, "scenarios": {"kernels": {
+            "alone": {"metrics": {}},
+            "low_kernel_us": {"50000": {"gpushare": {"metrics": {"high_mean_slowdown_percent": 64.0}}},
+                              "100": {"gpushare": {"metrics": {"high_mean_slowdown_percent": 0.5}}}},
+        }}});
+        let md = markdown(&old);
+        assert!(
+            md.contains("50 ms stands in for a captured CUDA graph"),
+            "{md}"
+        );
+        let (short, long) = (
+            md.find("| 0.1 ms | gpushare | 0.5% |").expect("0.1 ms row"),
+            md.find("| 50 ms | gpushare | 64.0% |").expect("50 ms row"),
+        );
+        assert!(short < long, "{md}");
+        assert!(!md.contains("inference job"), "{md}");
     }
 }

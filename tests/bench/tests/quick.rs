@@ -70,18 +70,7 @@ fn assert_results(results: &Value, modes: &[&str]) {
             );
         }
     }
-    // The kernel-length sweep: every length in every shared mode.
-    let kernels = &results["scenarios"]["kernels"];
-    assert_case("kernels", "alone", "high", &kernels["alone"]);
-    let lengths = kernels["low_kernel_us"]
-        .as_object()
-        .expect("kernel lengths");
-    assert_eq!(lengths.len(), 5, "0.1, 1, 5, 20 and 50 ms");
-    for (length, by_mode) in lengths {
-        for mode in modes.iter().filter(|m| **m != "alone") {
-            assert_case("kernels", mode, length, &by_mode[mode]);
-        }
-    }
+    assert_kernels(&results["scenarios"]["kernels"], modes);
     // E1: every pair in every mode, `alone` being the exclusive runs.
     let pairs = results["scenarios"]["e1"]["pairs"]
         .as_object()
@@ -110,6 +99,60 @@ fn assert_results(results: &Value, modes: &[&str]) {
         .collect();
     assert_eq!(listed, modes);
     assert_e2_e5(results);
+}
+
+/// The kernel-length sweep (quick: 0.1 ms and 20 ms kernels, and the 50 ms graph): every
+/// length in every shared mode plus `gpushare-before`, beside both high jobs; the graph job
+/// launched real graphs whose kernels count in its GPU time.
+fn assert_kernels(kernels: &Value, modes: &[&str]) {
+    assert_case("kernels", "alone", "high", &kernels["alone"]);
+    assert_case(
+        "kernels",
+        "alone",
+        "inference",
+        &kernels["inference"]["alone"],
+    );
+    let mut kernel_modes: Vec<&str> = modes.iter().copied().filter(|m| *m != "alone").collect();
+    kernel_modes.push("gpushare-before");
+    let listed: Vec<&str> = kernels["modes"]
+        .as_array()
+        .expect("the kernels scenario's modes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for mode in &kernel_modes {
+        assert!(listed.contains(mode), "{mode} missing from {listed:?}");
+    }
+    for by_length in [
+        &kernels["low_kernel_us"],
+        &kernels["inference"]["low_kernel_us"],
+    ] {
+        let keys: Vec<&String> = by_length
+            .as_object()
+            .expect("kernel lengths")
+            .keys()
+            .collect();
+        assert_eq!(keys, ["100", "20000", "50000-graph"], "the quick sweep");
+        for (length, by_mode) in by_length.as_object().unwrap() {
+            for mode in &kernel_modes {
+                assert_case("kernels", mode, length, &by_mode[mode]);
+            }
+        }
+    }
+    assert_eq!(
+        kernels["lows"]["50000-graph"]["graph"], true,
+        "{}",
+        kernels["lows"]
+    );
+    for mode in &kernel_modes {
+        let low = &kernels["low_kernel_us"]["50000-graph"][mode]["jobs"][1];
+        let launches = low["graph"]["launches"].as_f64().unwrap_or(0.0);
+        assert!(launches > 0.0, "kernels/{mode}: no graph launches in {low}");
+        // Ten 5 ms kernels a launch, all of them counted.
+        assert_eq!(low["kernels"].as_f64(), Some(10.0 * launches), "{low}");
+        let kernel_s = low["kernel_time_s"].as_f64().unwrap();
+        assert!((kernel_s - 0.05 * launches).abs() < 1e-6, "{low}");
+    }
 }
 
 /// E2: every mode finished every job with finite makespan, completion times and NVML
@@ -160,6 +203,9 @@ fn assert_charts_and_control_path(out: &Path, results: &Value) {
         );
         assert!(md.contains(&format!("({scenario}.svg)")), "{md}");
     }
+    let svg = std::fs::read_to_string(out.join("kernels-inference.svg")).unwrap();
+    assert!(svg.contains("inference p99 latency slowdown"), "{svg}");
+    assert!(md.contains("(kernels-inference.svg)"), "{md}");
     let rows = results["control_path"]["summary"].as_array().unwrap();
     assert!(!rows.is_empty());
     assert!(md.contains("## Control path (E4)"), "{md}");
