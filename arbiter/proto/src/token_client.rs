@@ -123,7 +123,10 @@ impl TokenConnection {
 
     /// Sends one request. Encodes into a stack buffer: no allocation.
     pub fn send(&self, request: TokenRequest) -> Result<(), TokenClientError> {
-        let mut buffer = [0u8; 64];
+        // The arbiter reads at most 256 bytes per token frame (`MAX_TOKEN_FRAME`); a
+        // `fit` report with every count at u64::MAX is about 210. On the stack: no
+        // allocation on the way to a release.
+        let mut buffer = [0u8; 256];
         let body_len = {
             let mut cursor = io::Cursor::new(&mut buffer[4..]);
             serde_json::to_writer(&mut cursor, &request)
@@ -324,8 +327,22 @@ mod tests {
 
     #[test]
     fn requests_encode_as_frames_without_allocation_size_surprises() {
-        // The stack buffer in `send` must hold the longest request.
-        let longest = serde_json::to_vec(&TokenRequest::Release { again: false }).unwrap();
-        assert!(longest.len() + 4 <= 64);
+        // The stack buffer in `send` (and the arbiter's frame limit) must hold the
+        // longest request: a fit report with every number at its largest.
+        let most = u64::MAX;
+        let longest = serde_json::to_vec(&TokenRequest::Fit {
+            need_ns: most,
+            counts: crate::FitCounts {
+                fitted: most,
+                unestimated: most,
+                held_back: most,
+                overran: most,
+                overran_ns: most,
+            },
+        })
+        .unwrap();
+        assert!(longest.len() + 4 <= 256, "{} bytes", longest.len() + 4);
+        let release = serde_json::to_vec(&TokenRequest::Release { again: false }).unwrap();
+        assert!(release.len() < longest.len());
     }
 }

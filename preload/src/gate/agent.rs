@@ -168,7 +168,7 @@ fn serve(gate: &Gate, client: &'static Client, link: &Link, terms: Terms) -> Opt
             closed: link.connection.is_closed(),
             now_ns: monotonic_ns(),
             launches: gate.launches(),
-            capturing: client.work.captures_under_way() > 0,
+            busy: client.work.captures_under_way() > 0 || client.ring_waiters.load(Acquire) > 0,
         };
         match decide::decide(&seen, &mut memory, terms.idle_ns) {
             Action::Lost { cut_off } => return Some(cut_off),

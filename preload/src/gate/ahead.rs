@@ -98,6 +98,9 @@ pub struct Ring {
     slots: [Slot; RING],
     oldest: usize,
     pending: usize,
+    /// When the stream's admitted work is expected to end (CLOCK_MONOTONIC ns; 0:
+    /// nothing estimated), for admission inside a window.
+    queued_until: u64,
 }
 
 impl Ring {
@@ -111,7 +114,16 @@ impl Ring {
             }; RING],
             oldest: 0,
             pending: 0,
+            queued_until: 0,
         }
+    }
+
+    pub fn queued_until(&self) -> u64 {
+        self.queued_until
+    }
+
+    pub fn set_queued_until(&mut self, ns: u64) {
+        self.queued_until = ns;
     }
 
     /// Launches recorded and not yet waited for (some may have finished).

@@ -26,11 +26,13 @@ pub struct Observation {
     pub now_ns: u64,
     /// The process's launch counter.
     pub launches: u64,
-    /// A stream capture is under way: the process is building a graph it will launch,
-    /// so it is busy even though nothing reaches the GPU. Idle time that overlaps a
-    /// capture does not count (releasing would also mean draining, which must not
-    /// touch the capture).
-    pub capturing: bool,
+    /// The process is busy though its launch counter stands still: a stream capture is
+    /// under way (it is building a graph it will launch; releasing would also mean
+    /// draining, which must not touch the capture), or a launching thread waits on the
+    /// launch-ahead ring for its previous launch (a low kernel longer than the idle
+    /// threshold, with the next one ready: releasing then cost a 1 ms-kernel job most
+    /// of every window, simulated). Idle time that overlaps either does not count.
+    pub busy: bool,
 }
 
 /// What the agent remembers between decisions.
@@ -88,7 +90,7 @@ pub fn decide(seen: &Observation, memory: &mut Memory, idle_ns: u64) -> Action {
             cut_off: page.flags & FLAG_CUT_OFF != 0,
         };
     }
-    if page.grants != memory.seen_grant || seen.launches != memory.launches_seen || seen.capturing {
+    if page.grants != memory.seen_grant || seen.launches != memory.launches_seen || seen.busy {
         memory.seen_grant = page.grants;
         memory.launches_seen = seen.launches;
         memory.launches_changed_ns = seen.now_ns;
@@ -159,7 +161,7 @@ mod tests {
             closed: false,
             now_ns,
             launches,
-            capturing: false,
+            busy: false,
         }
     }
 
@@ -254,7 +256,7 @@ mod tests {
     fn an_idle_period_that_overlaps_a_capture_does_not_count() {
         let mut memory = Memory::fresh(0, 0, NOW);
         let mut capturing = seen(u64::MAX, 1, 0, NOW + 5 * IDLE);
-        capturing.capturing = true;
+        capturing.busy = true;
         // Nothing launched for five idle thresholds, but a capture is under way.
         assert_eq!(
             decide(&capturing, &mut memory, IDLE),

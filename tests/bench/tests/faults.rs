@@ -661,3 +661,86 @@ fn a_job_of_2_s_kernels_beside_a_high_job_keeps_running_and_is_never_cut_off() {
         token.overdue
     );
 }
+
+/// Issue 14, end to end: a low job beside the training-like high job (3 ms CPU gaps), its
+/// kernels growing mid-run from 1 ms (they fit the gaps) to 5 ms (they do not). The 1 ms
+/// kernels are admitted inside the arbiter's windows; the first 5 ms one is reported as a
+/// mis-prediction (it ran past its window) and the rest wait while the high job is active —
+/// and the low job is never stranded: it runs flat out once the high job has gone.
+#[test]
+fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once_it_leaves() {
+    let _turn = serial();
+    let mut rig = Rig::new(&scheduler_table(Some("priority"), None));
+    let low = job(
+        "low",
+        Priority::Low,
+        &[
+            "--kernels",
+            "1",
+            "--kernel",
+            "fixed:1ms",
+            "--then-kernel",
+            "1500ms:fixed:5ms",
+            "--sync",
+            "event",
+            "--pipeline",
+            "2",
+            "--duration",
+            "5s",
+        ],
+    );
+    let mut jobs = rig.start(&[high_job(Duration::from_millis(3_000)), low]);
+    let low_pid = jobs[1].pid;
+
+    // 1 ms kernels fit the gaps: admitted inside windows.
+    let fitted = wait_for(Duration::from_secs(3), Duration::from_millis(20), || {
+        let admission = rig.token().admission;
+        admission.windows > 0 && admission.launches.fitted >= 20
+    });
+    assert!(
+        fitted.is_some(),
+        "never admitted inside a window: {:?}",
+        rig.token()
+    );
+
+    // After the switch: held back, waiting for a window its 5 ms launch fits.
+    let held = wait_for(Duration::from_secs(4), Duration::from_millis(10), || {
+        let admission = rig.token().admission;
+        admission.launches.held_back > 0
+            && admission
+                .waiting_for_window
+                .iter()
+                .any(|w| w.pid == Some(low_pid) && w.need_us >= 5_000)
+    });
+    assert!(held.is_some(), "never held back: {:?}", rig.token());
+    let token = rig.token();
+    assert!(
+        token.admission.launches.overran >= 1 && token.admission.launches.overran_ns > 0,
+        "the first 5 ms kernel ran past its window and is reported: {token:?}"
+    );
+    // While the high job runs, the held-back job gets little of the GPU (it had most of
+    // the idle ~40 % before admission knew durations).
+    let before = rig.gpu_time_ns(low_pid);
+    std::thread::sleep(Duration::from_millis(500));
+    let while_high = rig.gpu_time_ns(low_pid) - before;
+    assert!(
+        while_high < 125_000_000,
+        "the low job ran {} ms of 500 beside the high job",
+        while_high / 1_000_000
+    );
+
+    // The high job ends: the low job runs at once, unbounded.
+    jobs[0].report(Duration::from_secs(20), &rig);
+    rig.release(&jobs[0]);
+    let before = rig.gpu_time_ns(low_pid);
+    let ran = wait_for(Duration::from_secs(3), Duration::from_millis(10), || {
+        rig.gpu_time_ns(low_pid) >= before + 250_000_000
+    });
+    assert!(
+        ran.is_some(),
+        "stranded after the high job left: {:?}",
+        rig.token()
+    );
+    let report = jobs[1].report(Duration::from_secs(30), &rig);
+    assert!(number(&report, "/kernels") > 0.0, "{report}");
+}

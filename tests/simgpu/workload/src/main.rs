@@ -262,6 +262,7 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
     // iteration time a training job's user sees (`latency_ms` is only its GPU phase).
     let mut previous_start: Option<Instant> = None;
     let mut periods_ms: Vec<f64> = Vec::new();
+    let run_began = start;
     loop {
         if o.iterations.is_some_and(|n| iterations >= n)
             || deadline.is_some_and(|t| Instant::now() >= t)
@@ -303,8 +304,13 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
                 }
             }
         }
+        // Kernel lengths may change mid-run (`--then-kernel`).
+        let distribution = match o.then_kernel {
+            Some((after, later)) if run_began.elapsed() >= Duration::from_nanos(after) => later,
+            _ => o.distribution,
+        };
         for k in (0..o.kernels).filter(|_| graph.is_none()) {
-            let duration = rng.duration(o.distribution);
+            let duration = rng.duration(distribution);
             let launched = launch(d, function, duration);
             if report.check(d, "cuLaunchKernel", launched) {
                 kernels += 1;

@@ -64,12 +64,15 @@ pub struct Options {
     /// every iteration is then one `cuGraphLaunch` into that stream, which the sync style and
     /// the pipeline apply to. Not with `--launch-ahead` or `--requests-per-s`.
     pub graph: bool,
+    /// Kernel lengths that change mid-run: from this long after the start barrier on,
+    /// plain kernels follow this distribution instead (`--then-kernel AFTER:DIST`).
+    pub then_kernel: Option<(u64, Distribution)>,
 }
 
 pub const USAGE: &str = "simgpu-workload [--device N] [--memory BYTES] [--memory-growth BYTES] \
 [--kernels N] [--kernel DIST] [--gap DURATION] [--sync context|stream|event] \
 [--iterations N | --duration DURATION] [--launch-ahead N] [--pipeline N] [--ptds] [--seed N] \
-[--start-barrier FILE] [--report-start] [--requests-per-s R] [--graph]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
+[--start-barrier FILE] [--report-start] [--requests-per-s R] [--graph] [--then-kernel AFTER:DIST]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
 
 fn duration(text: &str) -> Result<u64, OptionsError> {
     if text == "0" {
@@ -159,6 +162,7 @@ impl Options {
             report_start: false,
             requests_per_s: None,
             graph: false,
+            then_kernel: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -190,6 +194,12 @@ impl Options {
                 "--memory-growth" => o.memory_growth = bytes(value)?,
                 "--kernels" => o.kernels = int(value)?.max(1) as u32,
                 "--kernel" => o.distribution = distribution(value)?,
+                "--then-kernel" => {
+                    let (after, dist) = value
+                        .split_once(':')
+                        .ok_or_else(|| invalid("--then-kernel: AFTER:DIST, e.g. 2s:fixed:5ms"))?;
+                    o.then_kernel = Some((duration(after)?, distribution(dist)?));
+                }
                 "--gap" => o.gap_ns = duration(value)?,
                 "--sync" => {
                     o.sync = match value.as_str() {
@@ -222,6 +232,11 @@ impl Options {
                 "--graph launches an iteration at once: no --launch-ahead",
             ));
         }
+        if o.then_kernel.is_some() && (o.graph || o.requests_per_s.is_some()) {
+            return Err(invalid(
+                "--then-kernel changes plain kernels: not with --graph or --requests-per-s",
+            ));
+        }
         if o.graph && o.requests_per_s.is_some() {
             return Err(invalid(
                 "--graph applies to the training mode, not --requests-per-s",
@@ -240,6 +255,15 @@ mod tests {
 
     fn parse(s: &str) -> Result<Options, OptionsError> {
         Options::parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn kernel_lengths_may_change_mid_run() {
+        let o = parse("--kernel fixed:1ms --then-kernel 2s:fixed:5ms").unwrap();
+        assert_eq!(
+            o.then_kernel,
+            Some((2_000_000_000, Distribution::Fixed(5_000_000)))
+        );
     }
 
     #[test]
@@ -311,6 +335,9 @@ mod tests {
             "--graph --launch-ahead 2",
             "--requests-per-s 10 --graph",
             "--graph 1",
+            "--then-kernel 5ms",
+            "--then-kernel 1s:fixed:5h",
+            "--then-kernel 1s:fixed:5ms --graph",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
