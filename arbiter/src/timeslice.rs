@@ -333,7 +333,12 @@ impl TokenPolicy {
             .and_then(|_| self.high_active_until());
         // A window is looked at again while a holder has one or a waiter needs one;
         // a waiter that fits no window is granted once the high client goes quiet.
-        let needs_window = self.clients.values().any(|c| c.wanting && c.need_ns > 0);
+        // (Needs are cleared while no high client is active: then the quiet instant
+        // below lies ahead, never behind, and the timer cannot spin on it.)
+        let needs_window = self
+            .clients
+            .iter()
+            .any(|(&id, c)| c.wanting && c.need_ns > 0 && !self.holds(id));
         let windowed = self
             .holder
             .is_some_and(|h| self.clients[&h.client].page_fit_by != FIT_UNBOUNDED);
@@ -385,7 +390,7 @@ impl TokenPolicy {
             needs: self
                 .clients
                 .iter()
-                .filter(|(_, c)| c.wanting && c.need_ns > 0)
+                .filter(|(&id, c)| c.wanting && c.need_ns > 0 && !self.holds(id))
                 .map(|(&id, c)| (id, c.need_ns))
                 .collect(),
         }
@@ -728,6 +733,10 @@ impl TokenPolicy {
 
     fn grant_low(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
         self.publish_window(now, id, actions);
+        // What it needed was for this grant; its next `Fit` says what it needs next.
+        if let Some(client) = self.clients.get_mut(&id) {
+            client.need_ns = 0;
+        }
         let slice = self.slice_for(now, id);
         let deadline_ns = now.saturating_add(slice);
         let launch_ahead = self.low_launch_ahead(now);
@@ -754,6 +763,12 @@ impl TokenPolicy {
     /// launch-ahead bound, the retry timer.
     fn dispatch(&mut self, now: u64, actions: &mut Vec<Action>) {
         self.refresh_window(now);
+        if !self.high_active(now) {
+            // No windows without an active high client: every need fits.
+            for client in self.clients.values_mut() {
+                client.need_ns = 0;
+            }
+        }
         let grace = self.settings.revoke_grace;
         for (&id, client) in self.clients.iter_mut() {
             let past_grace = client
@@ -1427,6 +1442,12 @@ mod tests {
             policy.handle(522 * MS, Event::Tick),
             vec![unbounded(1), grant(1, 522, 200, 0)]
         );
+        assert_eq!(
+            policy.next_wakeup(),
+            Some(722 * MS),
+            "the slice's end only: no past instant for the timer to spin on"
+        );
+        assert!(policy.snapshot().needs.is_empty());
         // A need that fits is granted inside the window.
         let mut policy = TokenPolicy::new(&SchedulerConfig::default());
         run_rows(&mut policy, &rhythm_rows(), false);

@@ -277,6 +277,7 @@ pub struct TokenStatus {
 /// high-priority job's rhythm and its mis-predictions) and the interposers' (launches
 /// admitted, held back, and measured past their window's end).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct AdmissionStatus {
     /// Admission windows published to low-priority holders.
     pub windows: u64,

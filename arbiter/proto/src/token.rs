@@ -154,8 +154,10 @@ pub enum TokenRequest {
     },
 }
 
-/// A client's duration-aware admission, counted since its connection opened.
+/// A client's duration-aware admission, counted since its connection opened. Every
+/// field defaults, so a client that reports fewer (or later more) counts still parses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct FitCounts {
     /// Launches admitted inside a window (their estimate fitted, or nothing was known yet).
     pub fitted: u64,

@@ -288,3 +288,48 @@ fn render_status(report: &StatusReport) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_proto::{AdmissionStatus, FitCounts, LeaseId, TokenStatus, WindowWaiter};
+
+    #[test]
+    fn status_shows_admission_windows_and_who_waits_for_one() {
+        let token = |admission| TokenStatus {
+            gpu: "GPU-0".into(),
+            policy: "priority".into(),
+            admission,
+            ..Default::default()
+        };
+        let report = |admission| StatusReport {
+            tokens: vec![token(admission)],
+            ..Default::default()
+        };
+        let quiet = render_status(&report(AdmissionStatus::default()));
+        assert!(!quiet.contains("admission:"), "{quiet}");
+        let busy = render_status(&report(AdmissionStatus {
+            windows: 12,
+            early_returns: 1,
+            launches: FitCounts {
+                fitted: 40,
+                held_back: 3,
+                overran: 2,
+                overran_ns: 1_500_000,
+                ..Default::default()
+            },
+            waiting_for_window: vec![WindowWaiter {
+                lease: LeaseId("l1".into()),
+                pid: Some(7),
+                need_us: 5_000,
+            }],
+            ..Default::default()
+        }));
+        for line in [
+            "admission: windows=12 early_returns=1 fitted=40 held_back=3 overran=2 (1500 µs)",
+            "waiting for a window: l1/7 needs 5000 µs",
+        ] {
+            assert!(busy.contains(line), "{line} in\n{busy}");
+        }
+    }
+}

@@ -38,7 +38,8 @@ pub trait Learn {
 
 impl Learn for super::estimate::Estimates {
     fn measured(&self, key: u64, duration_ns: u64, admitted_ns: u64, fit_by_ns: u64) {
-        super::estimate::Estimates::measured(self, key, duration_ns, admitted_ns, fit_by_ns)
+        let now = super::monotonic_ns();
+        super::estimate::Estimates::measured(self, key, duration_ns, admitted_ns, fit_by_ns, now)
     }
 }
 
@@ -101,6 +102,9 @@ pub struct Ring {
     /// When the stream's admitted work is expected to end (CLOCK_MONOTONIC ns; 0:
     /// nothing estimated), for admission inside a window.
     queued_until: u64,
+    /// A launch of unknown length is unfinished: the next waits for it (and so
+    /// measures it) before anything queues behind it.
+    blind: bool,
 }
 
 impl Ring {
@@ -115,6 +119,7 @@ impl Ring {
             oldest: 0,
             pending: 0,
             queued_until: 0,
+            blind: false,
         }
     }
 
@@ -122,8 +127,14 @@ impl Ring {
         self.queued_until
     }
 
-    pub fn set_queued_until(&mut self, ns: u64) {
-        self.queued_until = ns;
+    pub fn blind(&self) -> bool {
+        self.blind
+    }
+
+    /// The launch just admitted ends at about `until` (`None`: nobody knows).
+    pub fn set_queued_until(&mut self, until: Option<u64>) {
+        self.queued_until = until.unwrap_or(0);
+        self.blind = until.is_none();
     }
 
     /// Launches recorded and not yet waited for (some may have finished).
@@ -145,6 +156,10 @@ impl Ring {
             }
             self.oldest = (self.oldest + 1) % RING;
             self.pending -= 1;
+        }
+        if self.pending == 0 {
+            self.queued_until = 0;
+            self.blind = false;
         }
     }
 

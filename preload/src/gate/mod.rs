@@ -381,7 +381,7 @@ impl Gate {
         }
         let mut waiting: Option<Waiting> = None;
         // This launch was held back for not fitting the window (counted once).
-        let mut held_back = false;
+        let mut held: Option<HeldBack> = None;
         loop {
             let page = self.page();
             let seq = page.seq.load(Acquire);
@@ -396,73 +396,84 @@ impl Gate {
                     self.count_launch();
                     return Ticket::Free;
                 };
-                let fit_by = if client.fit_launches.load(Relaxed) {
-                    page.fit_by_ns.load(Acquire)
-                } else {
-                    FIT_UNBOUNDED
+                let fit_launches = client.fit_launches.load(Relaxed);
+                let window = |page: &TokenPage| {
+                    if fit_launches {
+                        page.fit_by_ns.load(Acquire)
+                    } else {
+                        FIT_UNBOUNDED
+                    }
                 };
                 // Inside a window every launch is checked against its end, queue
                 // included, so one more may wait in the stream: the GPU goes from one
-                // low kernel to the next without the host's round trip in between.
-                let limit = if fit_by == FIT_UNBOUNDED {
+                // low kernel to the next without the host's round trip in between —
+                // unless the launch before it is of unknown length, which is waited for
+                // (and so measured) first.
+                let limit = if window(page) == FIT_UNBOUNDED || ring.with(|r| r.blind()) {
                     limit
                 } else {
                     limit.max(WINDOW_DEPTH)
                 };
-                {
-                    let _busy = RingWait::new(client);
-                    quietly_for_captures(|| {
-                        ring.with(|r| r.wait_below(limit, &DriverEvents, &ESTIMATES))
-                    });
-                }
+                self.wait_on_ring(client, &ring, limit);
                 let page = self.page();
                 if !holds(page) {
                     // Revoked while the ring drained: wait for the token again.
                     continue;
                 }
-                let fit_by = if client.fit_launches.load(Relaxed) {
-                    page.fit_by_ns.load(Acquire)
-                } else {
-                    FIT_UNBOUNDED
-                };
-                // It starts when the stream's queue ends (as far as the estimates know).
-                let now = monotonic_ns().max(ring.with(|r| r.queued_until()));
-                let estimate = ESTIMATES.estimate(target.what);
-                let admission = estimate::admit(now, estimate, fit_by);
+                let fit_by = window(page);
+                let now = monotonic_ns();
+                let queued_until = ring.with(|r| r.queued_until());
+                let estimate = ESTIMATES.estimate(target.what, now);
+                let admission = estimate::admit(now, queued_until, estimate, fit_by);
                 // Each launch counts once as held back, and once as admitted.
-                let first_hold = matches!(admission, Admission::Wait { .. }) && !held_back;
-                if fit_by != FIT_UNBOUNDED
-                    && (first_hold || matches!(admission, Admission::Run { .. }))
-                {
-                    ESTIMATES.count(admission);
+                match admission {
+                    Admission::Run { .. } if fit_by != FIT_UNBOUNDED => ESTIMATES.count(admission),
+                    Admission::Wait { .. } if held.is_none() => ESTIMATES.count(admission),
+                    _ => {}
                 }
-                if let Admission::Wait { need_ns } = admission {
-                    // Not before the high job is expected back: wait for the window to
-                    // change (a revocation, a moved window, or the high job's quiet).
-                    held_back = true;
-                    client.need_ns.store(need_ns, Relaxed);
-                    waiting.get_or_insert_with(|| Waiting::new(client));
-                    gpushare_proto::token_client::futex_wait(&page.seq, seq, WAIT_SLICE);
-                    continue;
+                match admission {
+                    Admission::AfterQueue => {
+                        // It fits once its stream's own queue has run: wait for that.
+                        self.wait_on_ring(client, &ring, 1);
+                        continue;
+                    }
+                    Admission::Wait { need_ns } => {
+                        // Not before the high job is expected back: wait for the window
+                        // to change (a revocation, a moved window, or the high job's
+                        // quiet).
+                        held.get_or_insert_with(|| HeldBack(client));
+                        client.need_ns.store(need_ns, Relaxed);
+                        waiting.get_or_insert_with(|| Waiting::new(client));
+                        gpushare_proto::token_client::futex_wait(&page.seq, seq, WAIT_SLICE);
+                        continue;
+                    }
+                    Admission::Run { unestimated } => {
+                        if unestimated {
+                            // Measured now: no second launch of its kind runs blind
+                            // meanwhile.
+                            ESTIMATES.probing(target.what, now);
+                        }
+                    }
                 }
-                if held_back {
-                    client.need_ns.store(0, Relaxed);
-                }
-                // Unknown work fills the window: nothing queues behind it.
-                let until = match (estimate, fit_by) {
-                    (_, FIT_UNBOUNDED) => 0,
-                    (Some(d), _) => now.saturating_add(d),
-                    (None, _) => fit_by,
+                drop(held.take());
+                let start = now.max(queued_until);
+                let queued = match (estimate, fit_by) {
+                    (_, FIT_UNBOUNDED) => Some(0),
+                    (Some(d), _) => Some(start.saturating_add(d)),
+                    // Unknown length: nothing queues behind it.
+                    (None, _) => None,
                 };
-                ring.with(|r| {
-                    r.begin(stream, (target.what.key(), now, fit_by), &DriverEvents);
-                    r.set_queued_until(until);
-                });
+                if fit_launches {
+                    ring.with(|r| {
+                        r.begin(stream, (target.what.key(), start, fit_by), &DriverEvents);
+                        r.set_queued_until(queued);
+                    });
+                }
                 self.count_launch();
                 return Ticket::Bounded(Bounded {
                     ring,
                     stream,
-                    timed: true,
+                    timed: fit_launches,
                 });
             }
             let connected = !std::ptr::eq(page, &WAITING) && !std::ptr::eq(page, &UNGATED);
@@ -485,6 +496,13 @@ impl Gate {
             waiting.get_or_insert_with(|| Waiting::new(client));
             gpushare_proto::token_client::futex_wait(&page.seq, seq, WAIT_SLICE);
         }
+    }
+
+    /// Waits until fewer than `limit` launches of the ring's stream are unfinished
+    /// (busy meanwhile, for the agent's idle detection).
+    fn wait_on_ring(&self, client: &'static Client, ring: &RingOf, limit: u32) {
+        let _busy = RingWait::new(client);
+        quietly_for_captures(|| ring.with(|r| r.wait_below(limit, &DriverEvents, &ESTIMATES)));
     }
 
     pub fn reset_after_fork(&self) {
@@ -549,6 +567,16 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.0.waiters.fetch_sub(1, SeqCst);
+    }
+}
+
+/// A launch held back for not fitting the window: its need is the client's until it
+/// leaves the gate, whichever way.
+struct HeldBack(&'static Client);
+
+impl Drop for HeldBack {
+    fn drop(&mut self) {
+        self.0.need_ns.store(0, Relaxed);
     }
 }
 
