@@ -156,10 +156,12 @@ impl Ring {
             }
             self.oldest = (self.oldest + 1) % RING;
             self.pending -= 1;
-        }
-        if self.pending == 0 {
-            self.queued_until = 0;
-            self.blind = false;
+            if self.pending == 0 {
+                // Everything admitted has run (only a wait says so: `record` calls this
+                // on an empty ring right after the admission set them).
+                self.queued_until = 0;
+                self.blind = false;
+            }
         }
     }
 
@@ -370,5 +372,28 @@ mod tests {
         ring.record(10, &fake, &learned);
         ring.wait_below(1, &fake, &learned);
         assert_eq!(learned.0.borrow().len(), 1);
+    }
+
+    /// What admission knows of the stream's queue lasts until a wait shows it has run:
+    /// recording the launch it was set for (on an empty ring) must not forget it.
+    #[test]
+    fn the_queue_estimate_survives_recording_and_ends_with_the_wait() {
+        let fake = Fake {
+            context: Cell::new(1),
+            ..Fake::default()
+        };
+        let mut ring = Ring::new();
+        ring.begin(10, (1, 0, 0), &fake);
+        ring.set_queued_until(Some(5_000));
+        ring.record(10, &fake, &Forget);
+        assert_eq!(ring.queued_until(), 5_000);
+        ring.begin(10, (1, 0, 0), &fake);
+        ring.set_queued_until(None);
+        ring.record(10, &fake, &Forget);
+        assert!(ring.blind());
+        ring.wait_below(2, &fake, &Forget);
+        assert!(ring.blind(), "one launch still unfinished");
+        ring.wait_below(1, &fake, &Forget);
+        assert_eq!((ring.queued_until(), ring.blind()), (0, false));
     }
 }

@@ -721,7 +721,9 @@ impl Client {
                 need_ns,
                 counts: estimate::since(ESTIMATES.counts(), reported.base),
             };
-            if reported.last != Some(report) {
+            // The arbiter forgets a need when it grants, so a need is sent every time;
+            // unchanged counts without one are not.
+            if need_ns > 0 || reported.last != Some(report) {
                 link.connection.send(report)?;
                 reported.last = Some(report);
             }
