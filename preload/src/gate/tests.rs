@@ -11,8 +11,8 @@ const PATIENCE: Duration = Duration::from_secs(5);
 const STREAM: Target = Target {
     stream: 7,
     per_thread: false,
-    what: estimate::What::Kernel(0x1000),
 };
+const KERNEL: estimate::What = estimate::What::Kernel(0x1000);
 
 fn terms(priority: Priority, idle: Duration, on_loss: LossPolicy) -> ScheduleTerms {
     ScheduleTerms {
@@ -38,7 +38,7 @@ fn setup(answer: Answer) -> (tempfile::TempDir, FakeArbiter, &'static Gate) {
 fn launch_in_background(gate: &'static Gate) -> mpsc::Receiver<bool> {
     let (sender, passed) = mpsc::channel();
     std::thread::spawn(move || {
-        let ticket = gate.admit(STREAM);
+        let ticket = gate.admit(STREAM, KERNEL);
         let bounded = matches!(ticket, Ticket::Bounded(_));
         launched(ticket, CUDA_SUCCESS);
         let _ = sender.send(bounded);
@@ -76,7 +76,7 @@ fn a_low_priority_launch_waits_for_the_grant_and_the_token_goes_back_when_revoke
     );
     assert_eq!(gate.launches(), 1);
     // While holding, launches pass on the hot path without asking.
-    assert!(matches!(gate.admit(STREAM), Ticket::Free));
+    assert!(matches!(gate.admit(STREAM, KERNEL), Ticket::Free));
     assert_eq!(gate.launches(), 2);
     // A revocation: the agent drains and acknowledges; nobody waits.
     arbiter.revoke();
@@ -147,7 +147,7 @@ fn a_high_priority_launch_submits_at_once_and_asks_for_the_token() {
     assert_eq!(passed.recv_timeout(PATIENCE), Ok(false));
     assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
     // Once per episode: further launches do not repeat it.
-    assert!(matches!(gate.admit(STREAM), Ticket::Free));
+    assert!(matches!(gate.admit(STREAM, KERNEL), Ticket::Free));
     assert_eq!(arbiter.next_request(Duration::from_millis(50)), None);
 }
 
@@ -164,7 +164,7 @@ fn a_launch_ahead_bound_hands_out_the_ring() {
     assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
     arbiter.grant(HELD_UNTIL_RELEASED, 1);
     assert_eq!(passed.recv_timeout(PATIENCE), Ok(true), "bounded launch");
-    let ticket = gate.admit(STREAM);
+    let ticket = gate.admit(STREAM, KERNEL);
     assert!(matches!(ticket, Ticket::Bounded(_)));
     launched(ticket, CUDA_SUCCESS);
 }
@@ -223,7 +223,7 @@ fn an_inactive_library_is_ungated_from_the_first_launch() {
         std::ptr::eq(gate.page(), &WAITING),
         "the first launch takes the cold path"
     );
-    assert!(matches!(gate.admit(STREAM), Ticket::Free));
+    assert!(matches!(gate.admit(STREAM, KERNEL), Ticket::Free));
     assert!(std::ptr::eq(gate.page(), &UNGATED));
     assert_eq!(gate.launches(), 1);
 }
@@ -274,14 +274,7 @@ fn the_gate_clock_is_monotonic_nanoseconds() {
 
 #[test]
 fn per_thread_launches_name_the_threads_default_stream() {
-    let t = |stream, per_thread| {
-        Target {
-            stream,
-            per_thread,
-            what: estimate::What::Kernel(1),
-        }
-        .handle()
-    };
+    let t = |stream, per_thread| Target { stream, per_thread }.handle();
     assert_eq!(t(0, true), CU_STREAM_PER_THREAD);
     assert_eq!(t(0, false), 0);
     assert_eq!(t(9, true), 9);

@@ -24,11 +24,10 @@ macro_rules! gated {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn($($ty),*) -> CUresult);
-                let ticket = gate::admit(Target {
-                    stream: $stream,
-                    per_thread: $per_thread,
-                    what: What::Kernel($kernel),
-                });
+                let ticket = gate::admit(
+                    Target { stream: $stream, per_thread: $per_thread },
+                    What::Kernel($kernel),
+                );
                 // SAFETY: the caller's arguments, forwarded unchanged.
                 let result = unsafe { real($($arg),*) };
                 gate::launched(ticket, result);
@@ -79,11 +78,10 @@ macro_rules! gated_graph {
         pub unsafe extern "C" fn $name(exec: Handle, stream: Handle) -> CUresult {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn(Handle, Handle) -> CUresult);
-                let ticket = gate::admit(Target {
-                    stream,
-                    per_thread: $per_thread,
-                    what: What::Graph(exec),
-                });
+                let ticket = gate::admit(
+                    Target { stream, per_thread: $per_thread },
+                    What::Graph(exec),
+                );
                 // SAFETY: the caller's arguments, forwarded unchanged.
                 let result = unsafe { real(exec, stream) };
                 gate::launched(ticket, result);
