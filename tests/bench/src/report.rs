@@ -200,6 +200,21 @@ pub struct SweepRow<'a> {
 /// launch-length order, a graph after plain kernels of its length. Labels come from
 /// `kernels.lows`; results from before the sweep had graphs (keys are µs only) get
 /// `"<ms> ms"`.
+/// One Markdown row per (length, mode): the label, the mode, then `columns` (metric key,
+/// digits, unit) of the case's metrics.
+fn sweep_table(md: &mut String, rows: &[SweepRow], columns: &[(&str, usize, &str)]) {
+    for row in rows {
+        for (mode, case) in row.modes.as_object().into_iter().flatten() {
+            let metrics = &case["metrics"];
+            let cells: Vec<String> = columns
+                .iter()
+                .map(|&(key, digits, unit)| cell(metrics, key, digits, unit))
+                .collect();
+            let _ = writeln!(md, "| {} | {mode} | {} |", row.label, cells.join(" | "));
+        }
+    }
+}
+
 pub fn sweep_rows<'a>(kernels: &Value, by_length: &'a Value) -> Vec<SweepRow<'a>> {
     let Some(lengths) = by_length.as_object() else {
         return Vec::new();
@@ -254,21 +269,17 @@ fn kernels_markdown(kernels: &Value) -> String {
     md += "Priority high job (training-like) against itself alone:\n\n\
            | low launches | mode | slowdown | p99 slowdown | start p50 µs | start p99 µs | idle captured |\n\
            |---|---|---|---|---|---|---|\n";
-    for row in &rows {
-        for (mode, case) in row.modes.as_object().into_iter().flatten() {
-            let m = &case["metrics"];
-            let _ = writeln!(
-                md,
-                "| {} | {mode} | {} | {} | {} | {} | {} |",
-                row.label,
-                cell(m, "high_mean_slowdown_percent", 1, "%"),
-                cell(m, "high_p99_slowdown_percent", 1, "%"),
-                cell(m, "high_start_p50_us", 1, ""),
-                cell(m, "high_start_p99_us", 1, ""),
-                cell(m, "idle_captured_percent", 1, "%"),
-            );
-        }
-    }
+    sweep_table(
+        &mut md,
+        &rows,
+        &[
+            ("high_mean_slowdown_percent", 1, "%"),
+            ("high_p99_slowdown_percent", 1, "%"),
+            ("high_start_p50_us", 1, ""),
+            ("high_start_p99_us", 1, ""),
+            ("idle_captured_percent", 1, "%"),
+        ],
+    );
     md += "\n";
     let inference = &kernels["inference"];
     let rows = sweep_rows(kernels, &inference["low_kernel_us"]);
@@ -283,21 +294,17 @@ fn kernels_markdown(kernels: &Value) -> String {
             cell(alone, "high_p50_ms", 2, ""),
             cell(alone, "high_p99_ms", 2, ""),
         );
-        for row in &rows {
-            for (mode, case) in row.modes.as_object().into_iter().flatten() {
-                let m = &case["metrics"];
-                let _ = writeln!(
-                    md,
-                    "| {} | {mode} | {} | {} | {} | {} | {} |",
-                    row.label,
-                    cell(m, "high_p50_ms", 2, ""),
-                    cell(m, "high_p50_slowdown_percent", 1, "%"),
-                    cell(m, "high_p99_ms", 2, ""),
-                    cell(m, "high_p99_slowdown_percent", 1, "%"),
-                    cell(m, "low_gpu_fraction", 3, ""),
-                );
-            }
-        }
+        sweep_table(
+            &mut md,
+            &rows,
+            &[
+                ("high_p50_ms", 2, ""),
+                ("high_p50_slowdown_percent", 1, "%"),
+                ("high_p99_ms", 2, ""),
+                ("high_p99_slowdown_percent", 1, "%"),
+                ("low_gpu_fraction", 3, ""),
+            ],
+        );
         md += "\n";
     }
     md
