@@ -600,7 +600,10 @@ mod tests {
             (s.window_ms, s.revoke_grace_ms, s.high_active_ms),
             (1000, 50, 250)
         );
-        assert_eq!((s.admit_by_duration, s.high_return_risk_percent), (false, 25));
+        assert_eq!(
+            (s.admit_by_duration, s.high_return_risk_percent),
+            (false, 25)
+        );
         assert_eq!(
             s.on_arbiter_loss(gpushare_proto::Priority::High),
             LossPolicy::Wait
