@@ -533,9 +533,8 @@ impl TokenPolicy {
             if self.high_holders.is_empty() {
                 // A gap of the high job's rhythm ends; was it back inside a window?
                 if let Some(holder) = self.holder {
-                    if self.clients[&holder.client].page_fit_by > now
-                        && self.clients[&holder.client].page_fit_by != FIT_UNBOUNDED
-                    {
+                    let fit_by = self.clients[&holder.client].page_fit_by;
+                    if fit_by != FIT_UNBOUNDED && fit_by > now {
                         self.early_returns += 1;
                     }
                 }

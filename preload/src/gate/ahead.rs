@@ -87,11 +87,13 @@ struct Slot {
     timed: Option<Timed>,
 }
 
+/// A timed launch: what it runs (`estimate::What::key`), when it was expected to start,
+/// and the window it was admitted against.
 #[derive(Debug, Clone, Copy, Default)]
-struct Timed {
-    key: u64,
-    admitted_ns: u64,
-    fit_by_ns: u64,
+pub struct Timed {
+    pub key: u64,
+    pub admitted_ns: u64,
+    pub fit_by_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -188,19 +190,14 @@ impl Ring {
 
     /// Before a launch into `stream` that is to be timed: records its start (the ring
     /// has room: [`Ring::wait_below`] ran first).
-    pub fn begin(&mut self, stream: Handle, timed: (u64, u64, u64), events: &impl Events) {
+    pub fn begin(&mut self, stream: Handle, timed: Timed, events: &impl Events) {
         let Some(slot) = self.next_slot(events) else {
             return;
         };
         if slot.start == 0 {
             slot.start = events.create().unwrap_or(0);
         }
-        let (key, admitted_ns, fit_by_ns) = timed;
-        slot.timed = (slot.start != 0 && events.record(slot.start, stream)).then_some(Timed {
-            key,
-            admitted_ns,
-            fit_by_ns,
-        });
+        slot.timed = (slot.start != 0 && events.record(slot.start, stream)).then_some(timed);
     }
 
     /// Records the completion of a launch just submitted to `stream`.
@@ -264,6 +261,14 @@ mod tests {
                 .borrow_mut()
                 .push(format!("elapsed {start}..{end}"));
             Some(1_000 * end as u64)
+        }
+    }
+
+    fn timed(key: u64, admitted_ns: u64, fit_by_ns: u64) -> Timed {
+        Timed {
+            key,
+            admitted_ns,
+            fit_by_ns,
         }
     }
 
@@ -348,7 +353,7 @@ mod tests {
         let learned = Learned::default();
         let mut ring = Ring::new();
         ring.wait_below(1, &fake, &learned);
-        ring.begin(10, (42, 500, 900), &fake);
+        ring.begin(10, timed(42, 500, 900), &fake);
         ring.record(10, &fake, &learned);
         assert_eq!(
             take(&fake),
@@ -367,7 +372,7 @@ mod tests {
         assert_eq!(take(&fake), ["wait 3"], "nothing to measure");
         assert_eq!(learned.0.borrow().len(), 1);
         // A timed launch the driver refused is forgotten.
-        ring.begin(10, (7, 1, 2), &fake);
+        ring.begin(10, timed(7, 1, 2), &fake);
         ring.abandon();
         ring.record(10, &fake, &learned);
         ring.wait_below(1, &fake, &learned);
@@ -383,11 +388,11 @@ mod tests {
             ..Fake::default()
         };
         let mut ring = Ring::new();
-        ring.begin(10, (1, 0, 0), &fake);
+        ring.begin(10, timed(1, 0, 0), &fake);
         ring.set_queued_until(Some(5_000));
         ring.record(10, &fake, &Forget);
         assert_eq!(ring.queued_until(), 5_000);
-        ring.begin(10, (1, 0, 0), &fake);
+        ring.begin(10, timed(1, 0, 0), &fake);
         ring.set_queued_until(None);
         ring.record(10, &fake, &Forget);
         assert!(ring.blind());

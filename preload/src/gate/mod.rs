@@ -47,7 +47,7 @@ use gpushare_proto::token_client::{futex_wake, TokenClientError, TokenConnection
 use gpushare_proto::{TokenPage, TokenRequest};
 
 use crate::cuda::{CUresult, Handle, CUDA_SUCCESS};
-use ahead::{DriverEvents, Ring};
+use ahead::{DriverEvents, Ring, Timed};
 use estimate::{Admission, Estimates, What};
 use work::{ContextEntry, StreamEntry, Work};
 
@@ -428,11 +428,6 @@ impl Gate {
                 let admission = estimate::admit(now, queued_until, estimate, fit_by);
                 // Each launch counts once as held back, and once as admitted.
                 match admission {
-                    Admission::Run { .. } if fit_by != FIT_UNBOUNDED => ESTIMATES.count(admission),
-                    Admission::Wait { .. } if held.is_none() => ESTIMATES.count(admission),
-                    _ => {}
-                }
-                match admission {
                     Admission::AfterQueue => {
                         // It fits once its stream's own queue has run: wait for that.
                         self.wait_on_ring(client, &ring, 1);
@@ -442,13 +437,19 @@ impl Gate {
                         // Not before the high job is expected back: wait for the window
                         // to change (a revocation, a moved window, or the high job's
                         // quiet).
-                        held.get_or_insert_with(|| HeldBack(client));
+                        if held.is_none() {
+                            ESTIMATES.count(admission);
+                            held = Some(HeldBack(client));
+                        }
                         client.need_ns.store(need_ns, Relaxed);
                         waiting.get_or_insert_with(|| Waiting::new(client));
                         gpushare_proto::token_client::futex_wait(&page.seq, seq, WAIT_SLICE);
                         continue;
                     }
                     Admission::Run { unestimated } => {
+                        if fit_by != FIT_UNBOUNDED {
+                            ESTIMATES.count(admission);
+                        }
                         if unestimated {
                             // Measured now: no second launch of its kind runs blind
                             // meanwhile.
@@ -466,7 +467,12 @@ impl Gate {
                 };
                 if fit_launches {
                     ring.with(|r| {
-                        r.begin(stream, (what.key(), start, fit_by), &DriverEvents);
+                        let timed = Timed {
+                            key: what.key(),
+                            admitted_ns: start,
+                            fit_by_ns: fit_by,
+                        };
+                        r.begin(stream, timed, &DriverEvents);
                         r.set_queued_until(queued);
                     });
                 }
