@@ -1,6 +1,6 @@
-//! The sockets: the root-only control socket and one socket per lease, one task
-//! per connection, and the periodic work (sampling, queue expiry, watchdog,
-//! reconciliation).
+//! The lease sockets (one per lease, one task per connection) and the periodic
+//! work (sampling, queue expiry, memory measurement); the control socket is in
+//! `control`, the watchdog's loop in `watchdog`.
 //!
 //! A connection that breaks the protocol (bad version, malformed, oversized or
 //! out-of-order frame) gets one error answer and is closed; nothing else is
@@ -10,17 +10,14 @@
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::lease_socket::{HELLO_TIMEOUT, MAX_LEASE_REQUEST_BYTES};
-use gpushare_proto::{
-    ControlRequest, ControlResponse, ErrorKind, LeaseId, LeaseRequest, LeaseResponse, Violation,
-    PROTOCOL_VERSION,
-};
+use gpushare_proto::{ErrorKind, LeaseId, LeaseRequest, LeaseResponse, PROTOCOL_VERSION};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,7 +26,6 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::inventory::GpuBackend;
 use crate::state::{Arbiter, LeaseDirs, LeaseEndpoints, ProcessTable, StateError};
-use crate::store::LeaseStore;
 use crate::tokens::{TokenLease, TokenService};
 use crate::watchdog;
 
@@ -48,6 +44,8 @@ pub enum ServerError {
     },
 }
 
+pub use crate::control::{bind_control_socket, serve};
+
 pub type SharedArbiter = Arc<Mutex<Arbiter>>;
 
 pub fn lock(arbiter: &Mutex<Arbiter>) -> MutexGuard<'_, Arbiter> {
@@ -56,30 +54,11 @@ pub fn lock(arbiter: &Mutex<Arbiter>) -> MutexGuard<'_, Arbiter> {
     arbiter.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Binds the control socket with mode 0600 (only root may reserve or release).
-pub fn bind_control_socket(path: &Path) -> Result<UnixListener, ServerError> {
-    let err = |source| ServerError::Socket {
-        path: path.to_owned(),
-        source,
-    };
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).map_err(err)?;
-    }
-    if path.exists() {
-        // A socket that still answers belongs to a live arbiter: never steal it.
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(ServerError::AlreadyRunning(path.to_owned()));
-        }
-        fs::remove_file(path).map_err(err)?;
-    }
-    let listener = UnixListener::bind(path).map_err(err)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(err)?;
-    Ok(listener)
-}
-
 // ----- framing over tokio -----
 
-async fn read_frame<T: DeserializeOwned>(stream: &mut UnixStream) -> Result<T, FrameError> {
+pub(crate) async fn read_frame<T: DeserializeOwned>(
+    stream: &mut UnixStream,
+) -> Result<T, FrameError> {
     read_frame_within(stream, frame::MAX_FRAME_BYTES).await
 }
 
@@ -94,206 +73,12 @@ async fn read_frame_within<T: DeserializeOwned>(
     frame::decode(&body)
 }
 
-async fn write_frame<T: Serialize>(stream: &mut UnixStream, message: &T) -> Result<(), FrameError> {
+pub(crate) async fn write_frame<T: Serialize>(
+    stream: &mut UnixStream,
+    message: &T,
+) -> Result<(), FrameError> {
     stream.write_all(&frame::encode(message)?).await?;
     Ok(())
-}
-
-// ----- control socket -----
-
-pub async fn serve(listener: UnixListener, arbiter: SharedArbiter) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let arbiter = arbiter.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = handle_control(stream, arbiter).await {
-                        tracing::debug!(error = %e, "control connection closed");
-                    }
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-fn error_response(kind: ErrorKind, message: String) -> ControlResponse {
-    ControlResponse::Error { kind, message }
-}
-
-async fn handle_control(mut stream: UnixStream, arbiter: SharedArbiter) -> Result<(), FrameError> {
-    let admission_wait_ms = lock(&arbiter).config().admission_wait_ms;
-    let mut greeted = false;
-    loop {
-        let request: ControlRequest = match read_frame(&mut stream).await {
-            Ok(r) => r,
-            Err(FrameError::Closed) => return Ok(()),
-            Err(e) => {
-                let _ = write_frame(
-                    &mut stream,
-                    &error_response(ErrorKind::Protocol, e.to_string()),
-                )
-                .await;
-                return Err(e);
-            }
-        };
-        let response = match (&request, greeted) {
-            (ControlRequest::Hello { protocol }, false) => {
-                let answer = ControlResponse::Hello {
-                    protocol: PROTOCOL_VERSION,
-                    admission_wait_ms: Some(admission_wait_ms),
-                };
-                if *protocol != PROTOCOL_VERSION {
-                    write_frame(&mut stream, &answer).await?;
-                    tracing::info!(theirs = protocol, "client speaks another protocol version");
-                    return Ok(());
-                }
-                greeted = true;
-                answer
-            }
-            (_, false) => {
-                let e = error_response(
-                    ErrorKind::Protocol,
-                    "the first message must be hello".into(),
-                );
-                write_frame(&mut stream, &e).await?;
-                return Ok(());
-            }
-            (ControlRequest::Hello { .. }, true) => {
-                let e = error_response(ErrorKind::Protocol, "hello sent twice".into());
-                write_frame(&mut stream, &e).await?;
-                return Ok(());
-            }
-            (_, true) => dispatch(&arbiter, request).await,
-        };
-        write_frame(&mut stream, &response).await?;
-    }
-}
-
-fn refused(e: StateError) -> ControlResponse {
-    error_response(e.kind(), e.to_string())
-}
-
-/// Runs one request; a change is answered only once it is durable.
-async fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlResponse {
-    let store: Arc<LeaseStore> = lock(arbiter).store().clone();
-    let durable = |ticket| {
-        let store = store.clone();
-        async move {
-            match ticket {
-                Some(t) => store.wait(t).await.map_err(StateError::from),
-                None => Ok(()),
-            }
-        }
-    };
-    match request {
-        ControlRequest::Reserve(r) => {
-            let refusal = lock(arbiter).unshareable_refusal(&r.gpu);
-            if let Some(message) = refusal {
-                tracing::warn!(container = %r.container_id, "refused: {message}");
-                return error_response(ErrorKind::InvalidRequest, message);
-            }
-            let reply = lock(arbiter).submit(r, Instant::now());
-            let granted = match reply.await {
-                Ok(Ok(g)) => g,
-                Ok(Err(e)) => return refused(e),
-                Err(_) => {
-                    return error_response(ErrorKind::Internal, "the reserve was dropped".into())
-                }
-            };
-            match durable(granted.ticket).await {
-                Ok(()) => ControlResponse::Reserved {
-                    lease: granted.lease,
-                },
-                Err(e) => refused(e),
-            }
-        }
-        ControlRequest::Confirm { container_id, pid } => {
-            let ticket = lock(arbiter).confirm(&container_id, pid);
-            match ticket {
-                Ok(t) => match durable(t).await {
-                    Ok(()) => {
-                        tracing::info!(container = container_id, pid, "confirmed");
-                        ControlResponse::Confirmed
-                    }
-                    Err(e) => refused(e),
-                },
-                Err(e) => refused(e),
-            }
-        }
-        ControlRequest::Release { lease } => {
-            let result = lock(arbiter).release(&lease);
-            released(result, durable, format!("lease {lease}")).await
-        }
-        ControlRequest::Bind {
-            lease,
-            container_id,
-            pid,
-        } => {
-            let result = lock(arbiter).bind(&lease, &container_id, pid);
-            match result {
-                Ok(t) => match durable(t).await {
-                    Ok(()) => {
-                        tracing::info!(%lease, container = container_id, pid, "bound and confirmed");
-                        ControlResponse::Confirmed
-                    }
-                    Err(e) => refused(e),
-                },
-                Err(e) => refused(e),
-            }
-        }
-        ControlRequest::ReleaseContainer { container_id } => {
-            let result = lock(arbiter).release_container(&container_id);
-            released(result, durable, format!("container {container_id}")).await
-        }
-        ControlRequest::Status => ControlResponse::Status(lock(arbiter).status()),
-        ControlRequest::List => ControlResponse::Leases {
-            leases: lock(arbiter).list(),
-        },
-        ControlRequest::Drain { gpu, drain } => {
-            let result = lock(arbiter).drain(&gpu, drain);
-            match result {
-                Ok((uuid, ticket)) => match durable(Some(ticket)).await {
-                    Ok(()) => {
-                        tracing::info!(gpu = uuid, drained = drain, "drain changed");
-                        ControlResponse::Drained {
-                            gpu: uuid,
-                            drained: drain,
-                        }
-                    }
-                    Err(e) => refused(e),
-                },
-                Err(e) => refused(e),
-            }
-        }
-        ControlRequest::Hello { .. } => unreachable!("hello is handled by the connection"),
-    }
-}
-
-async fn released<F, Fut>(
-    result: Result<(bool, Option<crate::store::Ticket>), StateError>,
-    durable: F,
-    what: String,
-) -> ControlResponse
-where
-    F: FnOnce(Option<crate::store::Ticket>) -> Fut,
-    Fut: std::future::Future<Output = Result<(), StateError>>,
-{
-    match result {
-        Ok((existed, ticket)) => match durable(ticket).await {
-            Ok(()) => {
-                if existed {
-                    tracing::info!(what, "released");
-                }
-                ControlResponse::Released { existed }
-            }
-            Err(e) => refused(e),
-        },
-        Err(e) => refused(e),
-    }
 }
 
 // ----- lease sockets -----
@@ -679,7 +464,7 @@ pub async fn measure_memory(arbiter: &SharedArbiter, lease: Option<&LeaseId>) ->
 }
 
 /// NVML's processes on `gpus`; None when the backend cannot list them.
-fn list_processes(backend: &dyn GpuBackend, gpus: Vec<String>) -> Option<ProcessTable> {
+pub(crate) fn list_processes(backend: &dyn GpuBackend, gpus: Vec<String>) -> Option<ProcessTable> {
     let mut table = ProcessTable::new();
     for uuid in gpus {
         match backend.processes(&uuid) {
@@ -775,49 +560,5 @@ pub fn spawn_background(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>) {
         });
     }
     start_memory_measurement(&arbiter, &backend);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(watchdog_interval);
-        let mut reported: Vec<Violation> = Vec::new();
-        loop {
-            tick.tick().await;
-            lock(&arbiter).reconcile(Instant::now());
-            let input = lock(&arbiter).watchdog_input();
-            let backend = backend.clone();
-            let gpus = input.gpus.clone();
-            let processes =
-                tokio::task::spawn_blocking(move || list_processes(backend.as_ref(), gpus))
-                    .await
-                    .ok()
-                    .flatten();
-            let Some(processes) = processes else { continue };
-            // The same listing measures every process's overhead.
-            lock(&arbiter).record_process_memory(&processes, Instant::now());
-            let mut found = watchdog::audit(&processes, &input.views());
-            let own = std::process::id();
-            for v in &mut found {
-                let is_new = !reported
-                    .iter()
-                    .any(|r| r.kind == v.kind && r.pid == v.pid && r.gpu == v.gpu);
-                if is_new {
-                    tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, memory = v.memory_used, quota = ?v.memory_quota, "watchdog violation");
-                }
-                if kill && v.pid > 1 && v.pid != own {
-                    match nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(v.pid as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    ) {
-                        Ok(()) => {
-                            v.killed = true;
-                            tracing::warn!(pid = v.pid, gpu = %v.gpu, "watchdog killed the process");
-                        }
-                        Err(e) => {
-                            tracing::warn!(pid = v.pid, error = %e, "watchdog could not kill")
-                        }
-                    }
-                }
-            }
-            reported = found.clone();
-            lock(&arbiter).record_violations(found);
-        }
-    });
+    watchdog::spawn(arbiter, backend, watchdog_interval, kill);
 }

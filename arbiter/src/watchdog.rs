@@ -13,7 +13,11 @@ use std::collections::BTreeMap;
 
 use gpushare_proto::{LeaseId, Violation, ViolationKind};
 
-use crate::inventory::GpuProcess;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::inventory::{GpuBackend, GpuProcess};
+use crate::server::{list_processes, lock, SharedArbiter};
 
 /// A lease as the watchdog sees it.
 #[derive(Debug, Clone)]
@@ -80,6 +84,56 @@ pub fn audit(
         }
     }
     found
+}
+
+/// The periodic audit: reconcile, list NVML's processes, report (and, with
+/// `kill`, SIGKILL) what the audit finds.
+pub fn spawn(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>, interval: Duration, kill: bool) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        let mut reported: Vec<Violation> = Vec::new();
+        loop {
+            tick.tick().await;
+            lock(&arbiter).reconcile(Instant::now());
+            let input = lock(&arbiter).watchdog_input();
+            let backend = backend.clone();
+            let gpus = input.gpus.clone();
+            let processes =
+                tokio::task::spawn_blocking(move || list_processes(backend.as_ref(), gpus))
+                    .await
+                    .ok()
+                    .flatten();
+            let Some(processes) = processes else { continue };
+            // The same listing measures every process's overhead.
+            lock(&arbiter).record_process_memory(&processes, Instant::now());
+            let mut found = audit(&processes, &input.views());
+            let own = std::process::id();
+            for v in &mut found {
+                let is_new = !reported
+                    .iter()
+                    .any(|r| r.kind == v.kind && r.pid == v.pid && r.gpu == v.gpu);
+                if is_new {
+                    tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, memory = v.memory_used, quota = ?v.memory_quota, "watchdog violation");
+                }
+                if kill && v.pid > 1 && v.pid != own {
+                    match nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(v.pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    ) {
+                        Ok(()) => {
+                            v.killed = true;
+                            tracing::warn!(pid = v.pid, gpu = %v.gpu, "watchdog killed the process");
+                        }
+                        Err(e) => {
+                            tracing::warn!(pid = v.pid, error = %e, "watchdog could not kill")
+                        }
+                    }
+                }
+            }
+            reported = found.clone();
+            lock(&arbiter).record_violations(found);
+        }
+    });
 }
 
 #[cfg(test)]
