@@ -873,6 +873,39 @@ impl Arbiter {
 
     /// Registers a process (pid from SO_PEERCRED), after checking that it belongs
     /// to the lease's container where that can be told.
+    /// Whether `peer_pid` may speak on lease `id`'s socket at all: it must be
+    /// inside the lease's confirmed container (its pid namespace and cgroup). A
+    /// lease id alone entitles nothing: ids are visible to host users (the lease
+    /// directory is a bind mount listed in every container process's mountinfo),
+    /// so an unconfirmed lease, or a peer whose /proc cannot be read, is refused.
+    pub fn lease_peer(&self, id: &LeaseId, peer_pid: u32) -> Result<(), StateError> {
+        let record = self
+            .leases
+            .get(id)
+            .ok_or_else(|| StateError::LeaseReleased(id.clone()))?;
+        self.verify_peer(id, record, peer_pid)
+    }
+
+    fn verify_peer(
+        &self,
+        id: &LeaseId,
+        record: &LeaseRecord,
+        peer_pid: u32,
+    ) -> Result<(), StateError> {
+        match check_peer(
+            self.probe.as_ref(),
+            peer_pid,
+            record.lease.pid,
+            record.cgroup.as_deref(),
+        ) {
+            PeerCheck::Accepted => Ok(()),
+            PeerCheck::Unverified(why) | PeerCheck::Refused(why) => {
+                tracing::warn!(lease = %id, pid = peer_pid, why, "lease client refused");
+                Err(StateError::PeerRefused(why))
+            }
+        }
+    }
+
     pub fn lease_attach(
         &mut self,
         id: &LeaseId,
@@ -884,21 +917,7 @@ impl Arbiter {
             .leases
             .get(id)
             .ok_or_else(|| StateError::LeaseReleased(id.clone()))?;
-        match check_peer(
-            self.probe.as_ref(),
-            peer_pid,
-            record.lease.pid,
-            record.cgroup.as_deref(),
-        ) {
-            PeerCheck::Accepted => {}
-            PeerCheck::Unverified(why) => {
-                tracing::debug!(lease = %id, pid = peer_pid, why, "lease client not verified")
-            }
-            PeerCheck::Refused(why) => {
-                tracing::warn!(lease = %id, pid = peer_pid, why, "lease client refused");
-                return Err(StateError::PeerRefused(why));
-            }
-        }
+        self.verify_peer(id, record, peer_pid)?;
         let estimate = self.overhead_estimate();
         self.ledger
             .attach(id, connection, peer_pid, held, estimate)?;
