@@ -4,6 +4,7 @@
 //! audit) are plain functions and structs that unit tests drive directly;
 //! sockets, NVML, /proc and files sit at the edges behind small traits.
 
+pub mod connections;
 pub mod control;
 pub mod daemon;
 pub mod inventory;

@@ -22,6 +22,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u64>) -> String {
     let mut out = String::new();
     render_tokens(&mut out, report);
+    render_connections(&mut out, report);
     family(
         &mut out,
         "gpushare_gpu_memory_total_bytes",
@@ -249,6 +250,34 @@ where
     }
 }
 
+/// The lease sockets' connections: how many are open, and the refused floods.
+fn render_connections(out: &mut String, report: &StatusReport) {
+    let c = &report.connections;
+    family(
+        out,
+        "gpushare_lease_connections",
+        "gauge",
+        "Open lease-socket connections (token connections included).",
+    );
+    let _ = writeln!(out, "gpushare_lease_connections {}", c.open);
+    family(
+        out,
+        "gpushare_lease_connections_refused_total",
+        "counter",
+        "Lease-socket connections refused: over the per-lease or node-wide bound, or from a peer outside the lease's container.",
+    );
+    for (reason, n) in [
+        ("lease_limit", c.refused_lease_limit),
+        ("total_limit", c.refused_total_limit),
+        ("peer", c.refused_peer),
+    ] {
+        let _ = writeln!(
+            out,
+            "gpushare_lease_connections_refused_total{{reason=\"{reason}\"}} {n}"
+        );
+    }
+}
+
 /// The time-slice tokens: counters per GPU (only GPUs that had token clients).
 fn render_tokens(out: &mut String, report: &StatusReport) {
     type Field = fn(&gpushare_proto::TokenStatus) -> u64;
@@ -423,6 +452,12 @@ mod tests {
                 reason: "MIG mode is enabled".into(),
                 ..Default::default()
             }],
+            connections: gpushare_proto::ConnectionStatus {
+                open: 5,
+                refused_lease_limit: 9_744,
+                refused_peer: 2,
+                ..Default::default()
+            },
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);
@@ -450,6 +485,10 @@ mod tests {
             "gpushare_admission_overran_launches_total{gpu=\"GPU-0\"} 2",
             "gpushare_admission_overran_microseconds_total{gpu=\"GPU-0\"} 7",
             "gpushare_gpu_unshareable{gpu=\"GPU-1\",index=\"1\"} 1",
+            "gpushare_lease_connections 5",
+            "gpushare_lease_connections_refused_total{reason=\"lease_limit\"} 9744",
+            "gpushare_lease_connections_refused_total{reason=\"total_limit\"} 0",
+            "gpushare_lease_connections_refused_total{reason=\"peer\"} 2",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

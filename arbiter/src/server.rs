@@ -24,6 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::connections::{ConnectionBudget, Permit, Refusal};
 use crate::inventory::GpuBackend;
 use crate::state::{Arbiter, LeaseDirs, LeaseEndpoints, ProcessTable, StateError};
 use crate::tokens::{TokenLease, TokenService};
@@ -71,6 +72,35 @@ async fn read_frame_within<T: DeserializeOwned>(
     let mut body = vec![0u8; frame::body_len_within(header, limit)?];
     stream.read_exact(&mut body).await?;
     frame::decode(&body)
+}
+
+/// A frame that may be long in coming (an idle ledger connection waits for its
+/// process's next allocation) but, once begun, must be complete within
+/// [`FRAME_TIMEOUT`].
+async fn read_started_frame<T: DeserializeOwned>(
+    stream: &mut UnixStream,
+    limit: usize,
+) -> Result<T, FrameError> {
+    let mut header = [0u8; 4];
+    if stream.read(&mut header[..1]).await? == 0 {
+        return Err(FrameError::Closed);
+    }
+    let rest = async {
+        stream.read_exact(&mut header[1..]).await?;
+        let mut body = vec![0u8; frame::body_len_within(header, limit)?];
+        stream.read_exact(&mut body).await?;
+        frame::decode(&body)
+    };
+    match tokio::time::timeout(FRAME_TIMEOUT, rest).await {
+        Ok(read) => read,
+        Err(_) => Err(FrameError::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "a frame begun and not finished within {} s",
+                FRAME_TIMEOUT.as_secs()
+            ),
+        ))),
+    }
 }
 
 pub(crate) async fn write_frame<T: Serialize>(
@@ -170,11 +200,15 @@ impl Drop for SocketEndpoints {
     }
 }
 
-/// One connection per CUDA process of the container; far above any real
-/// container, low enough that one container cannot exhaust the arbiter's
-/// descriptors or memory (each connection may buffer a frame of up to 1 MiB)
-/// and fail every other container's start.
-pub const MAX_CONNECTIONS_PER_LEASE: usize = 256;
+pub use crate::connections::MAX_CONNECTIONS_PER_LEASE;
+
+/// How often a refused flood is logged: the first refusal, then a summary at most
+/// this often, so a container that floods its socket cannot flood the log too.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Once a frame has begun, the rest of it must arrive within this: a client that
+/// sends half a frame and then nothing is dropped rather than kept for ever.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
 async fn serve_lease(
     listener: UnixListener,
@@ -182,25 +216,32 @@ async fn serve_lease(
     slot: Arc<OnceLock<Weak<Mutex<Arbiter>>>>,
     tokens: Arc<TokenService>,
 ) {
+    let budget = tokens.budget().clone();
     let mut connections = JoinSet::new();
+    let mut refusals = RefusalLog::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) if connections.len() >= MAX_CONNECTIONS_PER_LEASE => {
-                    tracing::warn!(%lease, limit = MAX_CONNECTIONS_PER_LEASE, "too many connections on a lease socket; refusing one");
-                    drop(stream);
-                }
-                Ok((stream, _)) => {
-                    let lease = lease.clone();
-                    let slot = slot.clone();
-                    let tokens = tokens.clone();
-                    connections.spawn(async move {
-                        let Some(arbiter) = wait_for_arbiter(&slot).await else { return };
-                        if let Err(e) = handle_lease_connection(stream, &lease, &arbiter, &tokens).await {
-                            tracing::debug!(%lease, error = %e, "lease connection closed");
-                        }
-                    });
-                }
+                Ok((stream, _)) => match budget.admit(&lease) {
+                    Err(why) => {
+                        // Closed without an answer: the client sees the arbiter as
+                        // unreachable and retries with backoff, under its loss policy,
+                        // rather than taking a refusal as "run ungated".
+                        drop(stream);
+                        refusals.note(&lease, why, &budget);
+                    }
+                    Ok(permit) => {
+                        let lease = lease.clone();
+                        let slot = slot.clone();
+                        let tokens = tokens.clone();
+                        connections.spawn(async move {
+                            let Some(arbiter) = wait_for_arbiter(&slot).await else { return };
+                            if let Err(e) = handle_lease_connection(stream, &lease, &arbiter, &tokens, permit).await {
+                                tracing::debug!(%lease, error = %e, "lease connection closed");
+                            }
+                        });
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(%lease, error = %e, "lease socket accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -208,6 +249,38 @@ async fn serve_lease(
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
+    }
+}
+
+/// Logs the first refused connection of a burst and then a count at most every
+/// [`REFUSAL_LOG_INTERVAL`].
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    since_last: u64,
+}
+
+impl RefusalLog {
+    fn note(&mut self, lease: &LeaseId, why: Refusal, budget: &ConnectionBudget) {
+        self.since_last += 1;
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < REFUSAL_LOG_INTERVAL)
+        {
+            return;
+        }
+        let status = budget.status();
+        match why {
+            Refusal::LeaseLimit => {
+                tracing::warn!(%lease, limit = status.per_lease_limit, refused = self.since_last, "too many connections on a lease socket; refusing")
+            }
+            Refusal::TotalLimit => {
+                tracing::warn!(%lease, limit = status.total_limit, refused = self.since_last, "too many lease-socket connections on the node; refusing")
+            }
+        }
+        self.last = Some(now);
+        self.since_last = 0;
     }
 }
 
@@ -279,18 +352,43 @@ fn schedule_terms(
     })
 }
 
+/// Whether the peer may use this lease's socket at all, decided before it is
+/// answered anything: a foreign peer learns nothing and costs nothing more.
+fn admit_peer(
+    stream: &UnixStream,
+    lease: &LeaseId,
+    arbiter: &SharedArbiter,
+) -> Result<u32, String> {
+    let pid = stream
+        .peer_cred()
+        .ok()
+        .and_then(|c| c.pid())
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or_else(|| "cannot read the peer's credentials".to_owned())?;
+    lock(arbiter)
+        .lease_peer(lease, pid)
+        .map(|()| pid)
+        .map_err(|e| e.to_string())
+}
+
 async fn handle_lease_connection(
     mut stream: UnixStream,
     lease: &LeaseId,
     arbiter: &SharedArbiter,
     tokens: &Arc<TokenService>,
+    permit: Permit,
 ) -> Result<(), FrameError> {
     let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
-    let peer_pid = stream
-        .peer_cred()
-        .ok()
-        .and_then(|c| c.pid())
-        .and_then(|p| u32::try_from(p).ok());
+    let peer_pid = match admit_peer(&stream, lease, arbiter) {
+        Ok(pid) => pid,
+        Err(why) => {
+            tokens.budget().refused_peer();
+            let refusal = lease_error(ErrorKind::PermissionDenied, why);
+            // Best effort and bounded: a foreign peer gets one answer, never a wait.
+            let _ = tokio::time::timeout(FRAME_TIMEOUT, write_frame(&mut stream, &refusal)).await;
+            return Ok(());
+        }
+    };
     let mut state = Attachment {
         arbiter,
         lease,
@@ -299,10 +397,10 @@ async fn handle_lease_connection(
     };
     let mut greeted = false;
     loop {
-        let next = read_frame_within(&mut stream, MAX_LEASE_REQUEST_BYTES);
         let read = if greeted {
-            next.await
+            read_started_frame(&mut stream, MAX_LEASE_REQUEST_BYTES).await
         } else {
+            let next = read_frame_within(&mut stream, MAX_LEASE_REQUEST_BYTES);
             match tokio::time::timeout(HELLO_TIMEOUT, next).await {
                 Ok(read) => read,
                 Err(_) => {
@@ -335,11 +433,9 @@ async fn handle_lease_connection(
             }
             match schedule_terms(tokens, arbiter, lease) {
                 Ok(terms) => {
-                    // From here on a blocking thread serves it: token traffic must not
-                    // wait for the async runtime's scheduler.
-                    let stream = stream.into_std()?;
-                    stream.set_nonblocking(false)?;
-                    tokens.serve(stream, terms, peer_pid);
+                    // From here on the GPU's token I/O thread serves it: token traffic
+                    // must not wait for the async runtime's scheduler.
+                    tokens.serve(stream.into_std()?, terms, Some(peer_pid), permit);
                 }
                 Err(refusal) => write_frame(&mut stream, &refusal).await?,
             }
@@ -358,15 +454,7 @@ async fn handle_lease_connection(
             (LeaseRequest::Hello { .. }, true, _) => (out_of_order("hello sent twice"), true),
             (LeaseRequest::Attach { .. }, true, true) => (out_of_order("attach sent twice"), true),
             (LeaseRequest::Attach { memory_held }, true, false) => {
-                let Some(pid) = peer_pid else {
-                    let e = lease_error(
-                        ErrorKind::PermissionDenied,
-                        "cannot read the peer's credentials".into(),
-                    );
-                    write_frame(&mut stream, &e).await?;
-                    return Ok(());
-                };
-                let result = lock(arbiter).lease_attach(lease, connection, pid, memory_held);
+                let result = lock(arbiter).lease_attach(lease, connection, peer_pid, memory_held);
                 match result {
                     Ok(quota) => {
                         state.attached = true;
@@ -378,7 +466,13 @@ async fn handle_lease_connection(
                         } else {
                             quota
                         };
-                        (LeaseResponse::Attached { pid, quota }, false)
+                        (
+                            LeaseResponse::Attached {
+                                pid: peer_pid,
+                                quota,
+                            },
+                            false,
+                        )
                     }
                     Err(e) => {
                         let close =

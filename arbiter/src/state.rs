@@ -1032,6 +1032,11 @@ impl Arbiter {
             violations: self.violations.clone(),
             tokens: self.tokens.as_ref().map(|t| t.status()).unwrap_or_default(),
             unshareable: self.unshareable.iter().map(|u| u.status()).collect(),
+            connections: self
+                .tokens
+                .as_ref()
+                .map(|t| t.budget().status())
+                .unwrap_or_default(),
         }
     }
 }

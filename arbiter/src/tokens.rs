@@ -1,17 +1,20 @@
 //! The time-slice token's I/O edge: one scheduler per GPU (the pure
 //! [`TokenPolicy`] behind a mutex, the pages of its clients, a timer thread), the
 //! shared pages themselves (memfd, mapped writable here, sealed so the client can
-//! only map them read-only), and one blocking thread per token connection.
+//! only map them read-only), and one I/O thread per GPU serving every token
+//! connection of that GPU (epoll, through mio).
 //!
 //! Token traffic never goes through the async runtime: a handoff is a frame read by
-//! the releasing client's thread, a policy step and a few stores plus `FUTEX_WAKE`
-//! on the next holder's page — tens of microseconds, which a hop through tokio's
-//! scheduler would multiply.
+//! the GPU's I/O thread, a policy step and a few stores plus `FUTEX_WAKE` on the next
+//! holder's page — tens of microseconds, which a hop through tokio's scheduler would
+//! multiply. Why not a thread per connection (the first version): a container could
+//! open thousands of token connections and with them thousands of arbiter threads;
+//! an idle connection now costs a descriptor, a page and a slot in the GPU's table.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::num::NonZeroUsize;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +30,7 @@ use gpushare_proto::{
     TokenHolder, TokenPage, TokenRequest, TokenStatus, WindowWaiter,
 };
 
+use crate::connections::{ConnectionBudget, Permit};
 use crate::timeslice::{Action, ClientId, Event, TokenPolicy};
 
 /// Longest frame a token connection may send: `{"op":"release","again":false}` is 31
@@ -183,13 +187,23 @@ impl Drop for PageMapping {
 
 struct Registered {
     page: Arc<PageMapping>,
-    /// A second handle on the connection, to close it from outside its thread.
-    stream: UnixStream,
+    /// The connection, shared with the GPU's I/O thread, to close it from outside.
+    stream: Arc<UnixStream>,
     lease: LeaseId,
     pid: Option<u32>,
     priority: Priority,
     /// Its latest admission report (cumulative since it connected).
     fit: FitCounts,
+    /// Since when it holds the token (granted and not yet released), and how long it
+    /// held it before: the watchdog compares this with the GPU time NVML saw it use.
+    held_since: Option<u64>,
+    held_ns: u64,
+}
+
+impl Registered {
+    fn held_ns_at(&self, now: u64) -> u64 {
+        self.held_ns + self.held_since.map_or(0, |since| now.saturating_sub(since))
+    }
 }
 
 struct GpuState {
@@ -205,6 +219,8 @@ struct GpuToken {
     gpu: String,
     state: Mutex<GpuState>,
     timer: Condvar,
+    /// Hands new connections to the GPU's I/O thread.
+    io: IoHandoff,
 }
 
 impl GpuToken {
@@ -221,16 +237,19 @@ impl GpuToken {
         let notify_timer;
         {
             let mut state = self.lock();
+            let now = monotonic_ns();
             if let Event::Release { client, .. } = event {
                 // The page must not go on saying "held" after the client gave it back,
                 // or its next launch would pass the check; a grant in this same step
                 // (again = true) overwrites it. Nobody waits on it: no bump.
-                if let Some(registered) = state.clients.get(&client) {
+                if let Some(registered) = state.clients.get_mut(&client) {
                     let page = registered.page.page();
                     page.deadline_ns.store(NOT_HELD, Ordering::Release);
+                    registered.held_ns = registered.held_ns_at(now);
+                    registered.held_since = None;
                 }
             }
-            let actions = state.policy.handle(monotonic_ns(), event);
+            let actions = state.policy.handle(now, event);
             for action in &actions {
                 self.apply(&mut state, action, &mut wakes);
             }
@@ -257,9 +276,12 @@ impl GpuToken {
             | Action::Overdue { client }
             | Action::Recovered { client, .. } => client,
         };
-        let Some(registered) = state.clients.get(&client) else {
+        let Some(registered) = state.clients.get_mut(&client) else {
             return;
         };
+        if matches!(action, Action::Grant { .. }) && registered.held_since.is_none() {
+            registered.held_since = Some(monotonic_ns());
+        }
         if registered.page.apply(action) {
             wakes.push(registered.page.clone());
         }
@@ -384,6 +406,200 @@ impl GpuToken {
     }
 }
 
+// ----- the GPU's I/O thread -----
+
+/// The waker's token; clients' tokens are their ids, which start at 1.
+const WAKE: mio::Token = mio::Token(0);
+
+/// A connection on its way to the GPU's I/O thread.
+struct Arriving {
+    client: ClientId,
+    connection: Connection,
+}
+
+/// The GPU's side of its I/O thread: new connections are queued here and the thread
+/// is woken to register them.
+struct IoHandoff {
+    arriving: Mutex<Vec<Arriving>>,
+    waker: mio::Waker,
+}
+
+impl IoHandoff {
+    fn new() -> io::Result<(IoHandoff, mio::Poll)> {
+        let poll = mio::Poll::new()?;
+        let waker = mio::Waker::new(poll.registry(), WAKE)?;
+        let handoff = IoHandoff {
+            arriving: Mutex::new(Vec::new()),
+            waker,
+        };
+        Ok((handoff, poll))
+    }
+
+    fn hand_over(&self, arriving: Arriving) {
+        self.arriving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(arriving);
+        if let Err(e) = self.waker.wake() {
+            tracing::error!(error = %e, "cannot wake the token I/O thread");
+        }
+    }
+
+    fn take(&self) -> Vec<Arriving> {
+        std::mem::take(&mut *self.arriving.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// One token connection as its I/O thread holds it: the socket, the bytes of a frame
+/// not yet complete, and its place in the connection budget.
+struct Connection {
+    stream: Arc<UnixStream>,
+    buffer: [u8; MAX_TOKEN_FRAME],
+    filled: usize,
+    _permit: Permit,
+}
+
+impl Connection {
+    fn new(stream: Arc<UnixStream>, permit: Permit) -> Connection {
+        Connection {
+            stream,
+            buffer: [0; MAX_TOKEN_FRAME],
+            filled: 0,
+            _permit: permit,
+        }
+    }
+
+    fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Reads what the socket has (edge-triggered: until it would block) and passes
+    /// every complete request to `handle`. Err ends the connection (EOF included).
+    fn pump(&mut self, mut handle: impl FnMut(TokenRequest)) -> Result<(), TokenError> {
+        loop {
+            let read = (&*self.stream).read(&mut self.buffer[self.filled..]);
+            match read {
+                Ok(0) => return Err(FrameError::Closed.into()),
+                Ok(n) => self.filled += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+            while let Some(request) = self.next_request()? {
+                handle(request);
+            }
+        }
+    }
+
+    /// The first complete frame in the buffer, removed from it.
+    fn next_request(&mut self) -> Result<Option<TokenRequest>, TokenError> {
+        let Some(length) = frame_length(&self.buffer[..self.filled])? else {
+            return Ok(None);
+        };
+        let end = 4 + length;
+        if self.filled < end {
+            return Ok(None);
+        }
+        let request = serde_json::from_slice(&self.buffer[4..end]).map_err(TokenError::Malformed);
+        self.buffer.copy_within(end..self.filled, 0);
+        self.filled -= end;
+        request.map(Some)
+    }
+}
+
+/// The body length a frame header announces, once all four bytes are there; a frame
+/// longer than [`MAX_TOKEN_FRAME`] is refused before any of its body is read.
+fn frame_length(bytes: &[u8]) -> Result<Option<usize>, TokenError> {
+    let Some(header) = bytes.first_chunk::<4>() else {
+        return Ok(None);
+    };
+    let length = u32::from_be_bytes(*header) as usize;
+    if length > MAX_TOKEN_FRAME - 4 {
+        return Err(TokenError::Oversized(length.saturating_add(4)));
+    }
+    Ok(Some(length))
+}
+
+impl GpuToken {
+    /// The GPU's I/O thread: every token connection of the GPU, on one epoll set.
+    fn run_io(&self, mut poll: mio::Poll) {
+        let mut events = mio::Events::with_capacity(256);
+        let mut connections: HashMap<ClientId, Connection> = HashMap::new();
+        loop {
+            if let Err(e) = poll.poll(&mut events, None) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(gpu = %self.gpu, error = %e, "token I/O poll failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                continue;
+            }
+            for event in events.iter() {
+                if event.token() == WAKE {
+                    for arriving in self.io.take() {
+                        let fd = arriving.connection.fd();
+                        let token = mio::Token(arriving.client as usize);
+                        let registered = poll.registry().register(
+                            &mut mio::unix::SourceFd(&fd),
+                            token,
+                            mio::Interest::READABLE,
+                        );
+                        match registered {
+                            // Registering a socket that is already readable reports
+                            // it, so a request sent before this moment is not lost.
+                            Ok(()) => {
+                                connections.insert(arriving.client, arriving.connection);
+                            }
+                            Err(e) => {
+                                tracing::warn!(gpu = %self.gpu, error = %e, "cannot watch a token connection");
+                                self.leave(arriving.client, None);
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let client = event.token().0 as ClientId;
+                let Some(connection) = connections.get_mut(&client) else {
+                    continue;
+                };
+                let pumped = connection.pump(|request| {
+                    let event = match request {
+                        TokenRequest::Want => Event::Want { client },
+                        TokenRequest::Release { again } => Event::Release { client, again },
+                        TokenRequest::Fit { need_ns, counts } => {
+                            self.record_fit(client, counts);
+                            Event::Need { client, need_ns }
+                        }
+                    };
+                    self.handle(event);
+                });
+                if let Err(e) = pumped {
+                    if let Some(connection) = connections.remove(&client) {
+                        let fd = connection.fd();
+                        let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&fd));
+                    }
+                    self.leave(client, Some(e));
+                }
+            }
+        }
+    }
+
+    /// EOF, a protocol error, or the arbiter closed it: the token is lost at once.
+    fn leave(&self, client: ClientId, why: Option<TokenError>) {
+        self.handle(Event::Leave { client });
+        let gone = self.lock().clients.remove(&client);
+        if let Some(r) = gone {
+            match why {
+                None | Some(TokenError::Frame(FrameError::Closed)) => {
+                    tracing::info!(gpu = %self.gpu, lease = %r.lease, pid = ?r.pid, "token client left")
+                }
+                Some(e) => {
+                    tracing::info!(gpu = %self.gpu, lease = %r.lease, pid = ?r.pid, error = %e, "token client dropped")
+                }
+            }
+        }
+    }
+}
+
 // ----- the service -----
 
 /// What the arbiter recorded for the lease a token connection belongs to.
@@ -402,15 +618,64 @@ pub struct TokenService {
     config: SchedulerConfig,
     gpus: Mutex<HashMap<String, Arc<GpuToken>>>,
     next_client: AtomicU64,
+    /// Every lease-socket connection's place, token connections included.
+    budget: Arc<ConnectionBudget>,
+}
+
+/// How long one token client has held its GPU's token, for the watchdog.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holding {
+    pub gpu: String,
+    pub lease: LeaseId,
+    pub pid: Option<u32>,
+    pub priority: Priority,
+    /// Nanoseconds it held the token (granted, not yet released) since it joined.
+    pub held_ns: u64,
 }
 
 impl TokenService {
     pub fn new(config: SchedulerConfig) -> Arc<TokenService> {
+        TokenService::with_budget(config, ConnectionBudget::for_this_process())
+    }
+
+    pub fn with_budget(
+        config: SchedulerConfig,
+        budget: Arc<ConnectionBudget>,
+    ) -> Arc<TokenService> {
         Arc::new(TokenService {
             config,
             gpus: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
+            budget,
         })
+    }
+
+    pub fn budget(&self) -> &Arc<ConnectionBudget> {
+        &self.budget
+    }
+
+    /// Every token client's time holding the token so far.
+    pub fn holdings(&self) -> Vec<Holding> {
+        let gpus: Vec<Arc<GpuToken>> = self
+            .gpus
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let now = monotonic_ns();
+        let mut holdings = Vec::new();
+        for gpu in gpus {
+            let state = gpu.lock();
+            holdings.extend(state.clients.values().map(|r| Holding {
+                gpu: gpu.gpu.clone(),
+                lease: r.lease.clone(),
+                pid: r.pid,
+                priority: r.priority,
+                held_ns: r.held_ns_at(now),
+            }));
+        }
+        holdings
     }
 
     pub fn policy(&self) -> SchedulingPolicy {
@@ -422,6 +687,7 @@ impl TokenService {
         if let Some(gpu) = gpus.get(uuid) {
             return gpu.clone();
         }
+        let (io, poll) = IoHandoff::new().expect("creating a token I/O poller");
         let gpu = Arc::new(GpuToken {
             gpu: uuid.to_owned(),
             state: Mutex::new(GpuState {
@@ -431,38 +697,40 @@ impl TokenService {
                 timer_at: None,
             }),
             timer: Condvar::new(),
+            io,
         });
         let timer = gpu.clone();
         std::thread::Builder::new()
             .name("token-timer".into())
             .spawn(move || timer.run_timer())
             .expect("spawning a token timer thread");
+        let served = gpu.clone();
+        std::thread::Builder::new()
+            .name("token-io".into())
+            .spawn(move || served.run_io(poll))
+            .expect("spawning a token I/O thread");
         gpus.insert(uuid.to_owned(), gpu.clone());
         gpu
     }
 
     /// Takes over a connection that asked to be scheduled (and passed the checks):
-    /// from here on it is served by a thread of its own.
-    pub fn serve(self: &Arc<Self>, stream: UnixStream, lease: TokenLease, pid: Option<u32>) {
-        let service = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("token-conn".into())
-            .spawn(move || {
-                if let Err(e) = service.run_connection(stream, lease.clone(), pid) {
-                    tracing::debug!(lease = %lease.lease, error = %e, "token connection closed");
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot spawn a token connection thread");
+    /// registers it, sends its page, and hands it to the GPU's I/O thread. Never
+    /// blocks: the socket is non-blocking, and a client that does not take its
+    /// `Scheduled` answer at once (the buffer holds far more) is dropped.
+    pub fn serve(&self, stream: UnixStream, lease: TokenLease, pid: Option<u32>, permit: Permit) {
+        if let Err(e) = self.join(stream, &lease, pid, permit) {
+            tracing::debug!(lease = %lease.lease, error = %e, "token connection closed");
         }
     }
 
-    fn run_connection(
+    fn join(
         &self,
-        mut stream: UnixStream,
-        lease: TokenLease,
+        stream: UnixStream,
+        lease: &TokenLease,
         pid: Option<u32>,
+        permit: Permit,
     ) -> Result<(), TokenError> {
+        stream.set_nonblocking(true)?;
         let (page, fd) = match PageMapping::create() {
             Ok(created) => created,
             Err(e) => {
@@ -470,35 +738,15 @@ impl TokenService {
                     kind: ErrorKind::Internal,
                     message: format!("{e}; the client runs ungated"),
                 };
-                let _ = frame::write_message(&mut stream, &refusal);
+                let _ = frame::write_message(&mut &stream, &refusal);
                 return Err(e);
             }
         };
         let client = self.next_client.fetch_add(1, Ordering::Relaxed);
         let gpu = self.gpu(&lease.gpu);
-        {
-            let mut state = gpu.lock();
-            state.clients.insert(
-                client,
-                Registered {
-                    page: Arc::new(page),
-                    stream: stream.try_clone()?,
-                    lease: lease.lease.clone(),
-                    pid,
-                    priority: lease.priority,
-                    fit: FitCounts::default(),
-                },
-            );
-        }
-        gpu.handle(Event::Join {
-            client,
-            priority: lease.priority,
-            request: lease.request,
-            limit: lease.limit,
-        });
-        tracing::info!(gpu = %lease.gpu, lease = %lease.lease, ?pid, priority = ?lease.priority, "token client joined");
-        // The interposer decides from `priority` whether it may submit before a grant;
-        // the round-robin baseline has no classes, so everyone waits for the token.
+        let stream = Arc::new(stream);
+        // The round-robin baseline has no classes, so everyone waits for the token; the
+        // interposer decides from `priority` whether it may submit before a grant.
         let class_for_client = match self.config.policy {
             SchedulingPolicy::RoundRobin => Priority::Low,
             _ => lease.priority,
@@ -511,29 +759,35 @@ impl TokenService {
             fit_launches: self.config.admit_by_duration
                 && self.config.policy == SchedulingPolicy::Priority,
         };
-        let result = send_scheduled(&stream, &terms, &fd).and_then(|()| {
-            drop(fd);
-            stream.set_write_timeout(None)?;
-            loop {
-                let event = match read_request(&mut stream)? {
-                    TokenRequest::Want => Event::Want { client },
-                    TokenRequest::Release { again } => Event::Release { client, again },
-                    TokenRequest::Fit { need_ns, counts } => {
-                        gpu.record_fit(client, counts);
-                        Event::Need { client, need_ns }
-                    }
-                };
-                gpu.handle(event);
-            }
+        // Sent before the client joins the policy: a client that cannot be told its
+        // terms never holds the token.
+        send_scheduled(&stream, &terms, &fd)?;
+        drop(fd);
+        gpu.lock().clients.insert(
+            client,
+            Registered {
+                page: Arc::new(page),
+                stream: stream.clone(),
+                lease: lease.lease.clone(),
+                pid,
+                priority: lease.priority,
+                fit: FitCounts::default(),
+                held_since: None,
+                held_ns: 0,
+            },
+        );
+        gpu.handle(Event::Join {
+            client,
+            priority: lease.priority,
+            request: lease.request,
+            limit: lease.limit,
         });
-        // EOF, a protocol error, or the arbiter closed it: the token is lost at once.
-        gpu.handle(Event::Leave { client });
-        gpu.lock().clients.remove(&client);
-        tracing::info!(gpu = %lease.gpu, lease = %lease.lease, ?pid, "token client left");
-        match result {
-            Err(TokenError::Frame(FrameError::Closed)) => Ok(()),
-            other => other,
-        }
+        tracing::info!(gpu = %lease.gpu, lease = %lease.lease, ?pid, priority = ?lease.priority, "token client joined");
+        gpu.io.hand_over(Arriving {
+            client,
+            connection: Connection::new(stream, permit),
+        });
+        Ok(())
     }
 
     /// The lease ended: its clients are flagged cut off (the only cut-off there is:
@@ -597,22 +851,6 @@ fn send_scheduled(
     Ok(())
 }
 
-/// One `TokenRequest` frame, at most [`MAX_TOKEN_FRAME`] bytes.
-fn read_request(stream: &mut UnixStream) -> Result<TokenRequest, TokenError> {
-    let mut header = [0u8; 4];
-    match stream.read_exact(&mut header) {
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed.into()),
-        other => other?,
-    }
-    let length = u32::from_be_bytes(header) as usize;
-    if length > MAX_TOKEN_FRAME - 4 {
-        return Err(TokenError::Oversized(length + 4));
-    }
-    let mut body = [0u8; MAX_TOKEN_FRAME];
-    stream.read_exact(&mut body[..length])?;
-    serde_json::from_slice(&body[..length]).map_err(TokenError::Malformed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,6 +898,22 @@ mod tests {
         assert_eq!(page.flags.load(Ordering::Relaxed), FLAG_CUT_OFF);
     }
 
+    /// A connection as the I/O thread holds it, with the peer's end.
+    fn connection() -> (Connection, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let permit = ConnectionBudget::new(1, 1)
+            .admit(&LeaseId("l".into()))
+            .unwrap();
+        (Connection::new(Arc::new(ours), permit), theirs)
+    }
+
+    fn pump(connection: &mut Connection) -> (Vec<TokenRequest>, Result<(), TokenError>) {
+        let mut seen = Vec::new();
+        let result = connection.pump(|r| seen.push(r));
+        (seen, result)
+    }
+
     #[test]
     fn token_frames_are_bounded_and_must_be_requests() {
         for (bytes, expect) in [
@@ -677,15 +931,42 @@ mod tests {
             ),
             (frame::encode(&"hello").unwrap(), "not a token request"),
         ] {
-            let (mut ours, mut theirs) = UnixStream::pair().unwrap();
+            let (mut connection, mut theirs) = connection();
             theirs.write_all(&bytes).unwrap();
-            match read_request(&mut ours) {
-                Ok(request) => {
+            match pump(&mut connection) {
+                (seen, Ok(())) => {
                     assert_eq!(expect, "ok");
-                    assert_eq!(request, TokenRequest::Release { again: true });
+                    assert_eq!(seen, [TokenRequest::Release { again: true }]);
                 }
-                Err(e) => assert!(e.to_string().contains(expect), "{e}"),
+                (_, Err(e)) => assert!(e.to_string().contains(expect), "{e}"),
             }
         }
+    }
+
+    #[test]
+    fn frames_split_across_reads_or_sharing_one_are_each_read_once() {
+        let (mut connection, mut theirs) = connection();
+        let want = frame::encode(&TokenRequest::Want).unwrap();
+        let release = frame::encode(&TokenRequest::Release { again: false }).unwrap();
+        // Half a frame: nothing yet, and the connection stays.
+        theirs.write_all(&want[..3]).unwrap();
+        assert!(matches!(pump(&mut connection), (seen, Ok(())) if seen.is_empty()));
+        // Its rest and a whole second frame in one write.
+        let mut rest = want[3..].to_vec();
+        rest.extend(&release);
+        theirs.write_all(&rest).unwrap();
+        let (seen, result) = pump(&mut connection);
+        assert!(result.is_ok());
+        assert_eq!(
+            seen,
+            [TokenRequest::Want, TokenRequest::Release { again: false }]
+        );
+        assert_eq!(connection.filled, 0);
+        // The peer closing ends it.
+        drop(theirs);
+        assert!(matches!(
+            pump(&mut connection),
+            (_, Err(TokenError::Frame(FrameError::Closed)))
+        ));
     }
 }

@@ -130,12 +130,13 @@ fn lease_socket_attach_query_charge_credit() {
     let d = Daemon::start(1, "16Gi", "");
     let mut c = d.client();
     let lease = c.reserve(request("c1", "1Gi", Priority::Low)).unwrap();
+    confirm_here(&mut c, "c1");
     let path = d.lease_socket(&lease.id.0);
     let mut a = LeaseClient::connect(&path, T).unwrap();
     let q = a.query().unwrap();
     assert_eq!(
         (q.memory_quota, q.memory_used, q.state),
-        (GI, 0, LeaseState::Reserved)
+        (GI, 0, LeaseState::Confirmed)
     );
     let (pid, q) = a.attach(0).unwrap();
     assert_eq!(pid, std::process::id(), "the pid comes from SO_PEERCRED");
@@ -207,13 +208,14 @@ fn a_peer_from_another_pid_namespace_is_refused() {
     });
     let lease = c.reserve(request("ns", "1Gi", Priority::Low)).unwrap();
     c.confirm("ns".into(), init.unwrap()).unwrap();
-    let mut outsider = LeaseClient::connect(&d.lease_socket(&lease.id.0), T).unwrap();
-    let err = outsider.attach(0).unwrap_err();
+    // Refused before it is answered anything, even its hello.
+    let Err(err) = LeaseClient::connect(&d.lease_socket(&lease.id.0), T) else {
+        panic!("a peer in another pid namespace was answered");
+    };
     assert!(
         matches!(&err, ClientError::Refused { kind: ErrorKind::PermissionDenied, message } if message.contains("pid namespace")),
         "{err}"
     );
-    assert!(outsider.query().is_err(), "refused connections are closed");
     // Killing unshare would orphan the namespace's init: kill it first.
     let _ = std::process::Command::new("kill")
         .args(["-9", &init.unwrap().to_string()])
@@ -246,6 +248,7 @@ fn bad_messages_close_only_their_connection_on_both_sockets() {
     let d = Daemon::start(1, "16Gi", "");
     let mut c = d.client();
     let lease = c.reserve(request("c1", "1Gi", Priority::Low)).unwrap();
+    confirm_here(&mut c, "c1");
     let lease_path = d.lease_socket(&lease.id.0);
     let mut tenant = LeaseClient::connect(&lease_path, T).unwrap();
     tenant.attach(0).unwrap();
@@ -335,6 +338,7 @@ fn a_lease_connection_that_never_says_hello_is_closed() {
     let d = Daemon::start(1, "16Gi", "");
     let mut c = d.client();
     let lease = c.reserve(request("c1", "1Gi", Priority::Low)).unwrap();
+    confirm_here(&mut c, "c1");
     let mut silent = UnixStream::connect(d.lease_socket(&lease.id.0)).unwrap();
     // Far beyond the bound, so only a connection the arbiter closes ends this read.
     silent
@@ -364,10 +368,9 @@ fn another_protocol_version_is_told_ours_and_closed() {
     }
     let mut rest = Vec::new();
     assert_eq!(s.read_to_end(&mut rest).unwrap(), 0, "closed");
-    let lease = d
-        .client()
-        .reserve(request("c", "1Gi", Priority::Low))
-        .unwrap();
+    let mut c = d.client();
+    let lease = c.reserve(request("c", "1Gi", Priority::Low)).unwrap();
+    confirm_here(&mut c, "c");
     let mut s = UnixStream::connect(d.lease_socket(&lease.id.0)).unwrap();
     write_message(&mut s, &LeaseRequest::Hello { protocol: 99 }).unwrap();
     assert_eq!(
@@ -528,6 +531,8 @@ fn a_flood_of_connections_on_one_lease_socket_is_capped() {
     let mut c = d.client();
     let flooded = c.reserve(request("flood", "1Gi", Priority::Low)).unwrap();
     let other = c.reserve(request("quiet", "1Gi", Priority::Low)).unwrap();
+    confirm_here(&mut c, "flood");
+    confirm_here(&mut c, "quiet");
     let path = d.lease_socket(&flooded.id.0);
     let cap = gpushare_arbiter::server::MAX_CONNECTIONS_PER_LEASE;
     // Held open: each accepted connection waits for its hello.
@@ -556,3 +561,4 @@ fn a_flood_of_connections_on_one_lease_socket_is_capped() {
     );
     drop(held);
 }
+

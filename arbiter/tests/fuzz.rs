@@ -44,6 +44,7 @@ fn random_streams_close_only_their_connection() {
         .borrow_mut()
         .reserve(request("fuzzed", "1Gi", Priority::Low))
         .unwrap();
+    confirm_here(&mut control.borrow_mut(), "fuzzed");
     let lease_path = d.lease_socket(&lease.id.0);
     let tenant = std::cell::RefCell::new(
         LeaseClient::connect(&lease_path, Duration::from_secs(10)).unwrap(),

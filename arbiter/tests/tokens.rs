@@ -20,9 +20,10 @@ const T: Duration = Duration::from_secs(10);
 const HELPER_ENV: &str = "GPUSHARE_TEST_TOKEN_HOLDER";
 
 fn reserve(d: &Daemon, container: &str, priority: Priority) -> Lease {
-    d.client()
-        .reserve(request(container, "1Gi", priority))
-        .unwrap()
+    let mut c = d.client();
+    let lease = c.reserve(request(container, "1Gi", priority)).unwrap();
+    confirm_here(&mut c, container);
+    lease
 }
 
 fn open(d: &Daemon, lease: &Lease) -> TokenConnection {
@@ -296,7 +297,9 @@ fn schedule_is_refused_for_multi_gpu_leases_and_when_the_policy_is_off() {
     let d = Daemon::start(2, "16Gi", "");
     let mut wide = request("wide", "1Gi", Priority::Low);
     wide.gpu = GpuSelector::Count(2);
-    let wide = d.client().reserve(wide).unwrap();
+    let mut c = d.client();
+    let wide = c.reserve(wide).unwrap();
+    confirm_here(&mut c, "wide");
     match TokenConnection::open(&d.lease_socket(&wide.id.0), T) {
         Err(TokenClientError::Refused { message, .. }) => {
             assert!(

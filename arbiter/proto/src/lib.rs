@@ -17,8 +17,8 @@ pub use client::{ChargeOutcome, ClientError, ControlClient, LeaseClient};
 pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{
-    AdmissionStatus, ClientStatus, ControlRequest, ControlResponse, ErrorKind, GpuStatus,
-    LeaseUsage, QueuedRequest, ReserveRequest, StatusReport, TokenHolder, TokenStatus,
+    AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest, ControlResponse, ErrorKind,
+    GpuStatus, LeaseUsage, QueuedRequest, ReserveRequest, StatusReport, TokenHolder, TokenStatus,
     UnshareableGpuStatus, Violation, ViolationKind, WindowWaiter,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};

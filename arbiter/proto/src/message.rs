@@ -228,6 +228,24 @@ pub struct StatusReport {
     /// (compute mode, MIG, MPS); not in `gpus`, no lease is placed on them.
     #[serde(default)]
     pub unshareable: Vec<UnshareableGpuStatus>,
+    /// Lease-socket connections now, their bounds, and what was refused.
+    #[serde(default)]
+    pub connections: ConnectionStatus,
+}
+
+/// The lease sockets' connections (token connections included): how many are open,
+/// the bounds, and how many were refused since the arbiter started, by reason.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionStatus {
+    pub open: usize,
+    pub per_lease_limit: usize,
+    pub total_limit: usize,
+    /// Refused because their lease already had `per_lease_limit` connections.
+    pub refused_lease_limit: u64,
+    /// Refused because the node had `total_limit` connections.
+    pub refused_total_limit: u64,
+    /// Refused because the peer is not inside the lease's confirmed container.
+    pub refused_peer: u64,
 }
 
 /// A GPU gpushare cannot share, and why.
