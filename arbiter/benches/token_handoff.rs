@@ -80,17 +80,21 @@ impl Daemon {
 
     fn reserve(&self, container: &str, priority: Priority) -> Lease {
         let mut c = ControlClient::connect(&self.control(), T).unwrap();
-        c.reserve(ReserveRequest {
-            container_id: container.into(),
-            sandbox_id: None,
-            priority,
-            memory: Some("1Gi".parse().unwrap()),
-            compute_request: Fraction::ZERO,
-            compute_limit: Fraction::ONE,
-            gpu: GpuSelector::Count(1),
-            tenant: None,
-        })
-        .unwrap()
+        let lease = c
+            .reserve(ReserveRequest {
+                container_id: container.into(),
+                sandbox_id: None,
+                priority,
+                memory: Some("1Gi".parse().unwrap()),
+                compute_request: Fraction::ZERO,
+                compute_limit: Fraction::ONE,
+                gpu: GpuSelector::Count(1),
+                tenant: None,
+            })
+            .unwrap();
+        // The clients are this process's threads: it stands in for the container.
+        c.confirm(container.into(), std::process::id()).unwrap();
+        lease
     }
 
     fn open(&self, lease: &Lease) -> TokenConnection {

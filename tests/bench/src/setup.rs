@@ -287,7 +287,7 @@ impl Arbiter {
         let fraction = |v: f64| Fraction::new(v).unwrap_or(Fraction::ONE);
         let reserve = || -> Result<Lease, gpushare_proto::ClientError> {
             let mut client = ControlClient::connect(&self.control_socket(), CONTROL_TIMEOUT)?;
-            client.reserve(ReserveRequest {
+            let lease = client.reserve(ReserveRequest {
                 container_id: format!("bench-{job}"),
                 sandbox_id: None,
                 priority,
@@ -296,7 +296,12 @@ impl Arbiter {
                 compute_limit: fraction(compute_limit),
                 gpu: GpuSelector::Count(1),
                 tenant: None,
-            })
+            })?;
+            // The jobs are this process's children: confirming with its own pid puts
+            // them inside "the container" (pid namespace and cgroup), as lease sockets
+            // require of every peer.
+            client.confirm(format!("bench-{job}"), std::process::id())?;
+            Ok(lease)
         };
         reserve().map_err(|source| SetupError::Reserve {
             job: job.to_owned(),

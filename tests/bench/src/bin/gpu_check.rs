@@ -135,10 +135,11 @@ impl Arbiter {
         priority: Priority,
         memory: u64,
     ) -> Result<(String, PathBuf), String> {
-        let lease = self
-            .control()?
+        let mut control = self.control()?;
+        let container_id = format!("gpu-check-{name}");
+        let lease = control
             .reserve(ReserveRequest {
-                container_id: format!("gpu-check-{name}"),
+                container_id: container_id.clone(),
                 sandbox_id: None,
                 priority,
                 memory: Some(MemoryRequest::Bytes(memory)),
@@ -148,6 +149,11 @@ impl Arbiter {
                 tenant: None,
             })
             .map_err(|e| format!("reserving {name}: {e}"))?;
+        // The jobs are this program's children: confirming with its own pid puts them
+        // inside "the container" (pid namespace and cgroup), as lease sockets require.
+        control
+            .confirm(container_id, std::process::id())
+            .map_err(|e| format!("confirming {name}: {e}"))?;
         let socket = self
             .run
             .join("leases")
