@@ -69,6 +69,7 @@ fn bench_placement() -> serde_json::Value {
                 memory_leased: 0,
                 high_leases: 0,
                 low_leases: 0,
+                ungated_leases: 0,
                 utilization: 0.5,
                 drained: false,
                 reserved_for: None,

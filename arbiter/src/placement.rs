@@ -15,6 +15,12 @@
 //!    job, the fewest low-priority jobs and the most free memory.
 //! 4. When no GPU in use fits, an unused GPU of the pool (most free memory first).
 //!
+//! Beyond Algorithm 1: a lease that spans several GPUs runs ungated (a time-slice
+//! token covers one GPU, and a grant on each GPU separately could deadlock a
+//! collective operation), so a high-priority job is never placed beside one, and
+//! one is never placed beside a high-priority job: nothing would protect the high
+//! job's time from it.
+//!
 //! `NoFit` is transient (the request may wait in the admission queue); every
 //! other error can never succeed on this node and fails at once.
 
@@ -33,6 +39,8 @@ pub struct GpuView<'a> {
     pub memory_leased: u64,
     pub high_leases: u32,
     pub low_leases: u32,
+    /// Leases on this GPU that span several GPUs, and so run ungated.
+    pub ungated_leases: u32,
     /// Mean utilisation (0–1) over the last minute.
     pub utilization: f64,
     pub drained: bool,
@@ -77,10 +85,23 @@ pub struct Placement {
 pub enum Skip {
     Drained,
     ReservedForAnotherTenant(String),
-    TooLittleMemory { wanted: u64, free: u64 },
+    TooLittleMemory {
+        wanted: u64,
+        free: u64,
+    },
     HasHighPriorityLease,
-    Busy { utilization: f64, limit: f64 },
-    TooManyLowPriorityLeases { leases: u32, limit: u32 },
+    /// A high-priority request, and the GPU runs a multi-GPU lease (ungated).
+    RunsUngatedLease,
+    /// A multi-GPU request (it would run ungated), and the GPU runs a high-priority job.
+    WouldRunUngatedBesideHigh,
+    Busy {
+        utilization: f64,
+        limit: f64,
+    },
+    TooManyLowPriorityLeases {
+        leases: u32,
+        limit: u32,
+    },
 }
 
 impl fmt::Display for Skip {
@@ -92,6 +113,14 @@ impl fmt::Display for Skip {
                 write!(f, "{} free, {} wanted", ByteSize(*free), ByteSize(*wanted))
             }
             Skip::HasHighPriorityLease => write!(f, "already runs a high-priority job"),
+            Skip::RunsUngatedLease => write!(
+                f,
+                "runs a multi-GPU lease, which is not time-sliced: nothing would protect a high-priority job from it"
+            ),
+            Skip::WouldRunUngatedBesideHigh => write!(
+                f,
+                "runs a high-priority job, and a multi-GPU lease is not time-sliced: nothing would protect that job from it"
+            ),
             Skip::Busy { utilization, limit } => write!(
                 f,
                 "{:.0}% busy over the last minute (low priority allowed up to {:.0}%)",
@@ -140,15 +169,23 @@ impl PlacementError {
     }
 }
 
-/// Why `gpu` cannot take `wanted` bytes for a request of `priority` (Algorithm 1's skip rules).
+/// Why `gpu` cannot take `wanted` bytes for a request of `priority` spanning
+/// `spans` GPUs (Algorithm 1's skip rules, and the ungated multi-GPU lease's).
 pub fn skip_reason(
     gpu: &GpuView,
     priority: Priority,
+    spans: usize,
     wanted: u64,
     policy: &Policy,
 ) -> Option<Skip> {
     if gpu.drained {
         return Some(Skip::Drained);
+    }
+    if spans > 1 && gpu.high_leases > 0 {
+        return Some(Skip::WouldRunUngatedBesideHigh);
+    }
+    if priority == Priority::High && gpu.ungated_leases > 0 {
+        return Some(Skip::RunsUngatedLease);
     }
     if wanted > gpu.memory_free() {
         return Some(Skip::TooLittleMemory {
@@ -248,7 +285,13 @@ pub fn place(
     let mut reasons = Vec::new();
     let mut eligible = Vec::new();
     for &i in &candidates {
-        match skip_reason(&gpus[i], request.priority, bytes_on(i), policy) {
+        match skip_reason(
+            &gpus[i],
+            request.priority,
+            wanted_count,
+            bytes_on(i),
+            policy,
+        ) {
             None => eligible.push(i),
             Some(skip) => reasons.push(format!("GPU {} ({}): {skip}", gpus[i].index, gpus[i].uuid)),
         }
@@ -375,6 +418,7 @@ mod tests {
             memory_leased: leased * GI,
             high_leases: high,
             low_leases: low,
+            ungated_leases: 0,
             utilization: util,
             drained: false,
             reserved_for: None,
@@ -398,6 +442,81 @@ mod tests {
     use Priority::{High, Low};
 
     /// Each row: a node, a request, and the GPU it must land on (None: no fit now).
+    /// Issue 15: a multi-GPU lease runs ungated, so it never shares a GPU with a
+    /// high-priority job, whichever arrives first.
+    #[test]
+    fn multi_gpu_leases_and_high_priority_jobs_are_kept_apart() {
+        let two = GpuSelector::Count(2);
+        let pair = GpuSelector::Index(vec![0, 1]);
+        let with_ungated = |loads: &[(u32, u32, u64, f64)], ungated: &[u32]| {
+            let mut v = gpus(loads);
+            for (g, n) in v.iter_mut().zip(ungated) {
+                g.ungated_leases = *n;
+            }
+            v
+        };
+        #[allow(clippy::type_complexity)]
+        let rows: &[(&str, Vec<GpuView>, Request, Result<Vec<usize>, &str>)] = &[
+            (
+                "a multi-GPU request passes over the GPU with a high job",
+                gpus(&[(1, 0, 2, 0.1), (0, 1, 2, 0.1), (0, 0, 0, 0.0)]),
+                req(Low, 1, &two),
+                Ok(vec![1, 2]),
+            ),
+            (
+                "a multi-GPU request that can only land beside a high job waits",
+                gpus(&[(1, 0, 2, 0.1), (0, 1, 2, 0.1)]),
+                req(Low, 1, &two),
+                Err("runs a high-priority job, and a multi-GPU lease is not time-sliced"),
+            ),
+            (
+                "named GPUs are all-or-nothing: one runs a high job",
+                gpus(&[(0, 0, 0, 0.0), (1, 0, 2, 0.1)]),
+                req(Low, 1, &pair),
+                Err("multi-GPU lease is not time-sliced"),
+            ),
+            (
+                "a high request passes over a GPU with a multi-GPU lease",
+                with_ungated(&[(0, 1, 2, 0.1), (0, 1, 2, 0.1)], &[1, 0]),
+                req(High, 1, &ONE),
+                Ok(vec![1]),
+            ),
+            (
+                "a high request with only multi-GPU-leased GPUs left waits",
+                with_ungated(&[(0, 1, 2, 0.1)], &[1]),
+                req(High, 1, &ONE),
+                Err("runs a multi-GPU lease, which is not time-sliced"),
+            ),
+            (
+                "a single-GPU low request may still share with a multi-GPU lease",
+                with_ungated(&[(0, 1, 2, 0.1)], &[1]),
+                req(Low, 1, &ONE),
+                Ok(vec![0]),
+            ),
+            (
+                "a multi-GPU request beside another multi-GPU lease is allowed",
+                with_ungated(&[(0, 1, 2, 0.1), (0, 1, 2, 0.1)], &[1, 1]),
+                req(Low, 1, &two),
+                Ok(vec![0, 1]),
+            ),
+        ];
+        for (what, view, request, expect) in rows {
+            let got = place(request, view, &POLICY);
+            match (expect, got) {
+                (Ok(want), Ok(p)) => {
+                    let mut chosen = p.gpus.clone();
+                    chosen.sort();
+                    assert_eq!(&chosen, want, "{what}");
+                }
+                (Err(text), Err(e)) => {
+                    assert!(e.is_transient(), "{what}: {e}");
+                    assert!(e.to_string().contains(text), "{what}: {e}");
+                }
+                (want, got) => panic!("{what}: expected {want:?}, got {got:?}"),
+            }
+        }
+    }
+
     #[test]
     fn algorithm_1_walkthrough() {
         #[allow(clippy::type_complexity)]
@@ -583,7 +702,7 @@ mod tests {
     fn skip_reasons_name_each_rule() {
         let busy = gpu(0, (0, 1, 1, 0.9));
         assert_eq!(
-            skip_reason(&busy, Low, GI, &POLICY),
+            skip_reason(&busy, Low, 1, GI, &POLICY),
             Some(Skip::Busy {
                 utilization: 0.9,
                 limit: 0.8
@@ -591,20 +710,20 @@ mod tests {
         );
         let full = gpu(0, (0, 4, 4, 0.1));
         assert_eq!(
-            skip_reason(&full, Low, GI, &POLICY),
+            skip_reason(&full, Low, 1, GI, &POLICY),
             Some(Skip::TooManyLowPriorityLeases {
                 leases: 4,
                 limit: 4
             })
         );
-        assert_eq!(skip_reason(&full, High, GI, &POLICY), None);
+        assert_eq!(skip_reason(&full, High, 1, GI, &POLICY), None);
         let with_high = gpu(0, (1, 0, 4, 0.1));
         assert_eq!(
-            skip_reason(&with_high, High, GI, &POLICY),
+            skip_reason(&with_high, High, 1, GI, &POLICY),
             Some(Skip::HasHighPriorityLease)
         );
         assert_eq!(
-            skip_reason(&with_high, Low, 13 * GI, &POLICY),
+            skip_reason(&with_high, Low, 1, 13 * GI, &POLICY),
             Some(Skip::TooLittleMemory {
                 wanted: 13 * GI,
                 free: 12 * GI
@@ -613,7 +732,7 @@ mod tests {
         let mut drained = gpu(0, (0, 0, 0, 0.0));
         drained.drained = true;
         assert_eq!(
-            skip_reason(&drained, High, GI, &POLICY),
+            skip_reason(&drained, High, 1, GI, &POLICY),
             Some(Skip::Drained)
         );
     }

@@ -465,6 +465,7 @@ impl Arbiter {
                 memory_leased: 0,
                 high_leases: 0,
                 low_leases: 0,
+                ungated_leases: 0,
                 utilization: self.utilization[i].mean(now).unwrap_or(0.0),
                 drained: self.drained.contains(&g.uuid),
                 reserved_for: self.config.reserved_for(&g.uuid),
@@ -478,6 +479,9 @@ impl Arbiter {
                     match l.priority {
                         Priority::High => v.high_leases += 1,
                         Priority::Low => v.low_leases += 1,
+                    }
+                    if l.gpus.len() > 1 {
+                        v.ungated_leases += 1;
                     }
                 }
             }
