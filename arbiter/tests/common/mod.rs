@@ -107,7 +107,10 @@ impl Daemon {
             .append(true)
             .open(self.dir.join("arbiter.log"))
             .unwrap();
-        let mut cmd = Command::new(ARBITER);
+        // GPUSHARE_TEST_ARBITER runs these tests against another build (an older
+        // one, to show that a test fails without the fix it covers).
+        let binary = std::env::var("GPUSHARE_TEST_ARBITER").unwrap_or_else(|_| ARBITER.into());
+        let mut cmd = Command::new(binary);
         cmd.arg("--config")
             .arg(&self.config_path)
             .stdout(log.try_clone().unwrap())
