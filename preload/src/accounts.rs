@@ -622,6 +622,28 @@ pub fn lock() -> Option<MutexGuard<'static, Accounts>> {
     Some(m.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
 }
 
+/// After the process's first context was created (`cuDevicePrimaryCtxRetain`,
+/// `cuCtxCreate*`): attach to the lease with what it holds (nothing, usually), so the
+/// arbiter's watchdog, which sees the process in NVML from its context on, finds it
+/// registered — not only from its first allocation (it was reported, and with
+/// `watchdog_kill` killed, in between). After, not before: the arbiter measures a new
+/// client's overhead (its context) in NVML right after it attaches, and a process
+/// measured before its context existed was charged nothing for it until the next
+/// measurement, so its first `cuMemGetInfo` offered the context's memory too. Once per
+/// process: from then on the watcher keeps it attached, and retries in the background
+/// if the arbiter could not be reached now.
+pub fn attach_after_context_creation() {
+    if !crate::config::is_active() || crate::watch::started() {
+        return;
+    }
+    if let Some(mut a) = lock() {
+        if !a.link.is_connected() {
+            a.link.connect(crate::ledger::QUERY_PATIENCE);
+        }
+    }
+    crate::watch::start();
+}
+
 /// Fork child: drop the parent's accounts and connection (see `fork`).
 pub fn forget_after_fork() {
     CURRENT.store(std::ptr::null_mut(), Ordering::Release);

@@ -11,6 +11,7 @@ use std::sync::Once;
 static INSTALLED: Once = Once::new();
 
 extern "C" fn in_child() {
+    crate::watch::forget_after_fork();
     crate::accounts::forget_after_fork();
     crate::gate::reset_after_fork();
 }

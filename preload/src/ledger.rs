@@ -7,9 +7,11 @@
 //! through `LeaseClient`, because it must know the socket's descriptor: a fork child
 //! closes its inherited copy without touching any lock (see `fork`).
 //!
-//! If the arbiter goes away (restart, crash) the next ledger operation reconnects
-//! with exponential backoff and re-attaches with what the process still holds, so the
-//! new arbiter's ledger is rebuilt. While it cannot be reached, charges fail closed
+//! If the arbiter goes away (restart, crash) the process's watcher thread (`watch`)
+//! notices the connection close and re-attaches with what the process still holds as
+//! soon as the arbiter is back, so the new arbiter's ledger is rebuilt without waiting
+//! for a CUDA call; a ledger operation that finds the connection dead first
+//! reconnects itself. While it cannot be reached, charges fail closed
 //! (`CUDA_ERROR_OUT_OF_MEMORY`): the quota is never exceeded for want of a ledger.
 
 use std::os::fd::AsRawFd;
@@ -176,6 +178,17 @@ impl Backoff {
     }
 }
 
+/// What one re-attach step of the watcher found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reattach {
+    /// Attached, on this descriptor.
+    Open(std::os::fd::RawFd),
+    /// The arbiter cannot be reached (it is restarting).
+    Away,
+    /// It answered, and refused.
+    Refused,
+}
+
 pub struct LeaseLink {
     socket: PathBuf,
     connection: Option<Connection>,
@@ -243,6 +256,51 @@ impl LeaseLink {
                 CONNECTION_FD.store(-1, Ordering::Release);
             }
             self.connection = None;
+            if self.publishes_fd {
+                // Nobody re-attaches a dropped connection until the next ledger
+                // operation: the watcher does it now.
+                crate::watch::wake();
+            }
+        }
+    }
+
+    /// Whether a connection is open (attached), as far as this side knows.
+    pub fn is_connected(&self) -> bool {
+        self.connection.is_some()
+    }
+
+    /// Connected (and attached), trying until `patience` runs out.
+    pub fn connect(&mut self, patience: Duration) -> bool {
+        self.ensure_connected(patience)
+    }
+
+    /// The watcher's step, under the accounts' lock: a connection the arbiter closed is
+    /// dropped, and a missing one attached once (no backoff wait: the watcher paces its
+    /// own retries).
+    pub fn reattach_once(&mut self) -> Reattach {
+        if let Some(c) = &self.connection {
+            if !peer_hung_up(c.stream.as_raw_fd()) {
+                return Reattach::Open(c.stream.as_raw_fd());
+            }
+            crate::log_info!("the arbiter closed the ledger connection; re-attaching");
+            self.drop_connection();
+        }
+        match self.attach() {
+            Ok(()) => {
+                self.backoff.succeeded();
+                match &self.connection {
+                    Some(c) => Reattach::Open(c.stream.as_raw_fd()),
+                    None => Reattach::Away,
+                }
+            }
+            Err(e @ LinkError::Refused { .. }) | Err(e @ LinkError::Version(_)) => {
+                crate::log_error!("re-attach to {} refused: {e}", self.socket.display());
+                Reattach::Refused
+            }
+            Err(e) => {
+                crate::log_debug!("re-attach to {}: {e}", self.socket.display());
+                Reattach::Away
+            }
         }
     }
 
@@ -295,6 +353,9 @@ impl LeaseLink {
                 );
                 if self.publishes_fd {
                     CONNECTION_FD.store(c.stream.as_raw_fd(), Ordering::Release);
+                    // From the first attach on, a closed connection is re-attached
+                    // without waiting for a CUDA call.
+                    crate::watch::start();
                 }
                 self.connection = Some(c);
                 self.last = Some(view);
@@ -430,6 +491,26 @@ impl LeaseLink {
         }
         self.last
     }
+}
+
+/// Whether the peer of a connected socket has closed it (or it is unusable): a
+/// zero-timeout poll. The arbiter never writes unasked on a ledger connection, so
+/// POLLIN alone (an answer another thread is about to read) is not asked for.
+pub fn peer_hung_up(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// The process's ledger connection's descriptor now (-1: none). Only a hint for the
+/// watcher's unlocked wait: it may be closed, even reused, a moment later.
+pub fn connection_fd() -> std::os::fd::RawFd {
+    CONNECTION_FD.load(Ordering::Acquire)
 }
 
 /// In a fork child: close the child's copy of the parent's connection, so the

@@ -35,6 +35,7 @@ pub mod loader;
 pub mod log;
 pub mod procaddr;
 pub mod symbols;
+pub mod watch;
 
 /// Runs once when the library is loaded, before the program's `main`: reads the
 /// environment (the only place it is read) and, when a lease is present, arms the

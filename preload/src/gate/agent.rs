@@ -46,8 +46,10 @@ pub(super) fn run(gate: &'static Gate, client: &'static Client, socket: std::pat
     let mut terms: Option<Terms> = None;
     let mut cut_off = false;
     let mut backoff = FIRST_BACKOFF;
+    // The launch counter when the last connection was lost (0: never connected).
+    let mut launches_when_lost = 0;
     loop {
-        let (link, current) = match open(gate, client, &socket) {
+        let (link, current) = match open(gate, client, &socket, launches_when_lost) {
             Opened::Connected(link, current) => (link, current),
             Opened::Refused(reason) if !cut_off => {
                 crate::log_info!(
@@ -103,6 +105,7 @@ pub(super) fn run(gate: &'static Gate, client: &'static Client, socket: std::pat
         client.set_link(None);
         drop(link);
         client.want_sent.store(false, Relaxed);
+        launches_when_lost = gate.launches();
         crate::log_info!(
             "token connection lost{}: launches {} until it is back",
             if cut_off { " (cut off)" } else { "" },
@@ -115,7 +118,14 @@ pub(super) fn run(gate: &'static Gate, client: &'static Client, socket: std::pat
     }
 }
 
-fn open(gate: &'static Gate, client: &'static Client, socket: &Path) -> Opened {
+/// `launches_before`: the launch counter when the previous connection was lost (0 at
+/// the first).
+fn open(
+    gate: &'static Gate,
+    client: &'static Client,
+    socket: &Path,
+    launches_before: u64,
+) -> Opened {
     let connection = match TokenConnection::open(socket, OPEN_TIMEOUT) {
         Ok(c) => c,
         Err(TokenClientError::Refused { kind, message }) => {
@@ -131,13 +141,20 @@ fn open(gate: &'static Gate, client: &'static Client, socket: &Path) -> Opened {
         idle_ns: terms.idle_ns,
         on_loss: terms.on_arbiter_loss,
     };
-    client.high.store(terms.priority == Priority::High, Relaxed);
+    let high = terms.priority == Priority::High;
+    client.high.store(high, Relaxed);
     client.connected(terms.fit_launches);
     let link = Arc::new(Link::new(connection, gate));
     client.set_link(Some(link.clone()));
     client.want_sent.store(false, Relaxed);
     gate.publish(link.page());
-    if client.waiters.load(Acquire) > 0 {
+    // A high-priority process known as such (from its ledger) launched without a
+    // connection, ungated: it announces itself now, as its launch would have on a
+    // connected page, or a low-priority holder keeps the GPU until its next launch.
+    // (The ledger attaches at context creation, so this is the common case for a
+    // high-priority process's first launch.)
+    let launched_unannounced = high && gate.launches() != launches_before;
+    if client.waiters.load(Acquire) > 0 || launched_unannounced {
         client.want();
     }
     Opened::Connected(link, current)

@@ -1,7 +1,8 @@
 //! Wrappers that keep the gate's record of the process's work (`gate::work`): which
 //! contexts and streams exist, and which streams are being captured into a graph.
-//! Each forwards the call unchanged and records what the driver did. None of them is
-//! on a launch path.
+//! Each forwards the call unchanged and records what the driver did; a created or
+//! retained context also attaches the process to its lease (`accounts`), once. None of
+//! them is on a launch path.
 
 use libc::{c_int, c_uint, c_void};
 
@@ -137,6 +138,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(
         let real = real_fn!(cuDevicePrimaryCtxRetain: fn(*mut Handle, CUdevice) -> CUresult);
         // SAFETY: the caller's arguments, forwarded.
         let rc = unsafe { real(context, device) };
+        if rc == CUDA_SUCCESS {
+            crate::accounts::attach_after_context_creation();
+        }
         if rc == CUDA_SUCCESS && !context.is_null() && armed() {
             // SAFETY: the driver wrote the context's handle there.
             gate::work().context_created(unsafe { *context }, Some(device));
@@ -174,6 +178,9 @@ release_primary!(cuDevicePrimaryCtxReset);
 release_primary!(cuDevicePrimaryCtxReset_v2);
 
 fn created_context(context: *mut Handle, rc: CUresult) {
+    if rc == CUDA_SUCCESS {
+        crate::accounts::attach_after_context_creation();
+    }
     if rc == CUDA_SUCCESS && !context.is_null() && armed() {
         // SAFETY: the driver wrote the new context's handle there.
         gate::work().context_created(unsafe { *context }, None);
