@@ -310,3 +310,70 @@ fn an_answer_that_is_not_the_drivers_export_passes_through() {
         s.stderr
     );
 }
+
+/// Issue 15, finding 3: copies were never gated — 40 device-to-device copies of 256 MiB
+/// ran while a high-priority job held the token. Now a low-priority process's copies
+/// (host-synchronous `cuMemcpyDtoD` and stream-ordered `cuMemcpyDtoDAsync`) wait for the
+/// token like its launches: none completes while the high job's 1.5 s kernel holds it,
+/// and all of them run once it is released.
+#[test]
+fn a_low_priority_processs_copies_wait_while_a_high_priority_job_holds_the_token() {
+    let mut m = Machine::start();
+    let low = m.lease_of("1Gi", Priority::Low);
+    let high = m.lease_of("1Gi", Priority::High);
+    for mode in ["sync", "async"] {
+        let dir = tempfile::tempdir().unwrap();
+        let started = dir.path().join("started");
+        let started = started.to_str().unwrap();
+        let low_job = m
+            .probe(
+                Some(&low),
+                &[
+                    // Its gate connected (and the token released again) before the test.
+                    "copies", mode, "1", "1Mi", "wait", started, "stamp", "copies", mode, "40",
+                    "256Mi", "stamp",
+                ],
+            )
+            .spawn()
+            .unwrap();
+        let h = run(&mut m.probe(
+            Some(&high),
+            &[
+                "launch",
+                "1",
+                "sleep",
+                "300",
+                // Holds the token from this launch until its kernel ends and it goes idle.
+                "kernel-ms",
+                "1500",
+                "touch",
+                started,
+                "sync",
+                "stamp",
+            ],
+        ));
+        assert_eq!(h.result("kernel-ms", 0), "CUDA_SUCCESS", "{}", h.stderr);
+        let s = finish(low_job);
+        assert_eq!(
+            s.result("copies", 1),
+            "CUDA_SUCCESS",
+            "{mode}: {}",
+            s.stderr
+        );
+        let high_done = h.number("stamp", 0, "unix_us");
+        let (low_began, low_done) = (
+            s.number("stamp", 0, "unix_us"),
+            s.number("stamp", 1, "unix_us"),
+        );
+        eprintln!(
+            "{mode}: the low job's copies began {} ms before the high job's kernel ended and finished {} ms after",
+            high_done.saturating_sub(low_began) / 1000,
+            low_done.saturating_sub(high_done) / 1000
+        );
+        assert!(
+            low_done >= high_done,
+            "{mode}: the low job's 40 copies finished {} ms before the high job's kernel ended (ungated)",
+            (high_done - low_done) / 1000
+        );
+    }
+}

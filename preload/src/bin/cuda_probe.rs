@@ -11,7 +11,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `two-streams MS`.
+//! `two-streams MS`, `stamp`, `copies sync|async N B`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
@@ -854,6 +854,54 @@ fn run_step(
             p.report(step, 0, "");
         }
         "sleep" => std::thread::sleep(Duration::from_millis(num(args))),
+        "stamp" => {
+            // Wall-clock microseconds, to order steps of different processes.
+            let us = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros());
+            p.report(step, 0, &format!("unix_us={us}"));
+        }
+        "copies" => {
+            // `copies sync|async N B`: N device-to-device copies of B bytes between two
+            // fresh buffers (cuMemcpyDtoD, or cuMemcpyDtoDAsync on the legacy stream and a
+            // synchronisation), then the buffers freed.
+            let mode = args
+                .next()
+                .unwrap_or_else(|| fatal("copies sync|async N B"));
+            let (n, bytes) = (num(args), num(args) as usize);
+            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");
+            let free: unsafe extern "C" fn(Ptr) -> R = c.get("cuMemFree");
+            let (mut a, mut b) = (0, 0);
+            // SAFETY: valid out-pointers.
+            let mut rc = unsafe { alloc(&mut a, bytes).max(alloc(&mut b, bytes)) };
+            let start = Instant::now();
+            if rc == 0 {
+                rc = match mode.as_str() {
+                    "sync" => {
+                        let copy: unsafe extern "C" fn(Ptr, Ptr, usize) -> R =
+                            c.get("cuMemcpyDtoD");
+                        // SAFETY: two live buffers of `bytes`.
+                        (0..n)
+                            .map(|_| unsafe { copy(b, a, bytes) })
+                            .max()
+                            .unwrap_or(0)
+                    }
+                    "async" => {
+                        let copy: unsafe extern "C" fn(Ptr, Ptr, usize, H) -> R =
+                            c.get("cuMemcpyDtoDAsync");
+                        let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+                        // SAFETY: two live buffers of `bytes`, the legacy stream.
+                        let queued = (0..n).map(|_| unsafe { copy(b, a, bytes, 0) }).max();
+                        queued.unwrap_or(0).max(unsafe { sync() })
+                    }
+                    other => fatal(&format!("copies sync|async, not {other}")),
+                };
+            }
+            let ms = start.elapsed().as_millis();
+            // SAFETY: buffers allocated above (freeing 0 is the driver's to refuse).
+            let _ = unsafe { free(a).max(free(b)) };
+            p.report(step, rc, &format!("mode={mode} copies={n} ms={ms}"));
+        }
         "chaos" => chaos(p, ctx),
         "bench-launch" => {
             let n = num(args);

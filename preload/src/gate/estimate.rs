@@ -38,15 +38,20 @@ use crate::cuda::Handle;
 pub enum What {
     Kernel(Handle),
     Graph(Handle),
+    /// A copy or memset, with its duration estimated from its bytes (never measured:
+    /// its length follows its size, not its kind).
+    Copy(u64),
 }
 
 impl What {
     /// A table key: the handle, with the top bit telling graphs from kernels (a
-    /// handle is a pointer, whose top bit is clear in user space). Never 0.
+    /// handle is a pointer, whose top bit is clear in user space). Never 0 for a kernel or graph; 0 for a copy.
     pub fn key(self) -> u64 {
         match self {
             What::Kernel(f) => (f as u64 & !GRAPH_BIT).max(1),
             What::Graph(g) => (g as u64 & !GRAPH_BIT) | GRAPH_BIT,
+            // Not a kind: its measurements teach nothing (`measured` ignores key 0).
+            What::Copy(_) => 0,
         }
     }
 }
@@ -199,6 +204,9 @@ impl Estimates {
     /// kind's estimate, else its sort's longest; `None` when neither is known or the
     /// one that applies is older than [`REMEASURE_NS`].
     pub fn estimate(&self, what: What, now_ns: u64) -> Option<u64> {
+        if let What::Copy(ns) = what {
+            return Some(ns.max(1));
+        }
         let key = what.key();
         let (ns, at) = self.own(key).or_else(|| {
             let (longest, at) = self.longest(key);
@@ -211,6 +219,9 @@ impl Estimates {
     /// A launch of `what` runs unestimated at `now_ns` to be measured: until its
     /// measurement arrives, the old figures count as fresh (no second one runs blind).
     pub fn probing(&self, what: What, now_ns: u64) {
+        if let What::Copy(_) = what {
+            return;
+        }
         let key = what.key();
         let slot = self.slot(key);
         if slot.key.load(Relaxed) == key {

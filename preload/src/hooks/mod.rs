@@ -1,10 +1,11 @@
 //! The exported wrappers, one per wrapped driver variant (see `symbols`).
 //!
 //! Each catches panics, forwards to the driver function recorded for its variant,
-//! and does its one job around the call: gate a launch, charge an allocation,
+//! and does its one job around the call: gate a launch, copy or memset, charge an allocation,
 //! virtualise a memory answer, or record the process's contexts, streams and
 //! captures for the gate.
 
+pub mod copy;
 pub mod info;
 pub mod launch;
 pub mod memory;
