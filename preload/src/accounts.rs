@@ -84,6 +84,24 @@ pub struct Accounts {
     /// Graph memory pools (per device): what is charged for each (its reserved
     /// bytes when last settled).
     graph_pools: HashMap<CUdevice, u64>,
+    /// The context each live allocation, array and pool block was made in: destroying
+    /// the context (`cuCtxDestroy`, a primary context's reset or last release) frees
+    /// them in the driver without a free call of their own.
+    made_in: HashMap<Made, Handle>,
+}
+
+/// A live allocation, by kind and handle (`Accounts::made_in`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Made {
+    Device(CUdeviceptr),
+    Array(Handle),
+    Mipmapped(Handle),
+    Pooled(CUdeviceptr),
+}
+
+/// The calling thread's current context: where an allocation it makes now lives.
+fn current_context() -> Handle {
+    crate::driver::current_context()
 }
 
 /// What a driver call that allocates needs from the accounts.
@@ -103,6 +121,7 @@ impl Accounts {
             mappings: BTreeMap::new(),
             exported_released: 0,
             graph_pools: HashMap::new(),
+            made_in: HashMap::new(),
         }
     }
 
@@ -152,6 +171,7 @@ impl Accounts {
         match allocate() {
             Ok(ptr) => {
                 self.device.insert(ptr, bytes);
+                self.made_in.insert(Made::Device(ptr), current_context());
                 CUDA_SUCCESS
             }
             Err(rc) => {
@@ -190,12 +210,14 @@ impl Accounts {
             self.credit(estimate - actual);
         }
         self.device.insert(ptr, actual);
+        self.made_in.insert(Made::Device(ptr), current_context());
         CUDA_SUCCESS
     }
 
     /// After a successful `cuMemFree`: credit what the pointer was charged.
     pub fn freed(&mut self, ptr: CUdeviceptr) {
         if let Some(bytes) = self.device.remove(&ptr) {
+            self.made_in.remove(&Made::Device(ptr));
             self.credit(bytes);
         } else if self.pooled.contains_key(&ptr) {
             self.freed_to_pool(ptr);
@@ -226,6 +248,12 @@ impl Accounts {
                     &mut self.arrays
                 };
                 map.insert(handle, bytes);
+                let made = if mipmapped {
+                    Made::Mipmapped(handle)
+                } else {
+                    Made::Array(handle)
+                };
+                self.made_in.insert(made, current_context());
                 CUDA_SUCCESS
             }
             Err(rc) => {
@@ -242,6 +270,11 @@ impl Accounts {
             &mut self.arrays
         };
         if let Some(bytes) = map.remove(&handle) {
+            self.made_in.remove(&if mipmapped {
+                Made::Mipmapped(handle)
+            } else {
+                Made::Array(handle)
+            });
             self.credit(bytes);
         }
     }
@@ -337,6 +370,7 @@ impl Accounts {
         }
         self.pool_account(pool).charged = reserved;
         self.pooled.insert(ptr, PoolBlock { pool, bytes });
+        self.made_in.insert(Made::Pooled(ptr), current_context());
         CUDA_SUCCESS
     }
 
@@ -345,10 +379,12 @@ impl Accounts {
         let Some(block) = self.pooled.remove(&ptr) else {
             // cuMemFreeAsync of a cuMemAlloc pointer is legal too.
             if let Some(bytes) = self.device.remove(&ptr) {
+                self.made_in.remove(&Made::Device(ptr));
                 self.credit(bytes);
             }
             return;
         };
+        self.made_in.remove(&Made::Pooled(ptr));
         if self.pools.contains_key(&block.pool) {
             // The block stays reserved in its pool until a trim: settle in case the
             // driver released it already.
@@ -468,6 +504,64 @@ impl Accounts {
                 }
                 self.credit_physical_if_gone(handle);
             }
+        }
+    }
+
+    // ----- contexts -----
+
+    /// `context` was destroyed (`cuCtxDestroy`, or `device`'s primary context reset or
+    /// released for the last time): the driver freed everything made in it without a
+    /// free call of its own, so credit it — or the ledger keeps charging memory that is
+    /// gone, and later allocations are refused for a quota that is not used (issue 15).
+    /// A `reset` cleans up the device's pools too ("destroys and cleans up all
+    /// resources associated with the current device in the current process", cuda.h):
+    /// what their reserve gave back is credited when settled, and a pool that can no
+    /// longer be read is credited whole. VMM memory (`cuMemCreate`) is the process's,
+    /// not the context's, and is left to its release.
+    pub fn context_gone(&mut self, context: Handle, device: Option<CUdevice>, reset: bool) {
+        let gone: Vec<Made> = self
+            .made_in
+            .iter()
+            .filter(|(_, c)| **c == context)
+            .map(|(m, _)| *m)
+            .collect();
+        let mut freed = 0u64;
+        for made in gone {
+            self.made_in.remove(&made);
+            freed += match made {
+                Made::Device(ptr) => self.device.remove(&ptr).unwrap_or(0),
+                Made::Array(handle) => self.arrays.remove(&handle).unwrap_or(0),
+                Made::Mipmapped(handle) => self.mipmapped.remove(&handle).unwrap_or(0),
+                Made::Pooled(ptr) => match self.pooled.remove(&ptr) {
+                    // A block of a live pool is part of the pool's reserve: settled below.
+                    Some(block) if self.pools.contains_key(&block.pool) => 0,
+                    // Its pool was destroyed: the block held the device on its own.
+                    Some(block) => {
+                        self.orphaned_blocks = self.orphaned_blocks.saturating_sub(block.bytes);
+                        block.bytes
+                    }
+                    None => 0,
+                },
+            };
+        }
+        if reset {
+            let unreadable: Vec<Handle> = self
+                .pools
+                .iter()
+                .filter(|(p, a)| !a.host && crate::driver::pool_usage(**p).is_none())
+                .map(|(p, _)| *p)
+                .collect();
+            for pool in unreadable {
+                if let Some(account) = self.pools.remove(&pool) {
+                    freed += account.charged;
+                }
+                self.pooled.retain(|_, b| b.pool != pool);
+            }
+        }
+        self.credit(freed);
+        self.settle_all_pools();
+        if let Some(device) = device {
+            self.settle_graph_pool(device, graph_reserved(device));
         }
     }
 
@@ -855,6 +949,23 @@ mod tests {
             "its own connection works"
         );
         drop(held_elsewhere);
+    }
+
+    #[test]
+    fn a_destroyed_context_credits_what_was_made_in_it() {
+        let (_d, path) = fake_arbiter(1000);
+        let mut a = Accounts::new(LeaseLink::new(path));
+        // No driver here: both are made in "context 0".
+        assert_eq!(a.allocate_device(300, "t", || Ok(1)), CUDA_SUCCESS);
+        assert_eq!(a.allocate_array(false, 200, || Ok(2)), CUDA_SUCCESS);
+        a.context_gone(7, None, false);
+        assert_eq!(a.link.held(), 500, "another context's memory stays charged");
+        a.context_gone(0, None, true);
+        assert_eq!(a.link.held(), 0, "gone with its context");
+        a.freed(1);
+        a.array_destroyed(false, 2);
+        assert_eq!(a.link.held(), 0, "never credited twice");
+        assert_eq!(a.allocate_device(1000, "t", || Ok(3)), CUDA_SUCCESS);
     }
 
     #[test]

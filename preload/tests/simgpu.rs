@@ -601,3 +601,53 @@ fn threads_forks_and_exit_during_a_kernel() {
         || m.ledger_used(&lease) == 0,
     );
 }
+
+/// Issue 15, finding 6: `cuDevicePrimaryCtxReset` freed everything made in the primary
+/// context without a credit to the ledger, so the next allocation was refused for a
+/// quota nothing used any more. Every kind the reset frees is credited: plain, pool
+/// (the default pool and a created one, whose reserve the reset gives back) and arrays.
+#[test]
+fn a_primary_context_reset_credits_what_it_freed() {
+    let mut m = Machine::start();
+    let lease = m.lease("64Mi");
+    let s = run(&mut m.probe(
+        Some(&lease),
+        &[
+            "alloc",
+            "40Mi",
+            "reset",
+            "async",
+            "40Mi",
+            "reset",
+            "array",
+            "4096",
+            "2560",
+            "reset",
+            "pool-async",
+            "40Mi",
+            "reset",
+            "alloc",
+            "40Mi",
+            "reset",
+            "meminfo",
+        ],
+    ));
+    for n in 0..5 {
+        assert_eq!(s.result("reset", n), "CUDA_SUCCESS", "{}", s.stderr);
+        assert_eq!(s.value("reset", n, "again"), "CUDA_SUCCESS", "{}", s.stderr);
+    }
+    assert_eq!(s.result("alloc", 0), "CUDA_SUCCESS", "{}", s.stderr);
+    for (step, n) in [("async", 0), ("array", 0), ("pool-async", 0), ("alloc", 1)] {
+        assert_eq!(
+            s.result(step, n),
+            "CUDA_SUCCESS",
+            "{step} after a reset: the 40 MiB the reset freed are still charged\n{}",
+            s.stderr
+        );
+    }
+    assert_eq!(
+        s.number("meminfo", 0, "free"),
+        64 * MI,
+        "everything credited after the last reset"
+    );
+}

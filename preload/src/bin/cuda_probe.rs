@@ -11,7 +11,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `two-streams MS`, `stamp`, `copies sync|async N B`.
+//! `two-streams MS`, `stamp`, `copies sync|async N B`, `reset`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
@@ -854,6 +854,37 @@ fn run_step(
             p.report(step, 0, "");
         }
         "sleep" => std::thread::sleep(Duration::from_millis(num(args))),
+        "reset" => {
+            // cuDevicePrimaryCtxReset: everything made in the primary context is gone (its
+            // allocations forgotten here); the context is retained again, made current and
+            // the kernel loaded again, so later steps run in the fresh one.
+            let reset: unsafe extern "C" fn(c_int) -> R = c.get("cuDevicePrimaryCtxReset");
+            let retain: unsafe extern "C" fn(*mut H, c_int) -> R =
+                c.get("cuDevicePrimaryCtxRetain");
+            let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
+            let load_module: unsafe extern "C" fn(*mut H, *const c_void) -> R =
+                c.get("cuModuleLoadData");
+            let get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> R =
+                c.get("cuModuleGetFunction");
+            let (mut context, mut module, mut function) = (0, 0, 0);
+            // SAFETY: a device ordinal, valid out-pointers, a NUL-terminated image and name.
+            let rc = unsafe { reset(dev) };
+            let again = unsafe {
+                retain(&mut context, dev)
+                    .max(set_current(context))
+                    .max(load_module(&mut module, SPIN_PTX.as_ptr().cast()))
+                    .max(get_function(
+                        &mut function,
+                        module,
+                        c"gpushare_spin_ns".as_ptr(),
+                    ))
+            };
+            p.held.clear();
+            if again == 0 {
+                p.function = function;
+            }
+            p.report(step, rc, &format!("again={}", p.name(again)));
+        }
         "stamp" => {
             // Wall-clock microseconds, to order steps of different processes.
             let us = std::time::SystemTime::now()

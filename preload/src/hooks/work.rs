@@ -151,20 +151,41 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(
 
 /// Defines a primary-context release or reset: afterwards the context may be gone
 /// (always, for a reset), and a handle the agent kept would be stale — it could even
-/// be reused for an unrelated context.
+/// be reused for an unrelated context. A context that is gone took its memory with it:
+/// credited (`Accounts::context_gone`).
 macro_rules! release_primary {
-    ($name:ident) => {
+    ($name:ident, $reset:expr) => {
         /// # Safety
         /// The driver's contract for this entry point.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(device: CUdevice) -> CUresult {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn(CUdevice) -> CUresult);
+                // The device's primary context as the wrappers saw it retained, looked
+                // up before the driver can hand its handle to another context.
+                let primaries: Vec<Handle> = if armed() {
+                    gate::work()
+                        .contexts()
+                        .iter()
+                        .filter(|c| c.primary_of == Some(device))
+                        .map(|c| c.handle)
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 // SAFETY: the caller's argument, forwarded.
                 let rc = unsafe { real(device) };
                 if rc == CUDA_SUCCESS && armed() {
-                    let active = crate::driver::primary_context_active(device).unwrap_or(false);
+                    let active = !$reset
+                        && crate::driver::primary_context_active(device).unwrap_or(false);
                     gate::work().primary_released(device, active);
+                    if !active {
+                        if let Some(mut a) = crate::accounts::lock() {
+                            for context in primaries {
+                                a.context_gone(context, Some(device), $reset);
+                            }
+                        }
+                    }
                 }
                 rc
             })
@@ -172,10 +193,10 @@ macro_rules! release_primary {
     };
 }
 
-release_primary!(cuDevicePrimaryCtxRelease);
-release_primary!(cuDevicePrimaryCtxRelease_v2);
-release_primary!(cuDevicePrimaryCtxReset);
-release_primary!(cuDevicePrimaryCtxReset_v2);
+release_primary!(cuDevicePrimaryCtxRelease, false);
+release_primary!(cuDevicePrimaryCtxRelease_v2, false);
+release_primary!(cuDevicePrimaryCtxReset, true);
+release_primary!(cuDevicePrimaryCtxReset_v2, true);
 
 fn created_context(context: *mut Handle, rc: CUresult) {
     if rc == CUDA_SUCCESS {
@@ -252,6 +273,10 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(context: Handle) -> CUresult {
         let rc = unsafe { real(context) };
         if rc == CUDA_SUCCESS && armed() {
             gate::work().context_destroyed(context);
+            // Its allocations went with it.
+            if let Some(mut a) = crate::accounts::lock() {
+                a.context_gone(context, None, false);
+            }
         }
         rc
     })

@@ -48,6 +48,21 @@ fn release_primary(dev: CuDevice, reset: bool) -> Result<(), CudaError> {
         d.destroy_context(&mut state, primary.handle)?;
         state.primary[gpu].handle = 0;
     }
+    if reset {
+        // "Destroys and cleans up all resources associated with the current device in the
+        // current process" (cuda.h): the device's memory pools give back their cache too,
+        // not only the blocks made in the context (a reserve kept here would stay
+        // charged to the process after the reset).
+        let pools: Vec<usize> = state
+            .pools
+            .iter()
+            .filter(|(_, p)| p.gpu as usize == gpu)
+            .map(|(h, _)| h)
+            .collect();
+        for pool in pools {
+            d.trim_pool(&mut state, pool, 0)?;
+        }
+    }
     Ok(())
 }
 
