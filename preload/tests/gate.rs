@@ -377,3 +377,65 @@ fn a_low_priority_processs_copies_wait_while_a_high_priority_job_holds_the_token
         );
     }
 }
+
+/// Issue 15, finding 3's second half: a `cuLaunchKernel` taken straight from libcuda's
+/// symbol table (`dlopen` + `dlsym`, no `cuGetProcAddress`) must not bypass the gate.
+/// The exported `dlsym` hands out the wrapper for every wrapped `cu*` name, whatever the
+/// handle: such launches of a low-priority process wait while a high-priority job holds
+/// the token. (`dlvsym` finds no `cu*` symbol in a driver library with a version table,
+/// as libcuda has: it asks for a version the unversioned exports do not have.)
+#[test]
+fn launches_resolved_with_dlsym_wait_for_the_token() {
+    let mut m = Machine::start();
+    let low = m.lease_of("1Gi", Priority::Low);
+    let high = m.lease_of("1Gi", Priority::High);
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let started = started.to_str().unwrap();
+    let low_job = m
+        .probe(
+            Some(&low),
+            &[
+                "dlsym-launch",
+                "1",
+                "wait",
+                started,
+                "dlsym-launch",
+                "20",
+                "stamp",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    let h = run(&mut m.probe(
+        Some(&high),
+        &[
+            "launch",
+            "1",
+            "sleep",
+            "300",
+            "kernel-ms",
+            "1000",
+            "touch",
+            started,
+            "sync",
+            "stamp",
+        ],
+    ));
+    let s = finish(low_job);
+    assert_eq!(s.result("dlsym-launch", 1), "CUDA_SUCCESS", "{}", s.stderr);
+    let (high_done, low_done) = (
+        h.number("stamp", 0, "unix_us"),
+        s.number("stamp", 0, "unix_us"),
+    );
+    assert!(
+        low_done >= high_done,
+        "the low job's launches finished {} ms before the high job's kernel ended",
+        (high_done - low_done) / 1000
+    );
+    assert!(
+        s.value("dlsym-launch", 1, "via").starts_with("libgpushare"),
+        "{:?}",
+        s.lines
+    );
+}

@@ -11,7 +11,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `two-streams MS`, `stamp`, `copies sync|async N B`, `reset`.
+//! `two-streams MS`, `stamp`, `copies sync|async N B`, `reset`, `dlsym-launch N`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
@@ -884,6 +884,24 @@ fn run_step(
                 p.function = function;
             }
             p.report(step, rc, &format!("again={}", p.name(again)));
+        }
+        "dlsym-launch" => {
+            // `dlsym-launch N`: N 1 µs kernels through the cuLaunchKernel that
+            // `dlsym(dlopen("libcuda.so.1"), "cuLaunchKernel")` answers (the driver's
+            // symbol table, not cuGetProcAddress), then a synchronisation.
+            let n = num(args);
+            // SAFETY: a live handle and a NUL-terminated name.
+            let sym = unsafe { libc::dlsym(c.handle, c"cuLaunchKernel".as_ptr()) };
+            if sym.is_null() {
+                fatal("no cuLaunchKernel");
+            }
+            // SAFETY: cuLaunchKernel's signature (cuda.h).
+            let f: Launch11 = unsafe { std::mem::transmute::<*mut c_void, Launch11>(sym) };
+            let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+            let rc = (0..n).map(|_| p.kernel(f, 1000)).max().unwrap_or(0);
+            // SAFETY: no arguments.
+            let rc = rc.max(unsafe { sync() });
+            p.report(step, rc, &format!("kernels={n} via={}", who(sym)));
         }
         "stamp" => {
             // Wall-clock microseconds, to order steps of different processes.
