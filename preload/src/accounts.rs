@@ -717,7 +717,7 @@ pub fn lock() -> Option<MutexGuard<'static, Accounts>> {
 }
 
 /// After the process's first context was created (`cuDevicePrimaryCtxRetain`,
-/// `cuCtxCreate*`): attach to the lease with what it holds (nothing, usually), so the
+/// `cuCtxCreate*`, `cuGreenCtxCreate`): attach to the lease with what it holds (nothing, usually), so the
 /// arbiter's watchdog, which sees the process in NVML from its context on, finds it
 /// registered — not only from its first allocation (it was reported, and with
 /// `watchdog_kill` killed, in between). After, not before: the arbiter measures a new

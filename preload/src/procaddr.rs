@@ -72,6 +72,9 @@ const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuMemsetD2D8Async", &[(3020, Hook::cuMemsetD2D8Async)], &[(7000, Hook::cuMemsetD2D8Async_ptsz)]),
     ("cuMemsetD2D16Async", &[(3020, Hook::cuMemsetD2D16Async)], &[(7000, Hook::cuMemsetD2D16Async_ptsz)]),
     ("cuMemsetD2D32Async", &[(3020, Hook::cuMemsetD2D32Async)], &[(7000, Hook::cuMemsetD2D32Async_ptsz)]),
+    // CUDA 12.8 batches; 13.0's _v2 drops failIdx.
+    ("cuMemcpyBatchAsync", &[(13000, Hook::cuMemcpyBatchAsync_v2), (12080, Hook::cuMemcpyBatchAsync)], &[(13000, Hook::cuMemcpyBatchAsync_v2_ptsz), (12080, Hook::cuMemcpyBatchAsync_ptsz)]),
+    ("cuMemcpy3DBatchAsync", &[(13000, Hook::cuMemcpy3DBatchAsync_v2), (12080, Hook::cuMemcpy3DBatchAsync)], &[(13000, Hook::cuMemcpy3DBatchAsync_v2_ptsz), (12080, Hook::cuMemcpy3DBatchAsync_ptsz)]),
     ("cuMemAlloc", &[(3020, Hook::cuMemAlloc_v2)], &[]),
     ("cuMemAllocPitch", &[(3020, Hook::cuMemAllocPitch_v2)], &[]),
     ("cuMemAllocManaged", &[(6000, Hook::cuMemAllocManaged)], &[]),
@@ -103,6 +106,7 @@ const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuDevicePrimaryCtxReset", &[(11000, Hook::cuDevicePrimaryCtxReset_v2), (7000, Hook::cuDevicePrimaryCtxReset)], &[]),
     ("cuCtxCreate", &[(12050, Hook::cuCtxCreate_v4), (11040, Hook::cuCtxCreate_v3), (3020, Hook::cuCtxCreate_v2)], &[]),
     ("cuCtxDestroy", &[(4000, Hook::cuCtxDestroy_v2)], &[]),
+    ("cuGreenCtxCreate", &[(12040, Hook::cuGreenCtxCreate)], &[]),
     ("cuMemGetInfo", &[(3020, Hook::cuMemGetInfo_v2)], &[]),
     ("cuDeviceTotalMem", &[(3020, Hook::cuDeviceTotalMem_v2)], &[]),
 ];
@@ -376,6 +380,33 @@ mod tests {
             ("cuCtxCreate", 12040, 0, Some(Hook::cuCtxCreate_v3)),
             ("cuCtxCreate", 12050, 0, Some(Hook::cuCtxCreate_v4)),
             ("cuCtxGetCurrent", 12040, 0, None),
+            ("cuMemcpyDtoD", 12040, 0, Some(Hook::cuMemcpyDtoD_v2)),
+            (
+                "cuMemcpyDtoD",
+                12040,
+                PTDS,
+                Some(Hook::cuMemcpyDtoD_v2_ptds),
+            ),
+            ("cuMemcpyDtoD", 3010, 0, None),
+            (
+                "cuMemsetD32Async",
+                12040,
+                PTDS,
+                Some(Hook::cuMemsetD32Async_ptsz),
+            ),
+            ("cuMemcpyBatchAsync", 12060, 0, None),
+            (
+                "cuMemcpyBatchAsync",
+                12080,
+                0,
+                Some(Hook::cuMemcpyBatchAsync),
+            ),
+            (
+                "cuMemcpyBatchAsync",
+                13000,
+                PTDS,
+                Some(Hook::cuMemcpyBatchAsync_v2_ptsz),
+            ),
         ];
         for &(name, version, flags, want) in rows {
             assert_eq!(

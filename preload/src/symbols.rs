@@ -158,6 +158,14 @@ hook_table! {
     Cuda: cuMemsetD2D16Async_ptsz => copy::cuMemsetD2D16Async_ptsz,
     Cuda: cuMemsetD2D32Async => copy::cuMemsetD2D32Async,
     Cuda: cuMemsetD2D32Async_ptsz => copy::cuMemsetD2D32Async_ptsz,
+    Cuda: cuMemcpyBatchAsync => copy::cuMemcpyBatchAsync,
+    Cuda: cuMemcpyBatchAsync_ptsz => copy::cuMemcpyBatchAsync_ptsz,
+    Cuda: cuMemcpyBatchAsync_v2 => copy::cuMemcpyBatchAsync_v2,
+    Cuda: cuMemcpyBatchAsync_v2_ptsz => copy::cuMemcpyBatchAsync_v2_ptsz,
+    Cuda: cuMemcpy3DBatchAsync => copy::cuMemcpy3DBatchAsync,
+    Cuda: cuMemcpy3DBatchAsync_ptsz => copy::cuMemcpy3DBatchAsync_ptsz,
+    Cuda: cuMemcpy3DBatchAsync_v2 => copy::cuMemcpy3DBatchAsync_v2,
+    Cuda: cuMemcpy3DBatchAsync_v2_ptsz => copy::cuMemcpy3DBatchAsync_v2_ptsz,
     // Memory: charged before, credited after.
     Cuda: cuMemAlloc_v2 => memory::cuMemAlloc_v2,
     Cuda: cuMemAllocPitch_v2 => memory::cuMemAllocPitch_v2,
@@ -203,6 +211,7 @@ hook_table! {
     Cuda: cuCtxCreate_v3 => work::cuCtxCreate_v3,
     Cuda: cuCtxCreate_v4 => work::cuCtxCreate_v4,
     Cuda: cuCtxDestroy_v2 => work::cuCtxDestroy_v2,
+    Cuda: cuGreenCtxCreate => work::cuGreenCtxCreate,
     // Virtualised answers.
     Cuda: cuMemGetInfo_v2 => info::cuMemGetInfo_v2,
     Cuda: cuDeviceTotalMem_v2 => info::cuDeviceTotalMem_v2,

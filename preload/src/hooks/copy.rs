@@ -78,6 +78,22 @@ fn descriptor_product(copy: *const c_void, offsets: &[usize]) -> usize {
     })
 }
 
+/// A batch whose sizes are not read here (3D batches: each operation's extent sits in
+/// its own descriptor): a millisecond, the order of a large copy.
+const UNSIZED_BATCH_NS: u64 = 1_000_000;
+
+/// The sum of a batch's `count` sizes (0 for a null array, which the driver refuses).
+#[inline(always)]
+fn batch_bytes(sizes: *const usize, count: usize) -> usize {
+    if sizes.is_null() {
+        return 0;
+    }
+    (0..count).fold(0usize, |sum, i| {
+        // SAFETY: the caller hands the driver `count` sizes there, which it reads too.
+        sum.saturating_add(unsafe { sizes.add(i).read_unaligned() })
+    })
+}
+
 /// Defines a gated copy or memset:
 /// `name(per_thread_default_stream, stream expression, estimate; arg: type, ...)`.
 macro_rules! gated_copy {
@@ -173,6 +189,16 @@ gated_copy!(cuMemsetD2D16Async_ptsz(true, stream, device(width.saturating_mul(he
 gated_copy!(cuMemsetD2D32Async(false, stream, device(width.saturating_mul(height).saturating_mul(4)); dst: CUdeviceptr, pitch: usize, value: u32, width: usize, height: usize, stream: Handle));
 gated_copy!(cuMemsetD2D32Async_ptsz(true, stream, device(width.saturating_mul(height).saturating_mul(4)); dst: CUdeviceptr, pitch: usize, value: u32, width: usize, height: usize, stream: Handle));
 
+// CUDA 12.8: batches of copies (CUDA 13.0's `_v2` forms drop `failIdx`).
+gated_copy!(cuMemcpyBatchAsync(false, stream, unified(batch_bytes(sizes, count)); dsts: *mut c_void, srcs: *mut c_void, sizes: *const usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut c_void, num_attrs: usize, fail_idx: *mut usize, stream: Handle));
+gated_copy!(cuMemcpyBatchAsync_ptsz(true, stream, unified(batch_bytes(sizes, count)); dsts: *mut c_void, srcs: *mut c_void, sizes: *const usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut c_void, num_attrs: usize, fail_idx: *mut usize, stream: Handle));
+gated_copy!(cuMemcpyBatchAsync_v2(false, stream, unified(batch_bytes(sizes, count)); dsts: *mut c_void, srcs: *mut c_void, sizes: *const usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut c_void, num_attrs: usize, stream: Handle));
+gated_copy!(cuMemcpyBatchAsync_v2_ptsz(true, stream, unified(batch_bytes(sizes, count)); dsts: *mut c_void, srcs: *mut c_void, sizes: *const usize, count: usize, attrs: *mut c_void, attrs_idxs: *mut c_void, num_attrs: usize, stream: Handle));
+gated_copy!(cuMemcpy3DBatchAsync(false, stream, What::Copy(UNSIZED_BATCH_NS); num_ops: usize, ops: *mut c_void, fail_idx: *mut usize, flags: u64, stream: Handle));
+gated_copy!(cuMemcpy3DBatchAsync_ptsz(true, stream, What::Copy(UNSIZED_BATCH_NS); num_ops: usize, ops: *mut c_void, fail_idx: *mut usize, flags: u64, stream: Handle));
+gated_copy!(cuMemcpy3DBatchAsync_v2(false, stream, What::Copy(UNSIZED_BATCH_NS); num_ops: usize, ops: *mut c_void, flags: u64, stream: Handle));
+gated_copy!(cuMemcpy3DBatchAsync_v2_ptsz(true, stream, What::Copy(UNSIZED_BATCH_NS); num_ops: usize, ops: *mut c_void, flags: u64, stream: Handle));
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +206,8 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     static SEEN: AtomicU64 = AtomicU64::new(0);
+    /// Its own, for the test running beside the other.
+    static BATCH_SEEN: AtomicU64 = AtomicU64::new(0);
 
     extern "C" fn dtod(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult {
         SEEN.store(dst * 100 + src * 10 + bytes as u64, Ordering::SeqCst);
@@ -241,5 +269,41 @@ mod tests {
         }
         assert_eq!(copy_3d_bytes(d3.as_ptr().cast()), 600);
         assert_eq!(copy_3d_bytes(std::ptr::null()), 0);
+        let sizes = [100usize, 200, 300];
+        assert_eq!(batch_bytes(sizes.as_ptr(), 3), 600);
+        assert_eq!(batch_bytes(std::ptr::null(), 3), 0);
+    }
+
+    extern "C" fn batch(
+        _: *mut c_void,
+        _: *mut c_void,
+        sizes: *const usize,
+        count: usize,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: usize,
+        stream: Handle,
+    ) -> CUresult {
+        // SAFETY: the test passes one size.
+        BATCH_SEEN.store(
+            (unsafe { *sizes } + count * 10 + stream) as u64,
+            Ordering::SeqCst,
+        );
+        23
+    }
+
+    /// CUDA 13.0's batch (no failIdx): the stream is its eighth argument.
+    #[test]
+    #[allow(clippy::fn_to_numeric_cast_any)]
+    fn a_batch_reaches_its_variant() {
+        record_real(
+            Hook::cuMemcpyBatchAsync_v2,
+            batch as *const () as *mut c_void,
+        );
+        let null = std::ptr::null_mut();
+        let sizes = [100usize];
+        // SAFETY: the stub reads one size.
+        let rc = unsafe { cuMemcpyBatchAsync_v2(null, null, sizes.as_ptr(), 1, null, null, 0, 5) };
+        assert_eq!((rc, BATCH_SEEN.load(Ordering::SeqCst)), (23, 115));
     }
 }

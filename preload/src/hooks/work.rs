@@ -264,6 +264,29 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 }
 
 /// # Safety
+/// The driver's contract for `cuGreenCtxCreate` (CUDA 12.4). The driver retains the
+/// device's primary context itself (not through `cuDevicePrimaryCtxRetain`): the
+/// process has a context from here on, so it attaches like any other creation.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGreenCtxCreate(
+    green: *mut Handle,
+    desc: Handle,
+    device: CUdevice,
+    flags: c_uint,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real =
+            real_fn!(cuGreenCtxCreate: fn(*mut Handle, Handle, CUdevice, c_uint) -> CUresult);
+        // SAFETY: the caller's arguments, forwarded.
+        let rc = unsafe { real(green, desc, device, flags) };
+        if rc == CUDA_SUCCESS {
+            crate::accounts::attach_after_context_creation();
+        }
+        rc
+    })
+}
+
+/// # Safety
 /// The driver's contract for `cuCtxDestroy_v2`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxDestroy_v2(context: Handle) -> CUresult {
