@@ -68,6 +68,19 @@ pub struct NvmlProcessInfoV1 {
     pub used_gpu_memory: u64,
 }
 
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NvmlProcessUtilizationSample {
+    pub pid: c_uint,
+    /// CPU timestamp in microseconds (wall clock) of the latest sample it was busy in.
+    pub time_stamp: u64,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
 /// Not a MIG instance.
 const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 
@@ -610,6 +623,99 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     })
 }
 
+/// Nanoseconds to add to CLOCK_MONOTONIC to get the wall clock (CLOCK_REALTIME) now: the
+/// model keeps monotonic time, NVML's sample timestamps are wall-clock microseconds.
+fn wall_offset_ns() -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec we hand it.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let wall = ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128;
+    wall - simgpu_model::now_ns() as i128
+}
+
+/// Rounded percent of `part` in `whole`, at most 100.
+fn percent(part: u64, whole: u64) -> c_uint {
+    if whole == 0 {
+        return 0;
+    }
+    ((part as u128 * 100 + whole as u128 / 2) / whole as u128).min(100) as c_uint
+}
+
+/// One sample per process that ran anything on `device` in the sampling periods (the model's
+/// 100 ms utilisation buckets) whose timestamps are greater than `last_seen` (µs, wall
+/// clock; 0: every period still kept): its utilisation averaged over those periods, kernels
+/// as `smUtil`, copies and memsets as `memUtil`, stamped with the end of the latest period
+/// it was busy in. The period in progress is not sampled yet.
+fn process_samples(
+    device: NvmlDevice,
+    last_seen: u64,
+) -> Result<Vec<NvmlProcessUtilizationSample>, NvmlReturn> {
+    let offset = wall_offset_ns();
+    // A period ending at monotonic `end` is stamped floor((end + offset) / 1000) µs, which is
+    // greater than `last_seen` exactly when end > (last_seen + 1) * 1000 - offset - 1.
+    let since_ns = if last_seen == 0 {
+        0
+    } else {
+        ((last_seen as i128 + 1) * 1000 - offset - 1).clamp(0, u64::MAX as i128) as u64
+    };
+    let activity = with_device(|d| {
+        let gpu = gpu_of(device, d)?;
+        let mut locked = d.lock().map_err(|_| NVML_ERROR_UNKNOWN)?;
+        locked
+            .process_activity(gpu, since_ns)
+            .map_err(|_| NVML_ERROR_UNKNOWN)
+    })?;
+    Ok(activity
+        .into_iter()
+        .map(|a| NvmlProcessUtilizationSample {
+            pid: resolve_pid(a.ns, a.pid).unwrap_or(a.pid),
+            time_stamp: ((a.last_active_end_ns as i128 + offset).max(0) / 1000) as u64,
+            sm_util: percent(a.kernel_ns, a.period_ns),
+            mem_util: percent(a.copy_ns, a.period_ns),
+            enc_util: 0,
+            dec_util: 0,
+        })
+        .collect())
+}
+
+/// As the driver: NVML_ERROR_NOT_FOUND when no process has a sample since `last_seen`; with
+/// `utilization` NULL or `*count` too small, NVML_ERROR_INSUFFICIENT_SIZE and the count
+/// needed in `*count`; otherwise the samples, and how many in `*count`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: NvmlDevice,
+    utilization: *mut NvmlProcessUtilizationSample,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> NvmlReturn {
+    guard(|| {
+        if count.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let samples = process_samples(device, last_seen)?;
+        // SAFETY: `count` is valid per the API contract; `utilization` holds `*count`
+        // entries when it is not NULL.
+        unsafe {
+            if samples.is_empty() {
+                *count = 0;
+                return Err(NVML_ERROR_NOT_FOUND);
+            }
+            let room = *count as usize;
+            *count = samples.len() as c_uint;
+            if utilization.is_null() || room < samples.len() {
+                return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+            }
+            for (i, sample) in samples.into_iter().enumerate() {
+                utilization.add(i).write(sample);
+            }
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -620,6 +726,108 @@ mod tests {
         assert_eq!(MEMORY_V2_VERSION, 40 | (2 << 24));
         assert_eq!(std::mem::size_of::<NvmlProcessInfo>(), 24);
         assert_eq!(std::mem::size_of::<NvmlProcessInfoV1>(), 16);
+        assert_eq!(std::mem::size_of::<NvmlProcessUtilizationSample>(), 32);
+    }
+
+    fn wall_us() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    }
+
+    /// The two-call protocol, NOT_FOUND without samples, wall-clock µs timestamps that work
+    /// as `lastSeenTimeStamp`, kernels in `smUtil` and copies in `memUtil`.
+    #[test]
+    fn process_utilization_behaves_like_the_driver() {
+        let dir = std::env::temp_dir().join(format!("simgpu-nvml-test-{}", std::process::id()));
+        // The only test here that initialises the library or reads these variables.
+        std::env::set_var("SIMGPU_DIR", &dir);
+        std::env::set_var("SIMGPU_GPUS", "2");
+        std::env::set_var("SIMGPU_LAUNCH_LATENCY_NS", "0");
+        assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
+        let mut gpu0: NvmlDevice = 0;
+        let mut gpu1: NvmlDevice = 0;
+        unsafe {
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut gpu0), NVML_SUCCESS);
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut gpu1), NVML_SUCCESS);
+        }
+        let query = |device: NvmlDevice, buffer: Option<usize>, last_seen: u64| {
+            let mut samples = vec![NvmlProcessUtilizationSample::default(); buffer.unwrap_or(0)];
+            let mut count = buffer.unwrap_or(0) as c_uint;
+            let pointer = match buffer {
+                Some(_) => samples.as_mut_ptr(),
+                None => std::ptr::null_mut(),
+            };
+            // SAFETY: a buffer of `count` entries, or NULL.
+            let result =
+                unsafe { nvmlDeviceGetProcessUtilization(device, pointer, &mut count, last_seen) };
+            samples.truncate(count as usize);
+            (result, count, samples)
+        };
+        assert_eq!(
+            query(gpu0, None, 0).0,
+            NVML_ERROR_NOT_FOUND,
+            "nothing ran yet"
+        );
+
+        let config = SimConfig::from_env().unwrap();
+        let model = Device::open(&config).unwrap();
+        let before = wall_us();
+        {
+            let mut l = model.lock().unwrap();
+            let p = l.attach_process().unwrap();
+            let ctx = l.create_context(p, 0).unwrap();
+            l.submit_kernel(ctx, 150_000_000).unwrap();
+            l.submit(ctx, 100_000_000, simgpu_model::shared::NO_EVENT)
+                .unwrap();
+        }
+        // The work ends 250 ms on; its sampling period within 350 ms.
+        std::thread::sleep(std::time::Duration::from_millis(450));
+        let (result, needed, _) = query(gpu0, None, before);
+        assert_eq!(
+            (result, needed),
+            (NVML_ERROR_INSUFFICIENT_SIZE, 1),
+            "size query"
+        );
+        let (result, needed, _) = query(gpu0, Some(0), before);
+        assert_eq!(
+            (result, needed),
+            (NVML_ERROR_INSUFFICIENT_SIZE, 1),
+            "no room"
+        );
+        let (result, count, samples) = query(gpu0, Some(4), before);
+        assert_eq!((result, count), (NVML_SUCCESS, 1));
+        let s = samples[0];
+        assert_eq!(s.pid, std::process::id());
+        assert!(
+            s.time_stamp > before + 250_000 && s.time_stamp <= wall_us(),
+            "{s:?}"
+        );
+        // 150 ms of kernels and 100 ms of copies over 3 to 5 periods of 100 ms.
+        // (More periods if this thread overslept; the 3:2 ratio stays.)
+        assert!((15..=50).contains(&s.sm_util), "{s:?}");
+        assert!((10..=34).contains(&s.mem_util), "{s:?}");
+        assert!((2 * s.sm_util).abs_diff(3 * s.mem_util) <= 5, "{s:?}");
+        assert_eq!((s.enc_util, s.dec_util), (0, 0));
+        assert_eq!(
+            query(gpu0, Some(4), s.time_stamp).0,
+            NVML_ERROR_NOT_FOUND,
+            "nothing newer than the sample's own timestamp"
+        );
+        assert_eq!(
+            query(gpu1, Some(4), 0).0,
+            NVML_ERROR_NOT_FOUND,
+            "GPU 1 idle"
+        );
+        // SAFETY: a NULL count is what is being refused.
+        let null_count = unsafe {
+            nvmlDeviceGetProcessUtilization(gpu0, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+        };
+        assert_eq!(null_count, NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+        drop(model);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -8,8 +8,8 @@ use crate::lock::Acquired;
 use crate::pidns::PidNamespace;
 use crate::shared::{
     EventSlot, GpuState, Queue, QueuedOp, Region, SharedError, SharedState, StoredConfig,
-    EVENTS_PER_CONTEXT, MAX_CONTEXTS, MAX_PROCESSES, MAX_SHARED_ALLOCS, NO_EVENT, QUEUE_DEPTH,
-    SLOT_FREE, SLOT_LIVE, UTIL_BUCKETS, UTIL_BUCKET_NS,
+    UtilBucket, EVENTS_PER_CONTEXT, MAX_CONTEXTS, MAX_PROCESSES, MAX_SHARED_ALLOCS, NO_EVENT,
+    OP_COPY, OP_KERNEL, QUEUE_DEPTH, SLOT_FREE, SLOT_LIVE, UTIL_BUCKETS, UTIL_BUCKET_NS,
 };
 use crate::timeslice::{self, Cursor, OpSource, Progress, SliceParams};
 use crate::{now_ns, SimConfig};
@@ -110,6 +110,23 @@ pub struct GpuSnapshot {
     pub now_ns: u64,
     pub processes: Vec<ProcessUsage>,
     pub contexts: Vec<ContextInfo>,
+}
+
+/// What one process did on one GPU over the utilisation periods a query covers (NVML's
+/// per-process samples, `nvmlDeviceGetProcessUtilization`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessActivity {
+    /// Pid in the process's own namespace.
+    pub pid: u32,
+    pub ns: PidNamespace,
+    /// Time its kernels ran in the covered periods.
+    pub kernel_ns: u64,
+    /// Time its copies and memsets ran in the covered periods.
+    pub copy_ns: u64,
+    /// The covered periods it had a context in, summed (what the times are shares of).
+    pub period_ns: u64,
+    /// End of the latest covered period it ran anything in (CLOCK_MONOTONIC).
+    pub last_active_end_ns: u64,
 }
 
 /// This process's view of the shared device.
@@ -292,6 +309,11 @@ fn add_busy(
     to: u64,
 ) {
     *gpu_busy += to - from;
+    add_to_buckets(util, from, to);
+}
+
+/// Adds `[from, to)` to the buckets it falls in (a bucket of an older period is reset first).
+fn add_to_buckets(util: &mut [crate::shared::UtilBucket; UTIL_BUCKETS], from: u64, to: u64) {
     let mut t = from;
     while t < to {
         let id = t / UTIL_BUCKET_NS;
@@ -368,10 +390,17 @@ impl Locked<'_> {
             &mut |p| match p {
                 Progress::Ran {
                     ctx,
+                    index,
                     from_ns,
                     to_ns,
                 } => {
-                    contexts[ctx].gpu_time_ns += to_ns - from_ns;
+                    let c = &mut contexts[ctx];
+                    c.gpu_time_ns += to_ns - from_ns;
+                    let per_engine = match queues[ctx].ops[index as usize % QUEUE_DEPTH].kind {
+                        OP_KERNEL => &mut c.kernel_busy,
+                        _ => &mut c.copy_busy,
+                    };
+                    add_to_buckets(per_engine, from_ns, to_ns);
                     add_busy(busy_ns, util, from_ns, to_ns);
                 }
                 Progress::Completed { ctx, index, at_ns } => {
@@ -546,6 +575,9 @@ impl Locked<'_> {
         c.submitted = 0;
         c.gpu_time_ns = 0;
         c.overhead_bytes = overhead;
+        c.created_ns = self.now_ns;
+        c.kernel_busy = [UtilBucket { id: 0, busy_ns: 0 }; UTIL_BUCKETS];
+        c.copy_busy = [UtilBucket { id: 0, busy_ns: 0 }; UTIL_BUCKETS];
         for e in self.state.events[slot].slots.iter_mut() {
             *e = EventSlot {
                 state: SLOT_FREE,
@@ -718,7 +750,7 @@ impl Locked<'_> {
     /// passed (the doorbell write, the front end fetching the launch), even on an idle GPU.
     pub fn submit_kernel(&mut self, ctx: ContextId, duration_ns: u64) -> Result<u64, DeviceError> {
         let ready = self.now_ns + self.state.config.launch_latency_ns;
-        self.submit_at(ctx, duration_ns, NO_EVENT, ready)
+        self.queue(ctx, duration_ns, NO_EVENT, ready, OP_KERNEL)
     }
 
     /// Queues an operation that may not start before `ready_ns`.
@@ -728,6 +760,17 @@ impl Locked<'_> {
         duration_ns: u64,
         event: u32,
         ready_ns: u64,
+    ) -> Result<u64, DeviceError> {
+        self.queue(ctx, duration_ns, event, ready_ns, OP_COPY)
+    }
+
+    fn queue(
+        &mut self,
+        ctx: ContextId,
+        duration_ns: u64,
+        event: u32,
+        ready_ns: u64,
+        kind: u32,
     ) -> Result<u64, DeviceError> {
         let gpu = self.context(ctx)?.gpu;
         self.advance_gpu(gpu);
@@ -742,7 +785,7 @@ impl Locked<'_> {
             duration_ns,
             ready_ns,
             event,
-            _pad: 0,
+            kind,
         };
         c.submitted += 1;
         Ok(c.submitted)
@@ -860,6 +903,99 @@ impl Locked<'_> {
             completed_at_ns: slot.completed_at_ns,
             recorded_count: slot.recorded_count,
         })
+    }
+
+    /// Per process, what ran on GPU `gpu` in the complete utilisation periods that end after
+    /// `since_ns` (CLOCK_MONOTONIC) and are still kept (the last `UTIL_BUCKETS - 1`, like the
+    /// driver's sample buffer): only processes that ran something, as NVML reports "every
+    /// process that had some non-zero utilization". The period in progress is not covered:
+    /// a sample is taken when its period ends.
+    pub fn process_activity(
+        &mut self,
+        gpu: u32,
+        since_ns: u64,
+    ) -> Result<Vec<ProcessActivity>, DeviceError> {
+        if gpu >= self.state.config.gpus {
+            return Err(DeviceError::InvalidGpu(gpu));
+        }
+        self.advance_gpu(gpu);
+        let now_id = self.now_ns / UTIL_BUCKET_NS;
+        let oldest = now_id.saturating_sub(UTIL_BUCKETS as u64 - 1);
+        let created = self.state.gpus[gpu as usize].created_ns;
+        let periods: Vec<u64> = (oldest..now_id)
+            .filter(|&id| {
+                let end = (id + 1) * UTIL_BUCKET_NS;
+                end > since_ns && end > created
+            })
+            .collect();
+        let s = &*self.state;
+        let mut found: Vec<(usize, ProcessActivity)> = Vec::new();
+        for c in s
+            .contexts
+            .iter()
+            .filter(|c| c.state == SLOT_LIVE && c.gpu == gpu)
+        {
+            let process = c.process as usize;
+            let slot = &s.processes[process];
+            let i = match found.iter().position(|(p, _)| *p == process) {
+                Some(i) => i,
+                None => {
+                    found.push((
+                        process,
+                        ProcessActivity {
+                            pid: slot.pid,
+                            ns: slot.ns,
+                            kernel_ns: 0,
+                            copy_ns: 0,
+                            period_ns: 0,
+                            last_active_end_ns: 0,
+                        },
+                    ));
+                    found.len() - 1
+                }
+            };
+            let a = &mut found[i].1;
+            let in_period = |buckets: &[UtilBucket; UTIL_BUCKETS], id: u64| {
+                let b = buckets[id as usize % UTIL_BUCKETS];
+                if b.id == id {
+                    b.busy_ns
+                } else {
+                    0
+                }
+            };
+            for &id in &periods {
+                let end = (id + 1) * UTIL_BUCKET_NS;
+                if c.created_ns >= end {
+                    continue;
+                }
+                let (k, m) = (in_period(&c.kernel_busy, id), in_period(&c.copy_busy, id));
+                a.kernel_ns += k;
+                a.copy_ns += m;
+                if k + m > 0 {
+                    a.last_active_end_ns = a.last_active_end_ns.max(end);
+                }
+            }
+        }
+        // A process's periods: those any of its contexts existed in (counted once).
+        for (process, a) in found.iter_mut() {
+            a.period_ns = periods
+                .iter()
+                .filter(|&&id| {
+                    s.contexts.iter().any(|c| {
+                        c.state == SLOT_LIVE
+                            && c.gpu == gpu
+                            && c.process as usize == *process
+                            && c.created_ns < (id + 1) * UTIL_BUCKET_NS
+                    })
+                })
+                .count() as u64
+                * UTIL_BUCKET_NS;
+        }
+        Ok(found
+            .into_iter()
+            .map(|(_, a)| a)
+            .filter(|a| a.kernel_ns + a.copy_ns > 0)
+            .collect())
     }
 
     /// The GPU as NVML and tests see it (advanced to now).
@@ -1108,6 +1244,57 @@ mod tests {
             l.submit(ctx, 1, NO_EVENT),
             Err(DeviceError::QueueFull { completed: 1 })
         ));
+    }
+
+    #[test]
+    fn process_activity_counts_kernels_and_copies_of_complete_periods_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(dir.path(), &[("SIMGPU_LAUNCH_LATENCY_NS", "0")]);
+        let idle = device(dir.path(), &[]);
+        let q = idle.lock().unwrap().attach_process().unwrap();
+        idle.lock().unwrap().create_context(q, 0).unwrap();
+        let start = {
+            let mut l = dev.lock().unwrap();
+            let p = l.attach_process().unwrap();
+            let ctx = l.create_context(p, 0).unwrap();
+            l.submit_kernel(ctx, 150_000_000).unwrap();
+            l.submit(ctx, 100_000_000, NO_EVENT).unwrap();
+            l.now_ns
+        };
+        assert!(
+            dev.lock()
+                .unwrap()
+                .process_activity(0, 0)
+                .unwrap()
+                .is_empty(),
+            "the period in progress is not sampled yet"
+        );
+        // The work ends by start + 250 ms; its period has ended by start + 350 ms.
+        std::thread::sleep(std::time::Duration::from_millis(450));
+        let mut l = dev.lock().unwrap();
+        let found = l.process_activity(0, start).unwrap();
+        assert_eq!(found.len(), 1, "the idle process is not listed: {found:?}");
+        let a = &found[0];
+        assert_eq!(a.pid, std::process::id());
+        assert_eq!((a.kernel_ns, a.copy_ns), (150_000_000, 100_000_000));
+        assert!(
+            a.period_ns >= 300_000_000 && a.period_ns.is_multiple_of(UTIL_BUCKET_NS),
+            "{a:?}"
+        );
+        assert!(a.last_active_end_ns > start + 250_000_000);
+        assert!(a.last_active_end_ns <= start + 350_000_000 + UTIL_BUCKET_NS);
+        let now = l.now_ns;
+        assert!(
+            l.process_activity(0, now).unwrap().is_empty(),
+            "nothing since now"
+        );
+        assert!(
+            l.process_activity(1, 0).unwrap().is_empty(),
+            "nothing on GPU 1"
+        );
+        // Only the periods after `since` count.
+        let later = l.process_activity(0, a.last_active_end_ns).unwrap();
+        assert!(later.is_empty(), "{later:?}");
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub const UTIL_BUCKETS: usize = 32;
 pub const UTIL_BUCKET_NS: u64 = 100_000_000;
 
 const MAGIC: u64 = 0x5349_4d47_5055_5354; // "SIMGPUST"
-pub const LAYOUT_VERSION: u64 = 2;
+pub const LAYOUT_VERSION: u64 = 3;
 
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_LIVE: u32 = 1;
@@ -116,6 +116,12 @@ pub struct ContextState {
     /// Device memory charged to the process for the context itself (the driver's per-context
     /// overhead), given back when the context is destroyed.
     pub overhead_bytes: u64,
+    /// When the context was created (NVML samples only the periods it existed in).
+    pub created_ns: u64,
+    /// Its kernels' run time per utilisation bucket (NVML's per-process `smUtil`).
+    pub kernel_busy: [UtilBucket; UTIL_BUCKETS],
+    /// Its copies' and memsets' run time per utilisation bucket (`memUtil`).
+    pub copy_busy: [UtilBucket; UTIL_BUCKETS],
 }
 
 #[repr(C)]
@@ -127,8 +133,15 @@ pub struct QueuedOp {
     pub ready_ns: u64,
     /// The event slot this marker completes, or `NO_EVENT`.
     pub event: u32,
-    pub _pad: u32,
+    /// `OP_KERNEL` or `OP_COPY` (markers are copies of no length): which engine's
+    /// utilisation its run time counts in (NVML's `smUtil` or `memUtil`).
+    pub kind: u32,
 }
+
+/// `QueuedOp::kind` of a copy, a memset or a marker.
+pub const OP_COPY: u32 = 0;
+/// `QueuedOp::kind` of a kernel launch.
+pub const OP_KERNEL: u32 = 1;
 
 #[repr(C)]
 pub struct Queue {

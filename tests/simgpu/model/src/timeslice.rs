@@ -88,9 +88,10 @@ pub struct SliceParams {
 /// What happened while advancing, in time order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Progress {
-    /// Context `ctx` executed on the GPU over `[from_ns, to_ns)`.
+    /// Context `ctx` executed its operation `index` on the GPU over `[from_ns, to_ns)`.
     Ran {
         ctx: usize,
+        index: u64,
         from_ns: u64,
         to_ns: u64,
     },
@@ -205,6 +206,7 @@ pub fn advance(
             engine.now_ns += run;
             observe(Progress::Ran {
                 ctx: r,
+                index: cursors[r].next,
                 from_ns: now,
                 to_ns: now + run,
             });
@@ -351,6 +353,7 @@ mod tests {
                     ctx,
                     from_ns,
                     to_ns,
+                    ..
                 } => busy[ctx] += to_ns - from_ns,
                 Progress::SwitchStarted { .. } => {}
             },
