@@ -47,6 +47,20 @@ pub struct GpuProcess {
     pub memory_used: Option<u64>,
 }
 
+/// What one process did on a GPU over the driver's sampling periods since a timestamp
+/// (`nvmlDeviceGetProcessUtilization`: one sample per process that was busy at all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUtilization {
+    pub pid: u32,
+    /// When its latest sample was taken: wall-clock microseconds (the driver's CPU
+    /// timestamp), what the next query passes as "since".
+    pub timestamp_us: u64,
+    /// Percent of the covered periods its kernels ran (`smUtil`).
+    pub sm_percent: u32,
+    /// Percent of the covered periods it used the memory (copies, memsets: `memUtil`).
+    pub memory_percent: u32,
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InventoryError {
     #[error("arbiter.shared_gpus names {0:?}, which is not a GPU of this node")]
@@ -71,6 +85,16 @@ pub trait GpuBackend: Send + Sync {
     /// where this backend cannot tell.
     fn modes(&self, _uuid: &str) -> GpuModes {
         GpuModes::default()
+    }
+    /// Per-process GPU utilisation over the sampling periods after `since_us`
+    /// (wall-clock µs; 0: everything the driver keeps): only processes that were busy
+    /// at all are listed. None (the default) where this backend cannot measure it.
+    fn process_utilization(
+        &self,
+        _uuid: &str,
+        _since_us: u64,
+    ) -> Result<Option<Vec<ProcessUtilization>>, InventoryError> {
+        Ok(None)
     }
 }
 
@@ -496,6 +520,53 @@ impl GpuBackend for NvmlBackend {
                 })
                 .collect(),
         ))
+    }
+    fn process_utilization(
+        &self,
+        uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<ProcessUtilization>>, InventoryError> {
+        self.utilization_samples(uuid, since_us)
+            .map_err(nvml_err(format!("GPU {uuid} process utilisation")))
+    }
+}
+
+impl NvmlBackend {
+    fn utilization_samples(
+        &self,
+        uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<ProcessUtilization>>, nvml_wrapper::error::NvmlError> {
+        use nvml_wrapper::error::NvmlError;
+        let device = self.nvml.device_by_uuid(uuid)?;
+        // A process that became busy between the size query and the read makes the
+        // driver answer INSUFFICIENT_SIZE: ask once more.
+        let mut samples = device.process_utilization_stats(since_us);
+        if let Err(NvmlError::InsufficientSize(_)) = samples {
+            samples = device.process_utilization_stats(since_us);
+        }
+        match samples {
+            Ok(samples) => Ok(Some(
+                samples
+                    .into_iter()
+                    .map(|s| ProcessUtilization {
+                        pid: s.pid,
+                        timestamp_us: s.timestamp,
+                        sm_percent: s.sm_util.min(100),
+                        memory_percent: s.mem_util.min(100),
+                    })
+                    .collect(),
+            )),
+            // The driver's answer when nobody was busy since `since_us`.
+            Err(NvmlError::NotFound) => Ok(Some(Vec::new())),
+            // An old driver or a GPU without per-process sampling.
+            Err(
+                NvmlError::NotSupported
+                | NvmlError::FunctionNotFound
+                | NvmlError::FailedToLoadSymbol(_),
+            ) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 
