@@ -1,0 +1,387 @@
+//! The watchdog against the simulated GPU (its libnvidia-ml.so.1): well-behaved
+//! processes are never reported or killed (one that has a context before it
+//! registers, processes re-attaching after an arbiter restart), one that never
+//! registers is, once the grace is over.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use gpushare_proto::{Lease, LeaseClient, Priority};
+
+const GI: u64 = 1 << 30;
+/// The arbiter's `RESTART_GRACE`: nothing is reported unregistered or ungated
+/// before it is over.
+const RESTART_GRACE: Duration = Duration::from_secs(10);
+/// The arbiter's `UNREGISTERED_GRACE` (the interval here is shorter than half).
+const UNREGISTERED_GRACE: Duration = Duration::from_secs(2);
+const HELPER: &str = "GPUSHARE_TEST_WATCHDOG_HELPER";
+
+fn target_dir() -> PathBuf {
+    Path::new(ARBITER).parent().unwrap().to_owned()
+}
+
+fn built(name: &str, how: &str) -> PathBuf {
+    let path = target_dir().join(name);
+    assert!(path.exists(), "{} missing: {how}", path.display());
+    path
+}
+
+/// A private arbiter on a simulated GPU, NVML included.
+struct Sim {
+    d: Daemon,
+    /// SIMGPU_DIR.
+    state: PathBuf,
+    /// libcuda.so.1 and libnvidia-ml.so.1.
+    lib: PathBuf,
+    started: Instant,
+    _tmp: tempfile::TempDir,
+}
+
+impl Sim {
+    fn start(kill: bool, interval_ms: u64) -> Sim {
+        let how = "cargo build -p simgpu-libnvml -p simgpu-libcuda -p simgpu-workload";
+        let nvml = built("libnvidia_ml.so", how);
+        let cuda = built("libcuda.so", how);
+        built("simgpu-workload", how);
+        let tmp = tempfile::Builder::new()
+            .prefix("gsw-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let lib = tmp.path().join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::copy(cuda, lib.join("libcuda.so.1")).unwrap();
+        std::fs::copy(nvml, lib.join("libnvidia-ml.so.1")).unwrap();
+        let state = tmp.path().join("state");
+        let extra = format!(
+            "nvml_library = \"{}\"\nwatchdog_interval_ms = {interval_ms}\nwatchdog_kill = {kill}\n",
+            lib.join("libnvidia-ml.so.1").display()
+        );
+        let started = Instant::now();
+        let d = Daemon::start_with_env(0, "16Gi", &extra, &Sim::env_of(&state));
+        Sim {
+            d,
+            state,
+            lib,
+            started,
+            _tmp: tmp,
+        }
+    }
+
+    fn env_of(state: &Path) -> Vec<(&'static str, &str)> {
+        vec![
+            ("SIMGPU_DIR", state.to_str().unwrap()),
+            ("SIMGPU_GPUS", "1"),
+            ("SIMGPU_MEMORY", "16Gi"),
+        ]
+    }
+
+    fn reserve(&self, container: &str, memory: &str, priority: Priority) -> Lease {
+        let mut c = self.d.client();
+        let lease = c.reserve(request(container, memory, priority)).unwrap();
+        confirm_here(&mut c, container);
+        lease
+    }
+
+    fn socket(&self, lease: &Lease) -> PathBuf {
+        self.d.lease_socket(&lease.id.0)
+    }
+
+    fn violations_of(&self, pid: u32) -> Vec<gpushare_proto::Violation> {
+        let status = self.d.client().status().unwrap();
+        status
+            .violations
+            .into_iter()
+            .filter(|v| v.pid == pid)
+            .collect()
+    }
+
+    fn sleep_past_restart_grace(&self) {
+        let until = self.started + RESTART_GRACE + Duration::from_millis(500);
+        if let Some(left) = until.checked_duration_since(Instant::now()) {
+            std::thread::sleep(left);
+        }
+    }
+
+    fn helper(&self, socket: &Path, settings: &[(&str, &str)]) -> Helper {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--ignored", "--exact", "watchdog_helper", "--nocapture"])
+            .env(HELPER, socket)
+            .env("WD_CUDA", self.lib.join("libcuda.so.1"))
+            .envs(Sim::env_of(&self.state))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in settings {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap());
+        Helper { child, lines }
+    }
+}
+
+/// A helper process: a CUDA context holding 1 GiB, registered (or not) on a lease
+/// socket as the interposer would, optionally copying on the GPU without any gate.
+struct Helper {
+    child: Child,
+    lines: BufReader<ChildStdout>,
+}
+
+impl Helper {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for a line starting with `what` from the helper.
+    fn expect(&mut self, what: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.lines.read_line(&mut line).unwrap();
+            assert!(n > 0, "the helper ended before saying {what:?}");
+            if line.starts_with(what) {
+                return line.trim_end().to_owned();
+            }
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Another arbiter process on the same directories (the Daemon's own restart does
+/// not pass the simulated GPU's environment), killed when dropped.
+struct Restarted(Child);
+
+impl Restarted {
+    fn start(sim: &Sim) -> Restarted {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(sim.d.dir.join("arbiter.log"))
+            .unwrap();
+        let child = Command::new(ARBITER)
+            .arg("--config")
+            .arg(&sim.d.config_path)
+            .envs(Sim::env_of(&sim.state))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        wait_until("the restarted arbiter", Duration::from_secs(30), || {
+            gpushare_proto::ControlClient::connect(&sim.d.control_socket(), Duration::from_secs(5))
+                .is_ok()
+        });
+        Restarted(child)
+    }
+}
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// ----- the helper process -----
+
+type CuResult = libc::c_int;
+
+type CuInit = unsafe extern "C" fn(libc::c_uint) -> CuResult;
+type CuDeviceGet = unsafe extern "C" fn(*mut libc::c_int, libc::c_int) -> CuResult;
+type CuCtxCreate =
+    unsafe extern "C" fn(*mut *mut libc::c_void, libc::c_uint, libc::c_int) -> CuResult;
+type CuMemAlloc = unsafe extern "C" fn(*mut u64, usize) -> CuResult;
+type CuMemcpyDtoD = unsafe extern "C" fn(u64, u64, usize) -> CuResult;
+
+/// The simulated driver's entry points the helper needs, found with dlsym.
+struct Cuda {
+    init: CuInit,
+    device_get: CuDeviceGet,
+    ctx_create: CuCtxCreate,
+    mem_alloc: CuMemAlloc,
+    copy: CuMemcpyDtoD,
+}
+
+impl Cuda {
+    fn open(path: &str) -> Cuda {
+        let path = std::ffi::CString::new(path).unwrap();
+        // SAFETY: dlopen/dlsym with NUL-terminated names; the handle is never closed,
+        // and each symbol is the driver function of the C signature it is cast to.
+        unsafe {
+            let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW);
+            assert!(!handle.is_null(), "dlopen {path:?}");
+            let sym = |name: &std::ffi::CStr| {
+                let f = libc::dlsym(handle, name.as_ptr());
+                assert!(!f.is_null(), "{name:?}");
+                f
+            };
+            type Sym = *mut libc::c_void;
+            Cuda {
+                init: std::mem::transmute::<Sym, CuInit>(sym(c"cuInit")),
+                device_get: std::mem::transmute::<Sym, CuDeviceGet>(sym(c"cuDeviceGet")),
+                ctx_create: std::mem::transmute::<Sym, CuCtxCreate>(sym(c"cuCtxCreate_v2")),
+                mem_alloc: std::mem::transmute::<Sym, CuMemAlloc>(sym(c"cuMemAlloc_v2")),
+                copy: std::mem::transmute::<Sym, CuMemcpyDtoD>(sym(c"cuMemcpyDtoD_v2")),
+            }
+        }
+    }
+}
+
+/// Keeps this process registered on `socket` from `after` on, re-attaching (after
+/// `reattach_delay`, as the interposer does) whenever the arbiter goes away.
+fn stay_registered(socket: PathBuf, after: Duration, reattach_delay: Duration) {
+    std::thread::sleep(after);
+    loop {
+        let attached = LeaseClient::connect(&socket, Duration::from_secs(2))
+            .and_then(|mut c| c.attach(GI).map(|(pid, _)| (c, pid)));
+        let Ok((mut client, pid)) = attached else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
+        println!("attached {pid}");
+        std::io::stdout().flush().unwrap();
+        while client.query().is_ok() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        println!("lost");
+        std::io::stdout().flush().unwrap();
+        std::thread::sleep(reattach_delay);
+    }
+}
+
+#[test]
+#[ignore = "helper process of the watchdog tests"]
+fn watchdog_helper() {
+    let socket = PathBuf::from(std::env::var(HELPER).expect("run by a watchdog test"));
+    let ms = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|v| Duration::from_millis(v.parse().unwrap()))
+    };
+    let cuda = Cuda::open(&std::env::var("WD_CUDA").unwrap());
+    let (mut device, mut ctx, mut a, mut b) = (0, std::ptr::null_mut(), 0u64, 0u64);
+    // SAFETY: out-parameters of the right types.
+    unsafe {
+        assert_eq!((cuda.init)(0), 0);
+        assert_eq!((cuda.device_get)(&mut device, 0), 0);
+        assert_eq!((cuda.ctx_create)(&mut ctx, 0, device), 0);
+        assert_eq!((cuda.mem_alloc)(&mut a, (GI / 2) as usize), 0);
+        assert_eq!((cuda.mem_alloc)(&mut b, (GI / 2) as usize), 0);
+    }
+    println!("context");
+    std::io::stdout().flush().unwrap();
+    if let Some(after) = ms("WD_ATTACH_AFTER_MS") {
+        let delay = ms("WD_REATTACH_DELAY_MS").unwrap_or_default();
+        std::thread::spawn(move || stay_registered(socket, after, delay));
+    }
+    let copying = std::env::var_os("WD_COPY").is_some();
+    loop {
+        if copying {
+            // SAFETY: two live 512 MiB allocations of this context.
+            assert_eq!(unsafe { (cuda.copy)(a, b, (GI / 2) as usize) }, 0);
+        } else {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+// ----- finding 4: well-behaved processes are not reported -----
+
+#[test]
+fn a_process_is_reported_unregistered_only_after_the_grace_and_one_that_registers_in_it_never() {
+    let sim = Sim::start(true, 100);
+    let lease = sim.reserve("c", "4Gi", Priority::Low);
+    sim.sleep_past_restart_grace();
+    // Registers 1 s after its context exists (10 passes of the watchdog).
+    let mut late = sim.helper(&sim.socket(&lease), &[("WD_ATTACH_AFTER_MS", "1000")]);
+    // Never registers.
+    let mut rogue = sim.helper(&sim.socket(&lease), &[]);
+    late.expect("context");
+    rogue.expect("context");
+    let seen = Instant::now();
+    late.expect("attached");
+    let observe_until = seen + UNREGISTERED_GRACE + Duration::from_secs(2);
+    let mut rogue_gone = None;
+    while Instant::now() < observe_until {
+        assert!(
+            late.alive(),
+            "the process that registered within the grace was killed:\n{}",
+            sim.d.log()
+        );
+        assert!(
+            sim.violations_of(late.pid()).is_empty(),
+            "{:?}",
+            sim.violations_of(late.pid())
+        );
+        if rogue_gone.is_none() && !rogue.alive() {
+            rogue_gone = Some(seen.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_until("the rogue to be killed", Duration::from_secs(10), || {
+        !rogue.alive()
+    });
+    let gone = rogue_gone.unwrap_or(seen.elapsed());
+    assert!(
+        gone >= UNREGISTERED_GRACE - Duration::from_millis(200),
+        "killed {gone:?} after its context appeared, within the grace"
+    );
+    assert!(sim.d.log().contains("watchdog killed the process"));
+}
+
+#[test]
+fn after_a_restart_an_idle_process_holding_memory_is_seen_again_and_never_reported_or_killed() {
+    let mut sim = Sim::start(true, 100);
+    let lease = sim.reserve("c", "4Gi", Priority::Low);
+    // Attached from the start; after losing the arbiter it re-attaches 0.5 s after
+    // the socket answers again, as the interposer does.
+    let mut idle = sim.helper(
+        &sim.socket(&lease),
+        &[("WD_ATTACH_AFTER_MS", "0"), ("WD_REATTACH_DELAY_MS", "500")],
+    );
+    idle.expect("attached");
+    sim.d.kill9();
+    idle.expect("lost");
+    let restart = Instant::now();
+    let arbiter = Restarted::start(&sim);
+    let mut c = sim.d.client();
+    wait_until(
+        "the lease's holdings to be seen again",
+        Duration::from_secs(5),
+        || {
+            assert!(idle.alive(), "killed after the restart:\n{}", sim.d.log());
+            c.status()
+                .unwrap()
+                .usage
+                .iter()
+                .any(|u| u.lease == lease.id && u.memory_used >= GI)
+        },
+    );
+    let seen_again = restart.elapsed();
+    assert!(
+        seen_again < Duration::from_secs(1),
+        "holdings seen again {seen_again:?} after the restart began"
+    );
+    // Through the whole restart grace and beyond: never reported, never killed.
+    let until = restart + RESTART_GRACE + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert!(idle.alive(), "killed after the restart:\n{}", sim.d.log());
+        let v = sim.violations_of(idle.pid());
+        assert!(v.is_empty(), "{v:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(arbiter);
+}
