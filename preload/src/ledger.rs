@@ -507,12 +507,6 @@ pub fn peer_hung_up(fd: std::os::fd::RawFd) -> bool {
     n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
-/// The process's ledger connection's descriptor now (-1: none). Only a hint for the
-/// watcher's unlocked wait: it may be closed, even reused, a moment later.
-pub fn connection_fd() -> std::os::fd::RawFd {
-    CONNECTION_FD.load(Ordering::Acquire)
-}
-
 /// In a fork child: close the child's copy of the parent's connection, so the
 /// parent's ledger entry closes when the parent's does. Async-signal-safe.
 pub fn close_inherited_connection() {

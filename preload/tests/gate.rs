@@ -344,12 +344,15 @@ fn a_low_priority_processs_copies_wait_while_a_high_priority_job_holds_the_token
                 "sleep",
                 "300",
                 // Holds the token from this launch until its kernel ends and it goes idle.
+                // The kernel ends at least 1.5 s after this stamp (a stamp taken after
+                // `sync` returns can be later than the low job's, by the time its thread
+                // takes to wake, while the agent releases the token as soon as it ends).
+                "stamp",
                 "kernel-ms",
                 "1500",
                 "touch",
                 started,
                 "sync",
-                "stamp",
             ],
         ));
         assert_eq!(h.result("kernel-ms", 0), "CUDA_SUCCESS", "{}", h.stderr);
@@ -360,7 +363,7 @@ fn a_low_priority_processs_copies_wait_while_a_high_priority_job_holds_the_token
             "{mode}: {}",
             s.stderr
         );
-        let high_done = h.number("stamp", 0, "unix_us");
+        let high_done = h.number("stamp", 0, "unix_us") + 1_500_000;
         let (low_began, low_done) = (
             s.number("stamp", 0, "unix_us"),
             s.number("stamp", 1, "unix_us"),
@@ -414,18 +417,19 @@ fn launches_resolved_with_dlsym_wait_for_the_token() {
             "1",
             "sleep",
             "300",
+            // Its kernel ends at least 1 s after this stamp.
+            "stamp",
             "kernel-ms",
             "1000",
             "touch",
             started,
             "sync",
-            "stamp",
         ],
     ));
     let s = finish(low_job);
     assert_eq!(s.result("dlsym-launch", 1), "CUDA_SUCCESS", "{}", s.stderr);
     let (high_done, low_done) = (
-        h.number("stamp", 0, "unix_us"),
+        h.number("stamp", 0, "unix_us") + 1_000_000,
         s.number("stamp", 0, "unix_us"),
     );
     assert!(
