@@ -371,18 +371,16 @@ impl SchedulerConfig {
     }
 
     fn validate(&self) -> Result<(), String> {
-        for (key, value) in [
-            ("scheduler.slice_ms", self.slice_ms),
-            ("scheduler.min_slice_ms", self.min_slice_ms),
-            ("scheduler.max_slice_ms", self.max_slice_ms),
-            ("scheduler.idle_us", self.idle_us),
-            ("scheduler.window_ms", self.window_ms),
-            ("scheduler.revoke_grace_ms", self.revoke_grace_ms),
-            ("scheduler.high_active_ms", self.high_active_ms),
+        for (key, value, max) in [
+            ("scheduler.slice_ms", self.slice_ms, HOUR_MS),
+            ("scheduler.min_slice_ms", self.min_slice_ms, HOUR_MS),
+            ("scheduler.max_slice_ms", self.max_slice_ms, HOUR_MS),
+            ("scheduler.idle_us", self.idle_us, HOUR_MS * 1000),
+            ("scheduler.window_ms", self.window_ms, HOUR_MS),
+            ("scheduler.revoke_grace_ms", self.revoke_grace_ms, HOUR_MS),
+            ("scheduler.high_active_ms", self.high_active_ms, HOUR_MS),
         ] {
-            if value == 0 {
-                return Err(format!("{key} = 0: must be at least 1"));
-            }
+            check_duration(key, value, 1, max)?;
         }
         if !(1..=100).contains(&self.high_return_risk_percent) {
             return Err(format!(
@@ -410,6 +408,35 @@ impl SchedulerConfig {
         }
         Ok(())
     }
+}
+
+const HOUR_MS: u64 = 3_600_000;
+const DAY_MS: u64 = 24 * HOUR_MS;
+
+/// Durations become `Instant + Duration` deadlines, which panic on overflow: a
+/// value like 18446744073709551615 must be refused here, naming the key, rather
+/// than crash the arbiter at its first reserve. The bounds are far beyond any
+/// sensible setting, so they only catch mistakes.
+fn check_duration(key: &str, value: u64, min: u64, max: u64) -> Result<(), String> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    let human = |v: u64| {
+        let unit_ms = if key.ends_with("_us") { 1000 } else { 1 };
+        match v / unit_ms {
+            ms if ms % DAY_MS == 0 => format!("{} d", ms / DAY_MS),
+            ms => format!("{} h", ms / HOUR_MS),
+        }
+    };
+    let low = if min == 0 {
+        "at least 0".to_string()
+    } else {
+        format!("at least {min}")
+    };
+    Err(format!(
+        "{key} = {value}: must be {low} and at most {max} ({})",
+        human(max)
+    ))
 }
 
 impl Config {
@@ -486,13 +513,30 @@ impl Config {
         if a.low_nums_limit == 0 {
             return Err("arbiter.low_nums_limit = 0: must be at least 1 (0 would refuse every low-priority request)".into());
         }
-        for (key, value) in [
-            ("arbiter.watchdog_interval_ms", a.watchdog_interval_ms),
-            ("arbiter.client_timeout_ms", a.client_timeout_ms),
+        for (key, value, min, max) in [
+            (
+                "arbiter.watchdog_interval_ms",
+                a.watchdog_interval_ms,
+                1,
+                HOUR_MS,
+            ),
+            ("arbiter.client_timeout_ms", a.client_timeout_ms, 1, HOUR_MS),
+            // 0: a request that fits nowhere fails at once.
+            ("arbiter.admission_wait_ms", a.admission_wait_ms, 0, HOUR_MS),
+            (
+                "arbiter.reconcile_grace_ms",
+                a.reconcile_grace_ms,
+                0,
+                DAY_MS,
+            ),
+            (
+                "arbiter.reserved_timeout_ms",
+                a.reserved_timeout_ms,
+                0,
+                7 * DAY_MS,
+            ),
         ] {
-            if value == 0 {
-                return Err(format!("{key} = 0: must be at least 1"));
-            }
+            check_duration(key, value, min, max)?;
         }
         if let Some(address) = &a.metrics_address {
             if address.parse::<std::net::SocketAddr>().is_err() {
@@ -679,6 +723,85 @@ mod tests {
                 assert!(err.contains(piece), "{text:?}: {err} lacks {piece:?}");
             }
         }
+    }
+
+    #[test]
+    fn durations_are_bounded_and_errors_name_the_key_the_value_and_the_range() {
+        let huge = u64::MAX;
+        for (text, expected) in [
+            (
+                format!("[arbiter]\nadmission_wait_ms = {huge}\n"),
+                vec![
+                    "arbiter.admission_wait_ms".to_string(),
+                    format!("= {huge}"),
+                    "at most 3600000 (1 h)".into(),
+                ],
+            ),
+            (
+                "[arbiter]\nadmission_wait_ms = 3600001\n".into(),
+                vec!["arbiter.admission_wait_ms".into(), "at least 0".into()],
+            ),
+            (
+                format!("[arbiter]\nclient_timeout_ms = {huge}\n"),
+                vec!["arbiter.client_timeout_ms".into(), "at most 3600000".into()],
+            ),
+            (
+                "[arbiter]\nclient_timeout_ms = 0\n".into(),
+                vec![
+                    "arbiter.client_timeout_ms".into(),
+                    "= 0".into(),
+                    "at least 1".into(),
+                ],
+            ),
+            (
+                format!("[arbiter]\nwatchdog_interval_ms = {huge}\n"),
+                vec!["arbiter.watchdog_interval_ms".into()],
+            ),
+            (
+                format!("[arbiter]\nreconcile_grace_ms = {huge}\n"),
+                vec![
+                    "arbiter.reconcile_grace_ms".into(),
+                    "at most 86400000 (1 d)".into(),
+                ],
+            ),
+            (
+                format!("[arbiter]\nreserved_timeout_ms = {huge}\n"),
+                vec![
+                    "arbiter.reserved_timeout_ms".into(),
+                    "at most 604800000 (7 d)".into(),
+                ],
+            ),
+            (
+                format!("[scheduler]\nwindow_ms = {huge}\n"),
+                vec!["scheduler.window_ms".into(), "at most 3600000".into()],
+            ),
+            (
+                format!("[scheduler]\nrevoke_grace_ms = {huge}\n"),
+                vec!["scheduler.revoke_grace_ms".into()],
+            ),
+            (
+                format!("[scheduler]\nhigh_active_ms = {huge}\n"),
+                vec!["scheduler.high_active_ms".into()],
+            ),
+            (
+                format!("[scheduler]\nidle_us = {huge}\n"),
+                vec![
+                    "scheduler.idle_us".into(),
+                    "at most 3600000000 (1 h)".into(),
+                ],
+            ),
+        ] {
+            let err = parse(&text).unwrap_err().to_string();
+            for piece in &expected {
+                assert!(
+                    err.contains(piece.as_str()),
+                    "{text:?}: {err} lacks {piece:?}"
+                );
+            }
+        }
+        // The bounds themselves are accepted.
+        let c = parse("[arbiter]\nadmission_wait_ms = 3600000\nreconcile_grace_ms = 0\n").unwrap();
+        assert_eq!(c.arbiter.admission_wait_ms, 3_600_000);
     }
 
     #[test]
