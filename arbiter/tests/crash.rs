@@ -196,3 +196,43 @@ fn sigkill_during_reserve_and_release_loses_duplicates_and_leaks_nothing() {
         || d.lease_dirs().is_empty(),
     );
 }
+
+/// `gpusharectl list | head -1`: the reader goes away before gpusharectl writes.
+/// Every command must then exit quietly (status 0, nothing on stderr), not panic.
+#[test]
+fn gpusharectl_exits_quietly_into_a_closed_pipe() {
+    let d = Daemon::start(1, "16Gi", "");
+    let mut c = d.client();
+    for i in 0..3 {
+        c.reserve(request(&format!("c{i}"), "1Gi", Priority::Low))
+            .unwrap();
+    }
+    for args in [
+        &["list"][..],
+        &["list", "--json"],
+        &["status"],
+        &["status", "--json"],
+        &["release", "no-such-lease"],
+        &["drain", "0"],
+        &["undrain", "0"],
+    ] {
+        // The read end is closed before gpusharectl starts: its first write fails
+        // with EPIPE every time, not only when it loses a race with `head`.
+        let (read, write) = nix::unistd::pipe().unwrap();
+        drop(read);
+        let out = std::process::Command::new(CTL)
+            .arg("--config")
+            .arg(&d.config_path)
+            .args(args)
+            .stdout(std::process::Stdio::from(write))
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "gpusharectl {args:?} into a closed pipe: {:?}\n{stderr}",
+            out.status
+        );
+    }
+}

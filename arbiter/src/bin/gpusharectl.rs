@@ -1,5 +1,7 @@
 //! gpusharectl: look at and act on the node's gpushare arbiter.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -43,16 +45,40 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    match run(Args::parse()) {
+    let result = run(Args::parse()).and_then(|out| emit(&out));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpusharectl: {e:#}");
+            // Not eprintln!: it panics when stderr is closed too.
+            let _ = writeln!(std::io::stderr(), "gpusharectl: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+/// Writes the whole output at once. println! would panic when the reader has
+/// gone (`gpusharectl list | head -1`: Rust ignores SIGPIPE, so the write fails
+/// with EPIPE instead of killing us).
+fn emit(out: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(out.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// The reader of our output went away: it took what it wanted (`| head`), so
+/// this is a quiet, successful exit, not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Runs the command; returns what to print.
+fn run(args: Args) -> anyhow::Result<String> {
     let config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::load_default()?.0,
@@ -61,28 +87,24 @@ fn run(args: Args) -> anyhow::Result<()> {
         .socket
         .unwrap_or_else(|| config.arbiter.control_socket());
     let mut client = ControlClient::connect(&socket, config.arbiter.client_timeout())?;
+    let mut out = String::new();
     match args.command {
         Command::Status { json } => {
             let report = client.status()?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).context("encoding status")?
-                );
+                out = serde_json::to_string_pretty(&report).context("encoding status")? + "\n";
             } else {
-                print!("{}", render_status(&report));
+                out = render_status(&report);
             }
         }
         Command::List { json } => {
             let leases = client.list()?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&leases).context("encoding leases")?
-                );
+                out = serde_json::to_string_pretty(&leases).context("encoding leases")? + "\n";
             } else {
                 for l in leases {
-                    println!(
+                    let _ = writeln!(
+                        out,
                         "{} container={} gpus={} priority={} memory={} state={:?}",
                         l.id,
                         l.container_id,
@@ -96,19 +118,16 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         Command::Release { lease } => {
             let existed = client.release(LeaseId(lease.clone()))?;
-            println!(
-                "{}",
-                if existed {
-                    format!("released {lease}")
-                } else {
-                    format!("no lease {lease}")
-                }
-            );
+            out = if existed {
+                format!("released {lease}\n")
+            } else {
+                format!("no lease {lease}\n")
+            };
         }
-        Command::Drain { gpu } => println!("drained {}", client.drain(gpu, true)?),
-        Command::Undrain { gpu } => println!("undrained {}", client.drain(gpu, false)?),
+        Command::Drain { gpu } => out = format!("drained {}\n", client.drain(gpu, true)?),
+        Command::Undrain { gpu } => out = format!("undrained {}\n", client.drain(gpu, false)?),
     }
-    Ok(())
+    Ok(out)
 }
 
 fn percent(x: Option<f64>) -> String {
