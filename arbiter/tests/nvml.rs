@@ -293,3 +293,109 @@ fn the_watchdog_kills_an_unregistered_process_when_configured() {
     assert_eq!(exited.unwrap().signal(), Some(9), "killed by SIGKILL");
     assert!(d.log().contains("watchdog killed the process"));
 }
+
+/// Issue 15, finding 3: per-process utilisation through nvml-wrapper, as the
+/// watchdog reads it (run in a helper process, so this test's NVML sees its own
+/// simulated GPU).
+#[test]
+#[ignore = "helper process of per_process_utilisation_comes_from_nvml"]
+fn nvml_utilisation_helper() {
+    let lib = std::env::var("NVML_HELPER_LIB").expect("run by its test");
+    let since: u64 = std::env::var("NVML_HELPER_SINCE").unwrap().parse().unwrap();
+    let backend = gpushare_arbiter::inventory::NvmlBackend::load(&lib).unwrap();
+    let queries = [
+        ("busy", sim_uuid(0), since),
+        ("idle", sim_uuid(1), 0),
+        ("later", sim_uuid(0), since + 3_600_000_000),
+    ];
+    for (name, gpu, since) in queries {
+        use gpushare_arbiter::inventory::GpuBackend;
+        for s in backend.process_utilization(&gpu, since).unwrap().unwrap() {
+            println!(
+                "{name} {} {} {} {}",
+                s.pid, s.timestamp_us, s.sm_percent, s.memory_percent
+            );
+        }
+    }
+}
+
+#[test]
+fn per_process_utilisation_comes_from_nvml() {
+    let (nvml, workload) = simgpu_built();
+    let tmp = tempfile::Builder::new()
+        .prefix("gss-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let lib_dir = tmp.path().join("lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    std::fs::copy(
+        target_dir().join("libcuda.so"),
+        lib_dir.join("libcuda.so.1"),
+    )
+    .unwrap();
+    std::fs::copy(&nvml, lib_dir.join("libnvidia-ml.so.1")).unwrap();
+    let sim_dir = tmp.path().join("state");
+    let wall_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    let since = wall_us();
+    // Bursts of four 1 ms kernels 1 ms apart: the GPU is busy about 80 % of the time.
+    let mut busy = Command::new(&workload)
+        .args(["--device", "0", "--memory", "1073741824", "--kernels", "4"])
+        .args(["--kernel", "fixed:1ms", "--gap", "1ms", "--duration", "60s"])
+        .env("SIMGPU_DIR", &sim_dir)
+        .env("SIMGPU_GPUS", "2")
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "nvml_utilisation_helper",
+            "--nocapture",
+        ])
+        .env("SIMGPU_DIR", &sim_dir)
+        .env("NVML_HELPER_LIB", lib_dir.join("libnvidia-ml.so.1"))
+        .env("NVML_HELPER_SINCE", since.to_string())
+        .output()
+        .unwrap();
+    let after = wall_us();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    let samples: Vec<(&str, u32, u64, u32, u32)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let name = *f.first()?;
+            if !["busy", "idle", "later"].contains(&name) || f.len() != 5 {
+                return None;
+            }
+            Some((
+                name,
+                f[1].parse().ok()?,
+                f[2].parse().ok()?,
+                f[3].parse().ok()?,
+                f[4].parse().ok()?,
+            ))
+        })
+        .collect();
+    assert_eq!(samples.len(), 1, "one busy process on GPU 0 only: {text}");
+    let (name, pid, timestamp_us, sm, memory) = samples[0];
+    assert_eq!((name, pid), ("busy", busy.id()), "{text}");
+    assert!(
+        timestamp_us > since && timestamp_us <= after,
+        "a wall-clock µs stamp between the start and now: {text}"
+    );
+    // Averaged over the periods since `since`, its start-up included.
+    assert!((40..=90).contains(&sm), "{text}");
+    assert!(memory < 10, "it runs kernels, not copies: {text}");
+}
