@@ -299,6 +299,11 @@ impl Arbiter {
         self.tokens = Some(tokens);
     }
 
+    /// The time-slice tokens, for the watchdog (None until they are set).
+    pub fn tokens(&self) -> Option<Arc<crate::tokens::TokenService>> {
+        self.tokens.clone()
+    }
+
     /// The GPUs set aside at inventory (`inventory::survey`).
     pub fn set_unshareable(&mut self, gpus: Vec<crate::inventory::UnshareableGpu>) {
         self.unshareable = gpus;
@@ -822,6 +827,7 @@ impl Arbiter {
             let kind = match v.kind {
                 ViolationKind::Unregistered => "unregistered",
                 ViolationKind::OverQuota => "over_quota",
+                ViolationKind::Ungated => "ungated",
             };
             *self.violation_totals.entry(kind).or_default() += 1;
         }

@@ -1,9 +1,11 @@
 //! The backstop no LD_PRELOAD-only system has: compare what NVML sees on the
-//! shared GPUs with the processes that registered through lease sockets.
+//! shared GPUs with the processes that registered through lease sockets, and with
+//! the time each process held its GPU's time-slice token.
 //!
-//! Pure: the caller gathers NVML's process lists and the registered clients, and
-//! decides what to do with the findings (log, report, kill by policy). The state
-//! carried between passes (who has been unregistered since when) lives in
+//! Pure: the caller gathers NVML's process lists and per-process utilisation, the
+//! registered clients and the token holdings, and decides what to do with the
+//! findings (log, report, kill by policy). The state carried between passes (who
+//! has been unregistered since when, recent busy and held times) lives in
 //! [`Watchdog`]; the clock is an argument.
 //!
 //! Over quota means what the ledger means: the lease's processes' NVML usage
@@ -14,16 +16,22 @@
 //! Unregistered means NVML lists the process on a shared GPU and no lease on that
 //! GPU registered it, continuously for [`Timing::unregistered_grace`], and not
 //! within [`Timing::restart_grace`] of the arbiter's start.
+//!
+//! Ungated means a registered process was busy on a GPU whose time is scheduled for
+//! much longer than its token connections held the token (or with no token
+//! connection at all), over [`Timing::ungated_window`]: see [`Watchdog::audit`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
-use gpushare_proto::{LeaseId, Violation, ViolationKind};
+use gpushare_config::{SchedulerConfig, SchedulingPolicy};
+use gpushare_proto::{LeaseId, Priority, Violation, ViolationKind};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::inventory::{GpuBackend, GpuProcess};
+use crate::inventory::{GpuBackend, GpuProcess, ProcessUtilization};
 use crate::server::{list_processes, lock, SharedArbiter};
+use crate::tokens::{Holding, TokenService};
 
 /// A lease as the watchdog sees it.
 #[derive(Debug, Clone)]
@@ -114,6 +122,14 @@ pub const UNREGISTERED_GRACE: Duration = Duration::from_secs(2);
 /// reported or killed; a process that has not re-attached by then is treated like
 /// any other.
 pub const RESTART_GRACE: Duration = Duration::from_secs(10);
+/// NVML's sampling period is 1/6 s to 1 s depending on the GPU (`nvidia-smi -q -d
+/// UTILIZATION`); busy time is known only per period, so up to one period of it can
+/// be counted next to token time of the pass before or after. The slack for that.
+pub const SAMPLE_PERIOD_MAX: Duration = Duration::from_secs(1);
+/// Busy and held times are compared over the last passes spanning at least this
+/// long, so one pass's sampling edges do not decide alone.
+pub const UNGATED_WINDOW: Duration = Duration::from_secs(5);
+
 /// The watchdog's graces, from its pass interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -121,9 +137,12 @@ pub struct Timing {
     /// reported: [`UNREGISTERED_GRACE`] or two passes, whichever is longer (one pass
     /// could see a context an instant before its attach lands).
     pub unregistered_grace: Duration,
-    /// Nothing is reported unregistered this soon after the arbiter started:
-    /// [`RESTART_GRACE`] or three passes, whichever is longer.
+    /// Nothing is reported unregistered or ungated this soon after the arbiter
+    /// started: [`RESTART_GRACE`] or three passes, whichever is longer.
     pub restart_grace: Duration,
+    /// The span busy and held times are compared over: [`UNGATED_WINDOW`] or three
+    /// passes, whichever is longer.
+    pub ungated_window: Duration,
 }
 
 impl Timing {
@@ -131,8 +150,131 @@ impl Timing {
         Timing {
             unregistered_grace: UNREGISTERED_GRACE.max(interval * 2),
             restart_grace: RESTART_GRACE.max(interval * 3),
+            ungated_window: UNGATED_WINDOW.max(interval * 3),
         }
     }
+}
+
+/// How GPU time is scheduled on this node (`[scheduler]`), as the ungated check
+/// needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduling {
+    pub policy: SchedulingPolicy,
+    /// `scheduler.revoke_grace_ms`: how long a revoked holder may drain.
+    pub revoke_grace: Duration,
+}
+
+impl Scheduling {
+    pub fn from_config(config: &SchedulerConfig) -> Scheduling {
+        Scheduling {
+            policy: config.policy,
+            revoke_grace: Duration::from_millis(config.revoke_grace_ms),
+        }
+    }
+}
+
+// ----- what the GPUs and the token did between two passes -----
+
+/// A process's token connections on one GPU: its priority and nanoseconds holding
+/// the token (cumulative, or over a pass once differenced).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub priority: Priority,
+    pub held_ns: u64,
+}
+
+/// Cumulative token time per (GPU, pid), summed over its connections. Connections
+/// whose peer pid is unknown cannot be matched with NVML's pids and are left out.
+pub fn token_totals(holdings: &[Holding]) -> BTreeMap<Place, Held> {
+    let mut totals: BTreeMap<Place, Held> = BTreeMap::new();
+    for h in holdings {
+        let Some(pid) = h.pid else { continue };
+        let entry = totals.entry((h.gpu.clone(), pid)).or_insert(Held {
+            priority: h.priority,
+            held_ns: 0,
+        });
+        entry.held_ns = entry.held_ns.saturating_add(h.held_ns);
+        if h.priority == Priority::High {
+            entry.priority = Priority::High;
+        }
+    }
+    totals
+}
+
+/// Token time per (GPU, pid) between two readings of [`token_totals`]. A total that
+/// went down (a connection closed, another opened) counts from zero.
+pub fn held_between(
+    before: &BTreeMap<Place, Held>,
+    after: &BTreeMap<Place, Held>,
+) -> BTreeMap<Place, Held> {
+    after
+        .iter()
+        .map(|(place, now)| {
+            let was = before.get(place).map_or(0, |b| b.held_ns);
+            let held_ns = if now.held_ns >= was {
+                now.held_ns - was
+            } else {
+                now.held_ns
+            };
+            (
+                place.clone(),
+                Held {
+                    priority: now.priority,
+                    held_ns,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Busy nanoseconds per (GPU, pid) over `span` from NVML's per-process samples
+/// since the previous pass: the larger of its SM and memory utilisation (kernels;
+/// copies and memsets), as a share of the span.
+pub fn busy_from_samples(
+    samples: &BTreeMap<String, Vec<ProcessUtilization>>,
+    span: Duration,
+) -> BTreeMap<Place, u64> {
+    let span_ns = span.as_nanos().min(u64::MAX as u128) as u64;
+    let mut busy: BTreeMap<Place, u64> = BTreeMap::new();
+    for (gpu, list) in samples {
+        for s in list {
+            let percent = s.sm_percent.max(s.memory_percent).min(100) as u128;
+            let ns = (span_ns as u128 * percent / 100) as u64;
+            let entry = busy.entry((gpu.clone(), s.pid)).or_default();
+            *entry = entry.saturating_add(ns).min(span_ns);
+        }
+    }
+    busy
+}
+
+/// What the GPUs and the token did between the previous pass and this one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassActivity {
+    pub span: Duration,
+    /// NVML: busy nanoseconds per (GPU, pid); processes not listed were idle.
+    pub busy: BTreeMap<Place, u64>,
+    /// The token: per (GPU, pid) with a token connection, its time holding it.
+    pub held: BTreeMap<Place, Held>,
+}
+
+/// One pass of one process, kept for the window.
+#[derive(Debug, Clone, Copy)]
+struct Recorded {
+    at: Instant,
+    span_ns: u64,
+    busy_ns: u64,
+    held_ns: u64,
+    /// Its priority, when it had a token connection in that pass.
+    priority: Option<Priority>,
+}
+
+/// Busy and held time of one process over the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UngatedUse {
+    pub span_ns: u64,
+    pub busy_ns: u64,
+    pub held_ns: u64,
+    pub tolerance_ns: u64,
 }
 
 /// The watchdog's memory between passes.
@@ -140,17 +282,22 @@ impl Timing {
 pub struct Watchdog {
     started: Instant,
     timing: Timing,
+    scheduling: Scheduling,
     /// Since when each (GPU, pid) has been seen unregistered, pass after pass.
     unregistered_since: BTreeMap<Place, Instant>,
+    /// Recent passes per (GPU, pid), oldest first, within the window.
+    recent: BTreeMap<Place, VecDeque<Recorded>>,
 }
 
 impl Watchdog {
     /// `started`: when the arbiter started (the restart grace runs from it).
-    pub fn new(started: Instant, interval: Duration) -> Watchdog {
+    pub fn new(started: Instant, interval: Duration, scheduling: Scheduling) -> Watchdog {
         Watchdog {
             started,
             timing: Timing::for_interval(interval),
+            scheduling,
             unregistered_since: BTreeMap::new(),
+            recent: BTreeMap::new(),
         }
     }
 
@@ -158,13 +305,36 @@ impl Watchdog {
         self.timing
     }
 
-    /// One pass: what the listing shows, an unregistered process only once it has
-    /// been so for the grace and the restart grace is over.
+    /// How much GPU time beyond its token time a process may show over a window of
+    /// `span_ns` and still be well-behaved. Its token time runs from the grant to its
+    /// release, the drain after a revocation included, so a gated process's GPU work
+    /// lies inside it but for the sampling edges: one NVML period
+    /// ([`SAMPLE_PERIOD_MAX`]). On top: `scheduler.revoke_grace_ms`, a drain the
+    /// scheduler itself lets run, should a client release before its last queued
+    /// kernel ends; and a tenth of the window for the launch latency between a grant
+    /// and the first kernel reaching the GPU, repeated at every grant. An ungated job
+    /// beside a busy high-priority job gets about half the GPU, five times that.
+    pub fn tolerance_ns(&self, span_ns: u64) -> u64 {
+        (self.scheduling.revoke_grace + SAMPLE_PERIOD_MAX).as_nanos() as u64 + span_ns / 10
+    }
+
+    /// One pass. `activity`: what the GPUs and the token did since the previous
+    /// pass (None on the first pass, or where NVML cannot measure per-process
+    /// utilisation).
+    ///
+    /// Ungated: on a GPU whose time is scheduled (`scheduler.policy` not "off"), a
+    /// registered process of a single-GPU lease (multi-GPU leases run ungated by
+    /// design) that, over the window, was busy on the GPU for more than its token
+    /// time plus [`Watchdog::tolerance_ns`] — with no token connection at all, or a
+    /// low-priority one (any priority under round-robin; under the priority policy a
+    /// high-priority job submits without waiting for a grant, so its busy time says
+    /// nothing).
     pub fn audit(
         &mut self,
         now: Instant,
         processes: &BTreeMap<String, Vec<GpuProcess>>,
         leases: &[LeaseView],
+        activity: Option<&PassActivity>,
     ) -> Vec<Violation> {
         let in_restart_grace =
             now.saturating_duration_since(self.started) < self.timing.restart_grace;
@@ -189,38 +359,198 @@ impl Watchdog {
                         .get(&(v.gpu.clone(), v.pid))
                         .is_some_and(|s| now.saturating_duration_since(*s) >= grace))
         });
+        // Ungated.
+        if self.scheduling.policy == SchedulingPolicy::Off {
+            self.recent.clear();
+            return found;
+        }
+        if let Some(activity) = activity.filter(|_| !in_restart_grace) {
+            self.record(now, activity);
+        }
+        let window = self.timing.ungated_window;
+        self.recent.retain(|_, passes| {
+            passes.retain(|r| now.saturating_duration_since(r.at) < window);
+            !passes.is_empty()
+        });
+        if in_restart_grace {
+            return found;
+        }
+        for ((gpu, pid), passes) in &self.recent {
+            let Some(lease) = owner(leases, gpu, *pid) else {
+                continue; // unregistered: reported as such
+            };
+            let priority = passes.iter().rev().find_map(|r| r.priority);
+            let checked = match priority {
+                None => lease.gpus.len() == 1,
+                Some(Priority::Low) => true,
+                Some(Priority::High) => self.scheduling.policy == SchedulingPolicy::RoundRobin,
+            };
+            if !checked {
+                continue;
+            }
+            let Some(used) = self.ungated_use(gpu, *pid) else {
+                continue;
+            };
+            if used.busy_ns > used.held_ns.saturating_add(used.tolerance_ns) {
+                let memory_used = processes
+                    .get(gpu)
+                    .and_then(|list| list.iter().find(|p| p.pid == *pid))
+                    .and_then(|p| p.memory_used)
+                    .unwrap_or(0);
+                found.push(Violation {
+                    kind: ViolationKind::Ungated,
+                    gpu: gpu.clone(),
+                    pid: *pid,
+                    lease: Some(lease.id.clone()),
+                    memory_used,
+                    memory_quota: None,
+                    killed: false,
+                });
+            }
+        }
         found
+    }
+
+    fn record(&mut self, now: Instant, activity: &PassActivity) {
+        let span_ns = activity.span.as_nanos().min(u64::MAX as u128) as u64;
+        let mut places: Vec<&Place> = activity.busy.keys().collect();
+        places.extend(activity.held.keys());
+        places.sort();
+        places.dedup();
+        for place in places {
+            let held = activity.held.get(place);
+            self.recent
+                .entry(place.clone())
+                .or_default()
+                .push_back(Recorded {
+                    at: now,
+                    span_ns,
+                    busy_ns: activity.busy.get(place).copied().unwrap_or(0),
+                    held_ns: held.map_or(0, |h| h.held_ns),
+                    priority: held.map(|h| h.priority),
+                });
+        }
+        // Passes of a process that was neither busy nor holding still count as time
+        // in the window: busy 0, held 0.
+        for (place, passes) in self.recent.iter_mut() {
+            if !activity.busy.contains_key(place) && !activity.held.contains_key(place) {
+                passes.push_back(Recorded {
+                    at: now,
+                    span_ns,
+                    busy_ns: 0,
+                    held_ns: 0,
+                    priority: None,
+                });
+            }
+        }
+    }
+
+    /// A process's busy and held time over the window, and the tolerance for it.
+    pub fn ungated_use(&self, gpu: &str, pid: u32) -> Option<UngatedUse> {
+        let passes = self.recent.get(&(gpu.to_owned(), pid))?;
+        let sum = |f: fn(&Recorded) -> u64| passes.iter().map(f).fold(0u64, u64::saturating_add);
+        let span_ns = sum(|r| r.span_ns);
+        Some(UngatedUse {
+            span_ns,
+            busy_ns: sum(|r| r.busy_ns),
+            held_ns: sum(|r| r.held_ns),
+            tolerance_ns: self.tolerance_ns(span_ns),
+        })
     }
 }
 
-/// The periodic audit: reconcile, list NVML's processes, report (and, with
-/// `kill`, SIGKILL) what the audit finds.
-pub fn spawn(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>, interval: Duration, kill: bool) {
+/// Wall-clock microseconds: NVML's sample timestamps are on this clock.
+fn wall_clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// What the previous pass measured, for the next one to difference against.
+struct Baseline {
+    at: Instant,
+    /// When the previous utilisation query was made (the next one asks for samples
+    /// after it).
+    wall_us: u64,
+    totals: BTreeMap<Place, Held>,
+}
+
+/// The periodic audit: reconcile, list NVML's processes and their utilisation, read
+/// the token holdings, report (and, with `kill`, SIGKILL) what the audit finds.
+pub fn spawn(
+    arbiter: SharedArbiter,
+    backend: Arc<dyn GpuBackend>,
+    interval: Duration,
+    kill: bool,
+    tokens: Arc<TokenService>,
+) {
+    // The token service does not expose `scheduler.revoke_grace_ms`; the default
+    // (500 ms) stands in. It is only a margin here: token time covers the drain after
+    // a revocation anyway (held until released).
+    let scheduling = Scheduling {
+        policy: tokens.policy(),
+        revoke_grace: Scheduling::from_config(&SchedulerConfig::default()).revoke_grace,
+    };
     tokio::spawn(async move {
-        let mut watchdog = Watchdog::new(Instant::now(), interval);
+        let mut watchdog = Watchdog::new(Instant::now(), interval, scheduling);
         let mut tick = tokio::time::interval(interval);
         let mut reported: Vec<Violation> = Vec::new();
+        let mut previous: Option<Baseline> = None;
         loop {
             tick.tick().await;
             lock(&arbiter).reconcile(Instant::now());
             let input = lock(&arbiter).watchdog_input();
             let backend = backend.clone();
             let gpus = input.gpus.clone();
-            let processes =
-                tokio::task::spawn_blocking(move || list_processes(backend.as_ref(), gpus))
-                    .await
-                    .ok()
-                    .flatten();
-            let Some(processes) = processes else { continue };
+            let since_us = previous.as_ref().map(|p| p.wall_us);
+            let scheduled = scheduling.policy != SchedulingPolicy::Off;
+            let listing = tokio::task::spawn_blocking(move || {
+                let processes = list_processes(backend.as_ref(), gpus.clone())?;
+                let wall_us = wall_clock_us();
+                let utilization = match since_us {
+                    Some(since) if scheduled => utilization(backend.as_ref(), &gpus, since),
+                    _ => None,
+                };
+                Some((processes, utilization, wall_us))
+            })
+            .await
+            .ok()
+            .flatten();
+            let Some((processes, utilization, wall_us)) = listing else {
+                continue;
+            };
+            let now = Instant::now();
+            let totals = token_totals(&tokens.holdings());
+            let activity = match (previous.take(), utilization) {
+                (Some(before), Some(samples)) => {
+                    let span = now.saturating_duration_since(before.at);
+                    Some(PassActivity {
+                        span,
+                        busy: busy_from_samples(&samples, span),
+                        held: held_between(&before.totals, &totals),
+                    })
+                }
+                _ => None,
+            };
+            previous = Some(Baseline {
+                at: now,
+                wall_us,
+                totals,
+            });
             // The same listing measures every process's overhead.
             lock(&arbiter).record_process_memory(&processes, Instant::now());
-            let mut found = watchdog.audit(Instant::now(), &processes, &input.views());
+            let mut found = watchdog.audit(now, &processes, &input.views(), activity.as_ref());
             let own = std::process::id();
             for v in &mut found {
                 let is_new = !reported
                     .iter()
                     .any(|r| r.kind == v.kind && r.pid == v.pid && r.gpu == v.gpu);
-                if is_new {
+                if is_new && v.kind == ViolationKind::Ungated {
+                    let used = watchdog.ungated_use(&v.gpu, v.pid);
+                    let ms =
+                        |f: fn(&UngatedUse) -> u64| used.as_ref().map_or(0, |u| f(u) / 1_000_000);
+                    tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, busy_ms = ms(|u| u.busy_ns), token_held_ms = ms(|u| u.held_ns), over_ms = ms(|u| u.span_ns), "watchdog violation: busy on the GPU without holding its time-slice token (it bypassed the interposer's gate)");
+                } else if is_new {
                     tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, memory = v.memory_used, quota = ?v.memory_quota, "watchdog violation");
                 }
                 if kill && v.pid > 1 && v.pid != own {
@@ -242,6 +572,29 @@ pub fn spawn(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>, interval: Dur
             lock(&arbiter).record_violations(found);
         }
     });
+}
+
+/// Per GPU, NVML's per-process samples after `since_us`; None when the backend
+/// cannot measure them (then nothing is checked for ungated work this pass).
+fn utilization(
+    backend: &dyn GpuBackend,
+    gpus: &[String],
+    since_us: u64,
+) -> Option<BTreeMap<String, Vec<ProcessUtilization>>> {
+    let mut samples = BTreeMap::new();
+    for gpu in gpus {
+        match backend.process_utilization(gpu, since_us) {
+            Ok(Some(list)) => {
+                samples.insert(gpu.clone(), list);
+            }
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, gpu = %gpu, "reading per-process utilisation failed");
+                return None;
+            }
+        }
+    }
+    Some(samples)
 }
 
 #[cfg(test)]
@@ -377,11 +730,22 @@ mod tests {
 
     const SECOND: Duration = Duration::from_secs(1);
 
+    fn scheduling(policy: SchedulingPolicy) -> Scheduling {
+        Scheduling {
+            policy,
+            revoke_grace: Duration::from_millis(500),
+        }
+    }
+
     /// Passes at the given seconds after `t0` with pid 99 on GPU-0 when `present`;
     /// whether each pass reported it unregistered.
     fn unregistered_passes(started_before_t0: Duration, passes: &[(f64, bool)]) -> Vec<bool> {
         let t0 = Instant::now() + Duration::from_secs(3600);
-        let mut w = Watchdog::new(t0 - started_before_t0, SECOND);
+        let mut w = Watchdog::new(
+            t0 - started_before_t0,
+            SECOND,
+            scheduling(SchedulingPolicy::Priority),
+        );
         let id = LeaseId("a".into());
         let gpus = vec!["GPU-0".to_string()];
         let leases = [LeaseView {
@@ -397,7 +761,12 @@ mod tests {
                 if present {
                     list.push(("GPU-0", 99, 1));
                 }
-                let found = w.audit(t0 + Duration::from_secs_f64(at), &procs(&list), &leases);
+                let found = w.audit(
+                    t0 + Duration::from_secs_f64(at),
+                    &procs(&list),
+                    &leases,
+                    None,
+                );
                 assert!(found.iter().all(|v| v.pid == 99), "{found:?}");
                 !found.is_empty()
             })
@@ -451,5 +820,293 @@ mod tests {
         let first = reported.iter().position(|r| *r).unwrap();
         assert_eq!(passes[first].0, 10.2, "{reported:?}");
         assert!(reported[first..].iter().all(|r| *r));
+    }
+
+    // ----- ungated work (finding 3) -----
+
+    struct Case {
+        policy: SchedulingPolicy,
+        lease_gpus: usize,
+        /// The process's token connection, if it has one.
+        token: Option<Priority>,
+        /// Per 1 s pass: (busy ms, held ms).
+        passes: Vec<(u64, u64)>,
+    }
+
+    const MS: u64 = 1_000_000;
+
+    /// Whether each pass reported pid 10 ungated.
+    fn ungated_passes(case: &Case) -> Vec<bool> {
+        let t0 = Instant::now() + Duration::from_secs(3600);
+        let mut w = Watchdog::new(
+            t0 - Duration::from_secs(600),
+            SECOND,
+            scheduling(case.policy),
+        );
+        let id = LeaseId("a".into());
+        let gpus: Vec<String> = (0..case.lease_gpus).map(|g| format!("GPU-{g}")).collect();
+        let leases = [LeaseView {
+            id: &id,
+            gpus: &gpus,
+            memory_quota: 4 * GI,
+            client_pids: vec![10],
+        }];
+        let place = ("GPU-0".to_string(), 10);
+        case.passes
+            .iter()
+            .enumerate()
+            .map(|(i, &(busy, held))| {
+                let activity = PassActivity {
+                    span: SECOND,
+                    busy: BTreeMap::from([(place.clone(), busy * MS)]),
+                    held: case
+                        .token
+                        .map(|priority| {
+                            (
+                                place.clone(),
+                                Held {
+                                    priority,
+                                    held_ns: held * MS,
+                                },
+                            )
+                        })
+                        .into_iter()
+                        .collect(),
+                };
+                let now = t0 + SECOND * i as u32;
+                let found = w.audit(now, &procs(&[("GPU-0", 10, 1)]), &leases, Some(&activity));
+                found.iter().any(|v| {
+                    assert_eq!(
+                        (v.kind, v.lease.as_ref(), v.memory_used),
+                        (ViolationKind::Ungated, Some(&id), GI)
+                    );
+                    true
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn busy_time_beyond_token_time_is_ungated_and_well_behaved_work_is_not() {
+        use Priority::{High, Low};
+        use SchedulingPolicy::{Off, RoundRobin};
+        let full = vec![(1000, 0); 6];
+        let half = vec![(500, 0); 6];
+        let no = vec![false; 6];
+        // Interval 1 s, revoke grace 0.5 s: the window is 5 s; over k passes the
+        // tolerance is 1.5 s + k/10 s.
+        for (name, case, expected) in [
+            (
+                "a low job busy the whole time while holding nothing",
+                Case {
+                    policy: SchedulingPolicy::Priority,
+                    lease_gpus: 1,
+                    token: Some(Low),
+                    passes: full.clone(),
+                },
+                vec![false, true, true, true, true, true],
+            ),
+            (
+                "a low job taking half the GPU beside a high holder",
+                Case {
+                    policy: SchedulingPolicy::Priority,
+                    lease_gpus: 1,
+                    token: Some(Low),
+                    passes: half.clone(),
+                },
+                vec![false, false, false, true, true, true],
+            ),
+            (
+                "busy with no token connection at all",
+                Case {
+                    policy: SchedulingPolicy::Priority,
+                    lease_gpus: 1,
+                    token: None,
+                    passes: full.clone(),
+                },
+                vec![false, true, true, true, true, true],
+            ),
+            (
+                "a gated low job: busy inside its token time",
+                Case {
+                    policy: SchedulingPolicy::Priority,
+                    lease_gpus: 1,
+                    token: Some(Low),
+                    passes: vec![(900, 950); 6],
+                },
+                no.clone(),
+            ),
+            (
+                "a gated low job whose samples straddle the passes (one period late)",
+                Case {
+                    policy: SchedulingPolicy::Priority,
+                    lease_gpus: 1,
+                    token: Some(Low),
+                    passes: vec![
+                        (0, 1000),
+                        (1000, 0),
+                        (0, 1000),
+                        (1000, 0),
+                        (1000, 1000),
+                        (1000, 0),
+                    ],
+                },
+                no.clone(),
+            ),
+            (
+                "a gated low job draining one long kernel past its release",
+                Case {
+                    policy: SchedulingPolicy::Priority,
+                    lease_gpus: 1,
+                    token: Some(Low),
+                    passes: vec![(1000, 1000), (1000, 500), (1000, 0), (0, 0), (0, 0), (0, 0)],
+                },
+                no.clone(),
+            ),
+            (
+                "a high job under the priority policy submits without a grant",
+                Case {
+                    policy: SchedulingPolicy::Priority,
+                    lease_gpus: 1,
+                    token: Some(High),
+                    passes: full.clone(),
+                },
+                no.clone(),
+            ),
+            (
+                "any job under round-robin",
+                Case {
+                    policy: RoundRobin,
+                    lease_gpus: 1,
+                    token: Some(High),
+                    passes: full.clone(),
+                },
+                vec![false, true, true, true, true, true],
+            ),
+            (
+                "a multi-GPU lease runs ungated by design",
+                Case {
+                    policy: SchedulingPolicy::Priority,
+                    lease_gpus: 2,
+                    token: None,
+                    passes: full.clone(),
+                },
+                no.clone(),
+            ),
+            (
+                "GPU time is not scheduled",
+                Case {
+                    policy: Off,
+                    lease_gpus: 1,
+                    token: None,
+                    passes: full.clone(),
+                },
+                no.clone(),
+            ),
+        ] {
+            assert_eq!(ungated_passes(&case), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn ungated_work_is_not_judged_within_the_restart_grace_nor_for_unregistered_processes() {
+        let t0 = Instant::now() + Duration::from_secs(3600);
+        let mut w = Watchdog::new(t0, SECOND, scheduling(SchedulingPolicy::Priority));
+        let id = LeaseId("a".into());
+        let gpus = vec!["GPU-0".to_string()];
+        let leases = [LeaseView {
+            id: &id,
+            gpus: &gpus,
+            memory_quota: 4 * GI,
+            client_pids: vec![10],
+        }];
+        let busy = |pid: u32| PassActivity {
+            span: SECOND,
+            busy: BTreeMap::from([(("GPU-0".to_string(), pid), 1000 * MS)]),
+            held: BTreeMap::new(),
+        };
+        let table = procs(&[("GPU-0", 10, 1), ("GPU-0", 99, 1)]);
+        // Processes re-attaching after a restart ran ungated meanwhile (a high job
+        // keeps running): none of it counts.
+        for s in 1..=9 {
+            let found = w.audit(t0 + SECOND * s, &table, &leases, Some(&busy(10)));
+            assert!(found.is_empty(), "{s} s: {found:?}");
+        }
+        let kinds: Vec<_> = (10..=12)
+            .flat_map(|s| w.audit(t0 + SECOND * s, &table, &leases, Some(&busy(99))))
+            .map(|v| (v.kind, v.pid))
+            .collect();
+        assert!(
+            kinds
+                .iter()
+                .all(|&(k, pid)| k == ViolationKind::Unregistered && pid == 99),
+            "a process no lease registered is unregistered, not ungated: {kinds:?}"
+        );
+        let found = w.audit(t0 + SECOND * 13, &table, &leases, Some(&busy(10)));
+        assert!(
+            found.iter().all(|v| v.kind != ViolationKind::Ungated),
+            "one pass is within the tolerance"
+        );
+        let found = w.audit(t0 + SECOND * 14, &table, &leases, Some(&busy(10)));
+        assert!(
+            found
+                .iter()
+                .any(|v| v.kind == ViolationKind::Ungated && v.pid == 10),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn token_time_is_summed_per_process_and_differenced_per_pass() {
+        let holding = |gpu: &str, pid: Option<u32>, priority, held_ns| Holding {
+            gpu: gpu.into(),
+            lease: LeaseId("a".into()),
+            pid,
+            priority,
+            held_ns,
+        };
+        let before = token_totals(&[
+            holding("GPU-0", Some(10), Priority::Low, 100),
+            holding("GPU-0", Some(10), Priority::Low, 50),
+            holding("GPU-0", None, Priority::Low, 999),
+            holding("GPU-1", Some(11), Priority::High, 7),
+        ]);
+        assert_eq!(before.len(), 2, "pid unknown: left out");
+        assert_eq!(before[&("GPU-0".to_string(), 10)].held_ns, 150);
+        let after = token_totals(&[
+            holding("GPU-0", Some(10), Priority::Low, 400),
+            holding("GPU-1", Some(11), Priority::High, 3),
+            holding("GPU-1", Some(12), Priority::Low, 20),
+        ]);
+        let held = held_between(&before, &after);
+        let summary: Vec<_> = held
+            .iter()
+            .map(|((gpu, pid), h)| (gpu.as_str(), *pid, h.priority, h.held_ns))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("GPU-0", 10, Priority::Low, 250),
+                ("GPU-1", 11, Priority::High, 3), // reconnected: counts from zero
+                ("GPU-1", 12, Priority::Low, 20),
+            ]
+        );
+    }
+
+    #[test]
+    fn busy_time_is_the_larger_of_sm_and_memory_utilisation() {
+        let sample = |pid, sm_percent, memory_percent| ProcessUtilization {
+            pid,
+            timestamp_us: 1,
+            sm_percent,
+            memory_percent,
+        };
+        let samples = BTreeMap::from([(
+            "GPU-0".to_string(),
+            vec![sample(10, 40, 5), sample(11, 0, 90), sample(12, 250, 0)],
+        )]);
+        let busy = busy_from_samples(&samples, 2 * SECOND);
+        let ms = |pid| busy[&("GPU-0".to_string(), pid)] / MS;
+        assert_eq!((ms(10), ms(11), ms(12)), (800, 1800, 2000));
     }
 }

@@ -1,17 +1,29 @@
 //! The watchdog against the simulated GPU (its libnvidia-ml.so.1): well-behaved
 //! processes are never reported or killed (one that has a context before it
 //! registers, processes re-attaching after an arbiter restart), one that never
-//! registers is, once the grace is over.
+//! registers is, once the grace is over; a registered process busy on the GPU
+//! without holding the time-slice token is reported ungated, and a gated job beside
+//! a high-priority one is not.
 
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use gpushare_proto::{Lease, LeaseClient, Priority};
+use gpushare_proto::frame::{read_message, write_message};
+use gpushare_proto::token::NOT_HELD;
+use gpushare_proto::token_client::TokenConnection;
+use gpushare_proto::{
+    Lease, LeaseClient, LeaseRequest, LeaseResponse, Priority, TokenRequest, ViolationKind,
+    PROTOCOL_VERSION,
+};
 
 const GI: u64 = 1 << 30;
 /// The arbiter's `RESTART_GRACE`: nothing is reported unregistered or ungated
@@ -29,6 +41,13 @@ fn built(name: &str, how: &str) -> PathBuf {
     let path = target_dir().join(name);
     assert!(path.exists(), "{} missing: {how}", path.display());
     path
+}
+
+/// The interposer: the glibc-baseline build `make test` names, else cargo's own.
+fn interposer() -> PathBuf {
+    std::env::var_os("GPUSHARE_PRELOAD_LIB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| built("libgpushare.so", "cargo build -p gpushare-preload"))
 }
 
 /// A private arbiter on a simulated GPU, NVML included.
@@ -384,4 +403,180 @@ fn after_a_restart_an_idle_process_holding_memory_is_seen_again_and_never_report
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(arbiter);
+}
+
+// ----- finding 3: ungated work -----
+
+/// Starts `simgpu-workload` without the interposer, its pid attached on `socket`
+/// for `memory_held` (the lease socket sees the workload's own credentials: it
+/// connects before it execs).
+fn attached_workload(sim: &Sim, lease_socket: &Path, args: &[&str]) -> (Child, UnixStream) {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let address = UnixAddr::new(lease_socket).unwrap();
+    let raw = fd.as_raw_fd();
+    let mut cmd = Command::new(target_dir().join("simgpu-workload"));
+    cmd.args(args)
+        .envs(Sim::env_of(&sim.state))
+        .env("LD_LIBRARY_PATH", &sim.lib)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: connect(2) is async-signal-safe; the descriptor is the parent's, open
+    // in the child until its exec (CLOEXEC).
+    unsafe {
+        cmd.pre_exec(move || connect(raw, &address).map_err(std::io::Error::from));
+    }
+    let child = cmd.spawn().unwrap();
+    let mut stream = UnixStream::from(fd);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write_message(
+        &mut stream,
+        &LeaseRequest::Hello {
+            protocol: PROTOCOL_VERSION,
+        },
+    )
+    .unwrap();
+    let hello: LeaseResponse = read_message(&mut stream).unwrap();
+    assert!(matches!(hello, LeaseResponse::Hello { .. }), "{hello:?}");
+    write_message(&mut stream, &LeaseRequest::Attach { memory_held: GI }).unwrap();
+    match read_message(&mut stream).unwrap() {
+        LeaseResponse::Attached { pid, .. } => assert_eq!(pid, child.id()),
+        other => panic!("attach: {other:?}"),
+    }
+    (child, stream)
+}
+
+/// A high-priority client of the test that holds the token.
+fn high_holder(sim: &Sim) -> TokenConnection {
+    let high = sim.reserve("high", "1Gi", Priority::High);
+    let token = TokenConnection::open(&sim.socket(&high), Duration::from_secs(10)).unwrap();
+    token.send(TokenRequest::Want).unwrap();
+    wait_until("the high grant", Duration::from_secs(10), || {
+        token.page().deadline_ns.load(Ordering::Acquire) != NOT_HELD
+    });
+    token
+}
+
+fn ungated_reported(sim: &Sim, pid: u32, timeout: Duration) {
+    let mut c = sim.d.client();
+    wait_until("the ungated report", timeout, || {
+        c.status().unwrap().violations.iter().any(|v| {
+            v.kind == ViolationKind::Ungated
+                && v.pid == pid
+                && v.gpu == sim_uuid(0)
+                && v.lease.is_some()
+                && !v.killed
+        })
+    });
+    let text = String::from_utf8_lossy(&sim.d.ctl(&["status"]).stdout).into_owned();
+    assert!(
+        text.contains(&format!("Ungated gpu={} pid={pid}", sim_uuid(0))),
+        "{text}"
+    );
+    assert!(sim.d.log().contains("without holding its time-slice token"));
+}
+
+#[test]
+fn kernels_of_a_registered_process_that_bypass_the_gate_are_reported_ungated() {
+    let sim = Sim::start(false, 200);
+    let low = sim.reserve("low", "4Gi", Priority::Low);
+    let _high = high_holder(&sim);
+    // Registered for its memory, running kernels with no token at all.
+    let (mut workload, _registration) = attached_workload(
+        &sim,
+        &sim.socket(&low),
+        &[
+            "--device",
+            "0",
+            "--memory",
+            "1073741824",
+            "--kernels",
+            "8",
+            "--kernel",
+            "fixed:2ms",
+            "--gap",
+            "0",
+            "--duration",
+            "60s",
+        ],
+    );
+    ungated_reported(&sim, workload.id(), RESTART_GRACE + Duration::from_secs(20));
+    assert!(
+        workload.try_wait().unwrap().is_none(),
+        "reported, not killed"
+    );
+    let _ = workload.kill();
+    let _ = workload.wait();
+}
+
+#[test]
+fn copies_of_a_low_client_that_holds_no_token_are_reported_ungated() {
+    let sim = Sim::start(false, 200);
+    let low = sim.reserve("low", "4Gi", Priority::Low);
+    let _high = high_holder(&sim);
+    // Registered, copying device to device while a high-priority job holds the
+    // token (copies were never gated).
+    let mut copier = sim.helper(
+        &sim.socket(&low),
+        &[("WD_ATTACH_AFTER_MS", "0"), ("WD_COPY", "1")],
+    );
+    copier.expect("attached");
+    ungated_reported(&sim, copier.pid(), RESTART_GRACE + Duration::from_secs(20));
+}
+
+#[test]
+fn a_gated_low_job_beside_a_high_one_is_never_reported() {
+    let sim = Sim::start(false, 200);
+    let low = sim.reserve("low", "4Gi", Priority::Low);
+    let high = sim.reserve("high", "4Gi", Priority::High);
+    let gated = |lease: &Lease, kernel: &str, gap: &str| {
+        Command::new(target_dir().join("simgpu-workload"))
+            .args(["--device", "0", "--memory", "536870912", "--kernels", "4"])
+            .args(["--kernel", kernel, "--gap", gap, "--duration", "60s"])
+            .envs(Sim::env_of(&sim.state))
+            .env("LD_LIBRARY_PATH", &sim.lib)
+            .env("LD_PRELOAD", interposer())
+            .env("GPUSHARE_LEASE", &lease.id.0)
+            .env("GPUSHARE_SOCKET", sim.socket(lease))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // The high job leaves most of the GPU to the low one, which uses it while it
+    // holds the token: busy most of the time, never without the token.
+    let mut high_job = gated(&high, "fixed:1ms", "20ms");
+    let mut low_job = gated(&low, "fixed:1ms", "0");
+    sim.sleep_past_restart_grace();
+    let mut c = sim.d.client();
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        let status = c.status().unwrap();
+        let found: Vec<_> = status
+            .violations
+            .iter()
+            .filter(|v| v.pid == low_job.id() || v.pid == high_job.id())
+            .collect();
+        assert!(found.is_empty(), "{found:?}\n{}", sim.d.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Both ran, both through the token.
+    let status = c.status().unwrap();
+    let token = &status.tokens[0];
+    assert!(token.grants > 10, "{token:?}");
+    for job in [&mut high_job, &mut low_job] {
+        assert!(job.try_wait().unwrap().is_none());
+        let _ = job.kill();
+        let _ = job.wait();
+    }
 }

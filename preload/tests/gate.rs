@@ -313,15 +313,16 @@ fn an_answer_that_is_not_the_drivers_export_passes_through() {
 
 /// Issue 15, finding 3: copies were never gated — 40 device-to-device copies of 256 MiB
 /// ran while a high-priority job held the token. Now a low-priority process's copies
-/// (host-synchronous `cuMemcpyDtoD` and stream-ordered `cuMemcpyDtoDAsync`) wait for the
-/// token like its launches: none completes while the high job's 1.5 s kernel holds it,
-/// and all of them run once it is released.
+/// (host-synchronous `cuMemcpyDtoD` and stream-ordered `cuMemcpyDtoDAsync`) and memsets
+/// (`cuMemsetD32`, `cuMemsetD32Async`) wait for the token like its launches: none
+/// completes while the high job's 1.5 s kernel holds it, and all of them run once it is
+/// released.
 #[test]
 fn a_low_priority_processs_copies_wait_while_a_high_priority_job_holds_the_token() {
     let mut m = Machine::start();
     let low = m.lease_of("1Gi", Priority::Low);
     let high = m.lease_of("1Gi", Priority::High);
-    for mode in ["sync", "async"] {
+    for mode in ["sync", "async", "memset", "memset-async"] {
         let dir = tempfile::tempdir().unwrap();
         let started = dir.path().join("started");
         let started = started.to_str().unwrap();

@@ -185,6 +185,10 @@ pub enum ViolationKind {
     Unregistered,
     /// A lease's processes hold more GPU memory than its quota.
     OverQuota,
+    /// A registered process was busy on a GPU whose time is scheduled for much longer
+    /// than it held the time-slice token (or without a token connection at all): its
+    /// work bypassed the interposer's gate.
+    Ungated,
 }
 
 /// Something the watchdog saw on a shared GPU that should not be there.

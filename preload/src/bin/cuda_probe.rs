@@ -11,7 +11,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `two-streams MS`, `stamp`, `copies sync|async N B`, `reset`, `dlsym-launch N`.
+//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
@@ -911,9 +911,10 @@ fn run_step(
             p.report(step, 0, &format!("unix_us={us}"));
         }
         "copies" => {
-            // `copies sync|async N B`: N device-to-device copies of B bytes between two
-            // fresh buffers (cuMemcpyDtoD, or cuMemcpyDtoDAsync on the legacy stream and a
-            // synchronisation), then the buffers freed.
+            // `copies sync|async|memset|memset-async N B`: N device-to-device copies of B
+            // bytes between two fresh buffers (cuMemcpyDtoD, or cuMemcpyDtoDAsync on the
+            // legacy stream and a synchronisation), or N memsets of one (cuMemsetD32, or
+            // cuMemsetD32Async and a synchronisation), then the buffers freed.
             let mode = args
                 .next()
                 .unwrap_or_else(|| fatal("copies sync|async N B"));
@@ -943,7 +944,26 @@ fn run_step(
                         let queued = (0..n).map(|_| unsafe { copy(b, a, bytes, 0) }).max();
                         queued.unwrap_or(0).max(unsafe { sync() })
                     }
-                    other => fatal(&format!("copies sync|async, not {other}")),
+                    "memset" => {
+                        let set: unsafe extern "C" fn(Ptr, c_uint, usize) -> R =
+                            c.get("cuMemsetD32");
+                        // SAFETY: a live buffer of `bytes`, written as 32-bit words.
+                        (0..n)
+                            .map(|_| unsafe { set(b, 7, bytes / 4) })
+                            .max()
+                            .unwrap_or(0)
+                    }
+                    "memset-async" => {
+                        let set: unsafe extern "C" fn(Ptr, c_uint, usize, H) -> R =
+                            c.get("cuMemsetD32Async");
+                        let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+                        // SAFETY: a live buffer of `bytes`, the legacy stream.
+                        let queued = (0..n).map(|_| unsafe { set(b, 7, bytes / 4, 0) }).max();
+                        queued.unwrap_or(0).max(unsafe { sync() })
+                    }
+                    other => fatal(&format!(
+                        "copies sync|async|memset|memset-async, not {other}"
+                    )),
                 };
             }
             let ms = start.elapsed().as_millis();

@@ -2,7 +2,8 @@
 //! bandwidth for device-to-device). No data moves: the simulated device stores none.
 //!
 //! Synchronous copies go through the legacy default stream (the thread's default stream for the
-//! `_ptds` forms) and return once the copy has completed, as the real ones do.
+//! `_ptds` forms) and return once the copy has completed, as the real ones do. Memsets
+//! (`cuMemsetD8`/`D32`, each `Async`) write device memory at device bandwidth, in stream order.
 
 use super::{DevicePtr, Handle};
 use crate::driver::driver;
@@ -253,6 +254,60 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2_ptsz(
         )
     })
 }
+
+/// A memset of `bytes` (`count` elements) at `dst`: device memory written at device
+/// bandwidth, in stream order. The synchronous forms are asynchronous to the host for
+/// device memory (cuda.h): they return once queued on the legacy (or per-thread) stream.
+fn memset(dst: DevicePtr, bytes: u64, stream: Handle, per_thread: bool) -> Result<(), CudaError> {
+    let d = driver()?;
+    if !d.state().is_device_range(dst, bytes) {
+        return Err(CudaError::InvalidValue);
+    }
+    d.enqueue(
+        stream,
+        per_thread,
+        &[copy_duration_ns(bytes, d.config.device_copy_bytes_per_s)],
+        false,
+    )?;
+    Ok(())
+}
+
+/// Defines a 1D memset: `name(per_thread, element type)`, with a stream argument when
+/// `async`.
+macro_rules! memset_1d {
+    ($name:ident, $per_thread:expr, $ty:ty) => {
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name(dst: DevicePtr, _value: $ty, count: usize) -> CUresult {
+            guard(|| {
+                let bytes = (count as u64).saturating_mul(std::mem::size_of::<$ty>() as u64);
+                memset(dst, bytes, 0, $per_thread)
+            })
+        }
+    };
+    ($name:ident, $per_thread:expr, $ty:ty, async) => {
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name(
+            dst: DevicePtr,
+            _value: $ty,
+            count: usize,
+            stream: Handle,
+        ) -> CUresult {
+            guard(|| {
+                let bytes = (count as u64).saturating_mul(std::mem::size_of::<$ty>() as u64);
+                memset(dst, bytes, stream, $per_thread)
+            })
+        }
+    };
+}
+
+memset_1d!(cuMemsetD8_v2, false, u8);
+memset_1d!(cuMemsetD8_v2_ptds, true, u8);
+memset_1d!(cuMemsetD32_v2, false, u32);
+memset_1d!(cuMemsetD32_v2_ptds, true, u32);
+memset_1d!(cuMemsetD8Async, false, u8, async);
+memset_1d!(cuMemsetD8Async_ptsz, true, u8, async);
+memset_1d!(cuMemsetD32Async, false, u32, async);
+memset_1d!(cuMemsetD32Async_ptsz, true, u32, async);
 
 #[cfg(test)]
 mod tests {
