@@ -1,17 +1,28 @@
 //! The root-only control socket: reserve, confirm, bind, release, drain, status.
 //! Every change is answered only once the lease store says it is durable.
+//!
+//! Bounded like the lease sockets, though only root can connect: a runaway
+//! tool must not exhaust the arbiter. At most `MAX_CONTROL_CONNECTIONS` at once;
+//! the hello must come within `HELLO_TIMEOUT`, and a frame once begun must be
+//! finished (and an answer taken) within `FRAME_TIMEOUT`. A reserve whose client
+//! disconnects while it waits in the admission queue is withdrawn.
 
 use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpushare_proto::frame::FrameError;
+use gpushare_proto::frame::{self, FrameError};
+use gpushare_proto::lease_socket::HELLO_TIMEOUT;
 use gpushare_proto::{ControlRequest, ControlResponse, ErrorKind, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 
-use crate::server::{lock, read_frame, write_frame, ServerError, SharedArbiter};
+use crate::server::{lock, read_frame, write_frame, ServerError, SharedArbiter, FRAME_TIMEOUT};
 use crate::state::StateError;
 use crate::store::LeaseStore;
 
@@ -36,15 +47,45 @@ pub fn bind_control_socket(path: &Path) -> Result<UnixListener, ServerError> {
     Ok(listener)
 }
 
+/// Control connections served at once. Each container start in progress holds
+/// one (the wrapper's reserve waits in the admission queue up to
+/// `admission_wait_ms`), plus hooks, shims and gpusharectl: a node starts tens of
+/// containers at once, not hundreds, so 512 never refuses real work, while it
+/// caps what a runaway root tool can take (a task, a descriptor and up to one
+/// 1 MiB frame each) well inside the descriptor headroom kept for this socket.
+pub const MAX_CONTROL_CONNECTIONS: usize = 512;
+
 pub async fn serve(listener: UnixListener, arbiter: SharedArbiter) {
+    let slots = Arc::new(Semaphore::new(MAX_CONTROL_CONNECTIONS));
+    let mut refused: u64 = 0;
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    refused += 1;
+                    if refused.is_power_of_two() {
+                        tracing::warn!(
+                            limit = MAX_CONTROL_CONNECTIONS,
+                            refused,
+                            "too many control connections; refusing"
+                        );
+                    }
+                    // Say why, without waiting on a client that does not read.
+                    let message = format!(
+                        "too many control connections ({MAX_CONTROL_CONNECTIONS} open); try again"
+                    );
+                    if let Ok(bytes) = frame::encode(&error_response(ErrorKind::Internal, message))
+                    {
+                        let _ = stream.try_write(&bytes);
+                    }
+                    continue;
+                };
                 let arbiter = arbiter.clone();
                 tokio::spawn(async move {
                     if let Err(e) = handle_control(stream, arbiter).await {
                         tracing::debug!(error = %e, "control connection closed");
                     }
+                    drop(permit);
                 });
             }
             Err(e) => {
@@ -59,15 +100,97 @@ fn error_response(kind: ErrorKind, message: String) -> ControlResponse {
     ControlResponse::Error { kind, message }
 }
 
+fn timed_out(what: String) -> FrameError {
+    FrameError::Io(io::Error::new(io::ErrorKind::TimedOut, what))
+}
+
+/// The next request. Before the hello, the whole frame must come within
+/// `HELLO_TIMEOUT`; after it, a client may stay idle between requests (a root
+/// tool holding its connection), but a frame once begun must be finished within
+/// `FRAME_TIMEOUT`, so half a frame cannot hold a connection slot for ever.
+async fn read_request(
+    stream: &mut UnixStream,
+    greeted: bool,
+) -> Result<ControlRequest, FrameError> {
+    if !greeted {
+        return tokio::time::timeout(HELLO_TIMEOUT, read_frame(stream))
+            .await
+            .map_err(|_| timed_out(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())))?;
+    }
+    let mut header = [0u8; 4];
+    if stream.read(&mut header[..1]).await? == 0 {
+        return Err(FrameError::Closed);
+    }
+    let rest = async {
+        stream.read_exact(&mut header[1..]).await?;
+        let mut body = vec![0u8; frame::body_len(header)?];
+        stream.read_exact(&mut body).await?;
+        frame::decode(&body)
+    };
+    tokio::time::timeout(FRAME_TIMEOUT, rest)
+        .await
+        .map_err(|_| {
+            timed_out(format!(
+                "a frame begun and not finished within {} s",
+                FRAME_TIMEOUT.as_secs()
+            ))
+        })?
+}
+
+/// An answer the client does not take within `FRAME_TIMEOUT` closes the connection.
+async fn answer(stream: &mut UnixStream, response: &ControlResponse) -> Result<(), FrameError> {
+    tokio::time::timeout(FRAME_TIMEOUT, write_frame(stream, response))
+        .await
+        .map_err(|_| {
+            timed_out(format!(
+                "the client took no answer within {} s",
+                FRAME_TIMEOUT.as_secs()
+            ))
+        })?
+}
+
+/// Resolves when the client hangs up (true), or sends something while it should
+/// be waiting for an answer (false: stop watching). Peeks, so nothing is consumed.
+async fn hung_up(stream: &UnixStream) -> bool {
+    loop {
+        if stream.readable().await.is_err() {
+            return true;
+        }
+        let mut byte = [0u8; 1];
+        let peeked = stream.try_io(Interest::READABLE, || {
+            // SAFETY: recv into a live one-byte buffer on the stream's own descriptor.
+            let n = unsafe {
+                libc::recv(
+                    stream.as_raw_fd(),
+                    byte.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n)
+            }
+        });
+        match peeked {
+            Ok(0) => return true,
+            Ok(_) => return false,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(_) => return true,
+        }
+    }
+}
+
 async fn handle_control(mut stream: UnixStream, arbiter: SharedArbiter) -> Result<(), FrameError> {
     let admission_wait_ms = lock(&arbiter).config().admission_wait_ms;
     let mut greeted = false;
     loop {
-        let request: ControlRequest = match read_frame(&mut stream).await {
+        let request: ControlRequest = match read_request(&mut stream, greeted).await {
             Ok(r) => r,
             Err(FrameError::Closed) => return Ok(()),
             Err(e) => {
-                let _ = write_frame(
+                let _ = answer(
                     &mut stream,
                     &error_response(ErrorKind::Protocol, e.to_string()),
                 )
@@ -77,34 +200,37 @@ async fn handle_control(mut stream: UnixStream, arbiter: SharedArbiter) -> Resul
         };
         let response = match (&request, greeted) {
             (ControlRequest::Hello { protocol }, false) => {
-                let answer = ControlResponse::Hello {
+                let hello = ControlResponse::Hello {
                     protocol: PROTOCOL_VERSION,
                     admission_wait_ms: Some(admission_wait_ms),
                 };
                 if *protocol != PROTOCOL_VERSION {
-                    write_frame(&mut stream, &answer).await?;
+                    answer(&mut stream, &hello).await?;
                     tracing::info!(theirs = protocol, "client speaks another protocol version");
                     return Ok(());
                 }
                 greeted = true;
-                answer
+                hello
             }
             (_, false) => {
                 let e = error_response(
                     ErrorKind::Protocol,
                     "the first message must be hello".into(),
                 );
-                write_frame(&mut stream, &e).await?;
+                answer(&mut stream, &e).await?;
                 return Ok(());
             }
             (ControlRequest::Hello { .. }, true) => {
                 let e = error_response(ErrorKind::Protocol, "hello sent twice".into());
-                write_frame(&mut stream, &e).await?;
+                answer(&mut stream, &e).await?;
                 return Ok(());
             }
-            (_, true) => dispatch(&arbiter, request).await,
+            (_, true) => match dispatch(&arbiter, request, &stream).await {
+                Some(response) => response,
+                None => return Ok(()),
+            },
         };
-        write_frame(&mut stream, &response).await?;
+        answer(&mut stream, &response).await?;
     }
 }
 
@@ -112,8 +238,13 @@ fn refused(e: StateError) -> ControlResponse {
     error_response(e.kind(), e.to_string())
 }
 
-/// Runs one request; a change is answered only once it is durable.
-async fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlResponse {
+/// Runs one request; a change is answered only once it is durable. None: the
+/// client hung up while its reserve waited (nobody to answer).
+async fn dispatch(
+    arbiter: &SharedArbiter,
+    request: ControlRequest,
+    stream: &UnixStream,
+) -> Option<ControlResponse> {
     let store: Arc<LeaseStore> = lock(arbiter).store().clone();
     let durable = |ticket| {
         let store = store.clone();
@@ -124,26 +255,53 @@ async fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlRe
             }
         }
     };
-    match request {
+    let response = match request {
         ControlRequest::Reserve(r) => {
             let refusal = lock(arbiter).unshareable_refusal(&r.gpu);
             if let Some(message) = refusal {
                 tracing::warn!(container = %r.container_id, "refused: {message}");
-                return error_response(ErrorKind::InvalidRequest, message);
+                return Some(error_response(ErrorKind::InvalidRequest, message));
             }
-            let reply = lock(arbiter).submit(r, Instant::now());
-            let granted = match reply.await {
+            let container = r.container_id.clone();
+            let mut reply = lock(arbiter).submit(r, Instant::now());
+            let answer = tokio::select! {
+                answer = &mut reply => answer,
+                gone = hung_up(stream) => {
+                    if gone {
+                        // No more answers can arrive; one sent just before is taken back.
+                        reply.close();
+                        let mut a = lock(arbiter);
+                        if let Ok(Ok(granted)) = reply.try_recv() {
+                            a.take_back_grant(&granted);
+                        }
+                        a.withdraw_abandoned();
+                        tracing::info!(container, "reserve withdrawn: the client disconnected while it waited");
+                        return None;
+                    }
+                    // It spoke out of turn: just wait (its bytes are read afterwards).
+                    reply.await
+                }
+            };
+            let granted = match answer {
                 Ok(Ok(g)) => g,
-                Ok(Err(e)) => return refused(e),
+                Ok(Err(e)) => return Some(refused(e)),
                 Err(_) => {
-                    return error_response(ErrorKind::Internal, "the reserve was dropped".into())
+                    return Some(error_response(
+                        ErrorKind::Internal,
+                        "the reserve was dropped".into(),
+                    ))
                 }
             };
             match durable(granted.ticket).await {
                 Ok(()) => ControlResponse::Reserved {
                     lease: granted.lease,
                 },
-                Err(e) => refused(e),
+                Err(e) => {
+                    // Never acknowledged: its lease, directory and room go now,
+                    // not when the store recovers.
+                    lock(arbiter).withdraw_reserve(&granted.lease.id);
+                    refused(e)
+                }
             }
         }
         ControlRequest::Confirm { container_id, pid } => {
@@ -205,7 +363,8 @@ async fn dispatch(arbiter: &SharedArbiter, request: ControlRequest) -> ControlRe
             }
         }
         ControlRequest::Hello { .. } => unreachable!("hello is handled by the connection"),
-    }
+    };
+    Some(response)
 }
 
 async fn released<F, Fut>(

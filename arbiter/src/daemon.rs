@@ -96,6 +96,29 @@ pub fn recover(
     Ok(shared)
 }
 
+/// How often a lease store that cannot be written is tried again while no
+/// change comes to try it (each change tries too): a second keeps a freed disk
+/// from leaving the arbiter refusing for long, at the cost of one failed
+/// snapshot write per second while it stays full.
+pub const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Retries a failed lease store (`Arbiter::recover_store`) until it can be
+/// written again. Must run inside the tokio runtime.
+pub fn spawn_store_recovery(arbiter: SharedArbiter) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(STORE_RETRY_INTERVAL);
+        loop {
+            tick.tick().await;
+            let mut a = server::lock(&arbiter);
+            if a.store().failure().is_some() {
+                if let Err(e) = a.recover_store() {
+                    tracing::debug!(error = %e, "the lease store still cannot be written");
+                }
+            }
+        }
+    });
+}
+
 /// Lease sockets plus client connections: one descriptor each. The default soft
 /// limit (1024) would cap a node at a few hundred leases.
 pub fn raise_open_files_limit() {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpushare_config::ArbiterConfig;
+use gpushare_proto::lease::BadLeaseId;
 use gpushare_proto::message::PENDING_PREFIX;
 use gpushare_proto::{
     ByteSize, ClientStatus, ErrorKind, GpuStatus, Lease, LeaseId, LeaseState, LeaseUsage,
@@ -65,6 +66,10 @@ pub enum StateError {
     PeerRefused(String),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    BadLeaseId(#[from] BadLeaseId),
+    #[error("the requester disconnected while its reserve waited")]
+    RequesterGone,
 }
 
 impl StateError {
@@ -84,6 +89,8 @@ impl StateError {
             StateError::Ledger(LedgerError::CreditTooLarge { .. }) => ErrorKind::InvalidRequest,
             StateError::Ledger(LedgerError::UnknownLease(_)) => ErrorKind::NotFound,
             StateError::Ledger(_) => ErrorKind::Protocol,
+            StateError::BadLeaseId(_) => ErrorKind::InvalidRequest,
+            StateError::RequesterGone => ErrorKind::Internal,
         }
     }
 }
@@ -101,12 +108,21 @@ pub struct LeaseDirs {
 }
 
 impl LeaseDirs {
-    pub fn path(&self, lease: &LeaseId) -> PathBuf {
-        self.run_dir.join("leases").join(&lease.0)
+    /// Refuses an id that is not a plain name: `../../x` would name a directory
+    /// outside `run_dir` (ids are checked where they are read, and again here,
+    /// where one becomes a path).
+    pub fn path(&self, lease: &LeaseId) -> Result<PathBuf, StateError> {
+        if !LeaseId::is_well_formed(&lease.0) {
+            return Err(BadLeaseId {
+                value: lease.0.clone(),
+            }
+            .into());
+        }
+        Ok(self.run_dir.join("leases").join(&lease.0))
     }
 
     pub fn create(&self, lease: &LeaseId) -> Result<PathBuf, StateError> {
-        let path = self.path(lease);
+        let path = self.path(lease)?;
         let err = |source| StateError::LeaseDir {
             path: path.clone(),
             source,
@@ -128,7 +144,13 @@ impl LeaseDirs {
     }
 
     pub fn remove(&self, lease: &LeaseId) {
-        let path = self.path(lease);
+        let path = match self.path(lease) {
+            Ok(path) => path,
+            Err(e) => {
+                tracing::error!(error = %e, "not removing a lease directory");
+                return;
+            }
+        };
         if let Err(e) = fs::remove_dir_all(&path) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(path = %path.display(), error = %e, "could not remove lease directory");
@@ -151,6 +173,9 @@ impl LeaseEndpoints for LeaseDirs {
 pub struct Granted {
     pub lease: Lease,
     pub ticket: Option<Ticket>,
+    /// Created for this request; false when a retry got its container's existing
+    /// lease (which someone else may have been told about: never take that back).
+    pub fresh: bool,
 }
 
 pub type ReserveReply = oneshot::Receiver<Result<Granted, StateError>>;
@@ -202,6 +227,9 @@ pub struct Arbiter {
     violation_totals: BTreeMap<&'static str, u64>,
     store: Arc<LeaseStore>,
     last_ticket: Option<Ticket>,
+    /// Leases granted whose creating record is not known durable yet: if the
+    /// store loses that record, the lease was never acknowledged and is taken back.
+    undurable: BTreeMap<LeaseId, Ticket>,
     endpoints: Box<dyn LeaseEndpoints>,
     probe: Box<dyn ProcessProbe>,
     /// The time-slice tokens, for status (served by the lease sockets).
@@ -252,6 +280,7 @@ impl Arbiter {
             violation_totals: BTreeMap::new(),
             store,
             last_ticket: None,
+            undurable: BTreeMap::new(),
             endpoints,
             probe,
             tokens: None,
@@ -400,6 +429,144 @@ impl Arbiter {
         &self.store
     }
 
+    // ----- write failures -----
+    //
+    // Recovered in process, not by exiting for the supervisor to restart us: the
+    // in-memory table holds every acknowledged change (memory changes before its
+    // record is appended, and is acknowledged only after the record is durable),
+    // and the reserves that were never acknowledged are known by their tickets, so
+    // writing the table minus those reserves as a snapshot is exactly the durable
+    // state a restart would want. A restart would instead drop every lease-socket
+    // connection on the node (every CUDA process re-attaches; low-priority clients
+    // stall meanwhile) and would fail the same way while the disk stays full.
+
+    /// Called before every change: while the store cannot be written, tries to
+    /// recover it; refuses the change if that fails too, so nothing is half done.
+    fn ensure_writable(&mut self) -> Result<(), StateError> {
+        if self.store.failure().is_some() {
+            self.recover_store()?;
+        }
+        Ok(())
+    }
+
+    /// After a write failure: takes back every reserve whose record was lost
+    /// (never acknowledged: its lease, socket, directory and room go), then makes
+    /// the remaining table durable (`LeaseStore::recover`). The take-backs stand
+    /// even if the store still cannot be written; call again later (the daemon
+    /// does, every second, and so does each change). A no-op while writes work.
+    pub fn recover_store(&mut self) -> Result<(), StateError> {
+        if self.store.failure().is_none() {
+            return Ok(());
+        }
+        let lost: Vec<LeaseId> = self
+            .undurable
+            .iter()
+            .filter(|(_, t)| self.store.has_failed(**t))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &lost {
+            self.take_back_lost(id);
+        }
+        let table = Table {
+            leases: self.leases.clone(),
+            drained: self.drained.clone(),
+        };
+        self.store.recover(&table)?;
+        // Memory is the durable state now: nothing older is left to wait for.
+        self.undurable.clear();
+        self.last_ticket = None;
+        if !lost.is_empty() {
+            self.run_admission();
+        }
+        Ok(())
+    }
+
+    /// A reserve whose record the store failed to write (the caller saw its
+    /// ticket fail): takes the lease back, unless a recovery already did or the
+    /// record is durable after all (then someone may have been told; it stays).
+    pub fn withdraw_reserve(&mut self, id: &LeaseId) {
+        let lost = self
+            .undurable
+            .get(id)
+            .is_some_and(|t| self.store.has_failed(*t));
+        if lost {
+            self.take_back_lost(id);
+            self.run_admission();
+        }
+    }
+
+    fn take_back_lost(&mut self, id: &LeaseId) {
+        if self.forget(id) {
+            tracing::warn!(lease = %id, "took back a reserve the lease store could not make durable (it was never acknowledged)");
+        }
+    }
+
+    /// Drops a lease from memory with everything that hangs off it (no record).
+    fn forget(&mut self, id: &LeaseId) -> bool {
+        self.undurable.remove(id);
+        let Some(record) = self.leases.remove(id) else {
+            return false;
+        };
+        if self.by_container.get(&record.lease.container_id) == Some(id) {
+            self.by_container.remove(&record.lease.container_id);
+        }
+        self.ledger.close(id);
+        self.measured_at.remove(id);
+        self.suspects.remove(id);
+        self.endpoints.close(id);
+        true
+    }
+
+    // ----- requesters that went away -----
+
+    /// Removes the waiters whose requester disconnected (its control connection
+    /// dropped the reply), so they take no lease nobody would be told about.
+    /// Returns how many.
+    pub fn withdraw_abandoned(&mut self) -> usize {
+        let gone: Vec<u64> = self
+            .queue
+            .iter()
+            .filter(|w| w.item.reply.is_closed())
+            .map(|w| w.seq)
+            .collect();
+        for seq in &gone {
+            if let Some(w) = self.queue.remove(*seq) {
+                tracing::info!(container = %w.item.request.container_id, waited_ms = w.arrived.elapsed().as_millis() as u64, "withdrew a queued reserve: its requester disconnected");
+            }
+        }
+        if !gone.is_empty() {
+            // A withdrawn high-priority waiter may have held back low ones.
+            self.run_admission();
+        }
+        gone.len()
+    }
+
+    /// A grant whose requester disconnected as it was made: nobody was told, so
+    /// a lease created for it is released. A retry's existing lease is not touched.
+    pub fn take_back_grant(&mut self, granted: &Granted) {
+        if !granted.fresh {
+            return;
+        }
+        let id = &granted.lease.id;
+        if self
+            .undurable
+            .get(id)
+            .is_some_and(|t| self.store.has_failed(*t))
+        {
+            self.take_back_lost(id);
+            self.run_admission();
+            return;
+        }
+        match self.release(id) {
+            Ok(_) => {
+                tracing::info!(lease = %id, container = %granted.lease.container_id, "released a lease granted as its requester disconnected")
+            }
+            Err(e) => {
+                tracing::warn!(lease = %id, error = %e, "could not release a lease whose requester disconnected; reconciliation will")
+            }
+        }
+    }
+
     // ----- reserve, confirm, release -----
 
     /// Validates and queues a reserve, then runs an admission pass: the reply
@@ -437,22 +604,51 @@ impl Arbiter {
     }
 
     fn run_admission(&mut self) {
-        if self.queue.is_empty() {
-            return;
-        }
-        let mut queue = std::mem::take(&mut self.queue);
-        let left = queue.admit(|w: &Waiter| match self.try_grant(&w.request) {
-            Ok(granted) => Attempt::Admitted(granted),
-            Err(StateError::Placement(e)) if e.is_transient() => Attempt::Wait,
-            Err(e) => Attempt::Failed(e),
-        });
-        self.queue = queue;
-        for (waiter, answer) in left {
-            if let Ok(g) = &answer {
-                tracing::info!(lease = %g.lease.id, container = %g.lease.container_id, gpus = ?g.lease.gpus, memory = g.lease.memory_bytes, priority = %g.lease.priority, waited_ms = waiter.arrived.elapsed().as_millis() as u64, "reserved");
+        loop {
+            if self.queue.is_empty() {
+                return;
             }
-            // The requester may have gone; its lease then waits for reconciliation.
-            let _ = waiter.item.reply.send(answer);
+            let mut queue = std::mem::take(&mut self.queue);
+            let left = queue.admit(|w: &Waiter| {
+                if w.reply.is_closed() {
+                    // Its requester is gone: nobody would be told of a lease.
+                    return Attempt::Failed(StateError::RequesterGone);
+                }
+                match self.try_grant(&w.request) {
+                    Ok(granted) => Attempt::Admitted(granted),
+                    Err(StateError::Placement(e)) if e.is_transient() => Attempt::Wait,
+                    Err(e) => Attempt::Failed(e),
+                }
+            });
+            self.queue = queue;
+            let mut untold = Vec::new();
+            for (waiter, answer) in left {
+                if let Ok(g) = &answer {
+                    tracing::info!(lease = %g.lease.id, container = %g.lease.container_id, gpus = ?g.lease.gpus, memory = g.lease.memory_bytes, priority = %g.lease.priority, waited_ms = waiter.arrived.elapsed().as_millis() as u64, "reserved");
+                }
+                // The requester went away after the check above: take a lease
+                // created for it back (a retry's existing lease stays).
+                if let Err(Ok(granted)) = waiter.item.reply.send(answer) {
+                    if granted.fresh {
+                        untold.push(granted.lease.id);
+                    }
+                }
+            }
+            if untold.is_empty() {
+                return;
+            }
+            for id in &untold {
+                // Not through release: that would recurse into admission.
+                match self.release_quietly(id) {
+                    Ok(()) => {
+                        tracing::info!(lease = %id, "released a lease granted as its requester disconnected")
+                    }
+                    Err(e) => {
+                        tracing::warn!(lease = %id, error = %e, "could not release a lease whose requester disconnected; reconciliation will")
+                    }
+                }
+            }
+            // The room released may admit others: go round again.
         }
     }
 
@@ -513,8 +709,11 @@ impl Arbiter {
             return Ok(Granted {
                 lease: self.leases[id].lease.clone(),
                 ticket: self.last_ticket,
+                fresh: false,
             });
         }
+        // Before anything is created: a change the store cannot write leaves nothing.
+        self.ensure_writable()?;
         let memory = self.memory_request(request);
         let chosen = {
             let views = self.views();
@@ -568,9 +767,13 @@ impl Arbiter {
         self.by_container
             .insert(lease.container_id.clone(), lease.id.clone());
         self.leases.insert(lease.id.clone(), record);
+        let store = self.store.clone();
+        self.undurable.retain(|_, t| !store.is_durable(*t));
+        self.undurable.insert(lease.id.clone(), ticket);
         Ok(Granted {
             lease,
             ticket: Some(ticket),
+            fresh: true,
         })
     }
 
@@ -585,6 +788,7 @@ impl Arbiter {
         if record.lease.state == LeaseState::Confirmed && record.lease.pid == Some(pid) {
             return Ok(self.last_ticket);
         }
+        self.ensure_writable()?;
         record.lease.state = LeaseState::Confirmed;
         record.lease.pid = Some(pid);
         record.pid_start_time = self.probe.start_time(pid);
@@ -615,6 +819,7 @@ impl Arbiter {
         if self.by_container.contains_key(container_id) {
             return Err(StateError::AlreadyHoldsLease(container_id.to_owned()));
         }
+        self.ensure_writable()?;
         let mut record = self.leases[id].clone();
         let pending_name =
             std::mem::replace(&mut record.lease.container_id, container_id.to_owned());
@@ -638,15 +843,25 @@ impl Arbiter {
         if !self.leases.contains_key(id) {
             return Ok((false, self.last_ticket));
         }
-        let ticket = self.append(Record::Delete { id: id.clone() })?;
-        let record = self.leases.remove(id).expect("checked above");
-        self.by_container.remove(&record.lease.container_id);
-        self.ledger.close(id);
-        self.measured_at.remove(id);
-        self.suspects.remove(id);
-        self.endpoints.close(id);
+        let ticket = self.release_record(id)?;
         self.run_admission();
         Ok((true, Some(ticket)))
+    }
+
+    /// Release without an admission pass (for admission itself).
+    fn release_quietly(&mut self, id: &LeaseId) -> Result<(), StateError> {
+        if self.leases.contains_key(id) {
+            // Nobody was told of this lease, so nobody waits for its release.
+            let _ = self.release_record(id)?;
+        }
+        Ok(())
+    }
+
+    fn release_record(&mut self, id: &LeaseId) -> Result<Ticket, StateError> {
+        self.ensure_writable()?;
+        let ticket = self.append(Record::Delete { id: id.clone() })?;
+        self.forget(id);
+        Ok(ticket)
     }
 
     pub fn release_container(
@@ -677,6 +892,7 @@ impl Arbiter {
                     .collect::<Vec<_>>()
                     .join(", "),
             })?;
+        self.ensure_writable()?;
         let ticket = self.append(Record::Drain {
             gpu: uuid.clone(),
             drained: drain,
@@ -1539,6 +1755,106 @@ mod tests {
         // A partial listing (the lease's GPU missing) changes nothing.
         arbiter.record_process_memory(&ProcessTable::new(), Instant::now());
         assert_eq!(arbiter.lease_query(&id, 1).memory_used, GI);
+    }
+
+    #[test]
+    fn a_reserve_the_store_cannot_write_leaves_nothing_and_the_store_recovers_in_process() {
+        let (dir, mut arbiter, procs) = setup();
+        let leases = dir.path().join("run/leases");
+        let kept = arbiter
+            .reserve_now(request("kept", "4Gi", Priority::Low))
+            .unwrap();
+        durable(&arbiter, kept.ticket);
+        arbiter.store().fail_writes(true);
+        // Appended, then the write fails: the caller takes it back.
+        let lost = arbiter
+            .reserve_now(request("lost", "4Gi", Priority::Low))
+            .unwrap();
+        let err = arbiter
+            .store()
+            .wait_blocking(lost.ticket.unwrap())
+            .unwrap_err();
+        assert!(!err.to_string().contains("restart"), "{err}");
+        arbiter.withdraw_reserve(&lost.lease.id);
+        assert!(arbiter.lease(&lost.lease.id).is_none());
+        assert!(
+            !leases.join(&lost.lease.id.0).exists(),
+            "its directory went"
+        );
+        // While the store still fails, a reserve is refused before anything is made.
+        let err = arbiter
+            .reserve_now(request("refused", "1Gi", Priority::Low))
+            .unwrap_err();
+        assert!(matches!(err, StateError::Store(_)), "{err}");
+        assert_eq!(fs::read_dir(&leases).unwrap().count(), 1, "only kept's");
+        assert!(arbiter.release(&kept.lease.id).is_err(), "releases too");
+        // Space returns: the next change recovers the store, and the room the
+        // lost reserve took is free again (4Gi + 4Gi of 8Gi).
+        arbiter.store().fail_writes(false);
+        let again = arbiter
+            .reserve_now(request("again", "4Gi", Priority::Low))
+            .unwrap();
+        durable(&arbiter, again.ticket);
+        let reopened = reopen(dir.path(), arbiter, procs);
+        let mut names: Vec<String> = reopened
+            .list()
+            .into_iter()
+            .map(|l| l.container_id)
+            .collect();
+        names.sort();
+        assert_eq!(names, ["again", "kept"]);
+    }
+
+    #[test]
+    fn recovery_takes_back_reserves_whose_record_was_lost_even_if_nobody_did() {
+        let (dir, mut arbiter, procs) = setup();
+        arbiter.store().fail_writes(true);
+        let lost = arbiter
+            .reserve_now(request("lost", "1Gi", Priority::Low))
+            .unwrap();
+        assert!(arbiter.store().wait_blocking(lost.ticket.unwrap()).is_err());
+        assert!(arbiter.recover_store().is_err(), "still full");
+        assert!(
+            arbiter.lease(&lost.lease.id).is_none(),
+            "taken back at once"
+        );
+        arbiter.store().fail_writes(false);
+        arbiter.recover_store().unwrap();
+        assert!(arbiter.store().failure().is_none());
+        let reopened = reopen(dir.path(), arbiter, procs);
+        assert!(reopened.list().is_empty());
+    }
+
+    #[test]
+    fn a_waiter_whose_requester_went_away_takes_no_lease() {
+        let (_dir, mut arbiter, _) = setup();
+        let big = arbiter
+            .reserve_now(request("big", "6Gi", Priority::Low))
+            .unwrap();
+        let gone = arbiter.submit(request("gone", "4Gi", Priority::High), Instant::now());
+        let mut low = arbiter.submit(request("low", "1Gi", Priority::Low), Instant::now());
+        assert!(low.try_recv().is_err(), "held back behind the high waiter");
+        drop(gone);
+        assert_eq!(arbiter.withdraw_abandoned(), 1);
+        assert!(low.try_recv().unwrap().is_ok(), "no longer held back");
+        // Gone between the check and the grant: the lease made for it is released.
+        let mut raced = arbiter.submit(request("raced", "4Gi", Priority::Low), Instant::now());
+        raced.close();
+        arbiter.release(&big.lease.id).unwrap();
+        let names: Vec<String> = arbiter.list().into_iter().map(|l| l.container_id).collect();
+        assert_eq!(names, ["low"]);
+    }
+
+    #[test]
+    fn lease_dirs_refuse_ids_that_are_not_plain_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = LeaseDirs {
+            run_dir: dir.path().join("run"),
+        };
+        let err = dirs.create(&LeaseId("../../x".into())).unwrap_err();
+        assert!(err.to_string().contains("\"../../x\""), "{err}");
+        assert!(!dir.path().join("x").exists());
+        assert!(dirs.create(&LeaseId("0123abcd".into())).is_ok());
     }
 
     #[test]

@@ -13,7 +13,21 @@
 //! any prefix of the log over the snapshot it follows — or over a newer snapshot,
 //! if a crash struck between writing a snapshot and truncating the log — yields
 //! the state after that prefix. A torn last line (crash mid-append) is dropped; a
-//! bad line followed by good ones is corruption and refuses to load.
+//! bad line followed by good ones is corruption and refuses to load, and so does a
+//! whole line that parses but holds a value no arbiter writes (a lease id that is
+//! not a plain name: ids become paths under `run_dir`).
+//!
+//! Write failures (a full `state_dir`, an I/O error): the batch that failed, and
+//! everything appended before the failure was seen, is refused — its tickets
+//! fail, for good — and later appends are refused at once. Nothing more is
+//! written to the log, whose tail may now be a partial line. The owner of the
+//! in-memory table (the arbiter) then calls `recover` with that table, once it
+//! has taken out the changes that were never acknowledged (reserves whose ticket
+//! failed): `recover` writes it as a snapshot and empties the log, and the store
+//! accepts changes again. Every acknowledged change is in that table (memory is
+//! changed before the record is appended, and acknowledged only after), so no
+//! acknowledged lease is lost; a change that was refused may or may not survive
+//! (a refused release may still have happened), exactly as after a crash.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
@@ -22,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use gpushare_proto::lease::BadLeaseId;
 use gpushare_proto::{Lease, LeaseId};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -56,6 +71,18 @@ pub enum Record {
 pub struct Table {
     pub leases: BTreeMap<LeaseId, LeaseRecord>,
     pub drained: BTreeSet<String>,
+}
+
+impl Record {
+    /// Ids become directory names under `run_dir`: one that is not a plain name
+    /// (`../../x`) is refused where it is read back, never used.
+    fn check_lease_id(&self) -> Result<(), BadLeaseId> {
+        match self {
+            Record::Put { lease } => LeaseId::parse(lease.lease.id.0.as_str()).map(drop),
+            Record::Delete { id } => LeaseId::parse(id.0.as_str()).map(drop),
+            Record::Drain { .. } => Ok(()),
+        }
+    }
 }
 
 impl Table {
@@ -104,10 +131,14 @@ pub enum StoreError {
         line: usize,
         message: String,
     },
-    #[error(
-        "the lease store failed earlier ({0}); restart the arbiter to reload the durable state"
-    )]
+    /// Writes are failing (or this change was in a batch that failed). Not a
+    /// restart hint: the arbiter recovers by itself once the store can be written.
+    #[error("the lease store cannot be written ({0}); the change was refused (changes are accepted again once the store can be written)")]
     Failed(Arc<str>),
+    #[error("the lease store's writer has stopped")]
+    Stopped,
+    #[error("lease store {path} is corrupt: {source}")]
+    BadSnapshotLease { path: PathBuf, source: BadLeaseId },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -119,8 +150,39 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
 
 #[derive(Debug, Clone, Default)]
 struct Durable {
+    /// Every ticket up to here is durable, except those in `lost`.
     seq: u64,
+    /// Why writes are failing now: tickets beyond `seq` fail until `recover`.
     failed: Option<Arc<str>>,
+    /// Tickets a recovery superseded (inclusive ranges, with why they failed).
+    /// They stay failed for good: a reserve among them was taken back, so a
+    /// waiter that looks only after the recovery must still hear "failed", never
+    /// "durable".
+    lost: Vec<(u64, u64, Arc<str>)>,
+}
+
+/// Far more failure-and-recovery cycles than one waiter can span (a waiter looks
+/// within milliseconds of its append); keeps the list from growing forever on a
+/// disk that fills and empties all day.
+const MAX_LOST_RANGES: usize = 1024;
+
+impl Durable {
+    /// None while the ticket is still in flight.
+    fn outcome(&self, ticket: u64) -> Option<Result<(), StoreError>> {
+        if let Some((_, _, why)) = self
+            .lost
+            .iter()
+            .find(|(from, to, _)| (*from..=*to).contains(&ticket))
+        {
+            return Some(Err(StoreError::Failed(why.clone())));
+        }
+        if ticket <= self.seq {
+            return Some(Ok(()));
+        }
+        self.failed
+            .as_ref()
+            .map(|why| Err(StoreError::Failed(why.clone())))
+    }
 }
 
 #[derive(Default)]
@@ -129,6 +191,9 @@ struct Pending {
     records: Vec<Record>,
     appended: u64,
     shutdown: bool,
+    /// Bumped by `recover`: lines the writer took before it belong to the failed
+    /// log and must not be written after the snapshot that superseded them.
+    epoch: u64,
 }
 
 struct Shared {
@@ -137,6 +202,17 @@ struct Shared {
     durable: Mutex<Durable>,
     durable_changed: Condvar,
     durable_watch: watch::Sender<Durable>,
+    /// The files: held by the writer while it commits and by `recover`.
+    io: Mutex<Io>,
+}
+
+impl Shared {
+    fn publish(&self, durable: std::sync::MutexGuard<'_, Durable>) {
+        let snapshot = durable.clone();
+        drop(durable);
+        self.durable_changed.notify_all();
+        self.durable_watch.send_replace(snapshot);
+    }
 }
 
 /// A change's place in the log: wait for it before acknowledging the change.
@@ -191,13 +267,17 @@ impl LeaseStore {
             durable: Mutex::new(Durable::default()),
             durable_changed: Condvar::new(),
             durable_watch,
+            io: Mutex::new(Io {
+                dir: dir.to_owned(),
+                log,
+                log_records: records.len(),
+                table: table.clone(),
+                compact_after: options.compact_after,
+                #[cfg(test)]
+                fail_writes: false,
+            }),
         });
         let writer = Writer {
-            dir: dir.to_owned(),
-            log,
-            log_records: records.len(),
-            table: table.clone(),
-            compact_after: options.compact_after,
             shared: shared.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -214,7 +294,8 @@ impl LeaseStore {
     }
 
     /// Queues a record; the caller must `wait` for the ticket before acknowledging.
-    /// Records are written in the order they are appended.
+    /// Records are written in the order they are appended. Refused at once while
+    /// writes are failing.
     pub fn append(&self, record: Record) -> Result<Ticket, StoreError> {
         if let Some(failed) = lock(&self.shared.durable).failed.clone() {
             return Err(StoreError::Failed(failed));
@@ -234,11 +315,8 @@ impl LeaseStore {
     pub fn wait_blocking(&self, ticket: Ticket) -> Result<(), StoreError> {
         let mut durable = lock(&self.shared.durable);
         loop {
-            if durable.seq >= ticket.0 {
-                return Ok(());
-            }
-            if let Some(failed) = &durable.failed {
-                return Err(StoreError::Failed(failed.clone()));
+            if let Some(outcome) = durable.outcome(ticket.0) {
+                return outcome;
             }
             durable = self
                 .shared
@@ -251,14 +329,80 @@ impl LeaseStore {
     pub async fn wait(&self, ticket: Ticket) -> Result<(), StoreError> {
         let mut rx = self.shared.durable_watch.subscribe();
         let durable = rx
-            .wait_for(|d| d.seq >= ticket.0 || d.failed.is_some())
+            .wait_for(|d| d.outcome(ticket.0).is_some())
             .await
-            .map_err(|_| StoreError::Failed("the lease store writer stopped".into()))?
-            .clone();
-        match durable.failed {
-            Some(failed) if durable.seq < ticket.0 => Err(StoreError::Failed(failed)),
-            _ => Ok(()),
+            .map_err(|_| StoreError::Stopped)?;
+        durable.outcome(ticket.0).expect("waited for an outcome")
+    }
+
+    /// Whether the ticket's record is durable now (false while in flight or failed).
+    pub fn is_durable(&self, ticket: Ticket) -> bool {
+        matches!(lock(&self.shared.durable).outcome(ticket.0), Some(Ok(())))
+    }
+
+    /// Whether the ticket's record will never be durable (its batch failed, or a
+    /// recovery superseded it).
+    pub fn has_failed(&self, ticket: Ticket) -> bool {
+        matches!(lock(&self.shared.durable).outcome(ticket.0), Some(Err(_)))
+    }
+
+    /// Why writes are failing, while they are (None: the store accepts changes).
+    pub fn failure(&self) -> Option<Arc<str>> {
+        lock(&self.shared.durable).failed.clone()
+    }
+
+    /// After a write failure: makes `table` the durable state (snapshot, then an
+    /// empty log) and accepts changes again. Every ticket not durable before the
+    /// failure fails for good. A no-op while writes are not failing.
+    ///
+    /// The caller must hold off every `append` meanwhile (the arbiter calls it with
+    /// its lock held, and appends only under that lock) and must have taken out of
+    /// `table` what it never acknowledged and does not want to keep. If it fails
+    /// (still no space), the store stays failed and it may be called again.
+    ///
+    /// A crash between the snapshot's rename and the log's truncation replays the
+    /// old log over the new snapshot: whole records of the failed batch may then
+    /// come back (a refused reserve returns as an unconfirmed lease, reconciled
+    /// after `reserved_timeout_ms`; a refused release is undone), never an
+    /// acknowledged change lost: the log's durable part is older than the
+    /// snapshot, which holds everything acknowledged.
+    pub fn recover(&self, table: &Table) -> Result<(), StoreError> {
+        let mut io = lock(&self.shared.io);
+        let Some(why) = self.failure() else {
+            return Ok(());
+        };
+        let upto = {
+            let mut pending = lock(&self.shared.pending);
+            pending.lines.clear();
+            pending.records.clear();
+            pending.epoch += 1;
+            pending.appended
+        };
+        io.replace(table)?;
+        let mut durable = lock(&self.shared.durable);
+        if upto > durable.seq {
+            let from = durable.seq + 1;
+            durable.lost.push((from, upto, why));
+            if durable.lost.len() > MAX_LOST_RANGES {
+                durable.lost.remove(0);
+            }
+            durable.seq = upto;
         }
+        durable.failed = None;
+        tracing::info!(
+            leases = table.leases.len(),
+            "lease store writable again: wrote the in-memory table as a snapshot and emptied the log"
+        );
+        self.shared.publish(durable);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl LeaseStore {
+    /// Makes every write fail (ENOSPC) until called with false.
+    pub(crate) fn fail_writes(&self, fail: bool) {
+        lock(&self.shared.io).fail_writes = fail;
     }
 }
 
@@ -279,19 +423,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-struct Writer {
+/// The log and snapshot files, and the durable table compaction writes.
+struct Io {
     dir: PathBuf,
     log: File,
     log_records: usize,
     table: Table,
     compact_after: usize,
+    /// Unit tests make writes fail as a full disk would.
+    #[cfg(test)]
+    fail_writes: bool,
+}
+
+struct Writer {
     shared: Arc<Shared>,
 }
 
 impl Writer {
-    fn run(mut self) {
+    fn run(self) {
         loop {
-            let (lines, records, upto, shutdown) = {
+            let (lines, records, upto, shutdown, epoch) = {
                 let mut pending = lock(&self.shared.pending);
                 while pending.lines.is_empty() && !pending.shutdown {
                     pending = self
@@ -305,24 +456,29 @@ impl Writer {
                     std::mem::take(&mut pending.records),
                     pending.appended,
                     pending.shutdown,
+                    pending.epoch,
                 )
             };
             if !lines.is_empty() {
-                let result = self.commit(&lines, &records);
-                let mut durable = lock(&self.shared.durable);
-                match result {
-                    Ok(()) => durable.seq = upto,
-                    Err(e) => {
-                        tracing::error!(error = %e, "lease store write failed; refusing further changes");
-                        durable.failed = Some(e.to_string().into());
+                let mut io = lock(&self.shared.io);
+                // Taken before a recovery: superseded by its snapshot.
+                let superseded = lock(&self.shared.pending).epoch != epoch;
+                // After a failure the log may end in a partial line: nothing may
+                // follow it until a recovery has replaced the log. These tickets
+                // fail with the batch that failed.
+                let failed = lock(&self.shared.durable).failed.is_some();
+                if !superseded && !failed {
+                    let result = io.commit(&lines, &records);
+                    drop(io);
+                    let mut durable = lock(&self.shared.durable);
+                    match result {
+                        Ok(()) => durable.seq = upto,
+                        Err(e) => {
+                            tracing::error!(error = %e, "lease store write failed; refusing changes until it can be written again");
+                            durable.failed = Some(e.to_string().into());
+                        }
                     }
-                }
-                let snapshot = durable.clone();
-                drop(durable);
-                self.shared.durable_changed.notify_all();
-                self.shared.durable_watch.send_replace(snapshot);
-                if lock(&self.shared.durable).failed.is_some() {
-                    return;
+                    self.shared.publish(durable);
                 }
             }
             if shutdown && lock(&self.shared.pending).lines.is_empty() {
@@ -330,9 +486,23 @@ impl Writer {
             }
         }
     }
+}
+
+impl Io {
+    #[cfg(test)]
+    fn injected_failure(&self) -> Result<(), StoreError> {
+        match self.fail_writes {
+            true => Err(io_err(&self.dir)(std::io::Error::from_raw_os_error(
+                28, // ENOSPC
+            ))),
+            false => Ok(()),
+        }
+    }
 
     fn commit(&mut self, lines: &[u8], records: &[Record]) -> Result<(), StoreError> {
         let path = self.dir.join(LOG);
+        #[cfg(test)]
+        self.injected_failure()?;
         self.log.write_all(lines).map_err(io_err(&path))?;
         self.log.sync_data().map_err(io_err(&path))?;
         for r in records {
@@ -340,17 +510,31 @@ impl Writer {
         }
         self.log_records += records.len();
         if self.log_records > self.compact_after + 2 * self.table.leases.len() {
-            self.compact()?;
+            // The records are durable in the log already: a compaction that fails
+            // (no room for the snapshot) must not fail them. The next commit tries
+            // again; the log keeps growing meanwhile, which is still correct.
+            if let Err(e) = self.compact() {
+                tracing::warn!(error = %e, "lease log compaction failed; will retry");
+            }
         }
         Ok(())
     }
 
     fn compact(&mut self) -> Result<(), StoreError> {
-        write_snapshot(&self.dir, &self.table)?;
+        let table = self.table.clone();
+        self.replace(&table)
+    }
+
+    /// Makes `table` the whole durable state: snapshot first, then an empty log.
+    fn replace(&mut self, table: &Table) -> Result<(), StoreError> {
+        #[cfg(test)]
+        self.injected_failure()?;
+        write_snapshot(&self.dir, table)?;
         let path = self.dir.join(LOG);
         self.log.set_len(0).map_err(io_err(&path))?;
         self.log.sync_all().map_err(io_err(&path))?;
         self.log_records = 0;
+        self.table = table.clone();
         Ok(())
     }
 }
@@ -365,9 +549,17 @@ fn write_snapshot(dir: &Path, table: &Table) -> Result<(), StoreError> {
         drained: table.drained.iter().cloned().collect(),
     };
     let body = serde_json::to_vec(&snapshot).expect("snapshots always serialise");
-    let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
-    file.write_all(&body).map_err(io_err(&tmp))?;
-    file.sync_all().map_err(io_err(&tmp))?;
+    let written = File::create(&tmp)
+        .and_then(|mut file| {
+            file.write_all(&body)?;
+            file.sync_all()
+        })
+        .map_err(io_err(&tmp));
+    if let Err(e) = written {
+        // A partial file on a full disk holds the very space a retry needs.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
     fs::rename(&tmp, &path).map_err(io_err(&path))?;
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -390,6 +582,12 @@ fn load_snapshot(path: &Path) -> Result<Table, StoreError> {
         SnapshotFile::Current(s) => (s.leases, s.drained),
         SnapshotFile::Legacy(leases) => (leases, Vec::new()),
     };
+    for l in &leases {
+        LeaseId::parse(l.lease.id.0.as_str()).map_err(|source| StoreError::BadSnapshotLease {
+            path: path.to_owned(),
+            source,
+        })?;
+    }
     Ok(Table {
         leases: leases
             .into_iter()
@@ -417,7 +615,7 @@ fn read_log(path: &Path) -> Result<(Vec<Record>, u64), StoreError> {
 }
 
 /// Pure: whole lines that parse, up to a torn tail. Err((line, why)) when a bad
-/// line is followed by a good one.
+/// line is followed by a good one, or when a whole line holds a refused value.
 pub fn parse_log(bytes: &[u8]) -> Result<(Vec<Record>, u64), (usize, String)> {
     let mut records = Vec::new();
     let mut valid_len = 0u64;
@@ -426,7 +624,21 @@ pub fn parse_log(bytes: &[u8]) -> Result<(Vec<Record>, u64), (usize, String)> {
     for (n, chunk) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
         offset += chunk.len();
         let parsed = match chunk.strip_suffix(b"\n") {
-            Some(line) => serde_json::from_slice::<Record>(line).map_err(|e| e.to_string()),
+            Some(line) => match serde_json::from_slice::<Record>(line) {
+                Ok(r) => match r.check_lease_id() {
+                    Ok(()) => Ok(r),
+                    // Written whole that way, not torn: refused wherever it is.
+                    Err(e) => return Err((n + 1, e.to_string())),
+                },
+                // A whole line that is well-formed JSON but holds a value no arbiter
+                // writes (a lease id that is not a plain name, an unknown op) was
+                // written that way, not torn by a crash: never drop it silently,
+                // wherever it is.
+                Err(e) if e.classify() == serde_json::error::Category::Data => {
+                    return Err((n + 1, e.to_string()))
+                }
+                Err(e) => Err(e.to_string()),
+            },
             None => Err("incomplete last line".to_owned()),
         };
         match (parsed, &bad) {
@@ -602,6 +814,83 @@ mod tests {
         corrupt.extend_from_slice(b"{garbage\n");
         corrupt.extend_from_slice(&good("b"));
         assert_eq!(parse_log(&corrupt).unwrap_err().0, 2);
+    }
+
+    #[test]
+    fn a_whole_line_with_a_refused_lease_id_is_corruption_even_last() {
+        let mut bytes = serde_json::to_vec(&put("a")).unwrap();
+        bytes.push(b'\n');
+        bytes.extend_from_slice(br#"{"op":"delete","id":"../../x"}"#);
+        bytes.push(b'\n');
+        let (line, why) = parse_log(&bytes).unwrap_err();
+        assert_eq!(line, 2);
+        assert!(
+            why.contains("\"../../x\"") && why.contains("a-z, 0-9 and '-'"),
+            "{why}"
+        );
+        // Torn (no newline) it would be dropped; whole, it was written that way.
+        bytes.pop();
+        assert_eq!(parse_log(&bytes).unwrap().0.len(), 1);
+        // A whole line with an op no arbiter writes is refused too.
+        let mut unknown = serde_json::to_vec(&put("a")).unwrap();
+        unknown.extend_from_slice(b"\n{\"op\":\"explode\"}\n");
+        assert_eq!(parse_log(&unknown).unwrap_err().0, 2);
+    }
+
+    #[test]
+    fn a_snapshot_with_a_refused_lease_id_does_not_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut table = Table::default();
+        table.apply(&put("../../x"));
+        write_snapshot(dir.path(), &table).unwrap();
+        let err = LeaseStore::open(dir.path(), StoreOptions::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("leases.json") && err.contains("\"../../x\"") && err.contains("a-z, 0-9"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_refuses_changes_until_recovered_and_its_tickets_stay_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path(), 4096);
+        let a = store.append(put("a")).unwrap();
+        store.wait_blocking(a).unwrap();
+        store.fail_writes(true);
+        let b = store.append(put("b")).unwrap();
+        let err = store.wait_blocking(b).unwrap_err().to_string();
+        assert!(
+            err.contains("No space left") && !err.contains("restart"),
+            "{err}"
+        );
+        assert!(store.has_failed(b) && !store.has_failed(a) && store.is_durable(a));
+        assert!(store.failure().is_some());
+        assert!(
+            matches!(store.append(put("c")), Err(StoreError::Failed(_))),
+            "refused at once while failing"
+        );
+        // Still full: the recovery fails and changes nothing.
+        let mut table = Table::default();
+        table.apply(&put("a"));
+        table.apply(&put("kept-in-memory"));
+        assert!(store.recover(&table).is_err());
+        assert!(store.failure().is_some());
+        store.fail_writes(false);
+        store.recover(&table).unwrap();
+        assert!(store.failure().is_none());
+        assert!(
+            store.wait_blocking(b).is_err(),
+            "a ticket a recovery superseded never reads as durable"
+        );
+        let d = store.append(put("d")).unwrap();
+        store.wait_blocking(d).unwrap();
+        drop(store);
+        let (_s, loaded) = open(dir.path(), 4096);
+        let ids: Vec<&str> = loaded.leases.keys().map(|k| k.0.as_str()).collect();
+        assert_eq!(ids, ["a", "d", "kept-in-memory"]);
     }
 
     #[test]

@@ -75,6 +75,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             "lease table recovered"
         );
         server::spawn_background(shared.clone(), backend.clone());
+        daemon::spawn_store_recovery(shared.clone());
         if let Some(address) = &config.metrics_address {
             let tcp = tokio::net::TcpListener::bind(address)
                 .await
