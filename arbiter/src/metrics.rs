@@ -185,6 +185,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     for (kind, name) in [
         (ViolationKind::Unregistered, "unregistered"),
         (ViolationKind::OverQuota, "over_quota"),
+        (ViolationKind::Ungated, "ungated"),
     ] {
         let n = report.violations.iter().filter(|v| v.kind == kind).count();
         let _ = writeln!(out, "gpushare_watchdog_violations{{kind=\"{name}\"}} {n}");
@@ -195,7 +196,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         "counter",
         "Violations seen by the watchdog, summed over its passes.",
     );
-    for name in ["unregistered", "over_quota"] {
+    for name in ["unregistered", "over_quota", "ungated"] {
         let n = violation_totals.get(name).copied().unwrap_or(0);
         let _ = writeln!(
             out,

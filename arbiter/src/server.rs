@@ -654,5 +654,9 @@ pub fn spawn_background(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>) {
         });
     }
     start_memory_measurement(&arbiter, &backend);
-    watchdog::spawn(arbiter, backend, watchdog_interval, kill);
+    let tokens = lock(&arbiter).tokens();
+    match tokens {
+        Some(tokens) => watchdog::spawn(arbiter, backend, watchdog_interval, kill, tokens),
+        None => tracing::error!("no token service: the watchdog does not run"),
+    }
 }

@@ -682,6 +682,11 @@ impl TokenService {
         self.config.policy
     }
 
+    /// The scheduler's configuration (the watchdog reads its policy and grace).
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
     fn gpu(&self, uuid: &str) -> Arc<GpuToken> {
         let mut gpus = self.gpus.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(gpu) = gpus.get(uuid) {

@@ -484,13 +484,7 @@ pub fn spawn(
     kill: bool,
     tokens: Arc<TokenService>,
 ) {
-    // The token service does not expose `scheduler.revoke_grace_ms`; the default
-    // (500 ms) stands in. It is only a margin here: token time covers the drain after
-    // a revocation anyway (held until released).
-    let scheduling = Scheduling {
-        policy: tokens.policy(),
-        revoke_grace: Scheduling::from_config(&SchedulerConfig::default()).revoke_grace,
-    };
+    let scheduling = Scheduling::from_config(tokens.config());
     tokio::spawn(async move {
         let mut watchdog = Watchdog::new(Instant::now(), interval, scheduling);
         let mut tick = tokio::time::interval(interval);
