@@ -222,3 +222,87 @@ fn forged_marker_annotation_is_refused() {
     );
     assert_eq!(bundle.config_bytes(), before);
 }
+
+/// Issue 15: `gpushare-runc` SIGKILLed mid-create, while its reserve waits in the
+/// admission queue. The arbiter must notice the requester is gone: the request
+/// leaves the queue, and room that opens later is not given to nobody (which would
+/// leak a lease no container will ever confirm or release).
+#[test]
+fn a_wrapper_killed_while_its_reserve_waits_leaves_no_lease_and_the_spec_unchanged() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(
+        dir.path(),
+        ArbiterOptions {
+            gpus: 1,
+            ..ArbiterOptions::default()
+        },
+    );
+    let state = dir.path().join("runc-state");
+    let filler = Bundle::new(
+        dir.path(),
+        "fill",
+        &["sleep", "600"],
+        json!({"gpushare.io/memory": "16Gi"}),
+    );
+    let out = wrapper(
+        &arbiter.config_path,
+        &state,
+        &["create", "--bundle", filler.dir.to_str().unwrap(), "fill"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let waiting = Bundle::new(
+        dir.path(),
+        "wait",
+        &["true"],
+        json!({"gpushare.io/memory": "8Gi"}),
+    );
+    let before = waiting.config_bytes();
+    let mut requester = Command::new(bin("gpushare-runc"))
+        .env("GPUSHARE_CONFIG", &arbiter.config_path)
+        .arg("--root")
+        .arg(&state)
+        .args([
+            "create",
+            "--bundle",
+            waiting.dir.to_str().unwrap(),
+            "waiter",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let queued = |a: &Arbiter| a.status()["queue"].as_array().map_or(0, |q| q.len());
+    wait_until(
+        "the reserve to wait in the queue",
+        std::time::Duration::from_secs(10),
+        || queued(&arbiter) == 1,
+    );
+    requester.kill().unwrap();
+    requester.wait().unwrap();
+    wait_until(
+        "the dead requester's reserve to leave the queue",
+        std::time::Duration::from_secs(5),
+        || queued(&arbiter) == 0,
+    );
+    // Room opens: nobody is waiting for it any more.
+    let fill_lease = arbiter.leases()[0]["id"].as_str().unwrap().to_owned();
+    let out = Command::new(bin("gpusharectl"))
+        .arg("--config")
+        .arg(&arbiter.config_path)
+        .args(["release", &fill_lease])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(
+        arbiter.leases().is_empty(),
+        "a lease was granted to a dead requester: {:?}",
+        arbiter.leases()
+    );
+    assert_eq!(arbiter.lease_dirs(), 0, "no lease directory left");
+    assert_eq!(waiting.config_bytes(), before, "the spec was never edited");
+    let out = wrapper(&arbiter.config_path, &state, &["delete", "-f", "fill"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
