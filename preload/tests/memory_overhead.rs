@@ -280,12 +280,10 @@ fn a_process_with_a_context_and_no_allocation_is_registered_and_not_killed() {
 /// reported and killed as unregistered. Its watcher re-attaches it, with its holdings,
 /// within a second of the arbiter being back, without any CUDA call.
 ///
-/// Ignored until the arbiter's watchdog gives processes time to re-attach after a
-/// restart: its first pass runs as the arbiter starts (tokio's first tick is immediate)
-/// and kills every process of the empty ledger before any can reach the new lease
-/// sockets (arbiter side of issue 15; `simgpu.rs` measures the re-attach itself).
+/// The arbiter's watchdog reports nothing unregistered within its restart grace
+/// (`arbiter/src/watchdog.rs`), which is what lets the re-attach land first; before
+/// that grace its first pass killed every process of the empty ledger.
 #[test]
-#[ignore = "the arbiter's watchdog kills before a re-attach is possible (no grace after start)"]
 fn an_idle_process_is_seen_again_with_its_holdings_within_a_second_of_an_arbiter_restart() {
     let mut m = NvmlMachine::start();
     let lease = m.lease("1Gi");
