@@ -70,13 +70,18 @@ pub async fn serve(listener: UnixListener, arbiter: SharedArbiter) {
                             "too many control connections; refusing"
                         );
                     }
-                    // Say why, without waiting on a client that does not read.
+                    // Say why, without waiting on a client that does not read: one
+                    // non-blocking write straight to the socket (tokio's try_write
+                    // may refuse before the reactor has seen it writable), which an
+                    // empty socket buffer always takes whole.
                     let message = format!(
                         "too many control connections ({MAX_CONTROL_CONNECTIONS} open); try again"
                     );
-                    if let Ok(bytes) = frame::encode(&error_response(ErrorKind::Internal, message))
-                    {
-                        let _ = stream.try_write(&bytes);
+                    if let (Ok(bytes), Ok(mut socket)) = (
+                        frame::encode(&error_response(ErrorKind::Internal, message)),
+                        stream.into_std(),
+                    ) {
+                        let _ = io::Write::write(&mut socket, &bytes);
                     }
                     continue;
                 };
