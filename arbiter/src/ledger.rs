@@ -14,6 +14,12 @@
 //! per-process usage can. So overhead(pid) = max(0, NVML's usage − what it
 //! charged), measured by the arbiter (`record_usage`), and until the first
 //! measurement of a process an estimate stands in for it.
+//!
+//! Processes of the lease's container that are *not* attached count too, at what
+//! NVML shows of them (`unattached`): right after an arbiter restart every process
+//! is unattached until its interposer re-attaches (well under a second), and a
+//! process that bypasses the interposer never attaches. Without this a sibling
+//! could be granted memory those processes already hold.
 
 use std::collections::BTreeMap;
 
@@ -58,6 +64,9 @@ pub fn next_overhead(previous: Option<u64>, measured: u64) -> u64 {
 pub struct LeaseLedger {
     pub quota: u64,
     pub clients: BTreeMap<ConnectionId, Client>,
+    /// NVML's usage, at the last measurement, of the lease's container's processes
+    /// that have not attached.
+    pub unattached: u64,
 }
 
 impl LeaseLedger {
@@ -67,7 +76,7 @@ impl LeaseLedger {
     pub fn used(&self) -> u64 {
         self.clients
             .values()
-            .fold(0u64, |sum, c| sum.saturating_add(c.used()))
+            .fold(self.unattached, |sum, c| sum.saturating_add(c.used()))
     }
 
     /// The part of `used` that is overhead (measured or estimated).
@@ -202,6 +211,21 @@ impl Ledger {
         if let Some(l) = self.leases.get_mut(lease) {
             l.record_usage(usage);
         }
+    }
+
+    /// Records what the lease's container's unattached processes use (NVML's
+    /// figure for them, summed: a complete listing replaces the last one).
+    pub fn record_unattached(&mut self, lease: &LeaseId, bytes: u64) {
+        if let Some(l) = self.leases.get_mut(lease) {
+            l.unattached = bytes;
+        }
+    }
+
+    /// Whether `pid` is attached to any lease (its memory is counted there).
+    pub fn is_attached(&self, pid: u32) -> bool {
+        self.leases
+            .values()
+            .any(|l| l.clients.values().any(|c| c.pid == pid))
     }
 
     /// Credits everything the connection held; returns how much.
@@ -466,5 +490,24 @@ mod tests {
         // pid 10 creates its context: its first measurement.
         l.record_usage(&lease(), &BTreeMap::from([(10, 256), (11, 1200)]));
         assert_eq!(l.get(&lease()).unwrap().clients[&1].overhead, 256);
+    }
+
+    #[test]
+    fn unattached_processes_of_the_container_count_against_the_quota() {
+        let mut ledger = Ledger::default();
+        let id = LeaseId("l".into());
+        ledger.open(&id, 1_000);
+        ledger.attach(&id, 1, 10, 0, 0).unwrap();
+        // After a restart: a sibling holding 800 has not re-attached yet.
+        ledger.record_unattached(&id, 800);
+        let refused = ledger.charge(&id, 1, 300).unwrap();
+        assert!(!refused.granted, "{refused:?}");
+        assert_eq!(refused.used, 800);
+        assert!(ledger.charge(&id, 1, 200).unwrap().granted);
+        // It re-attached with its holdings: the next listing no longer counts it apart.
+        ledger.attach(&id, 2, 11, 800, 0).unwrap();
+        ledger.record_unattached(&id, 0);
+        assert_eq!(ledger.get(&id).unwrap().used(), 1_000);
+        assert!(ledger.is_attached(11) && !ledger.is_attached(12));
     }
 }

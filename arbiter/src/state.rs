@@ -410,6 +410,18 @@ impl Arbiter {
                 }
             }
             self.ledger.record_usage(&l.id, &usage);
+            // The container's processes that have not attached (re-attaching after a
+            // restart, or bypassing the interposer) hold memory the lease must count;
+            // one attached to any lease is counted there.
+            let unattached = usage
+                .iter()
+                .filter(|(&pid, _)| !self.ledger.is_attached(pid))
+                .filter(|(&pid, _)| {
+                    check_peer(self.probe.as_ref(), pid, l.pid, record.cgroup.as_deref())
+                        == PeerCheck::Accepted
+                })
+                .fold(0u64, |sum, (_, &bytes)| sum.saturating_add(bytes));
+            self.ledger.record_unattached(&l.id, unattached);
             self.measured_at.insert(l.id.clone(), now);
         }
     }

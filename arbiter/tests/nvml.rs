@@ -399,3 +399,47 @@ fn per_process_utilisation_comes_from_nvml() {
     assert!((40..=90).contains(&sm), "{text}");
     assert!(memory < 10, "it runs kernels, not copies: {text}");
 }
+
+/// Issue 15 (findings 5 and 7): memory held by a process of the lease's container
+/// that has not attached — every process for an instant after an arbiter restart,
+/// or one that bypasses the interposer — counts against the lease, so a sibling is
+/// not granted what that process already holds.
+#[test]
+fn memory_held_by_an_unattached_process_of_the_container_counts_against_its_lease() {
+    let (d, sim, lib, _tmp) = nvml_daemon(false);
+    let (_, workload) = simgpu_built();
+    let mut c = d.client();
+    let mut r = request("held", "2Gi", Priority::Low);
+    r.gpu = GpuSelector::Index(vec![0]);
+    let lease = c.reserve(r).unwrap();
+    // This test process is the container's init: its children are the container.
+    confirm_here(&mut c, "held");
+    let mut unattached = rogue_workload(&sim, &lib, &workload);
+    let used = |c: &mut gpushare_proto::ControlClient| {
+        c.status()
+            .unwrap()
+            .usage
+            .iter()
+            .find(|u| u.lease == lease.id)
+            .map_or(0, |u| u.memory_used)
+    };
+    wait_until(
+        "the unattached process's 1 GiB to be counted",
+        Duration::from_secs(10),
+        || used(&mut c) >= GI,
+    );
+    let mut sibling =
+        gpushare_proto::LeaseClient::connect(&d.lease_socket(&lease.id.0), Duration::from_secs(10))
+            .unwrap();
+    sibling.attach(0).unwrap();
+    // 1.5 GiB fits an empty 2 GiB lease, not one whose container holds 1 GiB already.
+    let refused = sibling.charge(3 * GI / 2).unwrap();
+    assert!(!refused.granted, "{refused:?}");
+    unattached.kill().unwrap();
+    unattached.wait().unwrap();
+    wait_until(
+        "the room to come back once the process is gone",
+        Duration::from_secs(10),
+        || sibling.charge(3 * GI / 2).unwrap().granted,
+    );
+}
