@@ -35,6 +35,30 @@ pub enum ClientError {
     Unexpected(Box<ControlResponse>),
     #[error("unexpected answer on the lease socket: {0:?}")]
     UnexpectedOnLeaseSocket(Box<LeaseResponse>),
+    #[error("this connection to the gpushare arbiter failed earlier ({0}); open a new one")]
+    Broken(String),
+}
+
+/// One request-answer exchange on a connection that is given up after its first
+/// failure. Why: after a timeout or a partial read the arbiter's late answer is
+/// still on its way, and the next call on the same connection would read it as its
+/// own — a reserve could take a release's acknowledgement, and a caller count a
+/// lease as released (or reserved) that was not. (The "lost" acknowledged leases of
+/// issue 15 were exactly this and releases that timed out but still happened.)
+fn exchange<Q: serde::Serialize, A: serde::de::DeserializeOwned>(
+    stream: &mut UnixStream,
+    broken: &mut Option<String>,
+    request: &Q,
+) -> Result<A, ClientError> {
+    if let Some(why) = broken {
+        return Err(ClientError::Broken(why.clone()));
+    }
+    let answer = write_message(stream, request).and_then(|()| read_message(stream));
+    if let Err(e) = &answer {
+        *broken = Some(e.to_string());
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+    Ok(answer?)
 }
 
 fn open(path: &Path, timeout: Duration) -> Result<UnixStream, ClientError> {
@@ -54,6 +78,8 @@ fn open(path: &Path, timeout: Duration) -> Result<UnixStream, ClientError> {
 
 pub struct ControlClient {
     stream: UnixStream,
+    /// Set by the first failed exchange: the connection is not used again.
+    broken: Option<String>,
     timeout: Duration,
     /// How long the arbiter may keep a reserve in its admission queue.
     admission_wait: Duration,
@@ -67,6 +93,7 @@ impl ControlClient {
         let stream = open(path, timeout)?;
         let mut client = ControlClient {
             stream,
+            broken: None,
             timeout,
             admission_wait: Duration::ZERO,
         };
@@ -88,8 +115,7 @@ impl ControlClient {
     }
 
     pub fn call(&mut self, request: &ControlRequest) -> Result<ControlResponse, ClientError> {
-        write_message(&mut self.stream, request)?;
-        match read_message(&mut self.stream)? {
+        match exchange(&mut self.stream, &mut self.broken, request)? {
             ControlResponse::Error { kind, message } => Err(ClientError::Refused { kind, message }),
             response => Ok(response),
         }
@@ -185,12 +211,15 @@ pub struct ChargeOutcome {
 /// connection and credits it back when the connection closes.
 pub struct LeaseClient {
     stream: UnixStream,
+    /// Set by the first failed exchange: the connection is not used again.
+    broken: Option<String>,
 }
 
 impl LeaseClient {
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, ClientError> {
         let mut client = LeaseClient {
             stream: open(path, timeout)?,
+            broken: None,
         };
         match client.call(&LeaseRequest::Hello {
             protocol: PROTOCOL_VERSION,
@@ -202,8 +231,7 @@ impl LeaseClient {
     }
 
     pub fn call(&mut self, request: &LeaseRequest) -> Result<LeaseResponse, ClientError> {
-        write_message(&mut self.stream, request)?;
-        match read_message(&mut self.stream)? {
+        match exchange(&mut self.stream, &mut self.broken, request)? {
             LeaseResponse::Error { kind, message } => Err(ClientError::Refused { kind, message }),
             response => Ok(response),
         }
@@ -255,4 +283,59 @@ fn unexpected(response: ControlResponse) -> ClientError {
 
 fn unexpected_on_lease(response: LeaseResponse) -> ClientError {
     ClientError::UnexpectedOnLeaseSocket(Box::new(response))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// An arbiter that answers hello at once and every later request `late` after it.
+    fn slow_arbiter(late: Duration) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "gpushare-client-test-{}-{:?}.sock",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let _: ControlRequest = read_message(&mut s).unwrap();
+            let hello = ControlResponse::Hello {
+                protocol: PROTOCOL_VERSION,
+                admission_wait_ms: Some(0),
+            };
+            write_message(&mut s, &hello).unwrap();
+            while let Ok(request) = read_message::<ControlRequest>(&mut s) {
+                std::thread::sleep(late);
+                let answer = match request {
+                    ControlRequest::Release { .. } => ControlResponse::Released { existed: true },
+                    _ => ControlResponse::Leases { leases: vec![] },
+                };
+                if write_message(&mut s, &answer).is_err() {
+                    return;
+                }
+            }
+        });
+        path
+    }
+
+    #[test]
+    fn a_connection_that_timed_out_is_not_used_again() {
+        let path = slow_arbiter(Duration::from_millis(300));
+        let mut client = ControlClient::connect(&path, Duration::from_millis(100)).unwrap();
+        let timed_out = client.release(LeaseId("a".into()));
+        assert!(
+            matches!(timed_out, Err(ClientError::Frame(_))),
+            "{timed_out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(400));
+        // The late `Released` must not be read as this call's answer.
+        match client.list() {
+            Err(ClientError::Broken(why)) => assert!(!why.is_empty()),
+            other => panic!("a broken connection was used again: {other:?}"),
+        }
+        let _ = std::fs::remove_file(path);
+    }
 }
