@@ -18,11 +18,13 @@ use std::time::{Duration, Instant};
 use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::lease_socket::HELLO_TIMEOUT;
 use gpushare_proto::{ControlRequest, ControlResponse, ErrorKind, PROTOCOL_VERSION};
-use tokio::io::{AsyncReadExt, Interest};
+use tokio::io::Interest;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
-use crate::server::{lock, read_frame, write_frame, ServerError, SharedArbiter, FRAME_TIMEOUT};
+use crate::server::{
+    lock, read_frame, read_started_frame, write_frame, ServerError, SharedArbiter, FRAME_TIMEOUT,
+};
 use crate::state::StateError;
 use crate::store::LeaseStore;
 
@@ -122,24 +124,7 @@ async fn read_request(
             .await
             .map_err(|_| timed_out(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())))?;
     }
-    let mut header = [0u8; 4];
-    if stream.read(&mut header[..1]).await? == 0 {
-        return Err(FrameError::Closed);
-    }
-    let rest = async {
-        stream.read_exact(&mut header[1..]).await?;
-        let mut body = vec![0u8; frame::body_len(header)?];
-        stream.read_exact(&mut body).await?;
-        frame::decode(&body)
-    };
-    tokio::time::timeout(FRAME_TIMEOUT, rest)
-        .await
-        .map_err(|_| {
-            timed_out(format!(
-                "a frame begun and not finished within {} s",
-                FRAME_TIMEOUT.as_secs()
-            ))
-        })?
+    read_started_frame(stream, frame::MAX_FRAME_BYTES).await
 }
 
 /// An answer the client does not take within `FRAME_TIMEOUT` closes the connection.

@@ -77,7 +77,7 @@ async fn read_frame_within<T: DeserializeOwned>(
 /// A frame that may be long in coming (an idle ledger connection waits for its
 /// process's next allocation) but, once begun, must be complete within
 /// [`FRAME_TIMEOUT`].
-async fn read_started_frame<T: DeserializeOwned>(
+pub(crate) async fn read_started_frame<T: DeserializeOwned>(
     stream: &mut UnixStream,
     limit: usize,
 ) -> Result<T, FrameError> {
