@@ -253,6 +253,17 @@ where
 
 /// The lease sockets' connections: how many are open, and the refused floods.
 fn render_connections(out: &mut String, report: &StatusReport) {
+    family(
+        out,
+        "gpushare_store_failing",
+        "gauge",
+        "1 while the lease store cannot be written (a full state_dir): new work is refused until it recovers.",
+    );
+    let _ = writeln!(
+        out,
+        "gpushare_store_failing {}",
+        u8::from(report.store_failure.is_some())
+    );
     let c = &report.connections;
     family(
         out,
@@ -459,6 +470,7 @@ mod tests {
                 refused_peer: 2,
                 ..Default::default()
             },
+            store_failure: None,
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);
@@ -487,6 +499,7 @@ mod tests {
             "gpushare_admission_overran_microseconds_total{gpu=\"GPU-0\"} 7",
             "gpushare_gpu_unshareable{gpu=\"GPU-1\",index=\"1\"} 1",
             "gpushare_lease_connections 5",
+            "gpushare_store_failing 0",
             "gpushare_lease_connections_refused_total{reason=\"lease_limit\"} 9744",
             "gpushare_lease_connections_refused_total{reason=\"total_limit\"} 0",
             "gpushare_lease_connections_refused_total{reason=\"peer\"} 2",

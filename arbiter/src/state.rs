@@ -1275,6 +1275,7 @@ impl Arbiter {
                 .as_ref()
                 .map(|t| t.budget().status())
                 .unwrap_or_default(),
+            store_failure: self.store.failure().map(|f| f.to_string()),
         }
     }
 }

@@ -227,6 +227,13 @@ fn a_full_state_dir_refuses_cleanly_recovers_by_itself_and_loses_no_acknowledged
                 }
             },
         );
+        // The operator sees why in status (the recovery may already have
+        // succeeded by the time status is asked only if space came back: not here).
+        let failing = d.client().status().unwrap().store_failure;
+        assert!(
+            failing.as_deref().is_some_and(|f| !f.is_empty()),
+            "status does not say the store is failing"
+        );
         std::thread::sleep(Duration::from_millis(300));
         wait_until(
             "refused reserves to leave no lease and no lease directory behind",
@@ -258,6 +265,7 @@ fn a_full_state_dir_refuses_cleanly_recovers_by_itself_and_loses_no_acknowledged
             }
         };
         book.lock().unwrap().held.insert(lease.id, probe);
+        assert_eq!(d.client().status().unwrap().store_failure, None);
     }
     stop.store(true, Ordering::Relaxed);
     for w in workers {

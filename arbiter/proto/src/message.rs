@@ -235,6 +235,10 @@ pub struct StatusReport {
     /// Lease-socket connections now, their bounds, and what was refused.
     #[serde(default)]
     pub connections: ConnectionStatus,
+    /// Why the lease store cannot be written now (a full `state_dir`): new work
+    /// is refused until a recovery succeeds. None while writes work.
+    #[serde(default)]
+    pub store_failure: Option<String>,
 }
 
 /// The lease sockets' connections (token connections included): how many are open,

@@ -148,6 +148,11 @@ fn render_status(report: &StatusReport) -> String {
             .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
             .unwrap_or_else(|| "-".into())
     );
+    if let Some(why) = &report.store_failure {
+        out += &format!(
+            "STORE FAILING: {why}\n  new reserves and releases are refused until the lease store can be written again (free space in arbiter.state_dir); it retries every second\n"
+        );
+    }
     out += "GPUS\n";
     for g in &report.gpus {
         let mut flags = String::new();
@@ -344,11 +349,26 @@ mod tests {
             }],
             ..Default::default()
         }));
+        assert!(!busy.contains("STORE FAILING"), "{busy}");
         for line in [
             "admission: windows=12 early_returns=1 fitted=40 held_back=3 overran=2 (1500 µs)",
             "waiting for a window: l1/7 needs 5000 µs",
         ] {
             assert!(busy.contains(line), "{line} in\n{busy}");
         }
+    }
+
+    #[test]
+    fn status_says_when_the_lease_store_cannot_be_written() {
+        let report = StatusReport {
+            store_failure: Some("writing leases.log: No space left on device".into()),
+            ..Default::default()
+        };
+        let text = render_status(&report);
+        assert!(
+            text.contains("STORE FAILING: writing leases.log: No space left on device"),
+            "{text}"
+        );
+        assert!(text.contains("arbiter.state_dir"), "{text}");
     }
 }
