@@ -677,6 +677,57 @@ fn program_steps(child: Child, which: &str) -> Steps {
     }
 }
 
+/// Issue 15's done-when: restarting the arbiter under load lets no process exceed its
+/// lease's quota meanwhile. A holds 400 MiB (and its context) and idles; the arbiter
+/// is SIGKILLed and restarted, and B, started as it comes back, asks for 400 MiB more:
+/// refused whether or not A has re-attached yet (A's memory counts from NVML as the
+/// container's unattached process until it has), while 64 MiB, which fits, is granted.
+#[test]
+fn a_restart_under_load_lets_no_process_exceed_the_quota_meanwhile() {
+    let mut m = NvmlMachine::start();
+    let lease = m.lease("1Gi");
+    let ready = m.dir.path().join("ready");
+    let holder = m
+        .probe(
+            &lease,
+            &[
+                "alloc",
+                "400Mi",
+                "touch",
+                ready.to_str().unwrap(),
+                "sleep",
+                "4000",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    wait_until("the holder's allocation", Duration::from_secs(30), || {
+        ready.exists()
+    });
+    m.restart_arbiter(Duration::ZERO);
+    let sibling = finish(
+        m.probe(&lease, &["alloc", "400Mi", "alloc", "64Mi"])
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(
+        sibling.result("alloc", 0),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "400 MiB beyond what the lease's processes hold was granted\n{}",
+        sibling.stderr
+    );
+    assert_eq!(
+        sibling.result("alloc", 1),
+        "CUDA_SUCCESS",
+        "{}",
+        sibling.stderr
+    );
+    assert!(m.used(&lease) <= QUOTA, "{} over the quota", m.used(&lease));
+    finish(holder);
+    let status = m.control().status().unwrap();
+    assert!(status.violations.is_empty(), "{:?}", status.violations);
+}
+
 #[test]
 fn graph_memory_nodes_count_against_the_quota_after_the_launch() {
     let mut m = NvmlMachine::start();
