@@ -32,6 +32,7 @@ fn lease(i: usize, gpus: usize) -> Lease {
     Lease {
         id: LeaseId(format!("{i:016x}")),
         container_id: format!("bench-{i}"),
+        namespace: None,
         sandbox_id: None,
         gpus: vec![format!("GPU-{}", i % gpus)],
         priority: if i.is_multiple_of(16) {
@@ -236,6 +237,7 @@ fn round_trips(daemon: &Daemon, clients: usize, for_: Duration) -> f64 {
                     let lease = c
                         .reserve(ReserveRequest {
                             container_id: format!("rt-{t}-{i}"),
+                            namespace: None,
                             sandbox_id: None,
                             priority: Priority::Low,
                             memory: Some(MemoryRequest::Bytes(1 << 20)),

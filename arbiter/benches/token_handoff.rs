@@ -83,6 +83,7 @@ impl Daemon {
         let lease = c
             .reserve(ReserveRequest {
                 container_id: container.into(),
+                namespace: None,
                 sandbox_id: None,
                 priority,
                 memory: Some("1Gi".parse().unwrap()),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::lease_socket::HELLO_TIMEOUT;
-use gpushare_proto::{ControlRequest, ControlResponse, ErrorKind, PROTOCOL_VERSION};
+use gpushare_proto::{ContainerRef, ControlRequest, ControlResponse, ErrorKind, PROTOCOL_VERSION};
 use tokio::io::Interest;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
@@ -294,8 +294,18 @@ async fn dispatch(
                 }
             }
         }
-        ControlRequest::Confirm { container_id, pid } => {
-            let ticket = lock(arbiter).confirm(&container_id, pid);
+        ControlRequest::Confirm {
+            container_id,
+            pid,
+            namespace,
+            lease,
+        } => {
+            let container = ContainerRef {
+                container_id: container_id.clone(),
+                namespace,
+                lease,
+            };
+            let ticket = lock(arbiter).confirm_in(&container, pid);
             match ticket {
                 Ok(t) => match durable(t).await {
                     Ok(()) => {
@@ -328,8 +338,17 @@ async fn dispatch(
                 Err(e) => refused(e),
             }
         }
-        ControlRequest::ReleaseContainer { container_id } => {
-            let result = lock(arbiter).release_container(&container_id);
+        ControlRequest::ReleaseContainer {
+            container_id,
+            namespace,
+            lease,
+        } => {
+            let container = ContainerRef {
+                container_id: container_id.clone(),
+                namespace,
+                lease,
+            };
+            let result = lock(arbiter).release_container_in(&container);
             released(result, durable, format!("container {container_id}")).await
         }
         ControlRequest::Status => ControlResponse::Status(lock(arbiter).status()),

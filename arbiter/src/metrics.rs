@@ -403,6 +403,7 @@ mod tests {
             leases: vec![Lease {
                 id: LeaseId("l1".into()),
                 container_id: "c".into(),
+                namespace: None,
                 sandbox_id: None,
                 gpus: vec!["GPU-0".into()],
                 priority: Priority::High,

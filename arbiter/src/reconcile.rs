@@ -80,6 +80,7 @@ mod tests {
             lease: Lease {
                 id: LeaseId("l".into()),
                 container_id: "c".into(),
+                namespace: None,
                 sandbox_id: None,
                 gpus: vec![],
                 priority: Priority::Low,

@@ -18,9 +18,9 @@ use gpushare_config::ArbiterConfig;
 use gpushare_proto::lease::BadLeaseId;
 use gpushare_proto::message::PENDING_PREFIX;
 use gpushare_proto::{
-    ByteSize, ClientStatus, ErrorKind, GpuStatus, Lease, LeaseId, LeaseState, LeaseUsage,
-    MemoryRequest, Priority, QueuedRequest, Quota, ReserveRequest, StatusReport, Violation,
-    ViolationKind,
+    ByteSize, ClientStatus, ContainerRef, ErrorKind, GpuStatus, Lease, LeaseId, LeaseState,
+    LeaseUsage, MemoryRequest, Priority, QueuedRequest, Quota, ReserveRequest, StatusReport,
+    Violation, ViolationKind,
 };
 use tokio::sync::oneshot;
 
@@ -47,6 +47,11 @@ pub enum StateError {
     BadContainerId(String),
     #[error("container {0:?} holds no lease")]
     NoLeaseForContainer(String),
+    #[error("container id {container:?} holds a lease in several namespaces ({namespaces}); name the namespace or the lease")]
+    AmbiguousContainer {
+        container: String,
+        namespaces: String,
+    },
     #[error("lease {0} is not waiting to be bound to a container")]
     NotPending(LeaseId),
     #[error("container {0:?} already holds a lease")]
@@ -80,7 +85,8 @@ impl StateError {
             StateError::Placement(_)
             | StateError::BadContainerId(_)
             | StateError::NotPending(_)
-            | StateError::AlreadyHoldsLease(_) => ErrorKind::InvalidRequest,
+            | StateError::AlreadyHoldsLease(_)
+            | StateError::AmbiguousContainer { .. } => ErrorKind::InvalidRequest,
             StateError::NoLeaseForContainer(_)
             | StateError::UnknownGpu { .. }
             | StateError::LeaseReleased(_) => ErrorKind::NotFound,
@@ -218,7 +224,7 @@ pub struct Arbiter {
     utilization: Vec<UtilizationWindow>,
     memory_used: Vec<Option<u64>>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
-    by_container: HashMap<String, LeaseId>,
+    by_container: HashMap<ContainerKey, LeaseId>,
     drained: BTreeSet<String>,
     queue: AdmissionQueue<Waiter>,
     ledger: Ledger,
@@ -241,6 +247,13 @@ pub struct Arbiter {
     memory_probe: Option<Arc<dyn GpuBackend>>,
     /// When each lease's processes were last measured.
     measured_at: HashMap<LeaseId, Instant>,
+}
+
+/// A container's id space and id: two namespaces may each hold a container "web".
+type ContainerKey = (Option<String>, String);
+
+fn container_key(lease: &Lease) -> ContainerKey {
+    (lease.namespace.clone(), lease.container_id.clone())
 }
 
 fn unix_ms() -> u64 {
@@ -269,7 +282,7 @@ impl Arbiter {
             by_container: table
                 .leases
                 .values()
-                .map(|r| (r.lease.container_id.clone(), r.lease.id.clone()))
+                .map(|r| (container_key(&r.lease), r.lease.id.clone()))
                 .collect(),
             leases: table.leases,
             drained: table.drained,
@@ -519,8 +532,9 @@ impl Arbiter {
         let Some(record) = self.leases.remove(id) else {
             return false;
         };
-        if self.by_container.get(&record.lease.container_id) == Some(id) {
-            self.by_container.remove(&record.lease.container_id);
+        let key = container_key(&record.lease);
+        if self.by_container.get(&key) == Some(id) {
+            self.by_container.remove(&key);
         }
         self.ledger.close(id);
         self.measured_at.remove(id);
@@ -717,7 +731,8 @@ impl Arbiter {
     fn try_grant(&mut self, request: &ReserveRequest) -> Result<Granted, StateError> {
         // A retried reserve for the same container (a wrapper that timed out after
         // the arbiter answered) gets its existing lease, not a second one.
-        if let Some(id) = self.by_container.get(&request.container_id) {
+        let key = (request.namespace.clone(), request.container_id.clone());
+        if let Some(id) = self.by_container.get(&key) {
             return Ok(Granted {
                 lease: self.leases[id].lease.clone(),
                 ticket: self.last_ticket,
@@ -745,6 +760,7 @@ impl Arbiter {
         let lease = Lease {
             id: new_lease_id(),
             container_id: request.container_id.clone(),
+            namespace: request.namespace.clone(),
             sandbox_id: request.sandbox_id.clone(),
             gpus: chosen
                 .gpus
@@ -777,7 +793,7 @@ impl Arbiter {
         };
         self.ledger.open(&lease.id, ledger_quota(&lease));
         self.by_container
-            .insert(lease.container_id.clone(), lease.id.clone());
+            .insert(container_key(&lease), lease.id.clone());
         self.leases.insert(lease.id.clone(), record);
         let store = self.store.clone();
         self.undurable.retain(|_, t| !store.is_durable(*t));
@@ -789,13 +805,54 @@ impl Arbiter {
         })
     }
 
+    /// The lease `container` names, if any: by the lease it names (which must be
+    /// that container's), by its namespace and id, or by the id alone where only one
+    /// namespace holds that id (a caller that knows no namespace: podman's hooks).
+    pub fn lease_of(&self, container: &ContainerRef) -> Result<Option<LeaseId>, StateError> {
+        if let Some(lease) = &container.lease {
+            return Ok(self
+                .leases
+                .get(lease)
+                .filter(|r| r.lease.container_id == container.container_id)
+                .map(|r| r.lease.id.clone()));
+        }
+        if container.namespace.is_some() {
+            let key = (container.namespace.clone(), container.container_id.clone());
+            return Ok(self.by_container.get(&key).cloned());
+        }
+        let mut holders = self
+            .by_container
+            .iter()
+            .filter(|((_, id), _)| *id == container.container_id);
+        match (holders.next(), holders.next()) {
+            (None, _) => Ok(None),
+            (Some((_, lease)), None) => Ok(Some(lease.clone())),
+            (Some(_), Some(_)) => Err(StateError::AmbiguousContainer {
+                container: container.container_id.clone(),
+                namespaces: self
+                    .by_container
+                    .keys()
+                    .filter(|(_, id)| *id == container.container_id)
+                    .map(|(ns, _)| ns.as_deref().unwrap_or("none").to_owned())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
     /// Records the container's init pid (and, from /proc, its start time and cgroup).
     pub fn confirm(&mut self, container_id: &str, pid: u32) -> Result<Option<Ticket>, StateError> {
+        self.confirm_in(&ContainerRef::id(container_id.to_owned()), pid)
+    }
+
+    pub fn confirm_in(
+        &mut self,
+        container: &ContainerRef,
+        pid: u32,
+    ) -> Result<Option<Ticket>, StateError> {
         let id = self
-            .by_container
-            .get(container_id)
-            .cloned()
-            .ok_or_else(|| StateError::NoLeaseForContainer(container_id.to_owned()))?;
+            .lease_of(container)?
+            .ok_or_else(|| StateError::NoLeaseForContainer(container.container_id.clone()))?;
         let mut record = self.leases[&id].clone();
         if record.lease.state == LeaseState::Confirmed && record.lease.pid == Some(pid) {
             return Ok(self.last_ticket);
@@ -828,7 +885,11 @@ impl Arbiter {
         if !pending {
             return Err(StateError::NotPending(id.clone()));
         }
-        if self.by_container.contains_key(container_id) {
+        let namespace = self.leases[id].lease.namespace.clone();
+        if self
+            .by_container
+            .contains_key(&(namespace.clone(), container_id.to_owned()))
+        {
             return Err(StateError::AlreadyHoldsLease(container_id.to_owned()));
         }
         self.ensure_writable()?;
@@ -842,9 +903,9 @@ impl Arbiter {
         let ticket = self.append(Record::Put {
             lease: Box::new(record.clone()),
         })?;
-        self.by_container.remove(&pending_name);
+        self.by_container.remove(&(namespace.clone(), pending_name));
         self.by_container
-            .insert(container_id.to_owned(), id.clone());
+            .insert((namespace, container_id.to_owned()), id.clone());
         self.suspects.remove(id);
         self.leases.insert(id.clone(), record);
         Ok(Some(ticket))
@@ -880,7 +941,14 @@ impl Arbiter {
         &mut self,
         container_id: &str,
     ) -> Result<(bool, Option<Ticket>), StateError> {
-        match self.by_container.get(container_id).cloned() {
+        self.release_container_in(&ContainerRef::id(container_id.to_owned()))
+    }
+
+    pub fn release_container_in(
+        &mut self,
+        container: &ContainerRef,
+    ) -> Result<(bool, Option<Ticket>), StateError> {
+        match self.lease_of(container)? {
             Some(id) => self.release(&id),
             None => Ok((false, self.last_ticket)),
         }
@@ -1376,6 +1444,7 @@ mod tests {
     fn request(container: &str, memory: &str, priority: Priority) -> ReserveRequest {
         ReserveRequest {
             container_id: container.into(),
+            namespace: None,
             sandbox_id: None,
             priority,
             memory: Some(memory.parse().unwrap()),
@@ -1459,6 +1528,66 @@ mod tests {
         assert_eq!(arbiter.status().leases.len(), 1);
         assert!(arbiter.release_container("c1").unwrap().0);
         assert!(!arbiter.release_container("c1").unwrap().0);
+    }
+
+    /// Issue 15: two engines or two containerd namespaces may use one container id
+    /// at once; keyed by the id alone, the second container was handed the first
+    /// one's lease (its socket, its quota).
+    #[test]
+    fn one_container_id_in_two_namespaces_gets_two_leases() {
+        let (dir, mut arbiter, procs) = setup();
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(42, (7, "pid:[1]".into(), "/ctr/x".into()));
+        let in_ns = |ns: &str| ReserveRequest {
+            namespace: Some(ns.into()),
+            ..request("web", "1Gi", Priority::Low)
+        };
+        let first = arbiter.reserve_now(in_ns("a")).unwrap().lease;
+        let second = arbiter.reserve_now(in_ns("b")).unwrap().lease;
+        assert_ne!(first.id, second.id);
+        // A retry in the same namespace still gets its own lease back.
+        assert_eq!(arbiter.reserve_now(in_ns("a")).unwrap().lease.id, first.id);
+        // The id alone no longer says which: refused, naming both namespaces.
+        let err = arbiter.confirm("web", 42).unwrap_err().to_string();
+        assert!(err.contains("a, b") || err.contains("b, a"), "{err}");
+        // Named by its lease (what gpushare's edit put in the spec): only that one.
+        let named = ContainerRef {
+            container_id: "web".into(),
+            namespace: None,
+            lease: Some(second.id.clone()),
+        };
+        let t = arbiter.confirm_in(&named, 42).unwrap();
+        durable(&arbiter, t);
+        let lease = |a: &Arbiter, id: &LeaseId| a.lease(id).cloned().unwrap();
+        assert_eq!(lease(&arbiter, &second.id).state, LeaseState::Confirmed);
+        assert_eq!(lease(&arbiter, &first.id).state, LeaseState::Reserved);
+        // A lease named for another container's id is not that container's.
+        let forged = ContainerRef {
+            container_id: "other".into(),
+            namespace: None,
+            lease: Some(first.id.clone()),
+        };
+        assert!(matches!(
+            arbiter.confirm_in(&forged, 42),
+            Err(StateError::NoLeaseForContainer(_))
+        ));
+        // The namespace survives a restart, and releasing by it releases only its own.
+        let mut arbiter = reopen(dir.path(), arbiter, procs);
+        let in_a = ContainerRef {
+            container_id: "web".into(),
+            namespace: Some("a".into()),
+            lease: None,
+        };
+        let (existed, t) = arbiter.release_container_in(&in_a).unwrap();
+        durable(&arbiter, t);
+        assert!(existed);
+        assert!(arbiter.lease(&first.id).is_none());
+        assert!(arbiter.lease(&second.id).is_some());
+        // One left: the id alone is enough again.
+        assert!(arbiter.release_container("web").unwrap().0);
     }
 
     #[test]

@@ -667,6 +667,7 @@ mod tests {
             lease: Lease {
                 id: LeaseId(id.into()),
                 container_id: format!("c-{id}"),
+                namespace: None,
                 sandbox_id: None,
                 gpus: vec!["GPU-0".into()],
                 priority: Priority::Low,

@@ -561,4 +561,3 @@ fn a_flood_of_connections_on_one_lease_socket_is_capped() {
     );
     drop(held);
 }
-

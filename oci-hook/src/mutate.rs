@@ -369,6 +369,7 @@ mod tests {
         Lease {
             id: LeaseId("00000000000000ab".into()),
             container_id: "c1".into(),
+            namespace: None,
             sandbox_id: None,
             gpus: vec!["GPU-51a6d0e0-0000-4000-8000-000000000000".into()],
             priority: Priority::High,

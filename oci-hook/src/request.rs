@@ -23,9 +23,17 @@ pub struct ContainerRequest {
 }
 
 impl ContainerRequest {
-    pub fn into_reserve(self, container_id: String, sandbox_id: Option<String>) -> ReserveRequest {
+    /// `namespace`: the id space of `container_id` as the entry point knows it from
+    /// its engine (never from the spec): see `ReserveRequest::namespace`.
+    pub fn into_reserve(
+        self,
+        container_id: String,
+        namespace: Option<String>,
+        sandbox_id: Option<String>,
+    ) -> ReserveRequest {
         ReserveRequest {
             container_id,
+            namespace,
             sandbox_id,
             priority: self.priority,
             memory: self.memory,

@@ -64,6 +64,18 @@ pub struct Invocation {
     pub log: Option<PathBuf>,
     pub log_format_json: bool,
     pub gpushare_config: Option<PathBuf>,
+    /// `--root`: runc's state directory, the id space of its container ids (each
+    /// containerd namespace, docker and podman use their own).
+    pub root: Option<PathBuf>,
+}
+
+impl Invocation {
+    /// The id space of this invocation's container id, for the lease's key.
+    pub fn namespace(&self) -> Option<String> {
+        self.root
+            .as_ref()
+            .map(|root| format!("runtime-root:{}", root.display()))
+    }
 }
 
 /// Removes `--gpushare-config` (both `--flag value` and `--flag=value`, one or
@@ -124,6 +136,7 @@ pub fn scan(args: &[OsString]) -> Invocation {
             }
             match (in_command, name, value) {
                 (false, "log", Some(v)) => inv.log = Some(v.into()),
+                (false, "root", Some(v)) => inv.root = Some(v.into()),
                 (false, "log-format", Some(v)) => inv.log_format_json = v == "json",
                 (false, GPUSHARE_CONFIG_FLAG, Some(v)) => inv.gpushare_config = Some(v.into()),
                 (true, "bundle" | "b", Some(v)) => inv.bundle = Some(v.into()),
@@ -179,6 +192,27 @@ mod tests {
         assert_eq!(inv.subcommand.as_deref(), Some("create"));
         assert_eq!(inv.bundle, Some(PathBuf::from("/x")));
         assert_eq!(inv.container_id.as_deref(), Some("id1"));
+        assert_eq!(inv.namespace().as_deref(), Some("runtime-root:/r"));
+    }
+
+    #[test]
+    fn the_state_root_names_the_id_space() {
+        for (line, namespace) in [
+            (
+                "--root /run/containerd/runc/k8s.io create --bundle /b c1",
+                Some("runtime-root:/run/containerd/runc/k8s.io"),
+            ),
+            (
+                "--root=/var/run/docker/runtime-runc/moby create c1",
+                Some("runtime-root:/var/run/docker/runtime-runc/moby"),
+            ),
+            // runc's own default root: no flag, no namespace (the id alone).
+            ("create --bundle /b c1", None),
+            // A `--root` after the subcommand is not runc's global flag.
+            ("create --root /x c1", None),
+        ] {
+            assert_eq!(scan_str(line).namespace().as_deref(), namespace, "{line}");
+        }
     }
 
     #[test]

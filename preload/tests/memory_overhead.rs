@@ -95,6 +95,7 @@ impl NvmlMachine {
         self.control()
             .reserve(ReserveRequest {
                 container_id: container.into(),
+                namespace: None,
                 sandbox_id: None,
                 priority: Priority::Low,
                 memory: Some(memory.parse().unwrap()),

@@ -118,7 +118,7 @@ pub fn prepare_create(container_id: &str, bundle_dir: &Path) -> Result<Prepared,
     let driver = client.status().map_err(arbiter_error)?.driver_cuda_version;
     gpushare_oci::cuda_compat::check_spec(&spec, driver)?;
     let lease = client
-        .reserve(wanted.into_reserve(container_id.to_owned(), layout::sandbox_id(&spec)))
+        .reserve(wanted.into_reserve(container_id.to_owned(), None, layout::sandbox_id(&spec)))
         .map_err(arbiter_error)?;
     let paths = mutate::HostPaths::new(&config.runtime, &config.arbiter, &lease);
     let edited = mutate::apply_lease(&mut spec, &lease, &paths)

@@ -76,6 +76,25 @@ fn open(path: &Path, timeout: Duration) -> Result<UnixStream, ClientError> {
     Ok(stream)
 }
 
+/// A container as an entry point names it: its id, and where it knows them, the id
+/// space it belongs to (`ReserveRequest::namespace`) and the lease gpushare's edit
+/// gave it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerRef {
+    pub container_id: String,
+    pub namespace: Option<String>,
+    pub lease: Option<LeaseId>,
+}
+
+impl ContainerRef {
+    pub fn id(container_id: String) -> ContainerRef {
+        ContainerRef {
+            container_id,
+            ..ContainerRef::default()
+        }
+    }
+}
+
 pub struct ControlClient {
     stream: UnixStream,
     /// Set by the first failed exchange: the connection is not used again.
@@ -138,7 +157,23 @@ impl ControlClient {
     }
 
     pub fn confirm(&mut self, container_id: String, pid: u32) -> Result<(), ClientError> {
-        match self.call(&ControlRequest::Confirm { container_id, pid })? {
+        self.confirm_in(ContainerRef::id(container_id), pid)
+    }
+
+    /// Confirms the lease of `container` (an id, with its namespace or lease where
+    /// the caller knows them).
+    pub fn confirm_in(&mut self, container: ContainerRef, pid: u32) -> Result<(), ClientError> {
+        let ContainerRef {
+            container_id,
+            namespace,
+            lease,
+        } = container;
+        match self.call(&ControlRequest::Confirm {
+            container_id,
+            pid,
+            namespace,
+            lease,
+        })? {
             ControlResponse::Confirmed => Ok(()),
             other => Err(unexpected(other)),
         }
@@ -169,7 +204,21 @@ impl ControlClient {
     }
 
     pub fn release_container(&mut self, container_id: String) -> Result<bool, ClientError> {
-        match self.call(&ControlRequest::ReleaseContainer { container_id })? {
+        self.release_container_in(ContainerRef::id(container_id))
+    }
+
+    /// Releases the lease of `container`; whether there was one.
+    pub fn release_container_in(&mut self, container: ContainerRef) -> Result<bool, ClientError> {
+        let ContainerRef {
+            container_id,
+            namespace,
+            lease,
+        } = container;
+        match self.call(&ControlRequest::ReleaseContainer {
+            container_id,
+            namespace,
+            lease,
+        })? {
             ControlResponse::Released { existed } => Ok(existed),
             other => Err(unexpected(other)),
         }

@@ -68,6 +68,9 @@ pub enum LeaseState {
 pub struct Lease {
     pub id: LeaseId,
     pub container_id: String,
+    /// The id space of `container_id` (see `ReserveRequest::namespace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub sandbox_id: Option<String>,
     /// Always UUIDs: indices can change across driver reloads.
     pub gpus: Vec<String>,

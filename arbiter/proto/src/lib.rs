@@ -13,7 +13,7 @@ pub mod quantity;
 pub mod token;
 pub mod token_client;
 
-pub use client::{ChargeOutcome, ClientError, ControlClient, LeaseClient};
+pub use client::{ChargeOutcome, ClientError, ContainerRef, ControlClient, LeaseClient};
 pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{

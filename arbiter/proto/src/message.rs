@@ -13,6 +13,12 @@ pub const PENDING_PREFIX: &str = "pending:";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReserveRequest {
     pub container_id: String,
+    /// The id space `container_id` belongs to, as the entry point learns it from its
+    /// engine, never from the container's spec: the containerd namespace, or the OCI
+    /// runtime's state root. Two engines, or two containerd namespaces, may use one
+    /// id at once; a lease is keyed by both. None: the id alone (older clients).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub sandbox_id: Option<String>,
     pub priority: Priority,
     /// None: the configured default.
@@ -39,6 +45,14 @@ pub enum ControlRequest {
     Confirm {
         container_id: String,
         pid: u32,
+        /// See `ReserveRequest::namespace`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        namespace: Option<String>,
+        /// The lease gpushare's own spec edit named (`gpushare.io/lease`), where the
+        /// caller has it: it tells apart two containers with one id in two
+        /// namespaces. It must belong to `container_id`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<LeaseId>,
     },
     /// Releasing is idempotent: an unknown lease is not an error.
     Release {
@@ -56,6 +70,12 @@ pub enum ControlRequest {
     /// Release whatever lease a container holds (for callers that know only the container).
     ReleaseContainer {
         container_id: String,
+        /// See `ReserveRequest::namespace`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        namespace: Option<String>,
+        /// As for `Confirm`: which of several same-id leases is meant.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<LeaseId>,
     },
     Status,
     /// The leases alone (cheaper than a status report).

@@ -19,10 +19,22 @@ fn control_request() -> impl Strategy<Value = ControlRequest> {
     let text = "[ -~]{0,40}";
     prop_oneof![
         any::<u32>().prop_map(|protocol| ControlRequest::Hello { protocol }),
-        (text, any::<u32>())
-            .prop_map(|(container_id, pid)| ControlRequest::Confirm { container_id, pid }),
+        (text, any::<u32>(), proptest::option::of(text)).prop_map(
+            |(container_id, pid, namespace)| ControlRequest::Confirm {
+                container_id,
+                pid,
+                namespace,
+                lease: None,
+            }
+        ),
         text.prop_map(|l| ControlRequest::Release { lease: LeaseId(l) }),
-        text.prop_map(|container_id| ControlRequest::ReleaseContainer { container_id }),
+        (text, proptest::option::of(text)).prop_map(|(container_id, l)| {
+            ControlRequest::ReleaseContainer {
+                container_id,
+                namespace: None,
+                lease: l.map(LeaseId),
+            }
+        }),
         (text, text, any::<u32>()).prop_map(|(l, container_id, pid)| ControlRequest::Bind {
             lease: LeaseId(l),
             container_id,
@@ -34,6 +46,7 @@ fn control_request() -> impl Strategy<Value = ControlRequest> {
         (text, 0u64..1 << 40, any::<bool>(), 1u32..8).prop_map(|(container_id, bytes, high, n)| {
             ControlRequest::Reserve(ReserveRequest {
                 container_id,
+                namespace: None,
                 sandbox_id: None,
                 priority: if high {
                     gpushare_proto::Priority::High

@@ -195,6 +195,7 @@ impl Drop for Daemon {
 pub fn request(container: &str, memory: &str, priority: Priority) -> ReserveRequest {
     ReserveRequest {
         container_id: container.into(),
+        namespace: None,
         sandbox_id: None,
         priority,
         memory: Some(memory.parse().unwrap()),

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use gpushare_config::{Config, Unrequested};
 use gpushare_oci::{mutate, request};
 use gpushare_proto::message::PENDING_PREFIX;
-use gpushare_proto::{ClientError, ControlClient, ErrorKind, LeaseId};
+use gpushare_proto::{ClientError, ContainerRef, ControlClient, ErrorKind, LeaseId};
 use serde_json::Value;
 
 const USAGE: &str = "usage: gpushare-hook [--config FILE] [--control-socket PATH] \
@@ -98,9 +98,24 @@ fn run() -> Result<(), String> {
         .as_str()
         .ok_or("the OCI state on stdin has no id")?
         .to_owned();
+    // The lease gpushare's own edit named in the spec (runc passes the spec's
+    // annotations in the state): it tells apart two containers with one id in two
+    // namespaces, which the id alone cannot.
+    let lease_annotation = document
+        .pointer(&format!(
+            "/annotations/{}",
+            gpushare_oci::ANNOTATION_LEASE.replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let container = ContainerRef {
+        container_id: container_id.clone(),
+        namespace: None,
+        lease: lease_annotation.clone().map(LeaseId),
+    };
     if action == "poststop" {
         return connect()?
-            .release_container(container_id)
+            .release_container_in(container)
             .map(|_| ())
             .map_err(|e| e.to_string());
     }
@@ -109,18 +124,14 @@ fn run() -> Result<(), String> {
         .filter(|&p| p > 0 && p <= u32::MAX as u64)
         .ok_or("the OCI state has no pid")? as u32;
     let mut client = connect()?;
-    match client.confirm(container_id.clone(), pid) {
+    match client.confirm_in(container, pid) {
         Err(ClientError::Refused {
             kind: ErrorKind::NotFound,
             ..
         }) => {
             // Reserved by precreate before the container had an id: bind it now.
-            let lease = document
-                .pointer(&format!(
-                    "/annotations/{}",
-                    gpushare_oci::ANNOTATION_LEASE.replace('/', "~1")
-                ))
-                .and_then(Value::as_str)
+            let lease = lease_annotation
+                .as_deref()
                 .ok_or_else(|| format!("container {container_id} holds no gpushare lease"))?;
             client
                 .bind(LeaseId(lease.to_owned()), container_id, pid)
@@ -163,7 +174,7 @@ fn precreate(
         .driver_cuda_version;
     gpushare_oci::cuda_compat::check_spec(&spec, driver).map_err(|e| e.to_string())?;
     let lease = client
-        .reserve(wanted.into_reserve(pending_id, None))
+        .reserve(wanted.into_reserve(pending_id, None, None))
         .map_err(|e| e.to_string())?;
     let paths = mutate::HostPaths::new(&config.runtime, &config.arbiter, &lease);
     let edited = mutate::apply_lease(&mut spec, &lease, &paths)

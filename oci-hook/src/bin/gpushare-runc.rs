@@ -14,7 +14,7 @@ use gpushare_config::{Config, Unrequested};
 use gpushare_oci::bundle::BundleSpec;
 use gpushare_oci::runc_args::{self, Invocation};
 use gpushare_oci::{cuda_compat, mutate, request};
-use gpushare_proto::ControlClient;
+use gpushare_proto::{ContainerRef, ControlClient};
 use serde_json::Value;
 
 fn main() -> ExitCode {
@@ -104,13 +104,17 @@ fn create(
         .driver_cuda_version;
     cuda_compat::check_spec(&spec, driver).map_err(|e| format!("container {container_id}: {e}"))?;
     let lease = client
-        .reserve(wanted.into_reserve(container_id.clone(), sandbox_id))
+        .reserve(wanted.into_reserve(container_id.clone(), inv.namespace(), sandbox_id))
         .map_err(|e| format!("container {container_id}: {e}"))?;
 
     let release = || {
         // A fresh connection: the first may have timed out.
         if let Ok(mut c) = ControlClient::connect(&socket, timeout) {
-            let _ = c.release_container(container_id.clone());
+            let _ = c.release_container_in(ContainerRef {
+                container_id: container_id.clone(),
+                namespace: inv.namespace(),
+                lease: Some(lease.id.clone()),
+            });
         }
     };
     let paths = mutate::HostPaths::new(&config.runtime, &config.arbiter, &lease);

@@ -172,6 +172,7 @@ impl Machine {
         let lease = control
             .reserve(ReserveRequest {
                 container_id: container_id.clone(),
+                namespace: None,
                 sandbox_id: None,
                 priority,
                 memory: Some(memory.parse().unwrap()),

@@ -289,6 +289,7 @@ impl Arbiter {
             let mut client = ControlClient::connect(&self.control_socket(), CONTROL_TIMEOUT)?;
             let lease = client.reserve(ReserveRequest {
                 container_id: format!("bench-{job}"),
+                namespace: None,
                 sandbox_id: None,
                 priority,
                 memory: Some(MemoryRequest::Bytes(LEASE_MEMORY_BYTES)),

@@ -306,3 +306,60 @@ fn a_wrapper_killed_while_its_reserve_waits_leaves_no_lease_and_the_spec_unchang
     let out = wrapper(&arbiter.config_path, &state, &["delete", "-f", "fill"]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// Issue 15: two runtimes (two containerd namespaces, docker beside containerd)
+/// may use one container id at once. Each gets a lease of its own, confirmed by its
+/// own createRuntime hook and released by its own poststop; keyed by the id alone,
+/// the second container was handed the first one's lease.
+#[test]
+fn one_container_id_under_two_runtime_roots_holds_two_leases() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let roots = [dir.path().join("root-a"), dir.path().join("root-b")];
+    let bundles: Vec<Bundle> = ["ba", "bb"]
+        .iter()
+        .map(|name| {
+            Bundle::new(
+                dir.path(),
+                name,
+                &["sleep", "600"],
+                json!({"gpushare.io/memory": "1Gi"}),
+            )
+        })
+        .collect();
+    for (root, bundle) in roots.iter().zip(&bundles) {
+        let b = bundle.dir.to_str().unwrap();
+        let out = wrapper(
+            &arbiter.config_path,
+            root,
+            &["create", "--bundle", b, "same"],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let leases = arbiter.leases();
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    assert_ne!(leases[0]["id"], leases[1]["id"]);
+    for lease in &leases {
+        assert_eq!(lease["container_id"], "same");
+        assert_eq!(lease["state"], "confirmed", "each hook confirmed its own");
+    }
+    let injected = |bundle: &Bundle| -> String {
+        let spec: Value = serde_json::from_slice(&bundle.config_bytes()).unwrap();
+        spec["annotations"]["gpushare.io/lease"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_ne!(injected(&bundles[0]), injected(&bundles[1]));
+    // Deleting the first runtime's container releases its lease only.
+    let out = wrapper(&arbiter.config_path, &roots[0], &["delete", "-f", "same"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let left = arbiter.leases();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["id"], injected(&bundles[1]).as_str());
+    let out = wrapper(&arbiter.config_path, &roots[1], &["delete", "-f", "same"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(arbiter.leases().is_empty());
+    assert_eq!(arbiter.lease_dirs(), 0);
+}

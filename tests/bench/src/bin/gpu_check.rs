@@ -140,6 +140,7 @@ impl Arbiter {
         let lease = control
             .reserve(ReserveRequest {
                 container_id: container_id.clone(),
+                namespace: None,
                 sandbox_id: None,
                 priority,
                 memory: Some(MemoryRequest::Bytes(memory)),
