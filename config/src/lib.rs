@@ -192,6 +192,22 @@ pub enum Unrequested {
     Void,
 }
 
+/// Where a container's tenant comes from (`requests.tenant_from`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum TenantSource {
+    /// `gpushare.io/tenant` or `GPUSHARE_TENANT`: whoever writes the container's
+    /// spec chooses it, so `high_priority_tenants` keeps out only the honest.
+    #[default]
+    Request,
+    /// The Kubernetes namespace of the pod, as the CRI runtime records it
+    /// (`io.kubernetes.cri.sandbox-namespace` from containerd,
+    /// `io.kubernetes.pod.namespace` from CRI-O), which a pod's author cannot choose
+    /// beyond the namespaces Kubernetes lets them create pods in; a request naming a
+    /// tenant is refused. Containers started outside Kubernetes have no tenant.
+    KubernetesNamespace,
+}
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RequestPolicy {
@@ -200,6 +216,8 @@ pub struct RequestPolicy {
     pub unrequested: Unrequested,
     /// Tenants allowed to ask for high priority; `None` (the key absent) allows everyone.
     pub high_priority_tenants: Option<Vec<String>>,
+    /// Where the tenant comes from; see [`TenantSource`].
+    pub tenant_from: TenantSource,
 }
 
 impl Default for RequestPolicy {
@@ -208,6 +226,7 @@ impl Default for RequestPolicy {
             accept_env: true,
             unrequested: Unrequested::Untouched,
             high_priority_tenants: None,
+            tenant_from: TenantSource::Request,
         }
     }
 }
@@ -715,6 +734,10 @@ mod tests {
             (
                 "[scheduler]\nlow_on_arbiter_loss = \"panic\"\n",
                 ["low_on_arbiter_loss", "panic", "wait"],
+            ),
+            (
+                "[requests]\ntenant_from = \"annotation\"\n",
+                ["tenant_from", "annotation", "kubernetes-namespace"],
             ),
             ("[scheduler]\nslice = 5\n", ["slice", "slice_ms", "line 2"]),
         ] {

@@ -4,7 +4,7 @@
 //! when the policy accepts them (docker 20.10 has no annotations). Every error
 //! names the key, the value and the accepted forms.
 
-use gpushare_config::RequestPolicy;
+use gpushare_config::{RequestPolicy, TenantSource};
 use gpushare_proto::quantity::{FRACTION_FORMS, GPU_FORMS, MEMORY_FORMS, PRIORITY_FORMS};
 use gpushare_proto::{Fraction, GpuSelector, MemoryRequest, Priority, ReserveRequest};
 use serde_json::Value;
@@ -57,6 +57,8 @@ pub enum RequestError {
     UnknownKey { key: String },
     #[error("invalid gpushare request: compute-request {request} is above compute-limit {limit}")]
     RequestAboveLimit { request: String, limit: String },
+    #[error("invalid gpushare request {key}={value:?}: this node takes the tenant from the pod's Kubernetes namespace (requests.tenant_from = \"kubernetes-namespace\"), not from the request; remove {key}")]
+    TenantNotAccepted { key: String, value: String },
     #[error("invalid gpushare request {key}=high: {tenant} may not ask for high priority (allowed tenants: {allowed})")]
     HighPriorityNotAllowed {
         key: String,
@@ -154,6 +156,15 @@ pub fn from_spec(
         });
     }
     let gpu = parse(gpu, GPU_FORMS)?.unwrap_or_default();
+    let tenant = match policy.tenant_from {
+        TenantSource::Request => tenant,
+        TenantSource::KubernetesNamespace => {
+            if let Some((key, value)) = tenant {
+                return Err(RequestError::TenantNotAccepted { key, value });
+            }
+            kubernetes_namespace(annotations)
+        }
+    };
     let tenant_key = tenant.as_ref().map(|(k, _)| k.clone());
     let tenant = match tenant {
         Some((key, value)) if is_tenant_name(&value) => Some((key, value)),
@@ -201,6 +212,27 @@ pub fn from_spec(
         gpu,
         tenant,
     }))
+}
+
+/// Where the CRI runtimes record the pod's namespace: containerd, then CRI-O. Both
+/// write it from the sandbox's metadata, after the pod's own annotations, so a pod's
+/// author cannot choose it (unless the runtime handler passes such keys through).
+const KUBERNETES_NAMESPACE_KEYS: [&str; 2] = [
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+];
+
+/// The pod's namespace as (annotation key, value), if the spec has one.
+fn kubernetes_namespace(
+    annotations: Option<&serde_json::Map<String, Value>>,
+) -> Option<(String, String)> {
+    KUBERNETES_NAMESPACE_KEYS.iter().find_map(|key| {
+        annotations?
+            .get(*key)
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+            .map(|v| ((*key).to_owned(), v.to_owned()))
+    })
 }
 
 fn parse<T: std::str::FromStr>(
@@ -394,6 +426,64 @@ mod tests {
         assert!(msg.contains("GPUSHARE_PRIORITY=high"), "{msg}");
         let low = spec(json!({"gpushare.io/priority": "low"}), &[]);
         assert!(from_spec(&low, &p).is_ok());
+    }
+
+    /// Issue 15: with the tenant taken from the pod's namespace, a container's
+    /// author can no longer name the tenant that may ask for high priority.
+    #[test]
+    fn the_tenant_can_come_from_the_pods_namespace_and_then_not_from_the_request() {
+        let p = RequestPolicy {
+            high_priority_tenants: Some(vec!["inference".into()]),
+            tenant_from: TenantSource::KubernetesNamespace,
+            ..policy()
+        };
+        let in_namespace = |ns: &str| {
+            spec(
+                json!({"gpushare.io/priority": "high", "io.kubernetes.cri.sandbox-namespace": ns}),
+                &[],
+            )
+        };
+        let r = from_spec(&in_namespace("inference"), &p).unwrap().unwrap();
+        assert_eq!(
+            (r.priority, r.tenant.as_deref()),
+            (Priority::High, Some("inference"))
+        );
+        let msg = from_spec(&in_namespace("batch"), &p)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("\"batch\""), "{msg}");
+        // CRI-O's key serves as well.
+        let crio = spec(
+            json!({"gpushare.io/priority": "high", "io.kubernetes.pod.namespace": "inference"}),
+            &[],
+        );
+        assert!(from_spec(&crio, &p).is_ok());
+        // Naming a tenant is refused outright, annotation or environment, even the right one.
+        for forged in [
+            spec(
+                json!({"gpushare.io/priority": "high", "gpushare.io/tenant": "inference",
+                       "io.kubernetes.cri.sandbox-namespace": "batch"}),
+                &[],
+            ),
+            spec(
+                json!({}),
+                &["GPUSHARE_PRIORITY=high", "GPUSHARE_TENANT=inference"],
+            ),
+        ] {
+            let msg = from_spec(&forged, &p).unwrap_err().to_string();
+            assert!(
+                msg.contains("tenant_from") && msg.contains("inference"),
+                "{msg}"
+            );
+        }
+        // Outside Kubernetes there is no tenant, so no high priority on this node.
+        let docker = spec(json!({}), &["GPUSHARE_PRIORITY=high"]);
+        assert!(from_spec(&docker, &p).is_err());
+        // The default still reads the request (and is documented as forgeable).
+        let r = from_spec(&in_namespace("batch"), &policy())
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.tenant, None);
     }
 
     #[test]
