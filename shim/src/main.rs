@@ -12,6 +12,7 @@
 
 mod about;
 mod bootstrap;
+mod failed_create;
 mod forward;
 mod gpushare;
 mod inner;

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use containerd_shim::api::{
@@ -26,7 +27,8 @@ use containerd_shim::{api::CheckpointTaskRequest, ExitSignal, Task};
 use gpushare_proto::LeaseId;
 use tokio::sync::OnceCell;
 
-use crate::forward::{context_of, is_not_found, Forwarder};
+use crate::failed_create::{self, Decision, Kept, RuncShimProbe};
+use crate::forward::{context_of, is_not_found, CallError, Forwarder};
 use crate::gpushare::{self, GpushareError, Prepared};
 use crate::inner::{self, Endpoint};
 
@@ -59,12 +61,19 @@ fn is_container_gone(exec_id: &str, outcome: Result<(), bool>) -> bool {
     exec_id.is_empty() && outcome.map_or_else(|not_found| not_found, |()| true)
 }
 
+type Containers = Arc<Mutex<HashMap<String, ContainerRecord>>>;
+
 pub struct TaskForwarder {
     /// None when the shim was started without its runc shim's endpoint: every
     /// call then fails, naming why.
     endpoint: Option<Endpoint>,
     forwarder: OnceCell<Forwarder>,
-    containers: Arc<Mutex<HashMap<String, ContainerRecord>>>,
+    containers: Containers,
+    /// Creates under way, by container id: Delete waits for one to be settled
+    /// (recorded or undone) before it acts, since containerd sends Delete as
+    /// soon as a Create has failed, even one whose deadline passed while this
+    /// shim was still deciding.
+    creating: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     exit: Arc<ExitSignal>,
 }
 
@@ -96,6 +105,7 @@ impl TaskForwarder {
             endpoint,
             forwarder: OnceCell::new(),
             containers: Arc::default(),
+            creating: Arc::default(),
             exit,
         }
     }
@@ -129,40 +139,16 @@ impl TaskForwarder {
             .await
     }
 
-    /// Releases the container's lease when its init process exits, without
-    /// waiting for containerd's Delete (which may come much later, or for a
-    /// `ctr run` without `--rm`, never).
-    fn release_on_exit(&self, forwarder: Forwarder, container_id: String, lease: LeaseId) {
-        let containers = self.containers.clone();
-        tokio::spawn(async move {
-            let wait = WaitRequest {
-                id: container_id.clone(),
-                ..Default::default()
-            };
-            let exited: ttrpc::Result<WaitResponse> = forwarder
-                .call(&context::Context::default(), "Wait", &wait)
-                .await;
-            if let Err(e) = exited {
-                // The runc shim went away: Delete or the `delete` cleanup releases.
-                log::debug!("container {container_id}: no exit to wait for: {e}");
-                return;
-            }
-            // Only this very lease: the container may have been deleted and
-            // created again (same id, a newer lease) meanwhile.
-            let still_held =
-                take_lease_if_held(containers.lock().unwrap().get_mut(&container_id), &lease);
-            if still_held {
-                let id = container_id.clone();
-                let released = blocking(move || gpushare::release_lease(&id, &lease)).await;
-                match released {
-                    Ok(Ok(_)) => log::info!("container {container_id}: exited, lease released"),
-                    Ok(Err(e)) => {
-                        log::warn!("container {container_id}: exited, cannot release: {e}")
-                    }
-                    Err(e) => log::warn!("container {container_id}: {e}"),
-                }
-            }
-        });
+    /// Whether the runc shim still accepts connections (a fresh one: the
+    /// shared connection may be the one that broke).
+    async fn runc_shim_listens(&self) -> bool {
+        let Some(endpoint) = self.endpoint.as_ref() else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), Forwarder::connect(endpoint)).await,
+            Ok(Ok(_))
+        )
     }
 
     async fn bundle_of(&self, ctx: &TtrpcContext, container_id: &str) -> ttrpc::Result<PathBuf> {
@@ -183,15 +169,61 @@ impl TaskForwarder {
     }
 }
 
-#[async_trait]
-impl Task for TaskForwarder {
-    async fn create(
-        &self,
-        ctx: &TtrpcContext,
-        mut req: CreateTaskRequest,
-    ) -> ttrpc::Result<CreateTaskResponse> {
-        let forwarder = self.inner().await?.clone();
-        let (id, bundle) = (req.id.clone(), PathBuf::from(&req.bundle));
+/// Releases the container's lease when its init process exits, without
+/// waiting for containerd's Delete (which may come much later, or for a
+/// `ctr run` without `--rm`, never).
+fn release_on_exit(
+    containers: Containers,
+    forwarder: Forwarder,
+    container_id: String,
+    lease: LeaseId,
+) {
+    tokio::spawn(async move {
+        let wait = WaitRequest {
+            id: container_id.clone(),
+            ..Default::default()
+        };
+        let exited: ttrpc::Result<WaitResponse> = forwarder
+            .call(&context::Context::default(), "Wait", &wait)
+            .await;
+        if let Err(e) = exited {
+            // The runc shim went away: Delete or the `delete` cleanup releases.
+            log::debug!("container {container_id}: no exit to wait for: {e}");
+            return;
+        }
+        // Only this very lease: the container may have been deleted and
+        // created again (same id, a newer lease) meanwhile.
+        let still_held =
+            take_lease_if_held(containers.lock().unwrap().get_mut(&container_id), &lease);
+        if still_held {
+            let id = container_id.clone();
+            let released = blocking(move || gpushare::release_lease(&id, &lease)).await;
+            match released {
+                Ok(Ok(_)) => log::info!("container {container_id}: exited, lease released"),
+                Ok(Err(e)) => {
+                    log::warn!("container {container_id}: exited, cannot release: {e}")
+                }
+                Err(e) => log::warn!("container {container_id}: {e}"),
+            }
+        }
+    });
+}
+
+/// One Create, carried out apart from the handler that received it.
+struct Create {
+    forwarder: Forwarder,
+    endpoint: Endpoint,
+    containers: Containers,
+    /// containerd's metadata and timeout.
+    ctx: context::Context,
+    /// When containerd gives up on this Create.
+    deadline: Option<Instant>,
+    req: CreateTaskRequest,
+}
+
+impl Create {
+    async fn run(self) -> ttrpc::Result<CreateTaskResponse> {
+        let (id, bundle) = (self.req.id.clone(), PathBuf::from(&self.req.bundle));
         let prepared = blocking({
             let (id, bundle) = (id.clone(), bundle.clone());
             move || gpushare::prepare_create(&id, &bundle)
@@ -200,6 +232,97 @@ impl Task for TaskForwarder {
         .map_err(gpushare_status)?;
         let lease = prepared.lease().cloned();
 
+        // The runc shim gets what is left of containerd's time, not all of it
+        // again; none left (the reserve waited it out): containerd has given
+        // up, so nothing is sent.
+        let mut forward_ctx = self.ctx.clone();
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                if !matches!(prepared, Prepared::Untouched) {
+                    let undo_id = id.clone();
+                    blocking(move || gpushare::undo_create(&undo_id, prepared)).await?;
+                }
+                return Err(status(
+                    Code::DEADLINE_EXCEEDED,
+                    format!("gpushare: container {id}: the deadline passed before it was handed to the runc shim; nothing created"),
+                ));
+            }
+            forward_ctx.timeout_nano = left.as_nanos().min(i64::MAX as u128) as i64;
+        }
+
+        let created: Result<CreateTaskResponse, CallError> = self
+            .forwarder
+            .call_raw(&forward_ctx, "Create", &self.req)
+            .await;
+        let error = match created {
+            Ok(response) => {
+                self.record(id, bundle, lease);
+                return Ok(response);
+            }
+            Err(error) => error,
+        };
+        if matches!(prepared, Prepared::Untouched) {
+            // No lease, no edit: nothing to undo or keep.
+            return Err(self.forwarder.to_status("Create", error));
+        }
+        let probe = RuncShimProbe {
+            endpoint: self.endpoint.clone(),
+            ctx: self.ctx.clone(),
+        };
+        match failed_create::settle(&id, &error, &probe).await {
+            Decision::Keep(kept) => {
+                let why = match &kept {
+                    Kept::Exists => "the runc shim knows it: it was created".to_owned(),
+                    Kept::Unknown(reason) => format!(
+                        "whether it was created is unknown ({reason}); kept until its Delete or exit, \
+                         or the arbiter's reconciliation"
+                    ),
+                };
+                log::warn!(
+                    "container {id}: the forwarded Create failed ({error}), lease and spec kept: {why}"
+                );
+                self.record(id, bundle, lease);
+            }
+            Decision::Undo | Decision::ProbeState => {
+                log::info!("container {id}: the forwarded Create failed ({error}): undone");
+                let undo_id = id.clone();
+                blocking(move || gpushare::undo_create(&undo_id, prepared)).await?;
+            }
+        }
+        Err(self.forwarder.to_status("Create", error))
+    }
+
+    /// The container exists (or may): it is recorded with its lease, which its
+    /// exit or its Delete releases.
+    fn record(&self, id: String, bundle: PathBuf, lease: Option<LeaseId>) {
+        self.containers.lock().unwrap().insert(
+            id.clone(),
+            ContainerRecord {
+                bundle,
+                lease: lease.clone(),
+                leased: lease.is_some(),
+            },
+        );
+        if let Some(lease) = lease {
+            log::info!("container {id}: created with lease {}", lease.0);
+            release_on_exit(self.containers.clone(), self.forwarder.clone(), id, lease);
+        }
+    }
+}
+
+#[async_trait]
+impl Task for TaskForwarder {
+    async fn create(
+        &self,
+        ctx: &TtrpcContext,
+        mut req: CreateTaskRequest,
+    ) -> ttrpc::Result<CreateTaskResponse> {
+        let forwarder = self.inner().await?.clone();
+        let endpoint = self
+            .endpoint
+            .clone()
+            .expect("inner() succeeded: there is an endpoint");
         // containerd's CRI plugin sends `runtimeoptions.v1` for a runtime type
         // other than runc's; the runc shim cannot decode them and would fail.
         if req
@@ -208,38 +331,48 @@ impl Task for TaskForwarder {
             .is_some_and(|o| !inner::is_runc_options(&o.type_url))
         {
             log::info!(
-                "container {id}: runtime options of type {} are not runc's: not passed on",
+                "container {}: runtime options of type {} are not runc's: not passed on",
+                req.id,
                 req.options.type_url
             );
             req.options = MessageField::none();
         }
-
-        let created: ttrpc::Result<CreateTaskResponse> =
-            forwarder.call(&context_of(ctx), "Create", &req).await;
-        match created {
-            Ok(response) => {
-                self.containers.lock().unwrap().insert(
-                    id.clone(),
-                    ContainerRecord {
-                        bundle,
-                        lease: lease.clone(),
-                        leased: lease.is_some(),
-                    },
-                );
-                if let Some(lease) = lease {
-                    log::info!("container {id}: created with lease {}", lease.0);
-                    self.release_on_exit(forwarder, id, lease);
-                }
-                Ok(response)
+        let create = Create {
+            forwarder,
+            endpoint,
+            containers: self.containers.clone(),
+            ctx: context_of(ctx),
+            deadline: (ctx.timeout_nano > 0)
+                .then(|| Instant::now() + Duration::from_nanos(ctx.timeout_nano as u64)),
+            req,
+        };
+        let id = create.req.id.clone();
+        // Held until the outcome is recorded or undone; taken before anything
+        // is done, so a Delete cannot slip in between.
+        let pending = Arc::new(tokio::sync::Mutex::new(()));
+        let guard = pending
+            .clone()
+            .try_lock_owned()
+            .expect("a new mutex is free");
+        self.creating
+            .lock()
+            .unwrap()
+            .insert(id.clone(), pending.clone());
+        let creating = self.creating.clone();
+        // Its own task: the ttrpc server drops this handler when containerd's
+        // deadline passes, and what was reserved and forwarded by then must
+        // still be recorded or undone.
+        let work = tokio::spawn(async move {
+            let outcome = create.run().await;
+            let mut creating = creating.lock().unwrap();
+            if creating.get(&id).is_some_and(|p| Arc::ptr_eq(p, &pending)) {
+                creating.remove(&id);
             }
-            Err(e) => {
-                if !matches!(prepared, Prepared::Untouched) {
-                    let undo_id = id.clone();
-                    blocking(move || gpushare::undo_create(&undo_id, prepared)).await?;
-                }
-                Err(e)
-            }
-        }
+            drop(guard);
+            outcome
+        });
+        work.await
+            .map_err(|e| status(Code::INTERNAL, format!("gpushare: {e}")))?
     }
 
     async fn exec(&self, ctx: &TtrpcContext, mut req: ExecProcessRequest) -> ttrpc::Result<Empty> {
@@ -261,6 +394,12 @@ impl Task for TaskForwarder {
         ctx: &TtrpcContext,
         req: DeleteRequest,
     ) -> ttrpc::Result<DeleteResponse> {
+        // A Create of this container still being settled (containerd deletes
+        // right after a failed Create): its outcome decides what there is to release.
+        let pending = self.creating.lock().unwrap().get(&req.id).cloned();
+        if let Some(pending) = pending {
+            let _settled = pending.lock().await;
+        }
         let deleted: ttrpc::Result<DeleteResponse> = self.forward(ctx, "Delete", &req).await;
         // The container itself (not one of its exec processes) is gone, or was never there.
         let container_gone = is_container_gone(
@@ -286,7 +425,16 @@ impl Task for TaskForwarder {
         if let Err(e) = self.forward::<_, Empty>(ctx, "Shutdown", &req).await {
             log::debug!("runc shim shutdown: {e}");
         }
-        if self.containers.lock().unwrap().is_empty() {
+        let remaining = self.containers.lock().unwrap().len();
+        if remaining == 0 {
+            self.exit.signal();
+        } else if !self.runc_shim_listens().await {
+            // Nothing can be served without it (a container kept after a Create
+            // whose outcome was unknown, or one whose runc shim died): containerd's
+            // cleanup (this binary's `delete`) releases what is left.
+            log::warn!(
+                "the runc shim is gone: exiting with {remaining} container(s) left to containerd's cleanup"
+            );
             self.exit.signal();
         }
         Ok(Empty::new())

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use gpushare_e2e::containerd::{processes_with, Containerd, ContainerdOptions, RUNTIME};
+use gpushare_e2e::containerd::{processes_with, Containerd, ContainerdOptions, NAMESPACE, RUNTIME};
 use gpushare_e2e::*;
 
 /// containerd's shim sockets all live in /run/containerd/s, named by hashes: the
@@ -476,5 +476,127 @@ fn containerd_accepts_the_cri_runtime_snippet() {
     assert!(
         log.contains(&expected),
         "CRI's view of the runtime: {expected}"
+    );
+}
+
+/// `runc --root <containerd's runc root for the test namespace> state <id>`'s
+/// status ("created", "running", …), None when runc does not know the container.
+fn runc_status(id: &str) -> Option<String> {
+    let out = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(format!("/run/containerd/runc/{NAMESPACE}"))
+        .args(["state", id])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    state["status"].as_str().map(str::to_owned)
+}
+
+/// The runc shim dies while it creates the container, after runc created it:
+/// the forwarded Create fails with a closed connection, which says nothing about
+/// the container, and the container does exist (runc's state: created). The
+/// lease must not be released while it does, and once containerd has cleaned up
+/// after the failed Create nothing may be left: no lease, no lease directory, no
+/// container, no shim. A createRuntime hook of the container's own spec does it:
+/// it stops the runc shim (its grandparent), waits in the background until
+/// `runc create` has finished (its parent is a zombie) and kills the runc shim.
+#[test]
+fn a_create_that_fails_ambiguously_keeps_the_lease_of_the_container_that_exists() {
+    let Setup {
+        ctr, arbiter, _dir, ..
+    } = &setup();
+    let sockets_before = shim_sockets();
+    let dir = _dir.path();
+    let pid_file = dir.join("runc-shim.pid");
+    let hook = dir.join("kill-runc-shim.sh");
+    std::fs::write(
+        &hook,
+        format!(
+            r#"#!/bin/sh
+runc=$PPID
+shim=$(sed 's/^.*) //' /proc/$runc/stat | cut -d' ' -f2)
+echo $shim > {pid_file}
+kill -STOP $shim
+setsid sh -c '
+  while [ "$(sed "s/^.*) //" /proc/'$runc'/stat 2>/dev/null | cut -d" " -f1)" != Z ]; do sleep 0.05; done
+  kill -KILL '$shim'
+' </dev/null >/dev/null 2>&1 &
+exit 0
+"#,
+            pid_file = pid_file.display()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .args(["+x", hook.to_str().unwrap()])
+        .status()
+        .unwrap();
+    let bundle = dir.join("spec");
+    std::fs::create_dir_all(&bundle).unwrap();
+    let mut spec = runc_default_spec(&bundle);
+    spec["root"] = serde_json::json!({"path": ctr.rootfs, "readonly": true});
+    spec["process"]["args"] = serde_json::json!(["/bin/sleep", "600"]);
+    spec["annotations"] = serde_json::json!({"gpushare.io/memory": "1Gi"});
+    spec["hooks"] = serde_json::json!({"createRuntime": [{
+        "path": hook,
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+    }]});
+    let spec_path = bundle.join("config.json");
+    std::fs::write(&spec_path, serde_json::to_vec(&spec).unwrap()).unwrap();
+
+    let out = ctr.ctr(&[
+        "run",
+        "-d",
+        "--null-io",
+        "--runtime",
+        RUNTIME,
+        "--config",
+        spec_path.to_str().unwrap(),
+        "ambiguous",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "the Create failed: {stderr}");
+    assert!(
+        pid_file.exists(),
+        "the hook ran: {stderr}{}",
+        ctr.log_tail()
+    );
+    // runc created the container: it exists, and keeps its lease.
+    assert_eq!(
+        runc_status("ambiguous").as_deref(),
+        Some("created"),
+        "{stderr}"
+    );
+    for _ in 0..10 {
+        assert!(
+            runc_status("ambiguous").is_none() || lease_of(arbiter, "ambiguous").is_some(),
+            "the lease of a container that exists was released: {stderr}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // containerd cleans up after the failed Create; nothing is left.
+    wait_until(
+        "the container to be deleted",
+        Duration::from_secs(20),
+        || runc_status("ambiguous").is_none(),
+    );
+    wait_until("the lease to be released", Duration::from_secs(10), || {
+        lease_of(arbiter, "ambiguous").is_none()
+    });
+    assert!(arbiter.leases().is_empty());
+    assert_eq!(arbiter.lease_dirs(), 0);
+    assert!(ctr.tasks().is_empty());
+    ctr.ok(&["container", "rm", "ambiguous"]);
+    wait_until("the shims to exit", Duration::from_secs(20), || {
+        gpushare_shim_servers(ctr).is_empty() && runc_shims(ctr).is_empty()
+    });
+    wait_until(
+        "their sockets to be removed",
+        Duration::from_secs(10),
+        || shim_sockets() == sockets_before,
     );
 }
