@@ -495,41 +495,16 @@ fn runc_status(id: &str) -> Option<String> {
     state["status"].as_str().map(str::to_owned)
 }
 
-/// The runc shim dies while it creates the container, after runc created it:
-/// the forwarded Create fails with a closed connection, which says nothing about
-/// the container, and the container does exist (runc's state: created). The
-/// lease must not be released while it does, and once containerd has cleaned up
-/// after the failed Create nothing may be left: no lease, no lease directory, no
-/// container, no shim. A createRuntime hook of the container's own spec does it:
-/// it stops the runc shim (its grandparent), waits in the background until
-/// `runc create` has finished (its parent is a zombie) and kills the runc shim.
-#[test]
-fn a_create_that_fails_ambiguously_keeps_the_lease_of_the_container_that_exists() {
-    let Setup {
-        ctr, arbiter, _dir, ..
-    } = &setup();
-    let sockets_before = shim_sockets();
-    let dir = _dir.path();
-    let pid_file = dir.join("runc-shim.pid");
-    let hook = dir.join("kill-runc-shim.sh");
-    std::fs::write(
-        &hook,
-        format!(
-            r#"#!/bin/sh
-runc=$PPID
-shim=$(sed 's/^.*) //' /proc/$runc/stat | cut -d' ' -f2)
-echo $shim > {pid_file}
-kill -STOP $shim
-setsid sh -c '
-  while [ "$(sed "s/^.*) //" /proc/'$runc'/stat 2>/dev/null | cut -d" " -f1)" != Z ]; do sleep 0.05; done
-  kill -KILL '$shim'
-' </dev/null >/dev/null 2>&1 &
-exit 0
-"#,
-            pid_file = pid_file.display()
-        ),
-    )
-    .unwrap();
+/// A container spec (`ctr run --config`) for the busybox rootfs, asking for
+/// 1 GiB, sleeping, with `hook_body` (a shell script) as its createRuntime hook:
+/// run by `runc create`, whose parent is the runc shim.
+fn spec_with_create_runtime_hook(
+    ctr: &Containerd,
+    dir: &std::path::Path,
+    hook_body: &str,
+) -> String {
+    let hook = dir.join("create-runtime-hook.sh");
+    std::fs::write(&hook, format!("#!/bin/sh\n{hook_body}")).unwrap();
     std::process::Command::new("chmod")
         .args(["+x", hook.to_str().unwrap()])
         .status()
@@ -546,6 +521,46 @@ exit 0
     }]});
     let spec_path = bundle.join("config.json");
     std::fs::write(&spec_path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    spec_path.to_string_lossy().into_owned()
+}
+
+/// The shell lines that find the runc shim (the parent of `runc create`, the
+/// hook's parent), write its pid to `pid_file` and stop it.
+fn stop_the_runc_shim(pid_file: &std::path::Path) -> String {
+    format!(
+        "runc=$PPID\nshim=$(sed 's/^.*) //' /proc/$runc/stat | cut -d' ' -f2)\necho $shim > {}\nkill -STOP $shim\n",
+        pid_file.display()
+    )
+}
+
+/// The runc shim dies while it creates the container, after runc created it:
+/// the forwarded Create fails with a closed connection, which says nothing about
+/// the container, and the container does exist (runc's state: created). The
+/// lease must not be released while it does, and once containerd has cleaned up
+/// after the failed Create nothing may be left: no lease, no lease directory, no
+/// container, no shim. A createRuntime hook of the container's own spec does it:
+/// it stops the runc shim (its grandparent), waits in the background until
+/// `runc create` has finished (its parent is a zombie) and kills the runc shim.
+#[test]
+fn a_create_that_fails_ambiguously_keeps_the_lease_of_the_container_that_exists() {
+    let setup = setup();
+    let (ctr, arbiter) = (&setup.ctr, &setup.arbiter);
+    let sockets_before = shim_sockets();
+    let dir = setup._dir.path();
+    let pid_file = dir.join("runc-shim.pid");
+    let spec_path = spec_with_create_runtime_hook(
+        ctr,
+        dir,
+        &format!(
+            r#"{stop}setsid sh -c '
+  while [ "$(sed "s/^.*) //" /proc/'$runc'/stat 2>/dev/null | cut -d" " -f1)" != Z ]; do sleep 0.05; done
+  kill -KILL '$shim'
+' </dev/null >/dev/null 2>&1 &
+exit 0
+"#,
+            stop = stop_the_runc_shim(&pid_file)
+        ),
+    );
 
     let out = ctr.ctr(&[
         "run",
@@ -554,7 +569,7 @@ exit 0
         "--runtime",
         RUNTIME,
         "--config",
-        spec_path.to_str().unwrap(),
+        &spec_path,
         "ambiguous",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -577,6 +592,12 @@ exit 0
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let log = std::fs::read_to_string(dir.join("containerd.log")).unwrap();
+    assert!(
+        log.contains("lease and spec kept: whether it was created is unknown"),
+        "the shim says why it kept the lease{}",
+        ctr.log_tail()
+    );
 
     // containerd cleans up after the failed Create; nothing is left.
     wait_until(
@@ -591,6 +612,94 @@ exit 0
     assert_eq!(arbiter.lease_dirs(), 0);
     assert!(ctr.tasks().is_empty());
     ctr.ok(&["container", "rm", "ambiguous"]);
+    wait_until("the shims to exit", Duration::from_secs(20), || {
+        gpushare_shim_servers(ctr).is_empty() && runc_shims(ctr).is_empty()
+    });
+    wait_until(
+        "their sockets to be removed",
+        Duration::from_secs(10),
+        || shim_sockets() == sockets_before,
+    );
+}
+
+/// containerd's deadline passes while the runc shim is creating the container
+/// (ctr's --timeout; the runc shim is stopped by the createRuntime hook, after
+/// which runc finishes creating it). The ttrpc server drops the shim's Create
+/// handler at that deadline and containerd sends Delete at once; the forwarded
+/// Create times out too. While the runc shim cannot answer, the container exists
+/// and keeps its lease; once it answers again (it is continued), the State probe
+/// finds the container, the shim keeps the lease and records the container, and
+/// containerd's Delete, which waited for that decision, deletes it and releases
+/// the lease: nothing is left.
+#[test]
+fn a_create_past_containerds_deadline_keeps_the_lease_until_the_delete() {
+    let setup = setup();
+    let (ctr, arbiter) = (&setup.ctr, &setup.arbiter);
+    let sockets_before = shim_sockets();
+    let dir = setup._dir.path();
+    let pid_file = dir.join("runc-shim.pid");
+    let spec_path = spec_with_create_runtime_hook(
+        ctr,
+        dir,
+        &format!("{}exit 0\n", stop_the_runc_shim(&pid_file)),
+    );
+
+    let started = std::time::Instant::now();
+    let out = ctr.ctr(&[
+        "--timeout",
+        "5s",
+        "run",
+        "-d",
+        "--null-io",
+        "--runtime",
+        RUNTIME,
+        "--config",
+        &spec_path,
+        "late",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let runc_shim = std::fs::read_to_string(&pid_file)
+        .unwrap_or_else(|e| panic!("the hook ran ({e}): {stderr}{}", ctr.log_tail()))
+        .trim()
+        .to_owned();
+    let resume = || {
+        std::process::Command::new("kill")
+            .args(["-CONT", &runc_shim])
+            .status()
+            .unwrap();
+    };
+    if out.status.success() || !stderr.contains("deadline exceeded") {
+        resume();
+        panic!(
+            "ctr ran into its deadline ({:?}): {stderr}",
+            started.elapsed()
+        );
+    }
+    // The runc shim is still stopped: the container exists, its lease is held.
+    let exists = runc_status("late");
+    let leased = lease_of(arbiter, "late").is_some();
+    resume();
+    assert_eq!(exists.as_deref(), Some("created"), "{stderr}");
+    assert!(leased, "the lease of a container that exists was released");
+
+    wait_until(
+        "the container to be deleted",
+        Duration::from_secs(20),
+        || runc_status("late").is_none(),
+    );
+    wait_until("the lease to be released", Duration::from_secs(10), || {
+        lease_of(arbiter, "late").is_none()
+    });
+    let log = std::fs::read_to_string(dir.join("containerd.log")).unwrap();
+    assert!(
+        log.contains("lease and spec kept: the runc shim knows it"),
+        "the probe found the container{}",
+        ctr.log_tail()
+    );
+    assert!(arbiter.leases().is_empty());
+    assert_eq!(arbiter.lease_dirs(), 0);
+    assert!(ctr.tasks().is_empty());
+    let _ = ctr.ctr(&["container", "rm", "late"]);
     wait_until("the shims to exit", Duration::from_secs(20), || {
         gpushare_shim_servers(ctr).is_empty() && runc_shims(ctr).is_empty()
     });
