@@ -139,18 +139,6 @@ impl TaskForwarder {
             .await
     }
 
-    /// Whether the runc shim still accepts connections (a fresh one: the
-    /// shared connection may be the one that broke).
-    async fn runc_shim_listens(&self) -> bool {
-        let Some(endpoint) = self.endpoint.as_ref() else {
-            return false;
-        };
-        matches!(
-            tokio::time::timeout(Duration::from_secs(2), Forwarder::connect(endpoint)).await,
-            Ok(Ok(_))
-        )
-    }
-
     async fn bundle_of(&self, ctx: &TtrpcContext, container_id: &str) -> ttrpc::Result<PathBuf> {
         if let Some(record) = self.containers.lock().unwrap().get(container_id) {
             return Ok(record.bundle.clone());
@@ -167,6 +155,18 @@ impl TaskForwarder {
             .await?;
         Ok(PathBuf::from(state.bundle))
     }
+}
+
+/// Whether the runc shim still accepts connections (a fresh one: the shared
+/// connection may be the one that broke).
+async fn runc_shim_listens(endpoint: Option<&Endpoint>) -> bool {
+    let Some(endpoint) = endpoint else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), Forwarder::connect(endpoint)).await,
+        Ok(Ok(_))
+    )
 }
 
 /// Releases the container's lease when its init process exits, without
@@ -271,23 +271,28 @@ impl Create {
             ctx: self.ctx.clone(),
         };
         match failed_create::settle(&id, &error, &probe).await {
-            Decision::Keep(kept) => {
+            Decision::Undo => {
+                log::info!("container {id}: the forwarded Create failed ({error}): undone");
+                let undo_id = id.clone();
+                blocking(move || gpushare::undo_create(&undo_id, prepared)).await?;
+            }
+            // (`settle` never leaves it at ProbeState; were it to, nothing is
+            // known, and the lease is kept.)
+            kept @ (Decision::Keep(_) | Decision::ProbeState) => {
                 let why = match &kept {
-                    Kept::Exists => "the runc shim knows it: it was created".to_owned(),
-                    Kept::Unknown(reason) => format!(
+                    Decision::Keep(Kept::Exists) => {
+                        "the runc shim knows it: it was created".to_owned()
+                    }
+                    Decision::Keep(Kept::Unknown(reason)) => format!(
                         "whether it was created is unknown ({reason}); kept until its Delete or exit, \
                          or the arbiter's reconciliation"
                     ),
+                    _ => "whether it was created is unknown (undecided)".to_owned(),
                 };
                 log::warn!(
                     "container {id}: the forwarded Create failed ({error}), lease and spec kept: {why}"
                 );
                 self.record(id, bundle, lease);
-            }
-            Decision::Undo | Decision::ProbeState => {
-                log::info!("container {id}: the forwarded Create failed ({error}): undone");
-                let undo_id = id.clone();
-                blocking(move || gpushare::undo_create(&undo_id, prepared)).await?;
             }
         }
         Err(self.forwarder.to_status("Create", error))
@@ -425,18 +430,32 @@ impl Task for TaskForwarder {
         if let Err(e) = self.forward::<_, Empty>(ctx, "Shutdown", &req).await {
             log::debug!("runc shim shutdown: {e}");
         }
-        let remaining = self.containers.lock().unwrap().len();
-        if remaining == 0 {
-            self.exit.signal();
-        } else if !self.runc_shim_listens().await {
-            // Nothing can be served without it (a container kept after a Create
-            // whose outcome was unknown, or one whose runc shim died): containerd's
-            // cleanup (this binary's `delete`) releases what is left.
-            log::warn!(
-                "the runc shim is gone: exiting with {remaining} container(s) left to containerd's cleanup"
-            );
-            self.exit.signal();
-        }
+        // A Create still being settled decides whether a container remains:
+        // the decision to exit waits for it, apart from this call (whose
+        // deadline may pass first).
+        let pending: Vec<_> = self.creating.lock().unwrap().values().cloned().collect();
+        let (containers, endpoint, exit) = (
+            self.containers.clone(),
+            self.endpoint.clone(),
+            self.exit.clone(),
+        );
+        tokio::spawn(async move {
+            for create in pending {
+                let _settled = create.lock().await;
+            }
+            let remaining = containers.lock().unwrap().len();
+            if remaining == 0 {
+                exit.signal();
+            } else if !runc_shim_listens(endpoint.as_ref()).await {
+                // Nothing can be served without it (a container kept after a
+                // Create whose outcome was unknown, or one whose runc shim died):
+                // containerd's cleanup (this binary's `delete`) releases what is left.
+                log::warn!(
+                    "the runc shim is gone: exiting with {remaining} container(s) left to containerd's cleanup"
+                );
+                exit.signal();
+            }
+        });
         Ok(Empty::new())
     }
 

@@ -548,17 +548,33 @@ fn a_create_that_fails_ambiguously_keeps_the_lease_of_the_container_that_exists(
     let sockets_before = shim_sockets();
     let dir = setup._dir.path();
     let pid_file = dir.join("runc-shim.pid");
+    // runc's state of the container when the runc shim is killed.
+    let created_file = dir.join("created.json");
+    // From the runc shim's death until the container's init process is gone,
+    // the hook's watcher looks at the lease directories every 10 ms: "released"
+    // if the lease went while the container existed, "held (pid)" otherwise.
+    let verdict_file = dir.join("verdict");
     let spec_path = spec_with_create_runtime_hook(
         ctr,
         dir,
         &format!(
             r#"{stop}setsid sh -c '
   while [ "$(sed "s/^.*) //" /proc/'$runc'/stat 2>/dev/null | cut -d" " -f1)" != Z ]; do sleep 0.05; done
+  runc --root /run/containerd/runc/{NAMESPACE} state ambiguous > {created}
+  init=$(sed -n "s/^ *\"pid\": *\([0-9]*\),*$/\1/p" {created})
   kill -KILL '$shim'
+  while [ -n "$init" ] && [ -d /proc/$init ] && [ "$(sed "s/^.*) //" /proc/$init/stat 2>/dev/null | cut -d" " -f1)" != Z ]; do
+    if [ -z "$(ls -A {leases})" ]; then echo released > {verdict}; exit; fi
+    sleep 0.01
+  done
+  echo "held ($init)" > {verdict}
 ' </dev/null >/dev/null 2>&1 &
 exit 0
 "#,
-            stop = stop_the_runc_shim(&pid_file)
+            stop = stop_the_runc_shim(&pid_file),
+            created = created_file.display(),
+            leases = arbiter.run_dir.join("leases").display(),
+            verdict = verdict_file.display(),
         ),
     );
 
@@ -579,19 +595,41 @@ exit 0
         "the hook ran: {stderr}{}",
         ctr.log_tail()
     );
-    // runc created the container: it exists, and keeps its lease.
-    assert_eq!(
-        runc_status("ambiguous").as_deref(),
-        Some("created"),
-        "{stderr}"
-    );
-    for _ in 0..10 {
-        assert!(
-            runc_status("ambiguous").is_none() || lease_of(arbiter, "ambiguous").is_some(),
-            "the lease of a container that exists was released: {stderr}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+    // runc had created the container when the runc shim died.
+    let created: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&created_file).unwrap()).unwrap();
+    assert_eq!(created["status"], "created", "{stderr}");
+    // From then until containerd's cleanup (`runc delete --force` through this
+    // shim's `delete`) removes it, it exists and holds its lease. The lease is
+    // looked at first: one gone before a look that still finds the container
+    // created was released under it.
+    let mut seen_created = 0;
+    for _ in 0..40 {
+        let leased = lease_of(arbiter, "ambiguous").is_some();
+        let status = runc_status("ambiguous");
+        if status.as_deref() == Some("created") {
+            seen_created += 1;
+            assert!(
+                leased,
+                "the lease of a container that exists was released: {stderr}"
+            );
+        }
+        if status.is_none() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
     }
+    eprintln!("seen created with its lease {seen_created} time(s)");
+    wait_until(
+        "the watcher's verdict (the container's process gone)",
+        Duration::from_secs(20),
+        || verdict_file.exists(),
+    );
+    let verdict = std::fs::read_to_string(&verdict_file).unwrap();
+    assert!(
+        verdict.starts_with("held (") && !verdict.starts_with("held ()"),
+        "the lease while the container existed: {verdict} ({stderr})"
+    );
     let log = std::fs::read_to_string(dir.join("containerd.log")).unwrap();
     assert!(
         log.contains("lease and spec kept: whether it was created is unknown"),
