@@ -264,6 +264,7 @@ impl Shim for GpushareShim {
     type T = crate::service::TaskForwarder;
 
     async fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
+        crate::gpushare::set_namespace(&args.namespace);
         GpushareShim {
             namespace: args.namespace.clone(),
             id: args.id.clone(),

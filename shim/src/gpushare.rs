@@ -9,10 +9,32 @@ use gpushare_config::{Config, ConfigError, Unrequested};
 use gpushare_oci::bundle::{BundleError, BundleSpec};
 use gpushare_oci::mutate::{self, SpecError};
 use gpushare_oci::request::{self, RequestError};
-use gpushare_proto::{ClientError, ControlClient, LeaseId};
+use gpushare_proto::{ClientError, ContainerRef, ControlClient, LeaseId};
 use serde_json::Value;
 
 use crate::layout;
+
+/// The containerd namespace this shim serves (one shim process serves one): the id
+/// space of its container ids, which two namespaces may share.
+static NAMESPACE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Called once, with containerd's `-namespace` argument, before any container.
+pub fn set_namespace(namespace: &str) {
+    let _ = NAMESPACE.set(namespace.to_owned());
+}
+
+/// The lease key's namespace for this shim's containers.
+fn namespace() -> Option<String> {
+    NAMESPACE.get().map(|ns| format!("containerd:{ns}"))
+}
+
+fn container(container_id: &str, lease: Option<&LeaseId>) -> ContainerRef {
+    ContainerRef {
+        container_id: container_id.to_owned(),
+        namespace: namespace(),
+        lease: lease.cloned(),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpushareError {
@@ -118,7 +140,11 @@ pub fn prepare_create(container_id: &str, bundle_dir: &Path) -> Result<Prepared,
     let driver = client.status().map_err(arbiter_error)?.driver_cuda_version;
     gpushare_oci::cuda_compat::check_spec(&spec, driver)?;
     let lease = client
-        .reserve(wanted.into_reserve(container_id.to_owned(), None, layout::sandbox_id(&spec)))
+        .reserve(wanted.into_reserve(
+            container_id.to_owned(),
+            namespace(),
+            layout::sandbox_id(&spec),
+        ))
         .map_err(arbiter_error)?;
     let paths = mutate::HostPaths::new(&config.runtime, &config.arbiter, &lease);
     let edited = mutate::apply_lease(&mut spec, &lease, &paths)
@@ -126,7 +152,9 @@ pub fn prepare_create(container_id: &str, bundle_dir: &Path) -> Result<Prepared,
         .and_then(|()| bundle.write(&spec).map_err(GpushareError::from));
     if let Err(e) = edited {
         let _ = bundle.restore();
-        let _ = release_container(container_id);
+        let _ = with_client(container_id, |c| {
+            c.release_container_in(container(container_id, Some(&lease.id)))
+        });
         return Err(e);
     }
     Ok(Prepared::Edited {
@@ -142,8 +170,11 @@ pub fn undo_create(container_id: &str, prepared: Prepared) {
         if let Err(e) = bundle.restore() {
             log::warn!("container {container_id}: cannot restore config.json: {e}");
         }
-        if lease.is_some() {
-            if let Err(e) = release_container(container_id) {
+        if let Some(lease) = lease {
+            let released = with_client(container_id, |c| {
+                c.release_container_in(container(container_id, Some(&lease)))
+            });
+            if let Err(e) = released {
                 log::warn!("container {container_id}: cannot release its lease: {e}");
             }
         }
@@ -169,7 +200,7 @@ pub fn edit_exec_process(
 /// Releases every lease of a container. Idempotent: `Ok(false)` when there was none.
 pub fn release_container(container_id: &str) -> Result<bool, GpushareError> {
     with_client(container_id, |c| {
-        c.release_container(container_id.to_owned())
+        c.release_container_in(container(container_id, None))
     })
 }
 

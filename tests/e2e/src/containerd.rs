@@ -236,3 +236,25 @@ impl Containerd {
             .collect()
     }
 }
+
+impl Containerd {
+    /// `ctr` in another containerd namespace than the tests' own (which `command`
+    /// uses), returning stdout and failing the test if ctr fails.
+    pub fn ok_in(&self, namespace: &str, args: &[&str]) -> String {
+        let out = Command::new(CTR)
+            .arg("--address")
+            .arg(&self.address)
+            .args(["--namespace", namespace])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ctr");
+        assert!(
+            out.status.success(),
+            "ctr -n {namespace} {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_tail()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}

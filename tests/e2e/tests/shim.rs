@@ -393,6 +393,52 @@ fn a_pod_shares_one_shim_and_its_pause_container_gets_no_gpu() {
     });
 }
 
+/// Issue 15: two containerd namespaces may each run a container with one id at
+/// once. Through the shim each gets a lease of its own, keyed by its namespace;
+/// keyed by the id alone, the second was handed the first one's lease.
+#[test]
+fn one_container_id_in_two_containerd_namespaces_holds_two_leases() {
+    let Setup { ctr, arbiter, .. } = &setup();
+    let namespaces = ["gpushare-a", "gpushare-b"];
+    for ns in namespaces {
+        let args = ctr.run_args(
+            RUNTIME,
+            &["-d", "--annotation", "gpushare.io/memory=1Gi"],
+            "same",
+            &["/bin/sleep", "600"],
+        );
+        ctr.ok_in(ns, &args);
+    }
+    let leases = arbiter.leases();
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    assert_ne!(leases[0]["id"], leases[1]["id"]);
+    let mut keys: Vec<String> = leases
+        .iter()
+        .map(|l| {
+            assert_eq!(l["container_id"], "same");
+            assert_eq!(l["state"], "confirmed", "{l}");
+            l["namespace"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["containerd:gpushare-a", "containerd:gpushare-b"]);
+    for (n, ns) in namespaces.iter().enumerate() {
+        ctr.ok_in(ns, &["task", "kill", "-s", "SIGKILL", "same"]);
+        wait_until("the task to stop", Duration::from_secs(10), || {
+            ctr.ok_in(ns, &["task", "ls"])
+                .lines()
+                .any(|l| l.starts_with("same ") && l.contains("STOPPED"))
+        });
+        ctr.ok_in(ns, &["task", "delete", "same"]);
+        ctr.ok_in(ns, &["container", "delete", "same"]);
+        // Each delete releases its own namespace's lease only.
+        wait_until("its lease to be released", Duration::from_secs(10), || {
+            arbiter.leases().len() == namespaces.len() - n - 1
+        });
+    }
+    assert_eq!(arbiter.lease_dirs(), 0);
+}
+
 #[test]
 fn version_and_info_answer() {
     require_root();
