@@ -196,9 +196,15 @@ pub enum Unrequested {
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum TenantSource {
+    /// The pod's namespace where the CRI runtime records one (as
+    /// `KubernetesNamespace`), and the request's tenant elsewhere. Why that is sound:
+    /// outside Kubernetes whoever starts a container talks to the engine's socket
+    /// (docker, containerd, podman as root), which is root on the node already, so
+    /// naming a tenant gains them nothing; a pod's author is not.
+    #[default]
+    Auto,
     /// `gpushare.io/tenant` or `GPUSHARE_TENANT`: whoever writes the container's
     /// spec chooses it, so `high_priority_tenants` keeps out only the honest.
-    #[default]
     Request,
     /// The Kubernetes namespace of the pod, as the CRI runtime records it
     /// (`io.kubernetes.cri.sandbox-namespace` from containerd,
@@ -226,7 +232,7 @@ impl Default for RequestPolicy {
             accept_env: true,
             unrequested: Unrequested::Untouched,
             high_priority_tenants: None,
-            tenant_from: TenantSource::Request,
+            tenant_from: TenantSource::Auto,
         }
     }
 }

@@ -57,7 +57,7 @@ pub enum RequestError {
     UnknownKey { key: String },
     #[error("invalid gpushare request: compute-request {request} is above compute-limit {limit}")]
     RequestAboveLimit { request: String, limit: String },
-    #[error("invalid gpushare request {key}={value:?}: this node takes the tenant from the pod's Kubernetes namespace (requests.tenant_from = \"kubernetes-namespace\"), not from the request; remove {key}")]
+    #[error("invalid gpushare request {key}={value:?}: this node takes a pod's tenant from its Kubernetes namespace (requests.tenant_from), not from the request; remove {key}")]
     TenantNotAccepted { key: String, value: String },
     #[error("invalid gpushare request {key}=high: {tenant} may not ask for high priority (allowed tenants: {allowed})")]
     HighPriorityNotAllowed {
@@ -156,14 +156,19 @@ pub fn from_spec(
         });
     }
     let gpu = parse(gpu, GPU_FORMS)?.unwrap_or_default();
-    let tenant = match policy.tenant_from {
-        TenantSource::Request => tenant,
-        TenantSource::KubernetesNamespace => {
-            if let Some((key, value)) = tenant {
-                return Err(RequestError::TenantNotAccepted { key, value });
-            }
-            kubernetes_namespace(annotations)
+    let pod_namespace = kubernetes_namespace(annotations);
+    let from_namespace = match policy.tenant_from {
+        TenantSource::Request => false,
+        TenantSource::KubernetesNamespace => true,
+        TenantSource::Auto => pod_namespace.is_some(),
+    };
+    let tenant = if from_namespace {
+        if let Some((key, value)) = tenant {
+            return Err(RequestError::TenantNotAccepted { key, value });
         }
+        pod_namespace
+    } else {
+        tenant
     };
     let tenant_key = tenant.as_ref().map(|(k, _)| k.clone());
     let tenant = match tenant {
@@ -479,8 +484,39 @@ mod tests {
         // Outside Kubernetes there is no tenant, so no high priority on this node.
         let docker = spec(json!({}), &["GPUSHARE_PRIORITY=high"]);
         assert!(from_spec(&docker, &p).is_err());
-        // The default still reads the request (and is documented as forgeable).
-        let r = from_spec(&in_namespace("batch"), &policy())
+        // "auto", the default: the pod's namespace where there is one...
+        let auto = RequestPolicy {
+            tenant_from: TenantSource::Auto,
+            ..p.clone()
+        };
+        assert!(from_spec(&in_namespace("inference"), &auto).is_ok());
+        assert!(from_spec(&in_namespace("batch"), &auto).is_err());
+        let forged_pod = spec(
+            json!({"gpushare.io/priority": "high", "gpushare.io/tenant": "inference",
+                   "io.kubernetes.cri.sandbox-namespace": "batch"}),
+            &[],
+        );
+        let msg = from_spec(&forged_pod, &auto).unwrap_err().to_string();
+        assert!(msg.contains("tenant_from"), "{msg}");
+        // ...and the request's tenant outside Kubernetes (its author is root already).
+        let docker = spec(
+            json!({}),
+            &["GPUSHARE_PRIORITY=high", "GPUSHARE_TENANT=inference"],
+        );
+        assert_eq!(
+            from_spec(&docker, &auto)
+                .unwrap()
+                .unwrap()
+                .tenant
+                .as_deref(),
+            Some("inference")
+        );
+        // "request": the request alone, whatever the pod's namespace.
+        let request_only = RequestPolicy {
+            tenant_from: TenantSource::Request,
+            ..policy()
+        };
+        let r = from_spec(&in_namespace("batch"), &request_only)
             .unwrap()
             .unwrap();
         assert_eq!(r.tenant, None);
