@@ -654,15 +654,19 @@ impl TokenService {
         &self.budget
     }
 
-    /// Every token client's time holding the token so far.
-    pub fn holdings(&self) -> Vec<Holding> {
-        let gpus: Vec<Arc<GpuToken>> = self
-            .gpus
+    /// Every GPU's token, taken out of the table so no GPU's lock is taken under it.
+    fn all_gpus(&self) -> Vec<Arc<GpuToken>> {
+        self.gpus
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Every token client's time holding the token so far.
+    pub fn holdings(&self) -> Vec<Holding> {
+        let gpus = self.all_gpus();
         let now = monotonic_ns();
         let mut holdings = Vec::new();
         for gpu in gpus {
@@ -800,13 +804,7 @@ impl TokenService {
     /// their tokens. Not counted: the processes of an ended lease are normally gone or
     /// going, their EOF merely not seen yet.
     pub fn close_lease(&self, lease: &LeaseId) {
-        let gpus: Vec<Arc<GpuToken>> = self
-            .gpus
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let gpus = self.all_gpus();
         for gpu in gpus {
             let state = gpu.lock();
             for registered in state.clients.values().filter(|r| &r.lease == lease) {
@@ -819,13 +817,7 @@ impl TokenService {
     }
 
     pub fn status(&self) -> Vec<TokenStatus> {
-        let gpus: Vec<Arc<GpuToken>> = self
-            .gpus
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let gpus = self.all_gpus();
         let mut status: Vec<TokenStatus> =
             gpus.iter().map(|g| g.status(self.config.policy)).collect();
         status.sort_by(|a, b| a.gpu.cmp(&b.gpu));

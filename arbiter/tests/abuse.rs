@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -178,38 +178,6 @@ fn ten_thousand_connections_from_one_container_leave_the_arbiter_responsive() {
     drop(token);
 }
 
-/// A stand-in container: `sleep` as init of a pid namespace of its own. Returns
-/// unshare's child and the init's host pid.
-fn namespaced_container() -> (Child, u32) {
-    let container = Command::new("unshare")
-        .args(["--pid", "--fork", "sleep", "1000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut init = None;
-    wait_until("the namespaced child", T, || {
-        let children =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", container.id()))
-                .unwrap_or_default();
-        init = children
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<u32>().ok());
-        init.is_some()
-    });
-    (container, init.unwrap())
-}
-
-fn stop_container((mut container, init): (Child, u32)) {
-    // Killing unshare would orphan the namespace's init: kill it first.
-    let _ = Command::new("kill")
-        .args(["-9", &init.to_string()])
-        .status();
-    let _ = container.kill();
-    let _ = container.wait();
-}
-
 /// Every request a lease socket serves, each sent (after a hello) on a
 /// connection of its own.
 fn every_request() -> Vec<(&'static str, LeaseRequest)> {
@@ -333,9 +301,9 @@ fn assert_all_refused(who: &str, lines: &[String]) {
 fn only_the_leases_own_container_can_use_its_socket() {
     let d = Daemon::start(1, "16Gi", "");
     let mut c = d.client();
-    let owner = namespaced_container();
+    let owner = NamespacedContainer::start();
     let lease = c.reserve(request("owner", "1Gi", Priority::High)).unwrap();
-    c.confirm("owner".into(), owner.1).unwrap();
+    c.confirm("owner".into(), owner.init).unwrap();
     let socket = d.lease_socket(&lease.id.0);
     open_up(socket.parent().unwrap());
 
@@ -345,11 +313,11 @@ fn only_the_leases_own_container_can_use_its_socket() {
     // Root on the host, outside the container, is no better.
     assert_all_refused("a host process", &try_every_request(&socket));
     // Another container.
-    let foreign = namespaced_container();
+    let foreign = NamespacedContainer::start();
     let inside_foreign = vec![
         "nsenter".to_owned(),
         "--target".to_owned(),
-        foreign.1.to_string(),
+        foreign.init.to_string(),
         "--pid".to_owned(),
         "--".to_owned(),
     ];
@@ -372,7 +340,7 @@ fn only_the_leases_own_container_can_use_its_socket() {
     let inside_owner = vec![
         "nsenter".to_owned(),
         "--target".to_owned(),
-        owner.1.to_string(),
+        owner.init.to_string(),
         "--pid".to_owned(),
         "--".to_owned(),
     ];
@@ -394,8 +362,8 @@ fn only_the_leases_own_container_can_use_its_socket() {
             );
         }
     }
-    stop_container(foreign);
-    stop_container(owner);
+    drop(foreign);
+    drop(owner);
 }
 
 #[test]

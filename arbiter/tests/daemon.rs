@@ -188,26 +188,9 @@ fn a_peer_from_another_pid_namespace_is_refused() {
     let d = Daemon::start(1, "16Gi", "");
     let mut c = d.client();
     // The "container": a process in its own pid namespace.
-    let mut container = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "sleep", "1000"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // unshare forks: the container's init is its child.
-    let mut init = None;
-    wait_until("the namespaced child", T, || {
-        let children =
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", container.id()))
-                .unwrap_or_default();
-        init = children
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<u32>().ok());
-        init.is_some()
-    });
+    let container = NamespacedContainer::start();
     let lease = c.reserve(request("ns", "1Gi", Priority::Low)).unwrap();
-    c.confirm("ns".into(), init.unwrap()).unwrap();
+    c.confirm("ns".into(), container.init).unwrap();
     // Refused before it is answered anything, even its hello.
     let Err(err) = LeaseClient::connect(&d.lease_socket(&lease.id.0), T) else {
         panic!("a peer in another pid namespace was answered");
@@ -216,12 +199,7 @@ fn a_peer_from_another_pid_namespace_is_refused() {
         matches!(&err, ClientError::Refused { kind: ErrorKind::PermissionDenied, message } if message.contains("pid namespace")),
         "{err}"
     );
-    // Killing unshare would orphan the namespace's init: kill it first.
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &init.unwrap().to_string()])
-        .status();
-    let _ = container.kill();
-    let _ = container.wait();
+    drop(container);
 }
 
 /// Sends raw bytes, then reads until the arbiter closes the connection;

@@ -225,3 +225,48 @@ pub fn container_process() -> Child {
 pub fn confirm_here(c: &mut ControlClient, container: &str) {
     c.confirm(container.into(), std::process::id()).unwrap();
 }
+
+/// A stand-in container with a pid namespace of its own: `sleep` as its init.
+/// Stop it with `stop`: killing unshare alone would orphan the init.
+pub struct NamespacedContainer {
+    unshare: Child,
+    /// The init's host pid.
+    pub init: u32,
+}
+
+impl NamespacedContainer {
+    pub fn start() -> NamespacedContainer {
+        let unshare = Command::new("unshare")
+            .args(["--pid", "--fork", "sleep", "1000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // unshare forks: the container's init is its child.
+        let mut init = None;
+        wait_until("the namespaced child", Duration::from_secs(10), || {
+            let children =
+                std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id()))
+                    .unwrap_or_default();
+            init = children
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u32>().ok());
+            init.is_some()
+        });
+        NamespacedContainer {
+            unshare,
+            init: init.unwrap(),
+        }
+    }
+}
+
+impl Drop for NamespacedContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-9", &self.init.to_string()])
+            .status();
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+    }
+}
