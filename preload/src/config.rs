@@ -30,18 +30,33 @@ pub struct Active {
     pub socket: PathBuf,
 }
 
+/// What stands for the lease's name where only its socket says there is one (the
+/// name is only ever logged: the arbiter knows a client by its socket).
+pub const MOUNTED_LEASE: &str = "(the mounted lease socket)";
+
 impl Settings {
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Settings {
-        let lease = lookup("GPUSHARE_LEASE").filter(|v| !v.is_empty());
+    /// `socket_exists`: whether the lease's socket is there (the runtime mounts it
+    /// into the container).
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+        socket_exists: impl Fn(&std::path::Path) -> bool,
+    ) -> Settings {
         let socket = lookup("GPUSHARE_SOCKET")
             .filter(|v| !v.is_empty())
             .map_or_else(|| PathBuf::from(DEFAULT_SOCKET), PathBuf::from);
+        // The container controls its environment: a process whose entrypoint reset it
+        // (`env -i`, sudo, a login shell) but still loads the library (through
+        // /etc/ld.so.preload, `runtime.ld_so_preload`) is gated all the same, because
+        // the lease's socket mounted into the container is what arms the library.
+        let lease = lookup("GPUSHARE_LEASE")
+            .filter(|v| !v.is_empty())
+            .or_else(|| socket_exists(&socket).then(|| MOUNTED_LEASE.to_owned()));
         let log = lookup("GPUSHARE_LOG").map_or(Level::Off, |v| Level::parse(&v));
         Settings { lease, socket, log }
     }
 
     pub fn from_environment() -> Settings {
-        Settings::from_lookup(|name| std::env::var(name).ok())
+        Settings::from_lookup(|name| std::env::var(name).ok(), |path| path.exists())
     }
 }
 
@@ -76,11 +91,37 @@ mod tests {
     use super::*;
 
     fn settings(vars: &[(&str, &str)]) -> Settings {
-        Settings::from_lookup(|n| {
-            vars.iter()
-                .find(|(k, _)| *k == n)
-                .map(|(_, v)| v.to_string())
-        })
+        Settings::from_lookup(
+            |n| {
+                vars.iter()
+                    .find(|(k, _)| *k == n)
+                    .map(|(_, v)| v.to_string())
+            },
+            |_| false,
+        )
+    }
+
+    #[test]
+    fn the_mounted_lease_socket_arms_the_library_without_its_variable() {
+        let mounted = |vars: &[(&str, &str)]| {
+            Settings::from_lookup(
+                |n| {
+                    vars.iter()
+                        .find(|(k, _)| *k == n)
+                        .map(|(_, v)| v.to_string())
+                },
+                |p| p == std::path::Path::new(DEFAULT_SOCKET),
+            )
+        };
+        // An environment reset: no GPUSHARE_* at all, the default socket is there.
+        assert_eq!(mounted(&[]).lease.as_deref(), Some(MOUNTED_LEASE));
+        // The variable, where present, names it.
+        assert_eq!(
+            mounted(&[("GPUSHARE_LEASE", "abc")]).lease.as_deref(),
+            Some("abc")
+        );
+        // Another socket that is not there: inert.
+        assert_eq!(mounted(&[("GPUSHARE_SOCKET", "/nowhere.sock")]).lease, None);
     }
 
     #[test]

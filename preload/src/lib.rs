@@ -1,7 +1,8 @@
 //! libgpushare.so — the CUDA driver interposer loaded into every sharing container.
 //!
 //! The container runtime preloads it (`LD_PRELOAD`); with `GPUSHARE_LEASE` in the
-//! environment it takes over the process's view of the driver:
+//! environment, or the lease's socket mounted where the runtime puts it, it takes over
+//! the process's view of the driver:
 //!
 //! - **Interposition** ([`loader`], [`procaddr`], [`symbols`]): the CUDA runtime does
 //!   not call `cu*` by name. It `dlopen`s `libcuda.so.1`, takes `cuGetProcAddress_v2`
@@ -19,7 +20,7 @@
 //!   time-slice token: an atomic load of the arbiter's shared page and a clock read
 //!   while holding it; a per-process agent thread asks, returns and reconnects.
 //!
-//! Without `GPUSHARE_LEASE` the library is inert: the exports forward, `dlsym` and
+//! Without either the library is inert: the exports forward, `dlsym` and
 //! `cuGetProcAddress` hand out the driver's own pointers.
 
 pub mod accounts;

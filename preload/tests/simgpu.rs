@@ -657,3 +657,23 @@ fn a_primary_context_reset_credits_what_it_freed() {
         "everything credited after the last reset"
     );
 }
+
+/// Issue 15, item 7: the library keyed on `GPUSHARE_LEASE`, which the container
+/// controls: a process whose entrypoint reset its environment, but which still
+/// loads the library (`runtime.ld_so_preload`), ran with no quota at all. The
+/// lease's socket, mounted where the runtime puts it, now arms it.
+#[test]
+fn a_process_without_the_lease_variable_is_still_held_to_the_quota() {
+    let mut m = Machine::start();
+    let lease = m.lease("64Mi");
+    let mut probe = m.probe(Some(&lease), &["meminfo", "alloc", "128Mi"]);
+    probe.env_remove("GPUSHARE_LEASE");
+    let s = run(&mut probe);
+    assert_eq!(s.number("meminfo", 0, "total"), 64 * MI, "{}", s.stderr);
+    assert_eq!(
+        s.result("alloc", 0),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "{}",
+        s.stderr
+    );
+}
