@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, from the distribution's packages,
 # when it is missing: containerd, runc, docker.io (dockerd 20.10 on Debian 12),
-# podman, busybox-static (the root filesystem of every test container).
+# podman, busybox-static (the root filesystem of every test container), faketime.
 set -euo pipefail
 # --build: only what building needs (make install): the glibc-baseline linker and objdump.
 build_only=${1:-}
@@ -18,6 +18,8 @@ have /usr/bin/podman || need_packages+=(podman)
 # The image's busybox must be static: the test containers hold nothing else.
 if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need_packages+=(busybox-static); fi
 have tar || need_packages+=(tar)
+# faketime: the arbiter's wall clock jumps in arbiter/tests/clock.rs.
+have /usr/bin/faketime || need_packages+=(faketime)
 fi
 # readelf: the simulated driver's tests check its soname and -Bsymbolic linking; objdump:
 # the GLIBC_ versions libgpushare.so needs.

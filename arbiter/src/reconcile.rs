@@ -45,7 +45,8 @@ pub struct Bounds {
 }
 
 /// `suspect_since`: when this lease was first seen gone (None: not seen yet).
-/// `age`: time since the lease was created (wall clock, survives restarts).
+/// `age`: time since the lease was reserved (monotonic while the arbiter runs; see
+/// `Arbiter::reconcile`).
 pub fn decide(
     presence: Presence,
     suspect_since: Option<Instant>,

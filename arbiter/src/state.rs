@@ -229,6 +229,11 @@ pub struct Arbiter {
     queue: AdmissionQueue<Waiter>,
     ledger: Ledger,
     suspects: HashMap<LeaseId, Instant>,
+    /// When each lease was reserved, on the monotonic clock: reconciliation's age of an
+    /// unconfirmed lease. The wall clock may jump (NTP correcting a clock that was
+    /// days off): a forward jump would release every lease mid-create as "never
+    /// confirmed", a backward one keep abandoned ones for the jump's length.
+    reserved_at: HashMap<LeaseId, Instant>,
     violations: Vec<Violation>,
     violation_totals: BTreeMap<&'static str, u64>,
     store: Arc<LeaseStore>,
@@ -247,6 +252,15 @@ pub struct Arbiter {
     memory_probe: Option<Arc<dyn GpuBackend>>,
     /// When each lease's processes were last measured.
     measured_at: HashMap<LeaseId, Instant>,
+}
+
+/// When a lease this process did not reserve (it was loaded from the store) was
+/// reserved, on the monotonic clock: its wall-clock age, clamped to the reservation
+/// bound, so a clock that jumped across a restart can at most expire it as the old
+/// rule did, never date it into the future.
+fn reserved_at_from_wall(record: &LeaseRecord, now: Instant, bound: Duration) -> Instant {
+    let age = Duration::from_millis(unix_ms().saturating_sub(record.lease.created_unix_ms));
+    now.checked_sub(age.min(bound)).unwrap_or(now)
 }
 
 /// A container's id space and id: two namespaces may each hold a container "web".
@@ -289,6 +303,7 @@ impl Arbiter {
             queue: AdmissionQueue::default(),
             ledger: Ledger::default(),
             suspects: HashMap::new(),
+            reserved_at: HashMap::new(),
             violations: Vec::new(),
             violation_totals: BTreeMap::new(),
             store,
@@ -529,6 +544,7 @@ impl Arbiter {
     /// Drops a lease from memory with everything that hangs off it (no record).
     fn forget(&mut self, id: &LeaseId) -> bool {
         self.undurable.remove(id);
+        self.reserved_at.remove(id);
         let Some(record) = self.leases.remove(id) else {
             return false;
         };
@@ -792,6 +808,7 @@ impl Arbiter {
             }
         };
         self.ledger.open(&lease.id, ledger_quota(&lease));
+        self.reserved_at.insert(lease.id.clone(), Instant::now());
         self.by_container
             .insert(container_key(&lease), lease.id.clone());
         self.leases.insert(lease.id.clone(), record);
@@ -1065,12 +1082,15 @@ impl Arbiter {
             grace: Duration::from_millis(self.config.reconcile_grace_ms),
             reserved_timeout: Duration::from_millis(self.config.reserved_timeout_ms),
         };
-        let wall = unix_ms();
         let mut to_release = Vec::new();
         let mut still_suspect = HashMap::new();
         for (id, record) in &self.leases {
             let presence = reconcile::presence(record, self.probe.as_ref());
-            let age = Duration::from_millis(wall.saturating_sub(record.lease.created_unix_ms));
+            let reserved_at = *self
+                .reserved_at
+                .entry(id.clone())
+                .or_insert_with(|| reserved_at_from_wall(record, now, bounds.reserved_timeout));
+            let age = now.saturating_duration_since(reserved_at);
             match reconcile::decide(presence, self.suspects.get(id).copied(), now, age, &bounds) {
                 Verdict::Keep => {}
                 Verdict::Suspect => {
