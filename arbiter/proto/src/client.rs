@@ -53,7 +53,21 @@ fn exchange<Q: serde::Serialize, A: serde::de::DeserializeOwned>(
     if let Some(why) = broken {
         return Err(ClientError::Broken(why.clone()));
     }
-    let answer = write_message(stream, request).and_then(|()| read_message(stream));
+    let answer = match write_message(stream, request) {
+        Ok(()) => read_message(stream),
+        // The arbiter answered and closed before reading this request (it refuses a
+        // connection before its hello: a foreign peer, a flood): the answer is still
+        // there to read, and says why better than the broken pipe.
+        Err(FrameError::Io(e))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            read_message(stream).map_err(|_| FrameError::Io(e))
+        }
+        Err(e) => Err(e),
+    };
     if let Err(e) = &answer {
         *broken = Some(e.to_string());
         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -337,6 +351,7 @@ fn unexpected_on_lease(response: LeaseResponse) -> ClientError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::write_message;
     use std::os::unix::net::UnixListener;
 
     /// An arbiter that answers hello at once and every later request `late` after it.
@@ -368,6 +383,24 @@ mod tests {
             }
         });
         path
+    }
+
+    /// The arbiter refuses some connections before reading anything (a peer from
+    /// outside the lease's container) and closes them: the request then meets a
+    /// broken pipe, and the refusal already sent must still be what the caller sees.
+    #[test]
+    fn an_answer_sent_before_the_request_was_read_is_still_read() {
+        let (mut ours, mut theirs) = UnixStream::pair().unwrap();
+        let refusal = LeaseResponse::Error {
+            kind: ErrorKind::PermissionDenied,
+            message: "not inside the lease's container".into(),
+        };
+        write_message(&mut theirs, &refusal).unwrap();
+        drop(theirs);
+        let mut broken = None;
+        let answer: Result<LeaseResponse, _> =
+            exchange(&mut ours, &mut broken, &LeaseRequest::Query);
+        assert_eq!(answer.unwrap(), refusal);
     }
 
     #[test]
