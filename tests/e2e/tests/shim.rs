@@ -399,8 +399,27 @@ fn a_pod_shares_one_shim_and_its_pause_container_gets_no_gpu() {
 #[test]
 fn one_container_id_in_two_containerd_namespaces_holds_two_leases() {
     let Setup { ctr, arbiter, .. } = &setup();
-    let namespaces = ["gpushare-a", "gpushare-b"];
-    for ns in namespaces {
+    // Names of this run's own: runc keeps its state per namespace under the host's
+    // /run/containerd/runc, beyond the private containerd's directory.
+    let namespaces = [
+        format!("gpushare-a-{}", std::process::id()),
+        format!("gpushare-b-{}", std::process::id()),
+    ];
+    // Whatever happens, runc's state for these namespaces goes with the test.
+    struct RuncState<'a>(&'a [String]);
+    impl Drop for RuncState<'_> {
+        fn drop(&mut self) {
+            for ns in self.0 {
+                let root = format!("/run/containerd/runc/{ns}");
+                let _ = std::process::Command::new("runc")
+                    .args(["--root", &root, "delete", "-f", "same"])
+                    .output();
+                let _ = std::fs::remove_dir_all(&root);
+            }
+        }
+    }
+    let _cleanup = RuncState(&namespaces);
+    for ns in &namespaces {
         let args = ctr.run_args(
             RUNTIME,
             &["-d", "--annotation", "gpushare.io/memory=1Gi"],
@@ -421,7 +440,11 @@ fn one_container_id_in_two_containerd_namespaces_holds_two_leases() {
         })
         .collect();
     keys.sort();
-    assert_eq!(keys, ["containerd:gpushare-a", "containerd:gpushare-b"]);
+    let expected: Vec<String> = namespaces
+        .iter()
+        .map(|ns| format!("containerd:{ns}"))
+        .collect();
+    assert_eq!(keys, expected);
     for (n, ns) in namespaces.iter().enumerate() {
         ctr.ok_in(ns, &["task", "kill", "-s", "SIGKILL", "same"]);
         wait_until("the task to stop", Duration::from_secs(10), || {
