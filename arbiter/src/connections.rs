@@ -130,10 +130,6 @@ impl ConnectionBudget {
         self.refused_peer.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn of_lease(&self, lease: &LeaseId) -> usize {
-        self.lock().by_lease.get(lease).copied().unwrap_or(0)
-    }
-
     pub fn status(&self) -> ConnectionStatus {
         ConnectionStatus {
             open: self.lock().total,
@@ -186,7 +182,7 @@ mod tests {
         assert_eq!(budget.admit(&id("b")).unwrap_err(), Refusal::TotalLimit);
         // A closed connection gives its place back, to its lease and to the node.
         drop(a1);
-        assert_eq!(budget.of_lease(&id("a")), 1);
+        assert_eq!(budget.lock().by_lease[&id("a")], 1);
         let _b2 = budget.admit(&id("b")).unwrap();
         let status = budget.status();
         assert_eq!(status.open, 3);

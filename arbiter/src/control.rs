@@ -305,17 +305,13 @@ async fn dispatch(
                 namespace,
                 lease,
             };
-            let ticket = lock(arbiter).confirm_in(&container, pid);
-            match ticket {
-                Ok(t) => match durable(t).await {
-                    Ok(()) => {
-                        tracing::info!(container = container_id, pid, "confirmed");
-                        ControlResponse::Confirmed
-                    }
-                    Err(e) => refused(e),
-                },
-                Err(e) => refused(e),
-            }
+            let result = lock(arbiter).confirm_in(&container, pid);
+            confirmed(
+                result,
+                durable,
+                format!("container {container_id}, pid {pid}"),
+            )
+            .await
         }
         ControlRequest::Release { lease } => {
             let result = lock(arbiter).release(&lease);
@@ -327,16 +323,8 @@ async fn dispatch(
             pid,
         } => {
             let result = lock(arbiter).bind(&lease, &container_id, pid);
-            match result {
-                Ok(t) => match durable(t).await {
-                    Ok(()) => {
-                        tracing::info!(%lease, container = container_id, pid, "bound and confirmed");
-                        ControlResponse::Confirmed
-                    }
-                    Err(e) => refused(e),
-                },
-                Err(e) => refused(e),
-            }
+            let what = format!("lease {lease} bound to container {container_id}, pid {pid}");
+            confirmed(result, durable, what).await
         }
         ControlRequest::ReleaseContainer {
             container_id,
@@ -374,6 +362,28 @@ async fn dispatch(
         ControlRequest::Hello { .. } => unreachable!("hello is handled by the connection"),
     };
     Some(response)
+}
+
+/// A confirm or bind, answered once durable.
+async fn confirmed<F, Fut>(
+    result: Result<Option<crate::store::Ticket>, StateError>,
+    durable: F,
+    what: String,
+) -> ControlResponse
+where
+    F: FnOnce(Option<crate::store::Ticket>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), StateError>>,
+{
+    match result {
+        Ok(ticket) => match durable(ticket).await {
+            Ok(()) => {
+                tracing::info!(what, "confirmed");
+                ControlResponse::Confirmed
+            }
+            Err(e) => refused(e),
+        },
+        Err(e) => refused(e),
+    }
 }
 
 async fn released<F, Fut>(
