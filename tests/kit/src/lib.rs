@@ -1,0 +1,1 @@
+//! One test kit for every suite and benchmark: a private arbiter, simgpu, and the shared helpers
