@@ -1,1 +1,3 @@
-//! One test kit for every suite and benchmark: a private arbiter, simgpu, and the shared helpers
+//! One test kit for every suite and benchmark: a private arbiter, simgpu, and the shared helpers.
+
+pub mod fake_arbiter;

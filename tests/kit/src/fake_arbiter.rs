@@ -1,0 +1,1 @@
+//! A fake arbiter for the interposer's tests (moved here from libgpushare.so).
