@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use gpushare_proto::token::LossPolicy;
-use gpushare_proto::ByteSize;
+use gpushare_types::layout::{CONTROL_SOCKET, LEASES_DIR};
+use gpushare_types::{ByteSize, LossPolicy};
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_PATH: &str = "/etc/gpushare/config.toml";
@@ -53,7 +53,7 @@ pub struct ArbiterConfig {
     pub shared_gpus: Vec<String>,
     /// Memory quota for a container that asks for a share but names no amount.
     /// A quarter of the GPU keeps four default-sized jobs per GPU, the paper's low-priority cap.
-    pub default_memory: gpushare_proto::MemoryRequest,
+    pub default_memory: gpushare_types::MemoryRequest,
     /// How long the client tools wait for the arbiter before failing a container start.
     pub client_timeout_ms: u64,
     /// The NVML library the arbiter loads at run time for inventory, utilisation and
@@ -121,8 +121,8 @@ impl Default for ArbiterConfig {
             control_socket: None,
             devices: Vec::new(),
             shared_gpus: Vec::new(),
-            default_memory: gpushare_proto::MemoryRequest::Fraction(
-                gpushare_proto::Fraction::new(0.25).expect("0.25 is a fraction"),
+            default_memory: gpushare_types::MemoryRequest::Fraction(
+                gpushare_types::Fraction::new(0.25).expect("0.25 is a fraction"),
             ),
             client_timeout_ms: 10_000,
             nvml_library: "libnvidia-ml.so.1".into(),
@@ -144,12 +144,12 @@ impl ArbiterConfig {
     pub fn control_socket(&self) -> PathBuf {
         self.control_socket
             .clone()
-            .unwrap_or_else(|| self.run_dir.join("control.sock"))
+            .unwrap_or_else(|| self.run_dir.join(CONTROL_SOCKET))
     }
 
     /// The directory a lease's container sees as /run/gpushare.
-    pub fn lease_dir(&self, lease: &gpushare_proto::LeaseId) -> PathBuf {
-        self.run_dir.join("leases").join(&lease.0)
+    pub fn lease_dir(&self, lease: &gpushare_types::LeaseId) -> PathBuf {
+        self.run_dir.join(LEASES_DIR).join(&lease.0)
     }
 
     pub fn client_timeout(&self) -> std::time::Duration {
@@ -391,10 +391,10 @@ impl Default for SchedulerConfig {
 
 impl SchedulerConfig {
     /// What a client of `priority` does while the arbiter is unreachable.
-    pub fn on_arbiter_loss(&self, priority: gpushare_proto::Priority) -> LossPolicy {
+    pub fn on_arbiter_loss(&self, priority: gpushare_types::Priority) -> LossPolicy {
         match priority {
-            gpushare_proto::Priority::High => self.high_on_arbiter_loss,
-            gpushare_proto::Priority::Low => self.low_on_arbiter_loss,
+            gpushare_types::Priority::High => self.high_on_arbiter_loss,
+            gpushare_types::Priority::Low => self.low_on_arbiter_loss,
         }
     }
 
@@ -667,7 +667,7 @@ mod tests {
             },
         ];
         a.shared_gpus = vec!["GPU-51a6d0e0-0000-4000-8000-000000000001".into()];
-        a.default_memory = gpushare_proto::MemoryRequest::Bytes(3 << 30);
+        a.default_memory = gpushare_types::MemoryRequest::Bytes(3 << 30);
         a.client_timeout_ms = 1234;
         a.nvml_library = String::new();
         a.gpu_util_limit = 0.35;
@@ -769,11 +769,11 @@ mod tests {
             (false, 25)
         );
         assert_eq!(
-            s.on_arbiter_loss(gpushare_proto::Priority::High),
+            s.on_arbiter_loss(gpushare_types::Priority::High),
             LossPolicy::Wait
         );
         assert_eq!(
-            s.on_arbiter_loss(gpushare_proto::Priority::Low),
+            s.on_arbiter_loss(gpushare_types::Priority::Low),
             LossPolicy::Run
         );
         assert_eq!(

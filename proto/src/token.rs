@@ -102,15 +102,7 @@ impl Default for TokenPage {
 
 const _: () = assert!(std::mem::size_of::<TokenPage>() <= TOKEN_PAGE_SIZE);
 
-/// What a client does while it cannot reach the arbiter (restart, crash), per class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LossPolicy {
-    /// Submit ungated until the arbiter is back.
-    Run,
-    /// Submit nothing until the arbiter is back (and grants the token).
-    Wait,
-}
+pub use gpushare_types::token::LossPolicy;
 
 /// What the arbiter tells a client when its connection becomes a token connection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

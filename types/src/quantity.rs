@@ -7,14 +7,19 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("expected {accepted}")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuantityError {
     /// Human-readable list of the accepted forms, for the error message.
     pub accepted: &'static str,
 }
+
+impl fmt::Display for QuantityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "expected {}", self.accepted)
+    }
+}
+
+impl std::error::Error for QuantityError {}
 
 pub const PRIORITY_FORMS: &str = "`high` or `low`";
 pub const BYTES_FORMS: &str =
@@ -25,10 +30,9 @@ pub const FRACTION_FORMS: &str = "a fraction from 0 to 1 (0.25, 0.5, 1) or a per
 pub const GPU_FORMS: &str =
     "`count:N` (N from 1), `index:I[,J…]` (GPU indices) or `uuid:GPU-…[,GPU-…]` (GPU UUIDs)";
 
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
-)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Priority {
     #[default]
     Low,
@@ -119,22 +123,24 @@ impl fmt::Display for ByteSize {
     }
 }
 
-impl Serialize for ByteSize {
+#[cfg(feature = "serde")]
+impl serde::Serialize for ByteSize {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(self.0)
     }
 }
 
-impl<'de> Deserialize<'de> for ByteSize {
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for ByteSize {
     /// Accepts a plain integer or a string with a unit, so configuration files can say `"16Gi"`.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
+        #[derive(serde::Deserialize)]
         #[serde(untagged)]
         enum Raw {
             Int(u64),
             Text(String),
         }
-        match Raw::deserialize(d)? {
+        match <Raw as serde::Deserialize>::deserialize(d)? {
             Raw::Int(n) => Ok(ByteSize(n)),
             Raw::Text(t) => t.parse().map_err(|e: QuantityError| {
                 serde::de::Error::custom(format!("invalid size {t:?}: {e}"))
@@ -144,7 +150,8 @@ impl<'de> Deserialize<'de> for ByteSize {
 }
 
 /// A number in [0, 1]: a compute share, or a fraction of a GPU's memory.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Fraction(f64);
 
 impl Fraction {
@@ -241,15 +248,17 @@ impl fmt::Display for MemoryRequest {
     }
 }
 
-impl Serialize for MemoryRequest {
+#[cfg(feature = "serde")]
+impl serde::Serialize for MemoryRequest {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
 }
 
-impl<'de> Deserialize<'de> for MemoryRequest {
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for MemoryRequest {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
+        let text = <String as serde::Deserialize>::deserialize(d)?;
         text.parse().map_err(|e: QuantityError| {
             serde::de::Error::custom(format!("invalid memory amount {text:?}: {e}"))
         })
@@ -258,8 +267,9 @@ impl<'de> Deserialize<'de> for MemoryRequest {
 
 /// Which GPUs a container asks for. UUIDs are the stable identity; indices can
 /// change when the driver reloads (Xiao et al.), so leases always record UUIDs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum GpuSelector {
     Count(u32),
     Index(Vec<u32>),
@@ -465,12 +475,15 @@ mod tests {
         for s in ["0.4", "1.0", "0.25", "512Mi", "1"] {
             let m: MemoryRequest = s.parse().unwrap();
             assert_eq!(m.to_string().parse::<MemoryRequest>().unwrap(), m, "{s}");
-            let json = serde_json::to_string(&m).unwrap();
-            assert_eq!(
-                serde_json::from_str::<MemoryRequest>(&json).unwrap(),
-                m,
-                "{json}"
-            );
+            #[cfg(feature = "serde")]
+            {
+                let json = serde_json::to_string(&m).unwrap();
+                assert_eq!(
+                    serde_json::from_str::<MemoryRequest>(&json).unwrap(),
+                    m,
+                    "{json}"
+                );
+            }
         }
         for s in [
             "count:3",
