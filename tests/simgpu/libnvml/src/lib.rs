@@ -748,6 +748,7 @@ mod tests {
         assert_eq!(nvmlInit_v2(), NVML_SUCCESS);
         let mut gpu0: NvmlDevice = 0;
         let mut gpu1: NvmlDevice = 0;
+        // SAFETY: the out-pointers are locals of this frame; the library was initialised above.
         unsafe {
             assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut gpu0), NVML_SUCCESS);
             assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut gpu1), NVML_SUCCESS);

@@ -248,6 +248,7 @@ fn sleep_with_small_slack(deadline_ns: u64) {
     // thread; the previous slack is restored after the sleep, so the program's own sleeps
     // keep the slack it chose.
     let previous_slack = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK) };
+    // SAFETY: as above; the value is a plain integer (nanoseconds of slack).
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, WAIT_TIMER_SLACK_NS) };
     // SAFETY: absolute sleep on CLOCK_MONOTONIC with a valid timespec; an early return (signal)
     // only makes the caller check again.

@@ -120,11 +120,12 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
     };
     let mut report = Report::default();
     let d = &driver;
-    // SAFETY (for every call below): the entry points come from cuGetProcAddress_v2 for
-    // CUDA_VERSION, and every pointer argument points at a live local of the right type.
     let mut ctx = 0usize;
     let mut dev = 0;
     let mut function = 0usize;
+    // SAFETY: here and in every unsafe call below, the entry points come from
+    // cuGetProcAddress_v2 for CUDA_VERSION, and every pointer argument points at a live
+    // local of the right type.
     let setup = unsafe {
         report.check(d, "cuInit", (d.init)(0))
             && report.check(d, "cuDeviceGet", (d.device_get)(&mut dev, o.device))

@@ -32,19 +32,15 @@ impl Api<'_> {
     fn stream(&self, flags: c_uint) -> usize {
         let mut s = 0usize;
         // SAFETY: cuStreamCreate with a live out-pointer.
-        assert_eq!(
-            unsafe { self.lib.f::<P2<*mut usize, c_uint>>("cuStreamCreate")(&mut s, flags) },
-            0
-        );
+        let rc = unsafe { self.lib.f::<P2<*mut usize, c_uint>>("cuStreamCreate")(&mut s, flags) };
+        assert_eq!(rc, 0);
         s
     }
     fn event(&self) -> usize {
         let mut e = 0usize;
         // SAFETY: cuEventCreate with a live out-pointer.
-        assert_eq!(
-            unsafe { self.lib.f::<P2<*mut usize, c_uint>>("cuEventCreate")(&mut e, 0) },
-            0
-        );
+        let rc = unsafe { self.lib.f::<P2<*mut usize, c_uint>>("cuEventCreate")(&mut e, 0) };
+        assert_eq!(rc, 0);
         e
     }
     fn launch(&self, stream: usize) -> c_int {
@@ -322,10 +318,8 @@ fn capture_modes_decide_which_calls_fail_and_invalidate_the_capture() {
 
     // The CUDA 10.0 entry point, without a mode, captures in GLOBAL mode.
     // SAFETY: plain handle.
-    assert_eq!(
-        unsafe { lib.f::<P1<usize>>("cuStreamBeginCapture")(capturing) },
-        0
-    );
+    let rc = unsafe { lib.f::<P1<usize>>("cuStreamBeginCapture")(capturing) };
+    assert_eq!(rc, 0);
     assert_eq!(api.on_other_thread(|a| a.event_query(done)), UNSUPPORTED);
     assert_eq!(api.end(capturing).0, INVALIDATED);
 
@@ -351,10 +345,8 @@ fn capture_modes_decide_which_calls_fail_and_invalidate_the_capture() {
     assert_eq!(info(capturing).3, 1, "one dependency after a node");
     let mut ctx = 0usize;
     // SAFETY: live out-pointer.
-    assert_eq!(
-        unsafe { lib.f::<P2<usize, *mut usize>>("cuStreamGetCtx")(capturing, &mut ctx) },
-        0
-    );
+    let rc = unsafe { lib.f::<P2<usize, *mut usize>>("cuStreamGetCtx")(capturing, &mut ctx) };
+    assert_eq!(rc, 0);
     assert_eq!(ctx, api.ctx);
     assert_eq!(api.end(capturing).0, 0);
     api.begin(capturing, THREAD_LOCAL);
