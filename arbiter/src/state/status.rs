@@ -1,0 +1,141 @@
+//! What the state reports (status, lists, the watchdog's input and findings)
+//! and the samples it records for placement.
+
+use super::*;
+
+impl Arbiter {
+    pub fn record_samples(&mut self, now: Instant, samples: &[(String, GpuSample)]) {
+        for (uuid, sample) in samples {
+            if let Some(i) = self.inventory.gpus.iter().position(|g| &g.uuid == uuid) {
+                self.utilization[i].record(now, sample.utilization);
+                self.memory_used[i] = Some(sample.memory_used);
+            }
+        }
+        // Utilisation falling may open a GPU to a waiting low-priority request.
+        self.run_admission();
+    }
+
+    pub fn watchdog_input(&self) -> WatchdogInput {
+        WatchdogInput {
+            gpus: self.inventory.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            leases: self
+                .leases
+                .values()
+                .map(|r| {
+                    let pids = self
+                        .ledger
+                        .get(&r.lease.id)
+                        .map(|l| l.clients.values().map(|c| c.pid).collect())
+                        .unwrap_or_default();
+                    (
+                        r.lease.id.clone(),
+                        r.lease.gpus.clone(),
+                        ledger_quota(&r.lease),
+                        pids,
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    pub fn record_violations(&mut self, violations: Vec<Violation>) {
+        for v in &violations {
+            let kind = match v.kind {
+                ViolationKind::Unregistered => "unregistered",
+                ViolationKind::OverQuota => "over_quota",
+                ViolationKind::Ungated => "ungated",
+            };
+            *self.violation_totals.entry(kind).or_default() += 1;
+        }
+        self.violations = violations;
+    }
+
+    pub fn violation_totals(&self) -> &BTreeMap<&'static str, u64> {
+        &self.violation_totals
+    }
+    // ----- reports -----
+
+    pub fn list(&self) -> Vec<Lease> {
+        self.leases.values().map(|r| r.lease.clone()).collect()
+    }
+
+    pub fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+
+    pub fn status(&self) -> StatusReport {
+        let now = Instant::now();
+        let views = self.views();
+        StatusReport {
+            gpus: self
+                .inventory
+                .gpus
+                .iter()
+                .zip(&views)
+                .enumerate()
+                .map(|(i, (g, v))| GpuStatus {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_total: g.memory_total,
+                    memory_leased: v.memory_leased,
+                    memory_used: self.memory_used[i],
+                    utilization_last_minute: self.utilization[i].mean(now),
+                    drained: v.drained,
+                    reserved_for: v.reserved_for.map(str::to_owned),
+                })
+                .collect(),
+            leases: self.list(),
+            driver_cuda_version: self.inventory.cuda_driver_version,
+            inventory_source: self.inventory.source.to_owned(),
+            usage: self
+                .leases
+                .values()
+                .map(|r| {
+                    let ledger = self.ledger.get(&r.lease.id);
+                    LeaseUsage {
+                        lease: r.lease.id.clone(),
+                        memory_used: ledger.map(|l| l.used()).unwrap_or(0),
+                        memory_quota: ledger_quota(&r.lease),
+                        clients: ledger
+                            .map(|l| {
+                                l.clients
+                                    .values()
+                                    .map(|c| ClientStatus {
+                                        pid: c.pid,
+                                        memory_held: c.held,
+                                        memory_overhead: c.overhead,
+                                        overhead_measured: c.measured.is_some(),
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                        cgroup: r.cgroup.clone(),
+                    }
+                })
+                .collect(),
+            queue: self
+                .queue
+                .iter()
+                .enumerate()
+                .map(|(position, w)| QueuedRequest {
+                    container_id: w.item.request.container_id.clone(),
+                    priority: w.priority,
+                    memory: w.item.request.memory,
+                    gpu: w.item.request.gpu.clone(),
+                    position,
+                    waited_ms: now.duration_since(w.arrived).as_millis() as u64,
+                })
+                .collect(),
+            violations: self.violations.clone(),
+            tokens: self.tokens.as_ref().map(|t| t.status()).unwrap_or_default(),
+            unshareable: self.unshareable.iter().map(|u| u.status()).collect(),
+            connections: self
+                .tokens
+                .as_ref()
+                .map(|t| t.budget().status())
+                .unwrap_or_default(),
+            store_failure: self.store.failure().map(|f| f.to_string()),
+        }
+    }
+}
