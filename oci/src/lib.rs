@@ -5,6 +5,7 @@
 
 pub mod bundle;
 pub mod cuda_compat;
+pub mod kubernetes;
 pub mod mutate;
 pub mod request;
 pub mod runc_args;

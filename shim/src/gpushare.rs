@@ -12,8 +12,6 @@ use gpushare_oci::request::{self, RequestError};
 use gpushare_proto::{ClientError, ContainerRef, ControlClient, LeaseId};
 use serde_json::Value;
 
-use crate::layout;
-
 /// The containerd namespace this shim serves (one shim process serves one): the id
 /// space of its container ids, which two namespaces may share.
 static NAMESPACE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -108,7 +106,7 @@ fn load_config() -> Result<Config, GpushareError> {
 pub fn prepare_create(container_id: &str, bundle_dir: &Path) -> Result<Prepared, GpushareError> {
     let config = load_config()?;
     let (bundle, mut spec) = BundleSpec::open(bundle_dir)?;
-    if layout::is_sandbox(&spec) {
+    if gpushare_oci::kubernetes::is_pod_sandbox(&spec) {
         return Ok(Prepared::Untouched);
     }
     if mutate::is_marked(&spec) {
@@ -143,7 +141,7 @@ pub fn prepare_create(container_id: &str, bundle_dir: &Path) -> Result<Prepared,
         .reserve(wanted.into_reserve(
             container_id.to_owned(),
             namespace(),
-            layout::sandbox_id(&spec),
+            gpushare_oci::kubernetes::sandbox_id(&spec),
         ))
         .map_err(arbiter_error)?;
     let paths = mutate::HostPaths::new(&config.runtime, &config.arbiter, &lease);

@@ -24,8 +24,6 @@ pub const GROUP_LABELS: [&str; 2] = [
     "io.containerd.runc.v2.group",
     "io.kubernetes.cri.sandbox-id",
 ];
-/// containerd's CRI plugin marks a pod's pause container with this annotation.
-pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 
 /// The runc shim's working directory, inside the bundle.
@@ -49,18 +47,6 @@ pub fn grouping(spec: &Value, container_id: &str) -> String {
         .filter(|group| !group.is_empty())
         .unwrap_or(container_id)
         .to_owned()
-}
-
-/// A pod's pause container: it holds the namespaces and runs no workload, so it
-/// gets no GPU even though the pod's annotations were copied into its spec.
-pub fn is_sandbox(spec: &Value) -> bool {
-    annotation(spec, CONTAINER_TYPE) == Some("sandbox")
-}
-
-pub fn sandbox_id(spec: &Value) -> Option<String> {
-    annotation(spec, SANDBOX_ID)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
 }
 
 /// The gpushare shim's socket for a group.
@@ -140,22 +126,6 @@ mod tests {
         assert_eq!(grouping(&both, "c1"), "g");
         let empty = json!({"annotations": {SANDBOX_ID: ""}});
         assert_eq!(grouping(&empty, "c1"), "c1");
-    }
-
-    #[test]
-    fn only_the_pause_container_is_a_sandbox() {
-        assert!(is_sandbox(
-            &json!({"annotations": {CONTAINER_TYPE: "sandbox"}})
-        ));
-        assert!(!is_sandbox(
-            &json!({"annotations": {CONTAINER_TYPE: "container"}})
-        ));
-        assert!(!is_sandbox(&json!({})));
-        assert_eq!(
-            sandbox_id(&json!({"annotations": {SANDBOX_ID: "p"}})).as_deref(),
-            Some("p")
-        );
-        assert_eq!(sandbox_id(&json!({})), None);
     }
 
     #[test]

@@ -152,6 +152,10 @@ fn precreate(
             .write_all(bytes)
             .map_err(|e| format!("writing the spec: {e}"))
     };
+    if gpushare_oci::kubernetes::is_pod_sandbox(&spec) {
+        // A pod's pause container (CRI-O runs hooks for it too): no GPU.
+        return emit(input);
+    }
     if mutate::is_marked(&spec) {
         return Err(format!(
             "the spec already carries {}: gpushare's annotations cannot be set by hand",

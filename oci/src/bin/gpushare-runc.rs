@@ -13,7 +13,7 @@ use std::process::{Command, ExitCode};
 use gpushare_config::{Config, Unrequested};
 use gpushare_oci::bundle::BundleSpec;
 use gpushare_oci::runc_args::{self, Invocation};
-use gpushare_oci::{cuda_compat, mutate, request};
+use gpushare_oci::{cuda_compat, kubernetes, mutate, request};
 use gpushare_proto::{ContainerRef, ControlClient};
 use serde_json::Value;
 
@@ -64,6 +64,14 @@ fn create(
         .clone()
         .ok_or("create: no container id on the command line")?;
 
+    if kubernetes::is_pod_sandbox(&spec) {
+        // A pod's pause container: no GPU, its spec as it is.
+        return Err(format!(
+            "cannot run {}: {}",
+            runtime.display(),
+            hand_over(runtime, args)
+        ));
+    }
     if mutate::is_marked(&spec) {
         // Already edited upstream (the gpushare shim): only check it is genuine.
         verify_marker(&spec, &container_id, config)?;
@@ -90,10 +98,7 @@ fn create(
         ));
     };
 
-    let sandbox_id = spec
-        .pointer("/annotations/io.kubernetes.cri.sandbox-id")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
+    let sandbox_id = kubernetes::sandbox_id(&spec);
     let socket = config.arbiter.control_socket();
     let timeout = config.arbiter.client_timeout();
     let mut client = ControlClient::connect(&socket, timeout).map_err(|e| e.to_string())?;
