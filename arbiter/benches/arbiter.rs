@@ -7,7 +7,6 @@
 //!   daemon (spawned binary, declared devices), 1 and 32 concurrent clients;
 //! - recovery of 1,000 leases: load, re-create 1,000 lease sockets, reconcile.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,13 +19,11 @@ use gpushare_proto::{
     ByteSize, ControlClient, Fraction, GpuSelector, Lease, LeaseId, LeaseState, MemoryRequest,
     Priority, ReserveRequest,
 };
+use gpushare_testkit::results::write_results;
+use gpushare_testkit::stats::median;
+use gpushare_testkit::{layout, Arbiter};
 
 const GI: u64 = 1 << 30;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
 
 fn lease(i: usize, gpus: usize) -> Lease {
     Lease {
@@ -151,18 +148,10 @@ fn bench_commit() -> serde_json::Value {
     serde_json::json!({"leases": 64, "log_median_ms": log, "rewrite_median_ms": rewrite})
 }
 
+/// The daemon and the tmpfs directory its run directory is in (removed after it stops).
 struct Daemon {
-    child: std::process::Child,
-    socket: std::path::PathBuf,
-    _dir: tempfile::TempDir,
+    arbiter: Arbiter,
     _run: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The run directory on tmpfs, as `/run/gpushare` is in production (lease
@@ -174,52 +163,18 @@ fn run_dir_on_tmpfs() -> tempfile::TempDir {
         .expect("a tmpfs at /dev/shm")
 }
 
-fn config_text(dir: &Path, run_dir: &Path, gpus: usize) -> String {
-    let mut text = format!(
-        "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nnvml_library = \"\"\nlow_nums_limit = 1000000\n",
-        run_dir.display(),
-        dir.join("state").display()
-    );
-    for i in 0..gpus {
-        text += &format!(
-            "[[arbiter.devices]]\nuuid = \"GPU-51a6d0e0-0000-4000-8000-{i:012x}\"\nmemory = \"1Ti\"\n"
-        );
-    }
-    text
-}
-
 fn start_daemon() -> Daemon {
-    let dir = tempfile::Builder::new()
-        .prefix("gsb-")
-        .tempdir_in("/tmp")
-        .unwrap();
     let run = run_dir_on_tmpfs();
-    std::fs::write(
-        dir.path().join("config.toml"),
-        config_text(dir.path(), run.path(), 4),
-    )
-    .unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_gpushare-arbiter"))
-        .arg("--config")
-        .arg(dir.path().join("config.toml"))
+    let arbiter = Arbiter::builder()
+        .program(env!("CARGO_BIN_EXE_gpushare-arbiter"))
+        .declared_gpus(4, "1Ti")
+        .configure(|c| {
+            c.arbiter.run_dir = run.path().to_owned();
+            c.arbiter.low_nums_limit = 1_000_000;
+        })
         .env("GPUSHARE_LOG", "warn")
-        .spawn()
-        .unwrap();
-    let socket = run.path().join("control.sock");
-    let start = Instant::now();
-    while ControlClient::connect(&socket, Duration::from_secs(5)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "daemon did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Daemon {
-        child,
-        socket,
-        _dir: dir,
-        _run: run,
-    }
+        .start();
+    Daemon { arbiter, _run: run }
 }
 
 fn round_trips(daemon: &Daemon, clients: usize, for_: Duration) -> f64 {
@@ -228,7 +183,8 @@ fn round_trips(daemon: &Daemon, clients: usize, for_: Duration) -> f64 {
     let start = Instant::now();
     let threads: Vec<_> = (0..clients)
         .map(|t| {
-            let (socket, stop, done) = (daemon.socket.clone(), stop.clone(), done.clone());
+            let (socket, stop, done) =
+                (daemon.arbiter.control_socket(), stop.clone(), done.clone());
             std::thread::spawn(move || {
                 let mut c = ControlClient::connect(&socket, Duration::from_secs(30)).unwrap();
                 let mut i = 0u64;
@@ -332,12 +288,7 @@ fn bench_recovery() -> serde_json::Value {
                 gpushare_arbiter::daemon::recover(&config, &Default::default(), &backend).unwrap();
             let elapsed = start.elapsed();
             assert_eq!(gpushare_arbiter::server::lock(&shared).lease_count(), 1000);
-            assert!(run
-                .path()
-                .join("leases")
-                .join(format!("{:016x}", 999))
-                .join("arbiter.sock")
-                .exists());
+            assert!(layout::lease_socket(run.path(), &format!("{:016x}", 999)).exists());
             drop(shared);
             elapsed
         });
@@ -348,21 +299,6 @@ fn bench_recovery() -> serde_json::Value {
         "recovery of 1,000 leases (load, 1,000 lease sockets, reconcile): median {m:.1} ms (target <= 1 s)"
     );
     serde_json::json!({"leases": 1000, "median_ms": m})
-}
-
-/// `GPUSHARE_BENCH_RESULTS=dir` also writes the figures as JSON to `dir/{name}.json`
-/// (`make bench`: tests/bench/results, gathered by gpushare-bench's control-path section).
-fn write_results(name: &str, figures: serde_json::Value) {
-    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
-        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&figures).unwrap() + "\n",
-        )
-        .unwrap();
-        println!("wrote {}", path.display());
-    }
 }
 
 fn main() {

@@ -13,100 +13,57 @@
 //! `GPUSHARE_BENCH_RESULTS=dir` writes them to `dir/token-handoff.json`. `GPUSHARE_BENCH_N`
 //! overrides the sample count (default 2000).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpushare_arbiter::tokens::monotonic_ns;
 use gpushare_proto::token::NOT_HELD;
 use gpushare_proto::token_client::TokenConnection;
-use gpushare_proto::{
-    ControlClient, Fraction, GpuSelector, Lease, Priority, ReserveRequest, TokenRequest,
-};
+use gpushare_proto::{Fraction, GpuSelector, Lease, Priority, ReserveRequest, TokenRequest};
+use gpushare_testkit::clock::monotonic_ns;
+use gpushare_testkit::results::write_results;
+use gpushare_testkit::stats::percentile;
+use gpushare_testkit::Arbiter;
 
-const ARBITER: &str = env!("CARGO_BIN_EXE_gpushare-arbiter");
 const T: Duration = Duration::from_secs(10);
 
-struct Daemon {
-    child: Child,
-    dir: tempfile::TempDir,
+/// A private arbiter whose slices are long: only the clients' own requests move the token.
+fn start_daemon() -> Arbiter {
+    Arbiter::builder()
+        .program(env!("CARGO_BIN_EXE_gpushare-arbiter"))
+        .declared_gpus(1, "16Gi")
+        .configure(|c| {
+            c.scheduler.slice_ms = 10_000;
+            c.scheduler.max_slice_ms = 10_000;
+            c.scheduler.window_ms = 20_000;
+            c.scheduler.revoke_grace_ms = 60_000;
+        })
+        .env("GPUSHARE_LOG", "warn")
+        .start()
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn reserve(daemon: &Arbiter, container: &str, priority: Priority) -> Lease {
+    let mut c = daemon.client();
+    let lease = c
+        .reserve(ReserveRequest {
+            container_id: container.into(),
+            namespace: None,
+            sandbox_id: None,
+            priority,
+            memory: Some("1Gi".parse().unwrap()),
+            compute_request: Fraction::ZERO,
+            compute_limit: Fraction::ONE,
+            gpu: GpuSelector::Count(1),
+            tenant: None,
+        })
+        .unwrap();
+    // The clients are this process's threads: it stands in for the container.
+    c.confirm(container.into(), std::process::id()).unwrap();
+    lease
 }
 
-impl Daemon {
-    fn start() -> Daemon {
-        let dir = tempfile::Builder::new()
-            .prefix("gsb-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let root = dir.path();
-        // Long slices: only the clients' own requests move the token.
-        let config = format!(
-            "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nnvml_library = \"\"\n\
-             [[arbiter.devices]]\nuuid = \"GPU-51a6d0e0-0000-4000-8000-000000000000\"\nmemory = \"16Gi\"\n\
-             [scheduler]\nslice_ms = 10000\nmax_slice_ms = 10000\nwindow_ms = 20000\nrevoke_grace_ms = 60000\n",
-            root.join("run").display(),
-            root.join("state").display()
-        );
-        std::fs::write(root.join("config.toml"), config).unwrap();
-        let child = Command::new(ARBITER)
-            .arg("--config")
-            .arg(root.join("config.toml"))
-            .env("GPUSHARE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start gpushare-arbiter");
-        let daemon = Daemon { child, dir };
-        let start = Instant::now();
-        while ControlClient::connect(&daemon.control(), Duration::from_secs(1)).is_err() {
-            assert!(start.elapsed() < T, "the arbiter did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        daemon
-    }
-
-    fn control(&self) -> PathBuf {
-        self.dir.path().join("run/control.sock")
-    }
-
-    fn reserve(&self, container: &str, priority: Priority) -> Lease {
-        let mut c = ControlClient::connect(&self.control(), T).unwrap();
-        let lease = c
-            .reserve(ReserveRequest {
-                container_id: container.into(),
-                namespace: None,
-                sandbox_id: None,
-                priority,
-                memory: Some("1Gi".parse().unwrap()),
-                compute_request: Fraction::ZERO,
-                compute_limit: Fraction::ONE,
-                gpu: GpuSelector::Count(1),
-                tenant: None,
-            })
-            .unwrap();
-        // The clients are this process's threads: it stands in for the container.
-        c.confirm(container.into(), std::process::id()).unwrap();
-        lease
-    }
-
-    fn open(&self, lease: &Lease) -> TokenConnection {
-        let socket = self
-            .dir
-            .path()
-            .join("run/leases")
-            .join(&lease.id.0)
-            .join("arbiter.sock");
-        TokenConnection::open(Path::new(&socket), T).unwrap()
-    }
+fn open(daemon: &Arbiter, lease: &Lease) -> TokenConnection {
+    TokenConnection::open(&daemon.lease_socket(&lease.id.0), T).unwrap()
 }
 
 /// Blocks (futex) until the page's grant counter passes `seen`; returns the new count.
@@ -124,9 +81,9 @@ fn wait_for_grant(c: &TokenConnection, seen: u64) -> u64 {
 }
 
 fn handoff(n: usize) -> Vec<u64> {
-    let daemon = Daemon::start();
-    let a = Arc::new(daemon.open(&daemon.reserve("a", Priority::Low)));
-    let b = Arc::new(daemon.open(&daemon.reserve("b", Priority::Low)));
+    let daemon = start_daemon();
+    let a = Arc::new(open(&daemon, &reserve(&daemon, "a", Priority::Low)));
+    let b = Arc::new(open(&daemon, &reserve(&daemon, "b", Priority::Low)));
     let released_at = Arc::new(AtomicU64::new(0));
     a.send(TokenRequest::Want).unwrap();
     wait_for_grant(&a, 0);
@@ -164,9 +121,9 @@ fn handoff(n: usize) -> Vec<u64> {
 }
 
 fn preemption(n: usize) -> Vec<u64> {
-    let daemon = Daemon::start();
-    let low = daemon.open(&daemon.reserve("low", Priority::Low));
-    let high = daemon.open(&daemon.reserve("high", Priority::High));
+    let daemon = start_daemon();
+    let low = open(&daemon, &reserve(&daemon, "low", Priority::Low));
+    let high = open(&daemon, &reserve(&daemon, "high", Priority::High));
     low.send(TokenRequest::Want).unwrap();
     let mut grants = wait_for_grant(&low, 0);
     let mut samples = Vec::with_capacity(n);
@@ -192,28 +149,24 @@ fn preemption(n: usize) -> Vec<u64> {
     samples
 }
 
-fn percentile(sorted: &[u64], p: f64) -> f64 {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index] as f64 / 1_000.0
-}
-
 fn main() {
     let n: usize = std::env::var("GPUSHARE_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let mut results = Vec::new();
-    for (name, mut samples) in [
+    for (name, samples) in [
         ("handoff", handoff(n)),
         ("preemption_signal", preemption(n)),
     ] {
-        samples.sort_unstable();
+        let mut micros: Vec<f64> = samples.iter().map(|&ns| ns as f64 / 1_000.0).collect();
+        micros.sort_by(f64::total_cmp);
         results.push((
             name,
-            samples.len(),
-            percentile(&samples, 0.5),
-            percentile(&samples, 0.99),
-            *samples.last().unwrap() as f64 / 1_000.0,
+            micros.len(),
+            percentile(&micros, 50.0),
+            percentile(&micros, 99.0),
+            *micros.last().unwrap(),
         ));
     }
     println!("token latencies, real daemon, clients as threads of one process (µs)");
@@ -234,9 +187,5 @@ fn main() {
     if let Some(path) = std::env::var_os("GPUSHARE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
     }
-    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
-        let path = Path::new(&dir).join("token-handoff.json");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap() + "\n").unwrap();
-    }
+    write_results("token-handoff", json);
 }

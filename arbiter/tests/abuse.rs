@@ -28,7 +28,7 @@ const FLOOD: usize = 10_000;
 /// The Done-when bound on `gpusharectl status` during and after a flood.
 const STATUS_BOUND: Duration = Duration::from_millis(100);
 
-fn status(d: &Daemon) -> (StatusReport, Duration) {
+fn status(d: &Arbiter) -> (StatusReport, Duration) {
     let start = Instant::now();
     let report = d.client().status().unwrap();
     (report, start.elapsed())
@@ -79,7 +79,7 @@ fn schedule_frames() -> Vec<u8> {
 #[test]
 fn ten_thousand_connections_from_one_container_leave_the_arbiter_responsive() {
     raise_descriptor_limit(FLOOD as u64 + 1_000);
-    let d = Daemon::start(2, "16Gi", "");
+    let d = daemon(2, "16Gi").start();
     let mut c = d.client();
     let flood_lease = c.reserve(request("flood", "1Gi", Priority::Low)).unwrap();
     confirm_here(&mut c, "flood");
@@ -299,7 +299,7 @@ fn assert_all_refused(who: &str, lines: &[String]) {
 
 #[test]
 fn only_the_leases_own_container_can_use_its_socket() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut c = d.client();
     let owner = NamespacedContainer::start();
     let lease = c.reserve(request("owner", "1Gi", Priority::High)).unwrap();
@@ -368,7 +368,7 @@ fn only_the_leases_own_container_can_use_its_socket() {
 
 #[test]
 fn a_lease_that_is_not_confirmed_serves_nobody() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let lease = d
         .client()
         .reserve(request("unconfirmed", "1Gi", Priority::Low))
@@ -382,7 +382,7 @@ fn a_lease_that_is_not_confirmed_serves_nobody() {
 
 #[test]
 fn a_frame_begun_and_never_finished_is_dropped() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut c = d.client();
     let lease = c.reserve(request("slow", "1Gi", Priority::Low)).unwrap();
     confirm_here(&mut c, "slow");

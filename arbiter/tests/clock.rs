@@ -48,17 +48,16 @@ fn wall_clock_jumps_change_nothing_the_arbiter_decides() {
     jump(&offset, "+0");
     let library = libfaketime();
     // Reservations not confirmed within 3 s are taken back; passes every 200 ms.
-    let d = Daemon::start_with_env(
-        1,
-        "16Gi",
-        "reserved_timeout_ms = 3000\nwatchdog_interval_ms = 200\n",
-        &[
-            ("LD_PRELOAD", library.to_str().unwrap()),
-            ("FAKETIME_TIMESTAMP_FILE", offset.to_str().unwrap()),
-            ("FAKETIME_NO_CACHE", "1"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    );
+    let d = daemon(1, "16Gi")
+        .configure(|c| {
+            c.arbiter.reserved_timeout_ms = 3_000;
+            c.arbiter.watchdog_interval_ms = 200;
+        })
+        .env("LD_PRELOAD", &library)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .start();
     let mut c = d.client();
     let confirmed = c.reserve(request("live", "1Gi", Priority::Low)).unwrap();
     confirm_here(&mut c, "live");
@@ -117,7 +116,7 @@ fn wall_clock_jumps_change_nothing_the_arbiter_decides() {
     // A restart reads the leases back whatever their recorded wall-clock times.
     jump(&offset, "+0");
     let mut d = d;
-    d.kill9();
+    d.kill();
     d.restart();
     let after = d.client().list().unwrap();
     assert!(after.iter().any(|l| l.id == confirmed.id), "{after:?}");

@@ -96,11 +96,14 @@ fn pseudo_random(seed: &mut u64) -> u64 {
 
 #[test]
 fn sigkill_during_reserve_and_release_loses_duplicates_and_leaks_nothing() {
-    let mut d = Daemon::start(
-        4,
-        "64Gi",
-        "low_nums_limit = 10000\nreconcile_grace_ms = 300\nwatchdog_interval_ms = 200\nreserved_timeout_ms = 2000\n",
-    );
+    let mut d = daemon(4, "64Gi")
+        .configure(|c| {
+            c.arbiter.low_nums_limit = 10_000;
+            c.arbiter.reconcile_grace_ms = 300;
+            c.arbiter.watchdog_interval_ms = 200;
+            c.arbiter.reserved_timeout_ms = 2_000;
+        })
+        .start();
     let book = Arc::new(Mutex::new(Book::default()));
     let mut seed = 0x9e3779b97f4a7c15u64 ^ std::process::id() as u64;
     for round in 0..4 {
@@ -112,7 +115,7 @@ fn sigkill_during_reserve_and_release_loses_duplicates_and_leaks_nothing() {
             })
             .collect();
         std::thread::sleep(Duration::from_millis(200 + pseudo_random(&mut seed) % 400));
-        d.kill9();
+        d.kill();
         stop.store(true, Ordering::Relaxed);
         for w in workers {
             w.join().unwrap();
@@ -201,7 +204,7 @@ fn sigkill_during_reserve_and_release_loses_duplicates_and_leaks_nothing() {
 /// Every command must then exit quietly (status 0, nothing on stderr), not panic.
 #[test]
 fn gpusharectl_exits_quietly_into_a_closed_pipe() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut c = d.client();
     for i in 0..3 {
         c.reserve(request(&format!("c{i}"), "1Gi", Priority::Low))
@@ -222,7 +225,7 @@ fn gpusharectl_exits_quietly_into_a_closed_pipe() {
         drop(read);
         let out = std::process::Command::new(CTL)
             .arg("--config")
-            .arg(&d.config_path)
+            .arg(d.config_path())
             .args(args)
             .stdout(std::process::Stdio::from(write))
             .stderr(std::process::Stdio::piped())

@@ -19,7 +19,7 @@ const T: Duration = Duration::from_secs(10);
 
 #[test]
 fn reserve_confirm_list_status_and_release_through_the_control_socket() {
-    let d = Daemon::start(2, "16Gi", "");
+    let d = daemon(2, "16Gi").start();
     let mut c = d.client();
     let mut child = container_process();
     let lease = c.reserve(request("c1", "4Gi", Priority::High)).unwrap();
@@ -63,7 +63,9 @@ fn reserve_confirm_list_status_and_release_through_the_control_socket() {
 
 #[test]
 fn a_reserve_that_does_not_fit_waits_and_is_admitted_when_a_release_makes_room() {
-    let d = Daemon::start(1, "16Gi", "admission_wait_ms = 60000\n");
+    let d = daemon(1, "16Gi")
+        .configure(|c| c.arbiter.admission_wait_ms = 60_000)
+        .start();
     let mut c = d.client();
     let big = c.reserve(request("big", "12Gi", Priority::Low)).unwrap();
     let socket = d.control_socket();
@@ -94,7 +96,9 @@ fn a_reserve_that_does_not_fit_waits_and_is_admitted_when_a_release_makes_room()
 
 #[test]
 fn waiting_past_the_bound_fails_with_what_was_asked_and_what_is_free() {
-    let d = Daemon::start(1, "16Gi", "admission_wait_ms = 500\n");
+    let d = daemon(1, "16Gi")
+        .configure(|c| c.arbiter.admission_wait_ms = 500)
+        .start();
     let mut c = d.client();
     c.reserve(request("big", "12Gi", Priority::Low)).unwrap();
     let err = c
@@ -127,7 +131,7 @@ fn waiting_past_the_bound_fails_with_what_was_asked_and_what_is_free() {
 
 #[test]
 fn lease_socket_attach_query_charge_credit() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut c = d.client();
     let lease = c.reserve(request("c1", "1Gi", Priority::Low)).unwrap();
     confirm_here(&mut c, "c1");
@@ -185,7 +189,7 @@ fn lease_socket_attach_query_charge_credit() {
 
 #[test]
 fn a_peer_from_another_pid_namespace_is_refused() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut c = d.client();
     // The "container": a process in its own pid namespace.
     let container = NamespacedContainer::start();
@@ -223,7 +227,7 @@ fn hello_frame() -> Vec<u8> {
 
 #[test]
 fn bad_messages_close_only_their_connection_on_both_sockets() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut c = d.client();
     let lease = c.reserve(request("c1", "1Gi", Priority::Low)).unwrap();
     confirm_here(&mut c, "c1");
@@ -313,7 +317,7 @@ fn bad_messages_close_only_their_connection_on_both_sockets() {
 
 #[test]
 fn a_lease_connection_that_never_says_hello_is_closed() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut c = d.client();
     let lease = c.reserve(request("c1", "1Gi", Priority::Low)).unwrap();
     confirm_here(&mut c, "c1");
@@ -336,7 +340,7 @@ fn a_lease_connection_that_never_says_hello_is_closed() {
 
 #[test]
 fn another_protocol_version_is_told_ours_and_closed() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut s = UnixStream::connect(d.control_socket()).unwrap();
     s.set_read_timeout(Some(T)).unwrap();
     write_message(&mut s, &ControlRequest::Hello { protocol: 99 }).unwrap();
@@ -361,7 +365,7 @@ fn another_protocol_version_is_told_ours_and_closed() {
 
 #[test]
 fn drain_and_undrain_from_gpusharectl() {
-    let d = Daemon::start(2, "16Gi", "");
+    let d = daemon(2, "16Gi").start();
     let out = d.ctl(&["drain", "0"]);
     assert!(
         out.status.success(),
@@ -398,10 +402,10 @@ fn drain_and_undrain_from_gpusharectl() {
 
 #[test]
 fn a_second_arbiter_on_the_same_state_refuses_to_start() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let out = std::process::Command::new(ARBITER)
         .arg("--config")
-        .arg(&d.config_path)
+        .arg(d.config_path())
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -416,11 +420,12 @@ fn a_second_arbiter_on_the_same_state_refuses_to_start() {
 
 #[test]
 fn restart_reloads_leases_recreates_sockets_and_releases_dead_containers() {
-    let mut d = Daemon::start(
-        2,
-        "16Gi",
-        "reconcile_grace_ms = 500\nwatchdog_interval_ms = 200\n",
-    );
+    let mut d = daemon(2, "16Gi")
+        .configure(|c| {
+            c.arbiter.reconcile_grace_ms = 500;
+            c.arbiter.watchdog_interval_ms = 200;
+        })
+        .start();
     let mut c = d.client();
     let mut live = container_process();
     let mut doomed = container_process();
@@ -432,7 +437,7 @@ fn restart_reloads_leases_recreates_sockets_and_releases_dead_containers() {
     tenant.attach(0).unwrap();
     assert!(tenant.charge(GI).unwrap().granted);
 
-    d.kill9();
+    d.kill();
     doomed.kill().unwrap();
     doomed.wait().unwrap();
     d.restart();
@@ -471,11 +476,9 @@ fn metrics_endpoint_serves_prometheus_text() {
         .local_addr()
         .unwrap()
         .port();
-    let d = Daemon::start(
-        1,
-        "16Gi",
-        &format!("metrics_address = \"127.0.0.1:{port}\"\n"),
-    );
+    let d = daemon(1, "16Gi")
+        .configure(|c| c.arbiter.metrics_address = Some(format!("127.0.0.1:{port}")))
+        .start();
     d.client()
         .reserve(request("m", "1Gi", Priority::High))
         .unwrap();
@@ -505,7 +508,7 @@ fn metrics_endpoint_serves_prometheus_text() {
 /// cut off at the cap; other leases and the control socket keep working.
 #[test]
 fn a_flood_of_connections_on_one_lease_socket_is_capped() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let mut c = d.client();
     let flooded = c.reserve(request("flood", "1Gi", Priority::Low)).unwrap();
     let other = c.reserve(request("quiet", "1Gi", Priority::Low)).unwrap();

@@ -143,7 +143,7 @@ fn worker(socket: PathBuf, w: usize, book: Arc<Mutex<Book>>, stop: Arc<AtomicBoo
     }
 }
 
-fn lease_ids(d: &Daemon) -> BTreeSet<String> {
+fn lease_ids(d: &Arbiter) -> BTreeSet<String> {
     d.client()
         .list()
         .unwrap()
@@ -153,7 +153,7 @@ fn lease_ids(d: &Daemon) -> BTreeSet<String> {
 }
 
 /// Every lease directory belongs to a lease the arbiter lists.
-fn no_directory_without_a_lease(d: &Daemon) -> bool {
+fn no_directory_without_a_lease(d: &Arbiter) -> bool {
     let ids = lease_ids(d);
     d.lease_dirs().iter().all(|dir| ids.contains(dir))
 }
@@ -164,15 +164,17 @@ fn a_full_state_dir_refuses_cleanly_recovers_by_itself_and_loses_no_acknowledged
         eprintln!("skipped: mounting a tmpfs as state_dir needs root");
         return;
     }
-    let mut d = Daemon::start(
-        2,
-        "64Gi",
-        "low_nums_limit = 100000\nadmission_wait_ms = 200\nreserved_timeout_ms = 600000\n",
-    );
-    d.kill9();
+    let mut d = daemon(2, "64Gi")
+        .configure(|c| {
+            c.arbiter.low_nums_limit = 100_000;
+            c.arbiter.admission_wait_ms = 200;
+            c.arbiter.reserved_timeout_ms = 600_000;
+        })
+        .start();
+    d.kill();
     // Small, so it fills at once; large enough that the workers' own records
     // (at most 4 x 150 reserves and releases, ~250 KiB) never fill it alone.
-    let fs = Tmpfs::mount(&d.dir.join("state"), "1m");
+    let fs = Tmpfs::mount(&d.dir().join("state"), "1m");
     d.restart();
 
     let book = Arc::new(Mutex::new(Book::default()));
@@ -186,7 +188,7 @@ fn a_full_state_dir_refuses_cleanly_recovers_by_itself_and_loses_no_acknowledged
 
     // Stopping the arbiter for longer than the clients' timeout makes calls in
     // flight time out on the client while the arbiter still carries them out.
-    let pause = |d: &Daemon| {
+    let pause = |d: &Arbiter| {
         let pid = d.pid() as i32;
         // SAFETY: signals to the arbiter this test started.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -273,7 +275,7 @@ fn a_full_state_dir_refuses_cleanly_recovers_by_itself_and_loses_no_acknowledged
     }
     assert!(no_directory_without_a_lease(&d));
 
-    d.kill9();
+    d.kill();
     d.restart();
     let leases = d.client().list().unwrap();
     let b = book.lock().unwrap();
@@ -326,9 +328,11 @@ fn a_freed_state_dir_is_written_again_without_waiting_for_a_change() {
         eprintln!("skipped: mounting a tmpfs as state_dir needs root");
         return;
     }
-    let mut d = Daemon::start(1, "16Gi", "low_nums_limit = 100000\n");
-    d.kill9();
-    let fs = Tmpfs::mount(&d.dir.join("state"), "256k");
+    let mut d = daemon(1, "16Gi")
+        .configure(|c| c.arbiter.low_nums_limit = 100_000)
+        .start();
+    d.kill();
+    let fs = Tmpfs::mount(&d.dir().join("state"), "256k");
     d.restart();
     let mut c = d.client();
     let kept = c.reserve(request("kept", "1Gi", Priority::Low)).unwrap();
@@ -345,7 +349,7 @@ fn a_freed_state_dir_is_written_again_without_waiting_for_a_change() {
         }
     });
     std::fs::remove_file(filler).unwrap();
-    let state = d.dir.join("state");
+    let state = d.dir().join("state");
     wait_until(
         "the table written as a snapshot, and the log emptied",
         Duration::from_secs(3),
@@ -354,7 +358,7 @@ fn a_freed_state_dir_is_written_again_without_waiting_for_a_change() {
                 && std::fs::metadata(state.join("leases.log")).is_ok_and(|m| m.len() == 0)
         },
     );
-    d.kill9();
+    d.kill();
     d.restart();
     let leases = d.client().list().unwrap();
     let names: BTreeSet<&str> = leases.iter().map(|l| l.container_id.as_str()).collect();
@@ -365,22 +369,22 @@ fn a_freed_state_dir_is_written_again_without_waiting_for_a_change() {
 
 #[test]
 fn a_lease_id_that_is_not_a_plain_name_in_the_state_log_stops_the_start() {
-    let mut d = Daemon::start(1, "16Gi", "");
+    let mut d = daemon(1, "16Gi").start();
     let lease = d
         .client()
         .reserve(request("c", "1Gi", Priority::Low))
         .unwrap();
-    d.kill9();
-    let log_path = d.dir.join("state/leases.log");
+    d.kill();
+    let log_path = d.dir().join("state/leases.log");
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(log.contains(&lease.id.0), "{log}");
     std::fs::write(&log_path, log.replace(&lease.id.0, "../../x")).unwrap();
-    std::fs::remove_dir_all(d.run_dir.join("leases")).unwrap();
+    std::fs::remove_dir_all(d.run_dir().join("leases")).unwrap();
 
-    let log = d.dir.join("refused-start.log");
+    let log = d.dir().join("refused-start.log");
     let mut child = Command::new(ARBITER)
         .arg("--config")
-        .arg(&d.config_path)
+        .arg(d.config_path())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -410,7 +414,7 @@ fn a_lease_id_that_is_not_a_plain_name_in_the_state_log_stops_the_start() {
     ] {
         assert!(stderr.contains(piece), "{piece:?} in:\n{stderr}");
     }
-    assert!(!d.dir.join("x").exists(), "nothing made outside run_dir");
+    assert!(!d.dir().join("x").exists(), "nothing made outside run_dir");
     assert!(
         d.lease_dirs().is_empty(),
         "no lease directory: {:?}",
@@ -437,7 +441,7 @@ fn greeted(socket: &Path) -> Result<UnixStream, String> {
 
 #[test]
 fn control_connections_are_bounded_and_a_freed_slot_is_usable_again() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let socket = d.control_socket();
     let mut held: Vec<UnixStream> = (0..512)
         .map(|i| greeted(&socket).unwrap_or_else(|e| panic!("connection {i}: {e}")))
@@ -470,7 +474,7 @@ fn closed_within(mut s: UnixStream, bound: Duration) -> Duration {
 
 #[test]
 fn a_silent_or_half_sent_control_connection_is_dropped() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let socket = d.control_socket();
     let silent = UnixStream::connect(&socket).unwrap();
     let mut half = greeted(&socket).unwrap();
@@ -492,7 +496,9 @@ fn a_silent_or_half_sent_control_connection_is_dropped() {
 
 #[test]
 fn a_reserve_whose_client_disconnects_while_queued_is_withdrawn() {
-    let d = Daemon::start(1, "16Gi", "admission_wait_ms = 60000\n");
+    let d = daemon(1, "16Gi")
+        .configure(|c| c.arbiter.admission_wait_ms = 60_000)
+        .start();
     let mut c = d.client();
     let full = c.reserve(request("full", "16Gi", Priority::Low)).unwrap();
     let mut s = greeted(&d.control_socket()).unwrap();
@@ -528,7 +534,7 @@ fn a_reserve_whose_client_disconnects_while_queued_is_withdrawn() {
 /// on is out of step: its next call reads the late answer.
 #[test]
 fn a_release_that_timed_out_on_the_client_still_happens() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let lease = d
         .client()
         .reserve(request("c", "1Gi", Priority::Low))

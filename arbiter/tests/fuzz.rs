@@ -38,7 +38,7 @@ fn hostile_stream() -> impl Strategy<Value = Vec<u8>> {
 
 #[test]
 fn random_streams_close_only_their_connection() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let control = std::cell::RefCell::new(d.client());
     let lease = control
         .borrow_mut()

@@ -14,22 +14,10 @@ use gpushare_proto::{ClientError, ErrorKind, GpuSelector, Priority, ViolationKin
 
 const GI: u64 = 1 << 30;
 
-fn target_dir() -> PathBuf {
-    Path::new(ARBITER).parent().unwrap().to_owned()
-}
-
-fn simgpu_built() -> (PathBuf, PathBuf) {
-    let nvml = target_dir().join("libnvidia_ml.so");
-    let cuda = target_dir().join("libcuda.so");
-    let workload = target_dir().join("simgpu-workload");
-    for p in [&nvml, &cuda, &workload] {
-        assert!(
-            p.exists(),
-            "{} missing: cargo build -p simgpu-libnvml -p simgpu-libcuda -p simgpu-workload",
-            p.display()
-        );
-    }
-    (nvml, workload)
+/// The simulated GPU's CUDA program (the libraries come from the test kit).
+fn workload() -> PathBuf {
+    binaries::require(&["simgpu-workload"]);
+    binaries::program("simgpu-workload")
 }
 
 /// A CUDA program on GPU 0 that never talks to the arbiter (it "bypassed the interposer").
@@ -54,47 +42,31 @@ fn rogue_workload(sim_dir: &Path, lib_dir: &Path, workload: &Path) -> Child {
         .unwrap()
 }
 
-/// The daemon, the simulated GPU's state directory and library directory (and
-/// the temporary directory holding both, removed when dropped).
-fn nvml_daemon(kill: bool) -> (Daemon, PathBuf, PathBuf, tempfile::TempDir) {
+/// The daemon on two simulated GPUs, the simulated machine's state directory and the
+/// directory of its driver libraries.
+fn nvml_daemon(kill: bool) -> (Arbiter, PathBuf, &'static Path) {
     nvml_daemon_with(kill, &[("SIMGPU_GPUS", "2")])
 }
 
-/// `env`: the simulated GPU's settings (`SIMGPU_GPUS`, modes) and anything else the
-/// arbiter should see.
-fn nvml_daemon_with(
-    kill: bool,
-    env: &[(&str, &str)],
-) -> (Daemon, PathBuf, PathBuf, tempfile::TempDir) {
-    let (nvml, _) = simgpu_built();
-    let tmp = tempfile::Builder::new()
-        .prefix("gss-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let sim = tmp.path().to_owned();
-    let lib_dir = sim.join("lib");
-    std::fs::create_dir_all(&lib_dir).unwrap();
-    std::fs::copy(
-        target_dir().join("libcuda.so"),
-        lib_dir.join("libcuda.so.1"),
-    )
-    .unwrap();
-    std::fs::copy(&nvml, lib_dir.join("libnvidia-ml.so.1")).unwrap();
-    let extra = format!(
-        "nvml_library = \"{}\"\nwatchdog_interval_ms = 200\nwatchdog_kill = {kill}\n",
-        lib_dir.join("libnvidia-ml.so.1").display()
-    );
-    let sim_dir = sim.join("state");
-    let mut all_env = vec![
-        ("SIMGPU_DIR", sim_dir.to_str().unwrap()),
-        ("SIMGPU_MEMORY", "16Gi"),
-    ];
-    all_env.extend_from_slice(env);
-    let d = Daemon::start_with_env(0, "16Gi", &extra, &all_env);
-    (d, sim_dir, lib_dir, tmp)
+/// `settings`: the simulated GPU's settings (`SIMGPU_GPUS`, modes), which the arbiter's
+/// NVML reads.
+fn nvml_daemon_with(kill: bool, settings: &[(&str, &str)]) -> (Arbiter, PathBuf, &'static Path) {
+    let builder = Arbiter::builder().program(ARBITER);
+    let mut machine = SimMachine::new(builder.dir().join("state"), 1, "16Gi");
+    for (key, value) in settings {
+        machine = machine.set(key, value);
+    }
+    let d = builder
+        .simulated(&machine)
+        .configure(|c| {
+            c.arbiter.watchdog_interval_ms = 200;
+            c.arbiter.watchdog_kill = kill;
+        })
+        .start();
+    (d, machine.state_dir, simgpu::libs())
 }
 
-fn reserve_on(d: &Daemon, container: &str, gpu: GpuSelector) -> Result<String, ClientError> {
+fn reserve_on(d: &Arbiter, container: &str, gpu: GpuSelector) -> Result<String, ClientError> {
     let mut r = request(container, "1Gi", Priority::Low);
     r.gpu = gpu;
     d.client().reserve(r).map(|lease| lease.gpus.join(","))
@@ -112,7 +84,7 @@ fn refusal(result: Result<String, ClientError>) -> String {
 
 #[test]
 fn gpus_in_exclusive_process_mode_or_with_mig_are_set_aside_reported_and_refused() {
-    let (d, _sim, _lib, _tmp) = nvml_daemon_with(
+    let (d, _sim, _lib) = nvml_daemon_with(
         false,
         &[
             ("SIMGPU_GPUS", "3"),
@@ -194,7 +166,7 @@ fn a_running_mps_daemon_sets_every_gpu_aside() {
         nix::sys::stat::Mode::from_bits_truncate(0o600),
     )
     .unwrap();
-    let (d, _sim, _lib, _tmp) = nvml_daemon_with(
+    let (d, _sim, _lib) = nvml_daemon_with(
         false,
         &[
             ("SIMGPU_GPUS", "2"),
@@ -215,7 +187,7 @@ fn a_running_mps_daemon_sets_every_gpu_aside() {
 
 #[test]
 fn inventory_utilisation_and_driver_version_come_from_nvml() {
-    let (d, _sim, _lib, _tmp) = nvml_daemon(false);
+    let (d, _sim, _lib) = nvml_daemon(false);
     let mut c = d.client();
     let status = c.status().unwrap();
     assert_eq!(status.inventory_source, "nvml", "{}", d.log());
@@ -242,9 +214,9 @@ fn inventory_utilisation_and_driver_version_come_from_nvml() {
 
 #[test]
 fn the_watchdog_reports_an_unregistered_process() {
-    let (d, sim, lib, _tmp) = nvml_daemon(false);
-    let (_, workload) = simgpu_built();
-    let mut rogue = rogue_workload(&sim, &lib, &workload);
+    let (d, sim, lib) = nvml_daemon(false);
+    let workload = workload();
+    let mut rogue = rogue_workload(&sim, lib, &workload);
     let mut c = d.client();
     wait_until(
         "the watchdog to report the rogue process",
@@ -277,9 +249,9 @@ fn the_watchdog_reports_an_unregistered_process() {
 
 #[test]
 fn the_watchdog_kills_an_unregistered_process_when_configured() {
-    let (d, sim, lib, _tmp) = nvml_daemon(true);
-    let (_, workload) = simgpu_built();
-    let mut rogue = rogue_workload(&sim, &lib, &workload);
+    let (d, sim, lib) = nvml_daemon(true);
+    let workload = workload();
+    let mut rogue = rogue_workload(&sim, lib, &workload);
     let mut exited = None;
     wait_until(
         "the watchdog to kill the rogue process",
@@ -321,19 +293,12 @@ fn nvml_utilisation_helper() {
 
 #[test]
 fn per_process_utilisation_comes_from_nvml() {
-    let (nvml, workload) = simgpu_built();
+    let workload = workload();
     let tmp = tempfile::Builder::new()
         .prefix("gss-")
         .tempdir_in("/tmp")
         .unwrap();
-    let lib_dir = tmp.path().join("lib");
-    std::fs::create_dir_all(&lib_dir).unwrap();
-    std::fs::copy(
-        target_dir().join("libcuda.so"),
-        lib_dir.join("libcuda.so.1"),
-    )
-    .unwrap();
-    std::fs::copy(&nvml, lib_dir.join("libnvidia-ml.so.1")).unwrap();
+    let lib_dir = simgpu::libs();
     let sim_dir = tmp.path().join("state");
     let wall_us = || {
         std::time::SystemTime::now()
@@ -348,7 +313,7 @@ fn per_process_utilisation_comes_from_nvml() {
         .args(["--kernel", "fixed:1ms", "--gap", "1ms", "--duration", "60s"])
         .env("SIMGPU_DIR", &sim_dir)
         .env("SIMGPU_GPUS", "2")
-        .env("LD_LIBRARY_PATH", &lib_dir)
+        .env("LD_LIBRARY_PATH", lib_dir)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -406,15 +371,15 @@ fn per_process_utilisation_comes_from_nvml() {
 /// not granted what that process already holds.
 #[test]
 fn memory_held_by_an_unattached_process_of_the_container_counts_against_its_lease() {
-    let (d, sim, lib, _tmp) = nvml_daemon(false);
-    let (_, workload) = simgpu_built();
+    let (d, sim, lib) = nvml_daemon(false);
+    let workload = workload();
     let mut c = d.client();
     let mut r = request("held", "2Gi", Priority::Low);
     r.gpu = GpuSelector::Index(vec![0]);
     let lease = c.reserve(r).unwrap();
     // This test process is the container's init: its children are the container.
     confirm_here(&mut c, "held");
-    let mut unattached = rogue_workload(&sim, &lib, &workload);
+    let mut unattached = rogue_workload(&sim, lib, &workload);
     let used = |c: &mut gpushare_proto::ControlClient| {
         c.status()
             .unwrap()

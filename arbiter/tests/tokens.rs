@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
+use gpushare_config::SchedulingPolicy;
 use gpushare_proto::token::{FLAG_CUT_OFF, HELD_UNTIL_RELEASED, NOT_HELD};
 use gpushare_proto::token_client::{TokenClientError, TokenConnection};
 use gpushare_proto::{GpuSelector, Lease, Priority, TokenRequest};
@@ -19,14 +20,14 @@ use gpushare_proto::{GpuSelector, Lease, Priority, TokenRequest};
 const T: Duration = Duration::from_secs(10);
 const HELPER_ENV: &str = "GPUSHARE_TEST_TOKEN_HOLDER";
 
-fn reserve(d: &Daemon, container: &str, priority: Priority) -> Lease {
+fn reserve(d: &Arbiter, container: &str, priority: Priority) -> Lease {
     let mut c = d.client();
     let lease = c.reserve(request(container, "1Gi", priority)).unwrap();
     confirm_here(&mut c, container);
     lease
 }
 
-fn open(d: &Daemon, lease: &Lease) -> TokenConnection {
+fn open(d: &Arbiter, lease: &Lease) -> TokenConnection {
     TokenConnection::open(&d.lease_socket(&lease.id.0), T).unwrap()
 }
 
@@ -62,7 +63,7 @@ fn monotonic_ns() -> u64 {
 
 #[test]
 fn a_lone_low_client_is_granted_a_slice() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let lease = reserve(&d, "a", Priority::Low);
     let a = open(&d, &lease);
     assert_eq!(a.terms().gpu, sim_uuid(0));
@@ -89,7 +90,7 @@ fn a_lone_low_client_is_granted_a_slice() {
 
 #[test]
 fn a_second_low_client_waits_until_the_first_releases() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let a = open(&d, &reserve(&d, "a", Priority::Low));
     let b = open(&d, &reserve(&d, "b", Priority::Low));
     a.send(TokenRequest::Want).unwrap();
@@ -107,7 +108,7 @@ fn a_second_low_client_waits_until_the_first_releases() {
 
 #[test]
 fn a_high_client_preempts_a_low_holder_without_waiting_for_it() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let low = open(&d, &reserve(&d, "low", Priority::Low));
     let high = open(&d, &reserve(&d, "high", Priority::High));
     low.send(TokenRequest::Want).unwrap();
@@ -159,11 +160,14 @@ fn token_holder_helper() {
 #[test]
 fn a_killed_holder_loses_the_token_at_once() {
     // Long slices and a long grace: only the death can pass the token on.
-    let d = Daemon::start(
-        1,
-        "16Gi",
-        "\n[scheduler]\nslice_ms = 10000\nmax_slice_ms = 10000\nwindow_ms = 20000\nrevoke_grace_ms = 60000\n",
-    );
+    let d = daemon(1, "16Gi")
+        .configure(|c| {
+            c.scheduler.slice_ms = 10_000;
+            c.scheduler.max_slice_ms = 10_000;
+            c.scheduler.window_ms = 20_000;
+            c.scheduler.revoke_grace_ms = 60_000;
+        })
+        .start();
     let holder_lease = reserve(&d, "holder", Priority::Low);
     let waiter = open(&d, &reserve(&d, "waiter", Priority::Low));
     let mut handoffs = Vec::new();
@@ -213,7 +217,9 @@ fn a_killed_holder_loses_the_token_at_once() {
 /// and it is scheduled as usual once it releases.
 #[test]
 fn a_holder_draining_past_the_grace_is_overdue_stays_connected_and_is_granted_again() {
-    let d = Daemon::start(1, "16Gi", "\n[scheduler]\nrevoke_grace_ms = 100\n");
+    let d = daemon(1, "16Gi")
+        .configure(|c| c.scheduler.revoke_grace_ms = 100)
+        .start();
     let a_lease = reserve(&d, "a", Priority::Low);
     let a = open(&d, &a_lease);
     let b = open(&d, &reserve(&d, "b", Priority::Low));
@@ -261,7 +267,7 @@ fn a_holder_draining_past_the_grace_is_overdue_stays_connected_and_is_granted_ag
 
 #[test]
 fn a_malformed_or_oversized_frame_closes_only_that_connection() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let lease = reserve(&d, "a", Priority::Low);
     let a = open(&d, &lease);
     let b = open(&d, &lease);
@@ -294,7 +300,7 @@ fn a_malformed_or_oversized_frame_closes_only_that_connection() {
 
 #[test]
 fn schedule_is_refused_for_multi_gpu_leases_and_when_the_policy_is_off() {
-    let d = Daemon::start(2, "16Gi", "");
+    let d = daemon(2, "16Gi").start();
     let mut wide = request("wide", "1Gi", Priority::Low);
     wide.gpu = GpuSelector::Count(2);
     let mut c = d.client();
@@ -310,7 +316,9 @@ fn schedule_is_refused_for_multi_gpu_leases_and_when_the_policy_is_off() {
         other => panic!("expected a refusal: {other:?}"),
     }
     drop(d);
-    let d = Daemon::start(1, "16Gi", "\n[scheduler]\npolicy = \"off\"\n");
+    let d = daemon(1, "16Gi")
+        .configure(|c| c.scheduler.policy = SchedulingPolicy::Off)
+        .start();
     let lease = reserve(&d, "a", Priority::Low);
     match TokenConnection::open(&d.lease_socket(&lease.id.0), T) {
         Err(TokenClientError::Refused { message, .. }) => {
@@ -325,7 +333,7 @@ fn schedule_is_refused_for_multi_gpu_leases_and_when_the_policy_is_off() {
 
 #[test]
 fn releasing_the_lease_cuts_its_token_clients_off() {
-    let d = Daemon::start(1, "16Gi", "");
+    let d = daemon(1, "16Gi").start();
     let lease = reserve(&d, "a", Priority::Low);
     let a = open(&d, &lease);
     a.send(TokenRequest::Want).unwrap();

@@ -33,70 +33,48 @@ const RESTART_GRACE: Duration = Duration::from_secs(10);
 const UNREGISTERED_GRACE: Duration = Duration::from_secs(2);
 const HELPER: &str = "GPUSHARE_TEST_WATCHDOG_HELPER";
 
-fn target_dir() -> PathBuf {
-    Path::new(ARBITER).parent().unwrap().to_owned()
-}
-
-fn built(name: &str, how: &str) -> PathBuf {
-    let path = target_dir().join(name);
-    assert!(path.exists(), "{} missing: {how}", path.display());
-    path
+fn workload() -> PathBuf {
+    binaries::require(&["simgpu-workload"]);
+    binaries::program("simgpu-workload")
 }
 
 /// The interposer: the glibc-baseline build `make test` names, else cargo's own.
 fn interposer() -> PathBuf {
-    std::env::var_os("GPUSHARE_PRELOAD_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| built("libgpushare.so", "cargo build -p gpushare-preload"))
+    let library = binaries::preload_library();
+    assert!(
+        library.exists(),
+        "{} missing: cargo build -p gpushare-preload",
+        library.display()
+    );
+    library
 }
 
 /// A private arbiter on a simulated GPU, NVML included.
 struct Sim {
-    d: Daemon,
-    /// SIMGPU_DIR.
-    state: PathBuf,
-    /// libcuda.so.1 and libnvidia-ml.so.1.
-    lib: PathBuf,
+    d: Arbiter,
+    /// The simulated machine the arbiter's NVML and the test's processes share.
+    machine: SimMachine,
     started: Instant,
-    _tmp: tempfile::TempDir,
 }
 
 impl Sim {
     fn start(kill: bool, interval_ms: u64) -> Sim {
-        let how = "cargo build -p simgpu-libnvml -p simgpu-libcuda -p simgpu-workload";
-        let nvml = built("libnvidia_ml.so", how);
-        let cuda = built("libcuda.so", how);
-        built("simgpu-workload", how);
-        let tmp = tempfile::Builder::new()
-            .prefix("gsw-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let lib = tmp.path().join("lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        std::fs::copy(cuda, lib.join("libcuda.so.1")).unwrap();
-        std::fs::copy(nvml, lib.join("libnvidia-ml.so.1")).unwrap();
-        let state = tmp.path().join("state");
-        let extra = format!(
-            "nvml_library = \"{}\"\nwatchdog_interval_ms = {interval_ms}\nwatchdog_kill = {kill}\n",
-            lib.join("libnvidia-ml.so.1").display()
-        );
+        workload();
+        let builder = Arbiter::builder().program(ARBITER);
+        let machine = SimMachine::new(builder.dir().join("state"), 1, "16Gi");
         let started = Instant::now();
-        let d = Daemon::start_with_env(0, "16Gi", &extra, &Sim::env_of(&state));
+        let d = builder
+            .simulated(&machine)
+            .configure(|c| {
+                c.arbiter.watchdog_interval_ms = interval_ms;
+                c.arbiter.watchdog_kill = kill;
+            })
+            .start();
         Sim {
             d,
-            state,
-            lib,
+            machine,
             started,
-            _tmp: tmp,
         }
-    }
-
-    fn env_of(state: &Path) -> Vec<(&'static str, &str)> {
-        vec![
-            ("SIMGPU_DIR", state.to_str().unwrap()),
-            ("SIMGPU_GPUS", "1"),
-            ("SIMGPU_MEMORY", "16Gi"),
-        ]
     }
 
     fn reserve(&self, container: &str, memory: &str, priority: Priority) -> Lease {
@@ -130,8 +108,8 @@ impl Sim {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args(["--ignored", "--exact", "watchdog_helper", "--nocapture"])
             .env(HELPER, socket)
-            .env("WD_CUDA", self.lib.join("libcuda.so.1"))
-            .envs(Sim::env_of(&self.state))
+            .env("WD_CUDA", simgpu::libs().join("libcuda.so.1"))
+            .envs(self.machine.env().to_vec())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -178,39 +156,6 @@ impl Drop for Helper {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Another arbiter process on the same directories (the Daemon's own restart does
-/// not pass the simulated GPU's environment), killed when dropped.
-struct Restarted(Child);
-
-impl Restarted {
-    fn start(sim: &Sim) -> Restarted {
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(sim.d.dir.join("arbiter.log"))
-            .unwrap();
-        let child = Command::new(ARBITER)
-            .arg("--config")
-            .arg(&sim.d.config_path)
-            .envs(Sim::env_of(&sim.state))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        wait_until("the restarted arbiter", Duration::from_secs(30), || {
-            gpushare_proto::ControlClient::connect(&sim.d.control_socket(), Duration::from_secs(5))
-                .is_ok()
-        });
-        Restarted(child)
-    }
-}
-
-impl Drop for Restarted {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -372,10 +317,10 @@ fn after_a_restart_an_idle_process_holding_memory_is_seen_again_and_never_report
         &[("WD_ATTACH_AFTER_MS", "0"), ("WD_REATTACH_DELAY_MS", "500")],
     );
     idle.expect("attached");
-    sim.d.kill9();
+    sim.d.kill();
     idle.expect("lost");
     let restart = Instant::now();
-    let arbiter = Restarted::start(&sim);
+    sim.d.restart();
     let mut c = sim.d.client();
     wait_until(
         "the lease's holdings to be seen again",
@@ -402,7 +347,6 @@ fn after_a_restart_an_idle_process_holding_memory_is_seen_again_and_never_report
         assert!(v.is_empty(), "{v:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
-    drop(arbiter);
 }
 
 // ----- finding 3: ungated work -----
@@ -421,10 +365,10 @@ fn attached_workload(sim: &Sim, lease_socket: &Path, args: &[&str]) -> (Child, U
     .unwrap();
     let address = UnixAddr::new(lease_socket).unwrap();
     let raw = fd.as_raw_fd();
-    let mut cmd = Command::new(target_dir().join("simgpu-workload"));
+    let mut cmd = Command::new(workload());
     cmd.args(args)
-        .envs(Sim::env_of(&sim.state))
-        .env("LD_LIBRARY_PATH", &sim.lib)
+        .envs(sim.machine.env().to_vec())
+        .env("LD_LIBRARY_PATH", simgpu::libs())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -539,11 +483,11 @@ fn a_gated_low_job_beside_a_high_one_is_never_reported() {
     let low = sim.reserve("low", "4Gi", Priority::Low);
     let high = sim.reserve("high", "4Gi", Priority::High);
     let gated = |lease: &Lease, kernel: &str, gap: &str| {
-        Command::new(target_dir().join("simgpu-workload"))
+        Command::new(workload())
             .args(["--device", "0", "--memory", "536870912", "--kernels", "4"])
             .args(["--kernel", kernel, "--gap", gap, "--duration", "60s"])
-            .envs(Sim::env_of(&sim.state))
-            .env("LD_LIBRARY_PATH", &sim.lib)
+            .envs(sim.machine.env().to_vec())
+            .env("LD_LIBRARY_PATH", simgpu::libs())
             .env("LD_PRELOAD", interposer())
             .env("GPUSHARE_LEASE", &lease.id.0)
             .env("GPUSHARE_SOCKET", sim.socket(lease))
