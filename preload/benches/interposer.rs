@@ -16,9 +16,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use gpushare::cuda::{CUresult, Handle};
-use gpushare::gate::fake_arbiter::{Answer, FakeArbiter};
 use gpushare::symbols::{record_real, Hook};
 use gpushare_proto::{LossPolicy, Priority, ScheduleTerms, TokenPage};
+use gpushare_testkit::fake_arbiter::{Answer, FakeArbiter};
 use libc::{c_uint, c_void};
 use std::sync::atomic::Ordering;
 

@@ -32,7 +32,6 @@ pub mod ahead;
 pub mod decide;
 pub mod estimate;
 #[doc(hidden)]
-pub mod fake_arbiter;
 pub mod work;
 
 use std::cell::RefCell;

@@ -1,9 +1,9 @@
 //! The gate's client logic against a stand-in arbiter over a real socket and memfd
 //! page (no driver: draining and events are no-ops here).
 
-use super::fake_arbiter::{Answer, FakeArbiter};
 use super::*;
 use gpushare_proto::{LossPolicy, Priority};
+use gpushare_testkit::fake_arbiter::{Answer, FakeArbiter};
 use std::sync::mpsc;
 use std::time::Instant;
 

@@ -1,4 +1,5 @@
-//! A stand-in for the arbiter's token side, for the gate's tests and the benchmark:
+//! A stand-in for the arbiter's token side, for the interposer's gate tests and its
+//! benchmark (it lived in libgpushare.so before; no test code ships in the library):
 //! answers `Hello` and `Schedule` on a Unix socket with a real memfd page passed by
 //! `SCM_RIGHTS`, records the `TokenRequest`s it receives, and lets the test grant,
 //! revoke, cut off and hang up. Not used by the library itself.
