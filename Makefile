@@ -49,6 +49,7 @@ check-glibc:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@scripts/lint-deps.sh
 
 # Unit tests, then the e2e tests against real runc/containerd/dockerd in private
 # daemons (they need root and the packages `deps` installs).
