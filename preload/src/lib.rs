@@ -28,14 +28,15 @@ pub mod config;
 pub mod cuda;
 pub mod driver;
 pub mod fork;
+pub mod front;
 pub mod gate;
 pub mod guard;
 pub mod hooks;
 pub mod ledger;
 pub mod loader;
 pub mod log;
-pub mod procaddr;
 pub mod symbols;
+pub mod variants;
 pub mod watch;
 
 /// Runs once when the library is loaded, before the program's `main`: reads the

@@ -15,18 +15,10 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::c_void;
 
-use crate::hooks::{copy, info, launch, memory, work};
-use crate::{loader, procaddr};
+pub use crate::variants::Library;
 
-/// Which library an entry point lives in (where a lazy lookup searches).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Library {
-    Cuda,
-    Nvml,
-}
-
-macro_rules! hook_table {
-    ($( $library:ident : $name:ident => $wrapper:path ),* $(,)?) => {
+macro_rules! define_hooks {
+    ($( $name:ident : $library:ident $proc_address:tt => $wrapper:path ),* $(,)?) => {
         /// Every wrapped variant, named exactly as the driver exports it.
         #[allow(non_camel_case_types)]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,11 +49,6 @@ macro_rules! hook_table {
                 None
             }
 
-            /// Address of this variant's exported wrapper.
-            pub fn wrapper(self) -> *mut c_void {
-                match self { $(Hook::$name => $wrapper as *const () as *mut c_void),* }
-            }
-
             pub fn library(self) -> Library {
                 match self { $(Hook::$name => Library::$library),* }
             }
@@ -69,167 +56,19 @@ macro_rules! hook_table {
     };
 }
 
-hook_table! {
-    Cuda: cuGetProcAddress => procaddr::cuGetProcAddress,
-    Cuda: cuGetProcAddress_v2 => procaddr::cuGetProcAddress_v2,
-    Cuda: cuGetProcAddress_v2_ptsz => procaddr::cuGetProcAddress_v2_ptsz,
-    // Launches: one gate.
-    Cuda: cuLaunchKernel => launch::cuLaunchKernel,
-    Cuda: cuLaunchKernel_ptsz => launch::cuLaunchKernel_ptsz,
-    Cuda: cuLaunchKernelEx => launch::cuLaunchKernelEx,
-    Cuda: cuLaunchKernelEx_ptsz => launch::cuLaunchKernelEx_ptsz,
-    Cuda: cuLaunchCooperativeKernel => launch::cuLaunchCooperativeKernel,
-    Cuda: cuLaunchCooperativeKernel_ptsz => launch::cuLaunchCooperativeKernel_ptsz,
-    Cuda: cuGraphLaunch => launch::cuGraphLaunch,
-    Cuda: cuGraphLaunch_ptsz => launch::cuGraphLaunch_ptsz,
-    Cuda: cuLaunch => launch::cuLaunch,
-    Cuda: cuLaunchGrid => launch::cuLaunchGrid,
-    Cuda: cuLaunchGridAsync => launch::cuLaunchGridAsync,
-    // Copies and memsets: GPU work, the same gate.
-    Cuda: cuMemcpy => copy::cuMemcpy,
-    Cuda: cuMemcpy_ptds => copy::cuMemcpy_ptds,
-    Cuda: cuMemcpyHtoD_v2 => copy::cuMemcpyHtoD_v2,
-    Cuda: cuMemcpyHtoD_v2_ptds => copy::cuMemcpyHtoD_v2_ptds,
-    Cuda: cuMemcpyDtoH_v2 => copy::cuMemcpyDtoH_v2,
-    Cuda: cuMemcpyDtoH_v2_ptds => copy::cuMemcpyDtoH_v2_ptds,
-    Cuda: cuMemcpyDtoD_v2 => copy::cuMemcpyDtoD_v2,
-    Cuda: cuMemcpyDtoD_v2_ptds => copy::cuMemcpyDtoD_v2_ptds,
-    Cuda: cuMemcpyDtoA_v2 => copy::cuMemcpyDtoA_v2,
-    Cuda: cuMemcpyDtoA_v2_ptds => copy::cuMemcpyDtoA_v2_ptds,
-    Cuda: cuMemcpyAtoD_v2 => copy::cuMemcpyAtoD_v2,
-    Cuda: cuMemcpyAtoD_v2_ptds => copy::cuMemcpyAtoD_v2_ptds,
-    Cuda: cuMemcpyHtoA_v2 => copy::cuMemcpyHtoA_v2,
-    Cuda: cuMemcpyHtoA_v2_ptds => copy::cuMemcpyHtoA_v2_ptds,
-    Cuda: cuMemcpyAtoH_v2 => copy::cuMemcpyAtoH_v2,
-    Cuda: cuMemcpyAtoH_v2_ptds => copy::cuMemcpyAtoH_v2_ptds,
-    Cuda: cuMemcpyAtoA_v2 => copy::cuMemcpyAtoA_v2,
-    Cuda: cuMemcpyAtoA_v2_ptds => copy::cuMemcpyAtoA_v2_ptds,
-    Cuda: cuMemcpyPeer => copy::cuMemcpyPeer,
-    Cuda: cuMemcpyPeer_ptds => copy::cuMemcpyPeer_ptds,
-    Cuda: cuMemcpy2D_v2 => copy::cuMemcpy2D_v2,
-    Cuda: cuMemcpy2D_v2_ptds => copy::cuMemcpy2D_v2_ptds,
-    Cuda: cuMemcpy2DUnaligned_v2 => copy::cuMemcpy2DUnaligned_v2,
-    Cuda: cuMemcpy2DUnaligned_v2_ptds => copy::cuMemcpy2DUnaligned_v2_ptds,
-    Cuda: cuMemcpy3D_v2 => copy::cuMemcpy3D_v2,
-    Cuda: cuMemcpy3D_v2_ptds => copy::cuMemcpy3D_v2_ptds,
-    Cuda: cuMemcpy3DPeer => copy::cuMemcpy3DPeer,
-    Cuda: cuMemcpy3DPeer_ptds => copy::cuMemcpy3DPeer_ptds,
-    Cuda: cuMemcpyAsync => copy::cuMemcpyAsync,
-    Cuda: cuMemcpyAsync_ptsz => copy::cuMemcpyAsync_ptsz,
-    Cuda: cuMemcpyHtoDAsync_v2 => copy::cuMemcpyHtoDAsync_v2,
-    Cuda: cuMemcpyHtoDAsync_v2_ptsz => copy::cuMemcpyHtoDAsync_v2_ptsz,
-    Cuda: cuMemcpyDtoHAsync_v2 => copy::cuMemcpyDtoHAsync_v2,
-    Cuda: cuMemcpyDtoHAsync_v2_ptsz => copy::cuMemcpyDtoHAsync_v2_ptsz,
-    Cuda: cuMemcpyDtoDAsync_v2 => copy::cuMemcpyDtoDAsync_v2,
-    Cuda: cuMemcpyDtoDAsync_v2_ptsz => copy::cuMemcpyDtoDAsync_v2_ptsz,
-    Cuda: cuMemcpyHtoAAsync_v2 => copy::cuMemcpyHtoAAsync_v2,
-    Cuda: cuMemcpyHtoAAsync_v2_ptsz => copy::cuMemcpyHtoAAsync_v2_ptsz,
-    Cuda: cuMemcpyAtoHAsync_v2 => copy::cuMemcpyAtoHAsync_v2,
-    Cuda: cuMemcpyAtoHAsync_v2_ptsz => copy::cuMemcpyAtoHAsync_v2_ptsz,
-    Cuda: cuMemcpyPeerAsync => copy::cuMemcpyPeerAsync,
-    Cuda: cuMemcpyPeerAsync_ptsz => copy::cuMemcpyPeerAsync_ptsz,
-    Cuda: cuMemcpy2DAsync_v2 => copy::cuMemcpy2DAsync_v2,
-    Cuda: cuMemcpy2DAsync_v2_ptsz => copy::cuMemcpy2DAsync_v2_ptsz,
-    Cuda: cuMemcpy3DAsync_v2 => copy::cuMemcpy3DAsync_v2,
-    Cuda: cuMemcpy3DAsync_v2_ptsz => copy::cuMemcpy3DAsync_v2_ptsz,
-    Cuda: cuMemcpy3DPeerAsync => copy::cuMemcpy3DPeerAsync,
-    Cuda: cuMemcpy3DPeerAsync_ptsz => copy::cuMemcpy3DPeerAsync_ptsz,
-    Cuda: cuMemsetD8_v2 => copy::cuMemsetD8_v2,
-    Cuda: cuMemsetD8_v2_ptds => copy::cuMemsetD8_v2_ptds,
-    Cuda: cuMemsetD16_v2 => copy::cuMemsetD16_v2,
-    Cuda: cuMemsetD16_v2_ptds => copy::cuMemsetD16_v2_ptds,
-    Cuda: cuMemsetD32_v2 => copy::cuMemsetD32_v2,
-    Cuda: cuMemsetD32_v2_ptds => copy::cuMemsetD32_v2_ptds,
-    Cuda: cuMemsetD2D8_v2 => copy::cuMemsetD2D8_v2,
-    Cuda: cuMemsetD2D8_v2_ptds => copy::cuMemsetD2D8_v2_ptds,
-    Cuda: cuMemsetD2D16_v2 => copy::cuMemsetD2D16_v2,
-    Cuda: cuMemsetD2D16_v2_ptds => copy::cuMemsetD2D16_v2_ptds,
-    Cuda: cuMemsetD2D32_v2 => copy::cuMemsetD2D32_v2,
-    Cuda: cuMemsetD2D32_v2_ptds => copy::cuMemsetD2D32_v2_ptds,
-    Cuda: cuMemsetD8Async => copy::cuMemsetD8Async,
-    Cuda: cuMemsetD8Async_ptsz => copy::cuMemsetD8Async_ptsz,
-    Cuda: cuMemsetD16Async => copy::cuMemsetD16Async,
-    Cuda: cuMemsetD16Async_ptsz => copy::cuMemsetD16Async_ptsz,
-    Cuda: cuMemsetD32Async => copy::cuMemsetD32Async,
-    Cuda: cuMemsetD32Async_ptsz => copy::cuMemsetD32Async_ptsz,
-    Cuda: cuMemsetD2D8Async => copy::cuMemsetD2D8Async,
-    Cuda: cuMemsetD2D8Async_ptsz => copy::cuMemsetD2D8Async_ptsz,
-    Cuda: cuMemsetD2D16Async => copy::cuMemsetD2D16Async,
-    Cuda: cuMemsetD2D16Async_ptsz => copy::cuMemsetD2D16Async_ptsz,
-    Cuda: cuMemsetD2D32Async => copy::cuMemsetD2D32Async,
-    Cuda: cuMemsetD2D32Async_ptsz => copy::cuMemsetD2D32Async_ptsz,
-    Cuda: cuMemcpyBatchAsync => copy::cuMemcpyBatchAsync,
-    Cuda: cuMemcpyBatchAsync_ptsz => copy::cuMemcpyBatchAsync_ptsz,
-    Cuda: cuMemcpyBatchAsync_v2 => copy::cuMemcpyBatchAsync_v2,
-    Cuda: cuMemcpyBatchAsync_v2_ptsz => copy::cuMemcpyBatchAsync_v2_ptsz,
-    Cuda: cuMemcpy3DBatchAsync => copy::cuMemcpy3DBatchAsync,
-    Cuda: cuMemcpy3DBatchAsync_ptsz => copy::cuMemcpy3DBatchAsync_ptsz,
-    Cuda: cuMemcpy3DBatchAsync_v2 => copy::cuMemcpy3DBatchAsync_v2,
-    Cuda: cuMemcpy3DBatchAsync_v2_ptsz => copy::cuMemcpy3DBatchAsync_v2_ptsz,
-    // Memory: charged before, credited after.
-    Cuda: cuMemAlloc_v2 => memory::cuMemAlloc_v2,
-    Cuda: cuMemAllocPitch_v2 => memory::cuMemAllocPitch_v2,
-    Cuda: cuMemAllocManaged => memory::cuMemAllocManaged,
-    Cuda: cuMemFree_v2 => memory::cuMemFree_v2,
-    Cuda: cuArrayCreate_v2 => memory::cuArrayCreate_v2,
-    Cuda: cuArray3DCreate_v2 => memory::cuArray3DCreate_v2,
-    Cuda: cuArrayDestroy => memory::cuArrayDestroy,
-    Cuda: cuMipmappedArrayCreate => memory::cuMipmappedArrayCreate,
-    Cuda: cuMipmappedArrayDestroy => memory::cuMipmappedArrayDestroy,
-    Cuda: cuMemAllocAsync => memory::cuMemAllocAsync,
-    Cuda: cuMemAllocAsync_ptsz => memory::cuMemAllocAsync_ptsz,
-    Cuda: cuMemAllocFromPoolAsync => memory::cuMemAllocFromPoolAsync,
-    Cuda: cuMemAllocFromPoolAsync_ptsz => memory::cuMemAllocFromPoolAsync_ptsz,
-    Cuda: cuMemFreeAsync => memory::cuMemFreeAsync,
-    Cuda: cuMemFreeAsync_ptsz => memory::cuMemFreeAsync_ptsz,
-    Cuda: cuMemPoolCreate => memory::cuMemPoolCreate,
-    Cuda: cuMemPoolDestroy => memory::cuMemPoolDestroy,
-    Cuda: cuMemPoolTrimTo => memory::cuMemPoolTrimTo,
-    Cuda: cuMemCreate => memory::cuMemCreate,
-    Cuda: cuMemRelease => memory::cuMemRelease,
-    Cuda: cuMemMap => memory::cuMemMap,
-    Cuda: cuMemUnmap => memory::cuMemUnmap,
-    Cuda: cuMemExportToShareableHandle => memory::cuMemExportToShareableHandle,
-    // The gate's record of the process's work: contexts, streams, captures.
-    Cuda: cuStreamCreate => work::cuStreamCreate,
-    Cuda: cuStreamCreateWithPriority => work::cuStreamCreateWithPriority,
-    Cuda: cuStreamDestroy_v2 => work::cuStreamDestroy_v2,
-    Cuda: cuStreamBeginCapture => work::cuStreamBeginCapture,
-    Cuda: cuStreamBeginCapture_ptsz => work::cuStreamBeginCapture_ptsz,
-    Cuda: cuStreamBeginCapture_v2 => work::cuStreamBeginCapture_v2,
-    Cuda: cuStreamBeginCapture_v2_ptsz => work::cuStreamBeginCapture_v2_ptsz,
-    Cuda: cuStreamBeginCaptureToGraph => work::cuStreamBeginCaptureToGraph,
-    Cuda: cuStreamBeginCaptureToGraph_ptsz => work::cuStreamBeginCaptureToGraph_ptsz,
-    Cuda: cuStreamEndCapture => work::cuStreamEndCapture,
-    Cuda: cuStreamEndCapture_ptsz => work::cuStreamEndCapture_ptsz,
-    Cuda: cuDevicePrimaryCtxRetain => work::cuDevicePrimaryCtxRetain,
-    Cuda: cuDevicePrimaryCtxRelease => work::cuDevicePrimaryCtxRelease,
-    Cuda: cuDevicePrimaryCtxRelease_v2 => work::cuDevicePrimaryCtxRelease_v2,
-    Cuda: cuDevicePrimaryCtxReset => work::cuDevicePrimaryCtxReset,
-    Cuda: cuDevicePrimaryCtxReset_v2 => work::cuDevicePrimaryCtxReset_v2,
-    Cuda: cuCtxCreate_v2 => work::cuCtxCreate_v2,
-    Cuda: cuCtxCreate_v3 => work::cuCtxCreate_v3,
-    Cuda: cuCtxCreate_v4 => work::cuCtxCreate_v4,
-    Cuda: cuCtxDestroy_v2 => work::cuCtxDestroy_v2,
-    Cuda: cuGreenCtxCreate => work::cuGreenCtxCreate,
-    // Virtualised answers.
-    Cuda: cuMemGetInfo_v2 => info::cuMemGetInfo_v2,
-    Cuda: cuDeviceTotalMem_v2 => info::cuDeviceTotalMem_v2,
-    Nvml: nvmlDeviceGetMemoryInfo => info::nvmlDeviceGetMemoryInfo,
-    Nvml: nvmlDeviceGetMemoryInfo_v2 => info::nvmlDeviceGetMemoryInfo_v2,
-}
+crate::for_each_variant!(define_hooks);
 
 const COUNT: usize = Hook::ALL.len();
 
 static REAL: [AtomicPtr<c_void>; COUNT] = [const { AtomicPtr::new(std::ptr::null_mut()) }; COUNT];
 
-/// Records the driver's function for `hook`, unless it is our own wrapper (a lookup
-/// through `RTLD_DEFAULT` or our own handle finds the wrapper first: storing it would
-/// make the wrapper call itself). The first pointer wins: later ones for the same
-/// variant are the same function reached another way.
+/// Records the driver's function for `hook`. The first pointer wins: later ones for
+/// the same variant are the same function reached another way. The caller has made
+/// sure it is not our own wrapper (only the front door, which hands wrappers out,
+/// can tell; storing one would make the wrapper call itself).
 #[inline]
 pub fn record_real(hook: Hook, real: *mut c_void) {
-    if real.is_null() || real == hook.wrapper() {
+    if real.is_null() {
         return;
     }
     let _ = REAL[hook as usize].compare_exchange(
@@ -252,10 +91,17 @@ pub fn real(hook: Hook) -> Option<*mut c_void> {
     resolve_real(hook)
 }
 
+/// The recorded pointer for `hook`, without looking it up (tests).
+#[cfg(test)]
+pub fn real_if_known(hook: Hook) -> Option<*mut c_void> {
+    let p = REAL[hook as usize].load(Ordering::Acquire);
+    (!p.is_null()).then_some(p)
+}
+
 #[cold]
 #[inline(never)]
 fn resolve_real(hook: Hook) -> Option<*mut c_void> {
-    let found = loader::find_in_driver(hook.library(), hook.name());
+    let found = crate::loader::find_in_driver(hook.library(), hook.name());
     if let Some(p) = found {
         record_real(hook, p);
     }
@@ -268,11 +114,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip_and_wrappers_are_distinct() {
-        let mut seen = std::collections::HashSet::new();
+    fn names_round_trip() {
         for &h in Hook::ALL {
             assert_eq!(Hook::from_exact_name(h.name().to_bytes()), Some(h));
-            assert!(seen.insert(h.wrapper()), "{h:?} shares a wrapper");
         }
         assert_eq!(
             Hook::from_exact_name(b"cuMemAlloc"),
@@ -283,11 +127,13 @@ mod tests {
     }
 
     #[test]
-    fn own_wrapper_is_never_recorded_as_real() {
+    fn the_first_real_pointer_wins_and_null_is_ignored() {
         // A slot no other unit test fills.
-        record_real(Hook::cuMemUnmap, Hook::cuMemUnmap.wrapper());
-        assert!(REAL[Hook::cuMemUnmap as usize]
-            .load(Ordering::Acquire)
-            .is_null());
+        let slot = &REAL[Hook::cuMemUnmap as usize];
+        record_real(Hook::cuMemUnmap, std::ptr::null_mut());
+        assert!(slot.load(Ordering::Acquire).is_null());
+        record_real(Hook::cuMemUnmap, 0x1000 as *mut c_void);
+        record_real(Hook::cuMemUnmap, 0x2000 as *mut c_void);
+        assert_eq!(slot.load(Ordering::Acquire), 0x1000 as *mut c_void);
     }
 }

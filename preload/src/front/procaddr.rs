@@ -17,113 +17,51 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use crate::cuda::*;
 use crate::symbols::{self, Hook};
+use crate::variants::Stream;
 
-type Variants = &'static [(c_int, Hook)];
+/// A `cuGetProcAddress` request that selects a variant: its base name, the first CUDA
+/// version whose request selects it, and the stream its flags ask for.
+#[derive(Debug, Clone, Copy)]
+struct Selects {
+    base: &'static str,
+    since: c_int,
+    stream: Stream,
+    hook: Hook,
+}
 
-/// (base name, variants newest first, per-thread-default-stream variants newest
-/// first). An empty per-thread list: the function takes no stream, the flag changes
-/// nothing.
-#[rustfmt::skip]
-const TABLE: &[(&str, Variants, Variants)] = &[
-    // Under per-thread-default-stream compilation cuda.h's cuGetProcAddress is
-    // cuGetProcAddress_v2_ptsz (CUDA 12+).
-    ("cuGetProcAddress", &[(12000, Hook::cuGetProcAddress_v2), (11030, Hook::cuGetProcAddress)], &[(12000, Hook::cuGetProcAddress_v2_ptsz)]),
-    ("cuLaunchKernel", &[(4000, Hook::cuLaunchKernel)], &[(7000, Hook::cuLaunchKernel_ptsz)]),
-    ("cuLaunchKernelEx", &[(11060, Hook::cuLaunchKernelEx)], &[(11060, Hook::cuLaunchKernelEx_ptsz)]),
-    ("cuLaunchCooperativeKernel", &[(9000, Hook::cuLaunchCooperativeKernel)], &[(9000, Hook::cuLaunchCooperativeKernel_ptsz)]),
-    ("cuGraphLaunch", &[(10000, Hook::cuGraphLaunch)], &[(10000, Hook::cuGraphLaunch_ptsz)]),
-    ("cuLaunch", &[(2000, Hook::cuLaunch)], &[]),
-    ("cuLaunchGrid", &[(2000, Hook::cuLaunchGrid)], &[]),
-    ("cuLaunchGridAsync", &[(2000, Hook::cuLaunchGridAsync)], &[]),
-    // Synchronous copies and memsets have `_ptds` variants, asynchronous ones `_ptsz`.
-    ("cuMemcpy", &[(4000, Hook::cuMemcpy)], &[(7000, Hook::cuMemcpy_ptds)]),
-    ("cuMemcpyHtoD", &[(3020, Hook::cuMemcpyHtoD_v2)], &[(7000, Hook::cuMemcpyHtoD_v2_ptds)]),
-    ("cuMemcpyDtoH", &[(3020, Hook::cuMemcpyDtoH_v2)], &[(7000, Hook::cuMemcpyDtoH_v2_ptds)]),
-    ("cuMemcpyDtoD", &[(3020, Hook::cuMemcpyDtoD_v2)], &[(7000, Hook::cuMemcpyDtoD_v2_ptds)]),
-    ("cuMemcpyDtoA", &[(3020, Hook::cuMemcpyDtoA_v2)], &[(7000, Hook::cuMemcpyDtoA_v2_ptds)]),
-    ("cuMemcpyAtoD", &[(3020, Hook::cuMemcpyAtoD_v2)], &[(7000, Hook::cuMemcpyAtoD_v2_ptds)]),
-    ("cuMemcpyHtoA", &[(3020, Hook::cuMemcpyHtoA_v2)], &[(7000, Hook::cuMemcpyHtoA_v2_ptds)]),
-    ("cuMemcpyAtoH", &[(3020, Hook::cuMemcpyAtoH_v2)], &[(7000, Hook::cuMemcpyAtoH_v2_ptds)]),
-    ("cuMemcpyAtoA", &[(3020, Hook::cuMemcpyAtoA_v2)], &[(7000, Hook::cuMemcpyAtoA_v2_ptds)]),
-    ("cuMemcpyPeer", &[(4000, Hook::cuMemcpyPeer)], &[(7000, Hook::cuMemcpyPeer_ptds)]),
-    ("cuMemcpy2D", &[(3020, Hook::cuMemcpy2D_v2)], &[(7000, Hook::cuMemcpy2D_v2_ptds)]),
-    ("cuMemcpy2DUnaligned", &[(3020, Hook::cuMemcpy2DUnaligned_v2)], &[(7000, Hook::cuMemcpy2DUnaligned_v2_ptds)]),
-    ("cuMemcpy3D", &[(3020, Hook::cuMemcpy3D_v2)], &[(7000, Hook::cuMemcpy3D_v2_ptds)]),
-    ("cuMemcpy3DPeer", &[(4000, Hook::cuMemcpy3DPeer)], &[(7000, Hook::cuMemcpy3DPeer_ptds)]),
-    ("cuMemcpyAsync", &[(4000, Hook::cuMemcpyAsync)], &[(7000, Hook::cuMemcpyAsync_ptsz)]),
-    ("cuMemcpyHtoDAsync", &[(3020, Hook::cuMemcpyHtoDAsync_v2)], &[(7000, Hook::cuMemcpyHtoDAsync_v2_ptsz)]),
-    ("cuMemcpyDtoHAsync", &[(3020, Hook::cuMemcpyDtoHAsync_v2)], &[(7000, Hook::cuMemcpyDtoHAsync_v2_ptsz)]),
-    ("cuMemcpyDtoDAsync", &[(3020, Hook::cuMemcpyDtoDAsync_v2)], &[(7000, Hook::cuMemcpyDtoDAsync_v2_ptsz)]),
-    ("cuMemcpyHtoAAsync", &[(3020, Hook::cuMemcpyHtoAAsync_v2)], &[(7000, Hook::cuMemcpyHtoAAsync_v2_ptsz)]),
-    ("cuMemcpyAtoHAsync", &[(3020, Hook::cuMemcpyAtoHAsync_v2)], &[(7000, Hook::cuMemcpyAtoHAsync_v2_ptsz)]),
-    ("cuMemcpyPeerAsync", &[(4000, Hook::cuMemcpyPeerAsync)], &[(7000, Hook::cuMemcpyPeerAsync_ptsz)]),
-    ("cuMemcpy2DAsync", &[(3020, Hook::cuMemcpy2DAsync_v2)], &[(7000, Hook::cuMemcpy2DAsync_v2_ptsz)]),
-    ("cuMemcpy3DAsync", &[(3020, Hook::cuMemcpy3DAsync_v2)], &[(7000, Hook::cuMemcpy3DAsync_v2_ptsz)]),
-    ("cuMemcpy3DPeerAsync", &[(4000, Hook::cuMemcpy3DPeerAsync)], &[(7000, Hook::cuMemcpy3DPeerAsync_ptsz)]),
-    ("cuMemsetD8", &[(3020, Hook::cuMemsetD8_v2)], &[(7000, Hook::cuMemsetD8_v2_ptds)]),
-    ("cuMemsetD16", &[(3020, Hook::cuMemsetD16_v2)], &[(7000, Hook::cuMemsetD16_v2_ptds)]),
-    ("cuMemsetD32", &[(3020, Hook::cuMemsetD32_v2)], &[(7000, Hook::cuMemsetD32_v2_ptds)]),
-    ("cuMemsetD2D8", &[(3020, Hook::cuMemsetD2D8_v2)], &[(7000, Hook::cuMemsetD2D8_v2_ptds)]),
-    ("cuMemsetD2D16", &[(3020, Hook::cuMemsetD2D16_v2)], &[(7000, Hook::cuMemsetD2D16_v2_ptds)]),
-    ("cuMemsetD2D32", &[(3020, Hook::cuMemsetD2D32_v2)], &[(7000, Hook::cuMemsetD2D32_v2_ptds)]),
-    ("cuMemsetD8Async", &[(3020, Hook::cuMemsetD8Async)], &[(7000, Hook::cuMemsetD8Async_ptsz)]),
-    ("cuMemsetD16Async", &[(3020, Hook::cuMemsetD16Async)], &[(7000, Hook::cuMemsetD16Async_ptsz)]),
-    ("cuMemsetD32Async", &[(3020, Hook::cuMemsetD32Async)], &[(7000, Hook::cuMemsetD32Async_ptsz)]),
-    ("cuMemsetD2D8Async", &[(3020, Hook::cuMemsetD2D8Async)], &[(7000, Hook::cuMemsetD2D8Async_ptsz)]),
-    ("cuMemsetD2D16Async", &[(3020, Hook::cuMemsetD2D16Async)], &[(7000, Hook::cuMemsetD2D16Async_ptsz)]),
-    ("cuMemsetD2D32Async", &[(3020, Hook::cuMemsetD2D32Async)], &[(7000, Hook::cuMemsetD2D32Async_ptsz)]),
-    // CUDA 12.8 batches; 13.0's _v2 drops failIdx.
-    ("cuMemcpyBatchAsync", &[(13000, Hook::cuMemcpyBatchAsync_v2), (12080, Hook::cuMemcpyBatchAsync)], &[(13000, Hook::cuMemcpyBatchAsync_v2_ptsz), (12080, Hook::cuMemcpyBatchAsync_ptsz)]),
-    ("cuMemcpy3DBatchAsync", &[(13000, Hook::cuMemcpy3DBatchAsync_v2), (12080, Hook::cuMemcpy3DBatchAsync)], &[(13000, Hook::cuMemcpy3DBatchAsync_v2_ptsz), (12080, Hook::cuMemcpy3DBatchAsync_ptsz)]),
-    ("cuMemAlloc", &[(3020, Hook::cuMemAlloc_v2)], &[]),
-    ("cuMemAllocPitch", &[(3020, Hook::cuMemAllocPitch_v2)], &[]),
-    ("cuMemAllocManaged", &[(6000, Hook::cuMemAllocManaged)], &[]),
-    ("cuMemFree", &[(3020, Hook::cuMemFree_v2)], &[]),
-    ("cuArrayCreate", &[(3020, Hook::cuArrayCreate_v2)], &[]),
-    ("cuArray3DCreate", &[(3020, Hook::cuArray3DCreate_v2)], &[]),
-    ("cuArrayDestroy", &[(2000, Hook::cuArrayDestroy)], &[]),
-    ("cuMipmappedArrayCreate", &[(5000, Hook::cuMipmappedArrayCreate)], &[]),
-    ("cuMipmappedArrayDestroy", &[(5000, Hook::cuMipmappedArrayDestroy)], &[]),
-    ("cuMemAllocAsync", &[(11020, Hook::cuMemAllocAsync)], &[(11020, Hook::cuMemAllocAsync_ptsz)]),
-    ("cuMemAllocFromPoolAsync", &[(11020, Hook::cuMemAllocFromPoolAsync)], &[(11020, Hook::cuMemAllocFromPoolAsync_ptsz)]),
-    ("cuMemFreeAsync", &[(11020, Hook::cuMemFreeAsync)], &[(11020, Hook::cuMemFreeAsync_ptsz)]),
-    ("cuMemPoolCreate", &[(11020, Hook::cuMemPoolCreate)], &[]),
-    ("cuMemPoolDestroy", &[(11020, Hook::cuMemPoolDestroy)], &[]),
-    ("cuMemPoolTrimTo", &[(11020, Hook::cuMemPoolTrimTo)], &[]),
-    ("cuMemCreate", &[(10020, Hook::cuMemCreate)], &[]),
-    ("cuMemRelease", &[(10020, Hook::cuMemRelease)], &[]),
-    ("cuMemMap", &[(10020, Hook::cuMemMap)], &[]),
-    ("cuMemUnmap", &[(10020, Hook::cuMemUnmap)], &[]),
-    ("cuMemExportToShareableHandle", &[(10020, Hook::cuMemExportToShareableHandle)], &[]),
-    ("cuStreamCreate", &[(2000, Hook::cuStreamCreate)], &[]),
-    ("cuStreamCreateWithPriority", &[(5050, Hook::cuStreamCreateWithPriority)], &[]),
-    ("cuStreamDestroy", &[(4000, Hook::cuStreamDestroy_v2)], &[]),
-    ("cuStreamBeginCapture", &[(10010, Hook::cuStreamBeginCapture_v2), (10000, Hook::cuStreamBeginCapture)], &[(10010, Hook::cuStreamBeginCapture_v2_ptsz), (10000, Hook::cuStreamBeginCapture_ptsz)]),
-    ("cuStreamBeginCaptureToGraph", &[(12030, Hook::cuStreamBeginCaptureToGraph)], &[(12030, Hook::cuStreamBeginCaptureToGraph_ptsz)]),
-    ("cuStreamEndCapture", &[(10000, Hook::cuStreamEndCapture)], &[(10000, Hook::cuStreamEndCapture_ptsz)]),
-    ("cuDevicePrimaryCtxRetain", &[(7000, Hook::cuDevicePrimaryCtxRetain)], &[]),
-    ("cuDevicePrimaryCtxRelease", &[(11000, Hook::cuDevicePrimaryCtxRelease_v2), (7000, Hook::cuDevicePrimaryCtxRelease)], &[]),
-    ("cuDevicePrimaryCtxReset", &[(11000, Hook::cuDevicePrimaryCtxReset_v2), (7000, Hook::cuDevicePrimaryCtxReset)], &[]),
-    ("cuCtxCreate", &[(12050, Hook::cuCtxCreate_v4), (11040, Hook::cuCtxCreate_v3), (3020, Hook::cuCtxCreate_v2)], &[]),
-    ("cuCtxDestroy", &[(4000, Hook::cuCtxDestroy_v2)], &[]),
-    ("cuGreenCtxCreate", &[(12040, Hook::cuGreenCtxCreate)], &[]),
-    ("cuMemGetInfo", &[(3020, Hook::cuMemGetInfo_v2)], &[]),
-    ("cuDeviceTotalMem", &[(3020, Hook::cuDeviceTotalMem_v2)], &[]),
-];
+macro_rules! define_requests {
+    ($( $name:ident : $library:ident ( $($base:ident $since:literal $stream:ident)? ) => $wrapper:path ),* $(,)?) => {
+        /// Every variant `cuGetProcAddress` hands out, from the one declaration
+        /// (`variants`).
+        const TABLE: &[Selects] = &[
+            $($(Selects { base: stringify!($base), since: $since, stream: Stream::$stream, hook: Hook::$name },)?)*
+        ];
+    };
+}
 
-/// The variant a request selects, if it is one we wrap.
+crate::for_each_variant!(define_requests);
+
+/// The variant a request selects, if it is one we wrap: of the variants of that base
+/// name for the stream the flags ask for (the legacy ones if the function takes no
+/// stream), the newest whose threshold the caller's version reaches.
 pub fn select(name: &[u8], cuda_version: c_int, flags: u64) -> Option<Hook> {
-    let (_, default, per_thread) = TABLE.iter().find(|(n, _, _)| n.as_bytes() == name)?;
-    let variants =
-        if flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 && !per_thread.is_empty() {
-            per_thread
-        } else {
-            default
-        };
-    variants
-        .iter()
-        .find(|(min, _)| *min <= cuda_version)
-        .map(|(_, hook)| *hook)
+    let of_name = || TABLE.iter().filter(|s| s.base.as_bytes() == name);
+    let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0
+        && of_name().any(|s| s.stream == Stream::PerThread);
+    let stream = if per_thread {
+        Stream::PerThread
+    } else {
+        Stream::Legacy
+    };
+    of_name()
+        .filter(|s| s.stream == stream && s.since <= cuda_version)
+        .max_by_key(|s| s.since)
+        .map(|s| s.hook)
+}
+
+/// Whether `name` is a base name some variant is selected by.
+fn is_wrapped_base(name: &[u8]) -> bool {
+    TABLE.iter().any(|s| s.base.as_bytes() == name)
 }
 
 /// The flags a `cuGetProcAddress_v2_ptsz` request means: cuda.h defines
@@ -193,19 +131,16 @@ fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
         // Logged once already: passed through again.
         Some(hook) if !answer_is_the_variant(found, driver_export(hook)) => {}
         Some(hook) => {
-            symbols::record_real(hook, found);
+            super::record_real(hook, found);
             crate::log_debug!(
                 "cuGetProcAddress({}, {cuda_version}, {flags}) -> {}",
                 name.to_string_lossy(),
                 hook.name().to_string_lossy()
             );
             // SAFETY: as above.
-            unsafe { *pfn = hook.wrapper() };
+            unsafe { *pfn = super::wrapper(hook) };
         }
-        None if TABLE
-            .iter()
-            .any(|(n, _, _)| n.as_bytes() == name.to_bytes()) =>
-        {
+        None if is_wrapped_base(name.to_bytes()) => {
             crate::log_info!(
                 "cuGetProcAddress({}, {cuda_version}): an ABI older than any wrapped variant; passed through",
                 name.to_string_lossy()
@@ -449,20 +384,19 @@ mod tests {
     }
 
     #[test]
-    fn variants_newest_first_and_every_wrapped_variant_reachable() {
-        for (name, default, per_thread) in TABLE {
-            for list in [default, per_thread] {
-                assert!(list.windows(2).all(|w| w[0].0 > w[1].0), "{name}");
-            }
-        }
-        for hook in Hook::ALL {
-            let reachable = TABLE
+    fn thresholds_are_unambiguous_and_every_driver_variant_is_reachable() {
+        for s in TABLE {
+            let same = TABLE
                 .iter()
-                .any(|(_, d, p)| d.iter().chain(p.iter()).any(|(_, h)| h == hook));
+                .filter(|t| t.base == s.base && t.stream == s.stream && t.since == s.since);
+            assert_eq!(same.count(), 1, "{} {:?} {}", s.base, s.stream, s.since);
+        }
+        for &hook in Hook::ALL {
+            let reachable = TABLE.iter().any(|s| s.hook == hook);
             let nvml = hook.name().to_bytes().starts_with(b"nvml");
             assert!(
-                reachable || nvml,
-                "{hook:?} is never handed out by cuGetProcAddress"
+                reachable != nvml,
+                "{hook:?}: every cu* variant is handed out by cuGetProcAddress, no NVML one"
             );
         }
     }
