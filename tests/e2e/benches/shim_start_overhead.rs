@@ -18,7 +18,7 @@ fn main() {
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
     let ctr = Containerd::start(
         dir.path(),
-        &arbiter.config_path,
+        arbiter.config_path(),
         ContainerdOptions::default(),
     );
     let plain = ctr.run_args(RUNC_RUNTIME, &["--rm"], "plain", &["/bin/true"]);

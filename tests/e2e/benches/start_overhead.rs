@@ -13,7 +13,7 @@ fn main() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
     let plain = ["run", "--rm", "--runtime", "runc", IMAGE, "true"];
     let shared = [
         "run",

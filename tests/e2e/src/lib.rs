@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub use gpushare_testkit::results::write_results;
+pub use gpushare_testkit::rootfs::{busybox_rootfs, BUSYBOX};
+pub use gpushare_testkit::simgpu::{self, gpu_uuid as sim_uuid, SimMachine};
+pub use gpushare_testkit::stats::median;
+pub use gpushare_testkit::{wait_until, Config};
+
 pub mod containerd;
 pub const DOCKER: &str = "/usr/bin/docker";
 pub const DOCKERD: &str = "/usr/sbin/dockerd";
-pub const BUSYBOX: &str = "/bin/busybox";
-
-/// Simulated-GPU UUIDs (tests/simgpu derives index i's UUID this way).
-pub fn sim_uuid(index: u32) -> String {
-    format!("GPU-51a6d0e0-0000-4000-8000-{index:012x}")
-}
 
 pub fn require_root() {
     assert!(
@@ -34,31 +34,18 @@ fn nix_is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// Where `cargo build` put the gpushare binaries.
+/// Where `cargo build` put the gpushare binaries (`GPUSHARE_BIN_DIR`, else this
+/// profile's); fails the test unless every one the suite runs is there.
 pub fn bin_dir() -> PathBuf {
-    let dir = std::env::var_os("GPUSHARE_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/debug")
-                .canonicalize()
-                .expect("target/debug exists")
-        });
-    for bin in [
+    gpushare_testkit::binaries::require(&[
         "gpushare-arbiter",
         "gpusharectl",
         "gpushare-runc",
         "gpushare-hook",
         "libgpushare.so",
         "containerd-shim-gpushare-v2",
-    ] {
-        assert!(
-            dir.join(bin).exists(),
-            "{} missing: build first (`cargo build --workspace`, as `make test` does)",
-            dir.join(bin).display()
-        );
-    }
-    dir
+    ]);
+    gpushare_testkit::binaries::bin_dir()
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -73,54 +60,9 @@ pub fn scratch() -> tempfile::TempDir {
         .expect("temporary directory")
 }
 
-pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A root filesystem holding busybox-static and a link per applet.
-pub fn busybox_rootfs(dir: &Path) {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    for d in ["proc", "sys", "dev", "etc", "tmp", "run"] {
-        std::fs::create_dir_all(dir.join(d)).unwrap();
-    }
-    std::fs::copy(BUSYBOX, bin.join("busybox"))
-        .expect("busybox-static installed (make test installs it)");
-    let list = Command::new(BUSYBOX)
-        .arg("--list")
-        .output()
-        .expect("busybox --list");
-    for applet in String::from_utf8_lossy(&list.stdout).lines() {
-        if applet != "busybox" {
-            let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
-        }
-    }
-    std::fs::write(
-        dir.join("etc/passwd"),
-        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n",
-    )
-    .unwrap();
-    std::fs::write(dir.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n").unwrap();
-}
-
-/// A private gpushare-arbiter with declared devices.
-pub struct Arbiter {
-    child: Child,
-    pub config_path: PathBuf,
-    pub run_dir: PathBuf,
-}
-
 pub struct ArbiterOptions {
     pub gpus: u32,
     pub memory: &'static str,
-    pub extra: &'static str,
     /// Some(CUDA version as NVML encodes it, e.g. "12020"): the arbiter takes its
     /// inventory through the simulated GPU's NVML instead of declared devices.
     pub simulated_driver: Option<&'static str>,
@@ -131,97 +73,51 @@ impl Default for ArbiterOptions {
         ArbiterOptions {
             gpus: 2,
             memory: "16Gi",
-            extra: "",
             simulated_driver: None,
         }
     }
 }
 
+/// The test kit's private arbiter, with what the end-to-end tests read of it.
+pub struct Arbiter {
+    arbiter: gpushare_testkit::Arbiter,
+    /// Its configuration file, which the runtimes under test read too.
+    pub config_path: PathBuf,
+    pub run_dir: PathBuf,
+}
+
+impl std::ops::Deref for Arbiter {
+    type Target = gpushare_testkit::Arbiter;
+    fn deref(&self) -> &gpushare_testkit::Arbiter {
+        &self.arbiter
+    }
+}
+
 impl Arbiter {
+    /// A private arbiter in `dir`, with declared GPUs or the simulated driver's; its
+    /// configuration names this build's interposer and hook for the runtimes.
     pub fn start(dir: &Path, options: ArbiterOptions) -> Arbiter {
-        let run_dir = dir.join("run");
-        let mut simulated_env: Vec<(&str, String)> = Vec::new();
-        let mut nvml = String::from("nvml_library = \"\"\n");
-        if let Some(cuda) = options.simulated_driver {
-            let libs = dir.join("simgpu-lib");
-            let profile = bin_dir()
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            let install =
-                Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../simgpu/install.sh"))
-                    .arg(&libs)
-                    .arg(&profile)
-                    .env("CARGO_TARGET_DIR", bin_dir().parent().unwrap())
-                    .status()
-                    .unwrap();
-            assert!(install.success(), "tests/simgpu/install.sh failed");
-            nvml = format!(
-                "nvml_library = \"{}\"\n",
-                libs.join("libnvidia-ml.so.1").display()
-            );
-            simulated_env = vec![
-                ("SIMGPU_DIR", dir.join("simgpu").display().to_string()),
-                ("SIMGPU_GPUS", options.gpus.to_string()),
-                ("SIMGPU_MEMORY", options.memory.to_string()),
-                ("SIMGPU_CUDA_VERSION", cuda.to_string()),
-            ];
-        }
-        let mut config = format!(
-            "[arbiter]\n{nvml}run_dir = \"{run}\"\nstate_dir = \"{state}\"\nclient_timeout_ms = 5000\n\n\
-             [runtime]\nruntimes = [\"runc\"]\nlibrary = \"{lib}\"\nhook = \"{hook}\"\n\n",
-            run = run_dir.display(),
-            state = dir.join("state").display(),
-            lib = bin("libgpushare.so").display(),
-            hook = bin("gpushare-hook").display(),
-        );
-        config += options.extra;
-        for i in 0..options.gpus {
-            config += &format!(
-                "\n[[arbiter.devices]]\nuuid = \"{}\"\nname = \"simulated GPU {i}\"\nmemory = \"{}\"\n",
-                sim_uuid(i),
-                options.memory
-            );
-        }
-        let config_path = dir.join("config.toml");
-        std::fs::write(&config_path, config).unwrap();
-        let log = std::fs::File::create(dir.join("arbiter.log")).unwrap();
-        let child = Command::new(bin("gpushare-arbiter"))
-            .arg("--config")
-            .arg(&config_path)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .envs(simulated_env)
-            .spawn()
-            .expect("start gpushare-arbiter");
-        let arbiter = Arbiter {
-            child,
-            config_path,
-            run_dir,
+        bin_dir();
+        let builder = gpushare_testkit::Arbiter::builder_in(dir);
+        let builder = match options.simulated_driver {
+            Some(cuda) => {
+                let machine = SimMachine::new(dir.join("simgpu"), options.gpus, options.memory)
+                    .set("SIMGPU_CUDA_VERSION", cuda);
+                builder.simulated(&machine)
+            }
+            None => builder.declared_gpus(options.gpus, options.memory),
         };
-        let socket = arbiter.run_dir.join("control.sock");
-        wait_until(
-            "the arbiter's control socket",
-            Duration::from_secs(10),
-            || std::os::unix::net::UnixStream::connect(&socket).is_ok(),
-        );
-        arbiter
+        let arbiter = builder.start();
+        Arbiter {
+            config_path: arbiter.config_path().to_owned(),
+            run_dir: arbiter.run_dir().to_owned(),
+            arbiter,
+        }
     }
 
+    /// `gpusharectl status --json`.
     pub fn status(&self) -> Value {
-        let out = Command::new(bin("gpusharectl"))
-            .arg("--config")
-            .arg(&self.config_path)
-            .args(["status", "--json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "gpusharectl status: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        self.status_json()
     }
 
     pub fn leases(&self) -> Vec<Value> {
@@ -231,21 +127,19 @@ impl Arbiter {
             .unwrap_or_default()
     }
 
-    /// Lease directories left under run_dir/leases.
+    /// How many lease directories are left under its run directory.
     pub fn lease_dirs(&self) -> usize {
-        std::fs::read_dir(self.run_dir.join("leases"))
-            .map(|d| d.count())
-            .unwrap_or(0)
+        self.arbiter.lease_dirs().len()
     }
-}
 
-impl Drop for Arbiter {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
+    /// Its configuration changed by `edit`, written to `name` in its directory for a
+    /// runtime to read.
+    pub fn config_variant(&self, name: &str, edit: impl FnOnce(&mut Config)) -> PathBuf {
+        let mut config = self.config().clone();
+        edit(&mut config);
+        let path = self.dir().join(name);
+        std::fs::write(&path, config.to_toml().unwrap()).unwrap();
+        path
     }
 }
 
@@ -432,30 +326,6 @@ pub fn runc_default_spec(bundle: &Path) -> Value {
         serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
     spec["process"]["terminal"] = serde_json::json!(false);
     spec
-}
-
-/// `GPUSHARE_BENCH_RESULTS=dir` also writes a benchmark's figures as JSON to
-/// `dir/{name}.json` (`make bench`: tests/bench/results, gathered by gpushare-bench's
-/// control-path section).
-pub fn write_results(name: &str, figures: serde_json::Value) {
-    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
-        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&figures).unwrap() + "\n",
-        )
-        .unwrap();
-        println!("wrote {}", path.display());
-    }
-}
-
-/// Median of samples (mean of the two middle ones for an even count).
-pub fn median(mut samples: Vec<f64>) -> f64 {
-    assert!(!samples.is_empty(), "median of nothing");
-    samples.sort_by(f64::total_cmp);
-    let n = samples.len();
-    (samples[n / 2] + samples[(n - 1) / 2]) / 2.0
 }
 
 /// `KEY=value` lines into (key, value) pairs.

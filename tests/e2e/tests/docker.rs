@@ -9,7 +9,7 @@ fn docker_run_gets_lease_environment_and_releases_on_exit() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     let id = docker
         .ok(&[
@@ -102,7 +102,7 @@ fn container_without_request_passes_through_unchanged() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     let through_gpushare = env_map(&docker.ok(&[
         "run",
@@ -147,7 +147,7 @@ fn bad_memory_value_fails_the_run_with_a_clear_error_and_no_lease() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     let out = docker.docker(&[
         "run",
@@ -182,7 +182,7 @@ fn docker_exec_sees_the_injected_environment() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     // The image bakes in NVIDIA_VISIBLE_DEVICES=all, as CUDA images do.
     let id = docker
@@ -236,7 +236,7 @@ fn a_crashed_container_releases_its_lease() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     // One dies by a signal from outside, one exits with an error by itself.
     let killed = docker
@@ -320,7 +320,7 @@ fn high_and_low_priority_containers_land_where_algorithm_1_says() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     let (_, high_a) = place(
         &docker,
@@ -362,7 +362,7 @@ fn image_needing_a_newer_cuda_than_the_driver_is_rejected() {
     };
     let arbiter = Arbiter::start(dir.path(), options);
     assert_eq!(arbiter.status()["driver_cuda_version"], 12020);
-    let docker = Dockerd::start(dir.path(), &arbiter.config_path);
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     let out = docker.docker(&[
         "run",

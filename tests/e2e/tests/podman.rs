@@ -11,7 +11,7 @@ fn podman_annotation_request_gets_a_lease_bound_to_the_container() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let podman = Podman::start(dir.path(), &arbiter.config_path);
+    let podman = Podman::start(dir.path(), arbiter.config_path());
 
     let id = podman
         .ok(&[
@@ -67,7 +67,7 @@ fn podman_bad_annotation_fails_with_the_parsers_message_and_no_lease() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let podman = Podman::start(dir.path(), &arbiter.config_path);
+    let podman = Podman::start(dir.path(), arbiter.config_path());
 
     let out = podman.podman(
         &[
@@ -106,7 +106,7 @@ fn podman_crashed_container_releases_its_lease() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let podman = Podman::start(dir.path(), &arbiter.config_path);
+    let podman = Podman::start(dir.path(), arbiter.config_path());
 
     let id = podman
         .ok(&[
@@ -148,7 +148,7 @@ fn podman_high_and_low_priority_containers_land_where_algorithm_1_says() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let podman = Podman::start(dir.path(), &arbiter.config_path);
+    let podman = Podman::start(dir.path(), arbiter.config_path());
 
     let place = |priority: &str| -> String {
         let annotation = format!("gpushare.io/priority={priority}");
@@ -200,7 +200,7 @@ fn podman_exec_sees_the_environment_with_gpushare_runc_as_runtime() {
     require_root();
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
-    let podman = Podman::with_runtime(dir.path(), &arbiter.config_path, &bin("gpushare-runc"));
+    let podman = Podman::with_runtime(dir.path(), arbiter.config_path(), &bin("gpushare-runc"));
 
     let id = podman
         .ok(&[

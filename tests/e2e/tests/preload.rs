@@ -43,13 +43,7 @@ fn cuda_rootfs(root: &Path) {
     busybox_rootfs(root);
     let lib = root.join("opt/simgpu/lib");
     std::fs::create_dir_all(&lib).unwrap();
-    let status = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../simgpu/install.sh"))
-        .arg(&lib)
-        .arg(bin_dir().file_name().unwrap())
-        .env("CARGO_TARGET_DIR", bin_dir().parent().unwrap())
-        .status()
-        .unwrap();
-    assert!(status.success(), "install.sh (build the workspace first)");
+    simgpu::install(&lib).unwrap_or_else(|e| panic!("{e}"));
     let probe = bin("gpushare-cuda-probe");
     std::fs::copy(&probe, root.join("bin/gpushare-cuda-probe")).expect("gpushare-cuda-probe built");
     for f in [
@@ -132,14 +126,7 @@ fn quota_inside_a_container_started_through_gpushare_runc() {
     let dir = scratch();
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
     // The wrapper injects the library named in the configuration: the one under test.
-    let config = dir.path().join("config-preload.toml");
-    let text = std::fs::read_to_string(&arbiter.config_path)
-        .unwrap()
-        .replace(
-            &bin("libgpushare.so").display().to_string(),
-            &library().display().to_string(),
-        );
-    std::fs::write(&config, text).unwrap();
+    let config = arbiter.config_variant("config-preload.toml", |c| c.runtime.library = library());
     let simgpu = dir.path().join("simgpu");
     std::fs::create_dir_all(&simgpu).unwrap();
 

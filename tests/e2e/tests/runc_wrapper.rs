@@ -80,7 +80,7 @@ fn bad_request_leaves_the_spec_unchanged_and_no_lease() {
     );
     let before = bundle.config_bytes();
     let out = wrapper(
-        &arbiter.config_path,
+        arbiter.config_path(),
         &state,
         &["create", "--bundle", bundle.dir.to_str().unwrap(), "c1"],
     );
@@ -109,7 +109,7 @@ fn runtime_failure_after_the_edit_restores_the_spec_and_releases_the_lease() {
     );
     let before = bundle.config_bytes();
     let out = wrapper(
-        &arbiter.config_path,
+        arbiter.config_path(),
         &state,
         &["create", "--bundle", bundle.dir.to_str().unwrap(), "c2"],
     );
@@ -136,14 +136,9 @@ fn full_lifecycle_through_real_runc_and_next_runtime_selection() {
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
     let state = dir.path().join("runc-state");
     // The NVIDIA runtime comes first in the default list; where it is absent, runc is next.
-    let text = std::fs::read_to_string(&arbiter.config_path)
-        .unwrap()
-        .replace(
-            "runtimes = [\"runc\"]",
-            "runtimes = [\"/opt/absent/nvidia-container-runtime\", \"runc\"]",
-        );
-    let config = dir.path().join("config-chain.toml");
-    std::fs::write(&config, text).unwrap();
+    let config = arbiter.config_variant("config-chain.toml", |c| {
+        c.runtime.runtimes = vec!["/opt/absent/nvidia-container-runtime".into(), "runc".into()]
+    });
 
     let bundle = Bundle::new(
         dir.path(),
@@ -178,14 +173,12 @@ fn full_lifecycle_through_real_runc_and_next_runtime_selection() {
     assert!(arbiter.leases().is_empty(), "poststop released the lease");
 
     // No runtime at all: a clear error naming the list.
-    let none = dir.path().join("config-none.toml");
-    std::fs::write(
-        &none,
-        std::fs::read_to_string(&config)
-            .unwrap()
-            .replace("\"runc\"]", "\"/opt/absent/runc\"]"),
-    )
-    .unwrap();
+    let none = arbiter.config_variant("config-none.toml", |c| {
+        c.runtime.runtimes = vec![
+            "/opt/absent/nvidia-container-runtime".into(),
+            "/opt/absent/runc".into(),
+        ]
+    });
     let out = wrapper(&none, &state, &["state", "c3"]);
     assert!(!out.status.success());
     assert!(
@@ -210,7 +203,7 @@ fn forged_marker_annotation_is_refused() {
     );
     let before = bundle.config_bytes();
     let out = wrapper(
-        &arbiter.config_path,
+        arbiter.config_path(),
         &state,
         &["create", "--bundle", bundle.dir.to_str().unwrap(), "c4"],
     );
@@ -246,7 +239,7 @@ fn a_wrapper_killed_while_its_reserve_waits_leaves_no_lease_and_the_spec_unchang
         json!({"gpushare.io/memory": "16Gi"}),
     );
     let out = wrapper(
-        &arbiter.config_path,
+        arbiter.config_path(),
         &state,
         &["create", "--bundle", filler.dir.to_str().unwrap(), "fill"],
     );
@@ -259,7 +252,7 @@ fn a_wrapper_killed_while_its_reserve_waits_leaves_no_lease_and_the_spec_unchang
     );
     let before = waiting.config_bytes();
     let mut requester = Command::new(bin("gpushare-runc"))
-        .env("GPUSHARE_CONFIG", &arbiter.config_path)
+        .env("GPUSHARE_CONFIG", arbiter.config_path())
         .arg("--root")
         .arg(&state)
         .args([
@@ -290,7 +283,7 @@ fn a_wrapper_killed_while_its_reserve_waits_leaves_no_lease_and_the_spec_unchang
     let fill_lease = arbiter.leases()[0]["id"].as_str().unwrap().to_owned();
     let out = Command::new(bin("gpusharectl"))
         .arg("--config")
-        .arg(&arbiter.config_path)
+        .arg(arbiter.config_path())
         .args(["release", &fill_lease])
         .output()
         .unwrap();
@@ -303,7 +296,7 @@ fn a_wrapper_killed_while_its_reserve_waits_leaves_no_lease_and_the_spec_unchang
     );
     assert_eq!(arbiter.lease_dirs(), 0, "no lease directory left");
     assert_eq!(waiting.config_bytes(), before, "the spec was never edited");
-    let out = wrapper(&arbiter.config_path, &state, &["delete", "-f", "fill"]);
+    let out = wrapper(arbiter.config_path(), &state, &["delete", "-f", "fill"]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
@@ -331,7 +324,7 @@ fn one_container_id_under_two_runtime_roots_holds_two_leases() {
     for (root, bundle) in roots.iter().zip(&bundles) {
         let b = bundle.dir.to_str().unwrap();
         let out = wrapper(
-            &arbiter.config_path,
+            arbiter.config_path(),
             root,
             &["create", "--bundle", b, "same"],
         );
@@ -353,12 +346,12 @@ fn one_container_id_under_two_runtime_roots_holds_two_leases() {
     };
     assert_ne!(injected(&bundles[0]), injected(&bundles[1]));
     // Deleting the first runtime's container releases its lease only.
-    let out = wrapper(&arbiter.config_path, &roots[0], &["delete", "-f", "same"]);
+    let out = wrapper(arbiter.config_path(), &roots[0], &["delete", "-f", "same"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let left = arbiter.leases();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0]["id"], injected(&bundles[1]).as_str());
-    let out = wrapper(&arbiter.config_path, &roots[1], &["delete", "-f", "same"]);
+    let out = wrapper(arbiter.config_path(), &roots[1], &["delete", "-f", "same"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(arbiter.leases().is_empty());
     assert_eq!(arbiter.lease_dirs(), 0);

@@ -26,7 +26,7 @@ fn setup() -> Setup {
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
     let ctr = Containerd::start(
         dir.path(),
-        &arbiter.config_path,
+        arbiter.config_path(),
         ContainerdOptions::default(),
     );
     Setup {
@@ -522,7 +522,7 @@ fn containerd_accepts_the_cri_runtime_snippet() {
     );
     let ctr = Containerd::start(
         dir.path(),
-        &arbiter.config_path,
+        arbiter.config_path(),
         ContainerdOptions {
             extra_config: &extra,
             cri: true,
@@ -642,7 +642,7 @@ exit 0
 "#,
             stop = stop_the_runc_shim(&pid_file),
             created = created_file.display(),
-            leases = arbiter.run_dir.join("leases").display(),
+            leases = gpushare_testkit::layout::leases_dir(&arbiter.run_dir).display(),
             verdict = verdict_file.display(),
         ),
     );

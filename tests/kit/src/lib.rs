@@ -22,4 +22,6 @@ pub mod stats;
 pub mod wait;
 
 pub use arbiter::{Arbiter, ArbiterBuilder, StartError};
+/// The typed configuration builders edit, so a suite needs no dependency of its own on it.
+pub use gpushare_config::{self as config, Config};
 pub use wait::wait_until;
