@@ -113,7 +113,7 @@ fn a_revoked_low_priority_holder_drains_around_its_capture() {
 /// loses copy/compute overlap and can deadlock producer/consumer streams).
 #[test]
 fn launch_ahead_is_bounded_per_stream() {
-    let mut m = Machine::start_with("[scheduler]\nlaunch_ahead = 1\n");
+    let mut m = Machine::start_with(|c| c.scheduler.launch_ahead = 1);
     let lease = m.lease_of("1Gi", Priority::Low);
     let s = run(&mut m.probe(Some(&lease), &["launch", "1", "two-streams", "500"]));
     assert_eq!(s.result("two-streams", 0), "CUDA_SUCCESS", "{}", s.stderr);
@@ -135,7 +135,7 @@ fn launch_ahead_is_bounded_per_stream() {
 /// allocation resolved through it is charged (and refused over the quota).
 #[test]
 fn the_per_thread_builds_get_proc_address_leads_to_the_wrappers() {
-    let mut m = Machine::start_with("");
+    let mut m = Machine::start();
     let lease = m.lease("1Gi");
     let s = run(&mut m.probe(
         Some(&lease),
@@ -218,7 +218,7 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
 /// Draining only the first context released at once, with the kernel still running.
 #[test]
 fn a_revoked_holder_drains_every_context() {
-    let mut m = Machine::start_with("[scheduler]\nrevoke_grace_ms = 200\n");
+    let mut m = Machine::start_with(|c| c.scheduler.revoke_grace_ms = 200);
     let low = m.lease_of("2Gi", Priority::Low);
     let high = m.lease_of("2Gi", Priority::High);
     let dir = tempfile::tempdir().unwrap();

@@ -18,18 +18,12 @@ use gpushare_proto::{ControlClient, Fraction, GpuSelector, Priority, ReserveRequ
 const CONTEXT: u64 = 256 * MI;
 const QUOTA: u64 = 1024 * MI;
 
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
 /// A private arbiter on one simulated 16 GiB GPU, seen through the simulated NVML,
 /// with the watchdog every 200 ms and killing what it reports.
 struct NvmlMachine {
-    dir: tempfile::TempDir,
-    /// `SIMGPU_MODULE_MEMORY`: what a module costs once lazily loaded.
-    module_memory: u64,
-    arbiter: Child,
+    arbiter: Arbiter,
+    /// The same simulated machine for the arbiter (NVML) and the programs.
+    machine: simgpu::SimMachine,
     containers: Vec<Child>,
 }
 
@@ -41,36 +35,36 @@ impl NvmlMachine {
     /// The simulated modules cost `module_memory` each once loaded (the arbiter's
     /// NVML creates the simulated machine, so its environment sets it for all).
     fn start_with_module_memory(module_memory: u64) -> NvmlMachine {
-        let libs = sim_libs();
-        let dir = tempfile::Builder::new()
-            .prefix("gsm-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let config = format!(
-            "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nclient_timeout_ms = 5000\n\
-             nvml_library = \"{}\"\nwatchdog_interval_ms = 200\nwatchdog_kill = true\n",
-            dir.path().join("run").display(),
-            dir.path().join("state").display(),
-            libs.join("libnvidia-ml.so.1").display(),
-        );
-        std::fs::write(dir.path().join("config.toml"), config).unwrap();
-        std::fs::create_dir_all(dir.path().join("simgpu")).unwrap();
-        let arbiter = spawn_arbiter(dir.path(), module_memory);
+        sim_libs();
+        let builder = Arbiter::builder();
+        let machine = simgpu::SimMachine::new(builder.dir().join("simgpu"), 1, "16Gi")
+            .set("SIMGPU_CONTEXT_MEMORY", CONTEXT)
+            .set("SIMGPU_MODULE_MEMORY", module_memory);
+        std::fs::create_dir_all(&machine.state_dir).unwrap();
+        let arbiter = builder
+            .simulated(&machine)
+            .configure(|c| {
+                c.arbiter.watchdog_interval_ms = 200;
+                c.arbiter.watchdog_kill = true;
+            })
+            .start();
         NvmlMachine {
-            dir,
-            module_memory,
             arbiter,
+            machine,
             containers: Vec::new(),
         }
+    }
+
+    fn dir(&self) -> &Path {
+        self.arbiter.dir()
     }
 
     /// SIGKILLs the arbiter, leaves it away for `away`, and starts it again on the same
     /// state (an upgrade, a crash); returns when its control socket answers.
     fn restart_arbiter(&mut self, away: Duration) {
-        let _ = self.arbiter.kill();
-        let _ = self.arbiter.wait();
+        self.arbiter.kill();
         std::thread::sleep(away);
-        self.arbiter = spawn_arbiter(self.dir.path(), self.module_memory);
+        self.arbiter.restart();
     }
 
     /// The lease's processes as the arbiter's ledger lists them.
@@ -84,11 +78,7 @@ impl NvmlMachine {
     }
 
     fn control(&self) -> ControlClient {
-        ControlClient::connect(
-            &self.dir.path().join("run/control.sock"),
-            Duration::from_secs(10),
-        )
-        .unwrap()
+        self.arbiter.client()
     }
 
     fn reserve(&self, container: &str, memory: &str) -> Result<String, String> {
@@ -126,65 +116,23 @@ impl NvmlMachine {
         let mut cmd = Command::new(PROBE);
         cmd.args(args)
             .env("LD_PRELOAD", library())
-            .env("LD_LIBRARY_PATH", sim_libs())
             .env("GPUSHARE_LOG", "debug")
             .env("GPUSHARE_LEASE", lease)
-            .env(
-                "GPUSHARE_SOCKET",
-                self.dir
-                    .path()
-                    .join("run/leases")
-                    .join(lease)
-                    .join("arbiter.sock"),
-            )
+            .env("GPUSHARE_SOCKET", self.arbiter.lease_socket(lease))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        sim_env(&mut cmd, self.dir.path(), self.module_memory);
+        self.machine.apply(&mut cmd);
         cmd
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("arbiter.log")).unwrap_or_default()
+        self.arbiter.log()
     }
-}
-
-/// Starts the arbiter of the machine in `dir` (appending to its log) and waits until its
-/// control socket answers.
-fn spawn_arbiter(dir: &Path, module_memory: u64) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("arbiter.log"))
-        .unwrap();
-    let mut arbiter = Command::new(profile_dir().join("gpushare-arbiter"));
-    arbiter
-        .arg("--config")
-        .arg(dir.join("config.toml"))
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    sim_env(&mut arbiter, dir, module_memory);
-    let arbiter = arbiter.spawn().expect("start gpushare-arbiter");
-    let socket = dir.join("run/control.sock");
-    wait_until("the arbiter", Duration::from_secs(30), || {
-        ControlClient::connect(&socket, Duration::from_secs(5)).is_ok()
-    });
-    arbiter
-}
-
-/// The same simulated machine for the arbiter (NVML) and the programs.
-fn sim_env(cmd: &mut Command, dir: &Path, module_memory: u64) {
-    cmd.env("SIMGPU_DIR", dir.join("simgpu"))
-        .env("SIMGPU_GPUS", "1")
-        .env("SIMGPU_MEMORY", "16Gi")
-        .env("SIMGPU_CONTEXT_MEMORY", CONTEXT.to_string())
-        .env("SIMGPU_MODULE_MEMORY", module_memory.to_string());
 }
 
 impl Drop for NvmlMachine {
     fn drop(&mut self) {
-        let _ = self.arbiter.kill();
-        let _ = self.arbiter.wait();
         for c in &mut self.containers {
             let _ = c.kill();
             let _ = c.wait();
@@ -254,7 +202,7 @@ fn a_process_that_fills_what_it_was_told_is_free_is_not_killed() {
 fn a_process_with_a_context_and_no_allocation_is_registered_and_not_killed() {
     let mut m = NvmlMachine::start();
     let lease = m.lease("1Gi");
-    let ready = m.dir.path().join("ready");
+    let ready = m.dir().join("ready");
     // The probe retains the primary context and loads its module, then allocates nothing.
     let probe = m
         .probe(&lease, &["touch", ready.to_str().unwrap(), "sleep", "1500"])
@@ -288,7 +236,7 @@ fn a_process_with_a_context_and_no_allocation_is_registered_and_not_killed() {
 fn an_idle_process_is_seen_again_with_its_holdings_within_a_second_of_an_arbiter_restart() {
     let mut m = NvmlMachine::start();
     let lease = m.lease("1Gi");
-    let ready = m.dir.path().join("ready");
+    let ready = m.dir().join("ready");
     let probe = m
         .probe(
             &lease,
@@ -344,7 +292,7 @@ fn a_lazily_loaded_module_is_counted_once_measured() {
     const MODULE: u64 = 8 * MI;
     let mut m = NvmlMachine::start_with_module_memory(MODULE);
     let lease = m.lease("1Gi");
-    let go = m.dir.path().join("go");
+    let go = m.dir().join("go");
     let probe = m
         .probe(
             &lease,
@@ -687,7 +635,7 @@ fn program_steps(child: Child, which: &str) -> Steps {
 fn a_restart_under_load_lets_no_process_exceed_the_quota_meanwhile() {
     let mut m = NvmlMachine::start();
     let lease = m.lease("1Gi");
-    let ready = m.dir.path().join("ready");
+    let ready = m.dir().join("ready");
     let holder = m
         .probe(
             &lease,

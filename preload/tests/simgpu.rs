@@ -129,8 +129,8 @@ fn destroying_a_pool_credits_its_cache_and_keeps_its_live_blocks_charged() {
 fn a_refused_allocation_allocates_nothing_and_the_process_can_retry() {
     let mut m = Machine::start();
     let lease = m.lease("64Mi");
-    let ready = m.dir.path().join("ready");
-    let go = m.dir.path().join("go");
+    let ready = m.dir().join("ready");
+    let go = m.dir().join("go");
     let holder = m
         .probe(
             Some(&lease),
@@ -179,7 +179,7 @@ fn a_refused_allocation_allocates_nothing_and_the_process_can_retry() {
 fn the_quota_holds_across_two_processes_of_one_container() {
     let mut m = Machine::start();
     let lease = m.lease("64Mi");
-    let p = |name: &str| m.dir.path().join(name).to_str().unwrap().to_owned();
+    let p = |name: &str| m.dir().join(name).to_str().unwrap().to_owned();
     let (a_holds, b_tried, a_freed) = (p("a-holds"), p("b-tried"), p("a-freed"));
     let a = m
         .probe(
@@ -466,7 +466,7 @@ fn without_a_lease_the_library_is_inert() {
 fn reconnects_after_an_arbiter_restart_with_what_it_holds() {
     let mut m = Machine::start();
     let lease = m.lease("64Mi");
-    let p = |name: &str| m.dir.path().join(name).to_str().unwrap().to_owned();
+    let p = |name: &str| m.dir().join(name).to_str().unwrap().to_owned();
     let (held, restarted) = (p("held"), p("restarted"));
     let child = m
         .probe(
@@ -517,7 +517,7 @@ fn reconnects_after_an_arbiter_restart_with_what_it_holds() {
 fn an_idle_process_is_seen_again_with_its_holdings_within_a_second_of_a_restart() {
     let mut m = Machine::start();
     let lease = m.lease("1Gi");
-    let ready = m.dir.path().join("ready");
+    let ready = m.dir().join("ready");
     let child = m
         .probe(
             Some(&lease),

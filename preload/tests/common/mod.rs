@@ -1,157 +1,82 @@
-//! Harness for the interposer's tests against the simulated GPU: the simulated
-//! driver libraries, a private gpushare-arbiter with a lease, and the probe program
-//! run with `LD_PRELOAD=libgpushare.so` as a container's process would be.
-#![allow(dead_code)]
+//! Harness for the interposer's tests against the simulated GPU: a private
+//! gpushare-arbiter (the test kit's) with a lease, and the probe program run with
+//! `LD_PRELOAD=libgpushare.so` as a container's process would be.
+// Each test file uses some of these.
+#![allow(dead_code, unused_imports)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::sync::Once;
 
 use gpushare_proto::{ControlClient, Fraction, GpuSelector, Priority, ReserveRequest};
+use gpushare_testkit::Config;
+pub use gpushare_testkit::{binaries, simgpu, wait_until, Arbiter};
 
 pub const MI: u64 = 1 << 20;
 pub const PROBE: &str = env!("CARGO_BIN_EXE_gpushare-cuda-probe");
 
-/// `target/<profile>` of this test binary.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+/// What the tests run besides this package: `cargo test -p gpushare-preload` does not
+/// build them (they are no dependencies of it), so the suite builds them once.
+pub fn build_what_the_tests_run() {
+    static BUILT: Once = Once::new();
+    BUILT.call_once(|| {
+        binaries::cargo_build(&["simgpu-libcuda", "simgpu-libnvml", "gpushare-arbiter"])
+    });
 }
 
-fn cargo_build(packages: &[&str]) {
-    let profile_dir = profile_dir();
-    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    build.args(["build", "-q"]);
-    for p in packages {
-        build.args(["-p", p]);
-    }
-    build.arg("--target-dir").arg(profile_dir.parent().unwrap());
-    if profile_dir.ends_with("release") {
-        build.arg("--release");
-    }
-    let status = build
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .unwrap();
-    assert!(status.success(), "cargo build {packages:?} failed");
-}
-
-/// The simulated `libcuda.so.1` and `libnvidia-ml.so.1`, installed once per test binary.
+/// The simulated `libcuda.so.1` and `libnvidia-ml.so.1`, built and installed once per test binary.
 pub fn sim_libs() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| {
-        cargo_build(&["simgpu-libcuda", "simgpu-libnvml", "gpushare-arbiter"]);
-        let dir = tempfile::tempdir().unwrap();
-        let profile_dir = profile_dir();
-        let status =
-            Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/simgpu/install.sh"))
-                .arg(dir.path())
-                .arg(profile_dir.file_name().unwrap())
-                .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
-                .status()
-                .unwrap();
-        assert!(status.success(), "install.sh failed");
-        dir
-    })
-    .path()
+    build_what_the_tests_run();
+    simgpu::libs()
 }
 
 /// The library under test: `GPUSHARE_PRELOAD_LIB` (the glibc-baseline build `make
 /// test` makes), else this profile's `libgpushare.so`.
 pub fn library() -> PathBuf {
-    std::env::var_os("GPUSHARE_PRELOAD_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| profile_dir().join("libgpushare.so"))
-}
-
-pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    binaries::preload_library()
 }
 
 /// A private arbiter with two declared 16 GiB GPUs, and a private simulated machine.
 pub struct Machine {
-    pub dir: tempfile::TempDir,
-    arbiter: Option<Child>,
+    arbiter: Arbiter,
     containers: Vec<Child>,
 }
 
 impl Machine {
     pub fn start() -> Machine {
-        Machine::start_with("")
+        Machine::start_with(|_| {})
     }
 
-    /// A machine whose arbiter configuration ends with `extra` (whole TOML sections,
-    /// e.g. "[scheduler]\nlaunch_ahead = 1\n").
-    pub fn start_with(extra: &str) -> Machine {
+    /// A machine whose arbiter configuration `configure` changes (e.g. the scheduler's).
+    pub fn start_with(configure: impl FnOnce(&mut Config)) -> Machine {
         sim_libs();
-        let dir = tempfile::Builder::new()
-            .prefix("gsp-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let mut config = format!(
-            "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nclient_timeout_ms = 5000\nnvml_library = \"\"\n",
-            dir.path().join("run").display(),
-            dir.path().join("state").display()
-        );
-        for i in 0..2 {
-            config += &format!(
-                "\n[[arbiter.devices]]\nuuid = \"GPU-51a6d0e0-0000-4000-8000-{i:012x}\"\nname = \"sim {i}\"\nmemory = \"16Gi\"\n"
-            );
-        }
-        config += "\n";
-        config += extra;
-        std::fs::write(dir.path().join("config.toml"), config).unwrap();
-        std::fs::create_dir_all(dir.path().join("simgpu")).unwrap();
-        let mut m = Machine {
-            dir,
-            arbiter: None,
+        let arbiter = Arbiter::builder()
+            .declared_gpus(2, "16Gi")
+            .configure(configure)
+            .start();
+        std::fs::create_dir_all(arbiter.dir().join("simgpu")).unwrap();
+        Machine {
+            arbiter,
             containers: Vec::new(),
-        };
-        m.start_arbiter();
-        m
+        }
     }
 
+    /// The machine's private directory (the arbiter's, the simulated GPU's state).
+    pub fn dir(&self) -> &Path {
+        self.arbiter.dir()
+    }
+
+    /// Starts the arbiter again on the same state (after `kill_arbiter`).
     pub fn start_arbiter(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("arbiter.log"))
-            .unwrap();
-        let child = Command::new(profile_dir().join("gpushare-arbiter"))
-            .arg("--config")
-            .arg(self.dir.path().join("config.toml"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start gpushare-arbiter");
-        self.arbiter = Some(child);
-        let socket = self.dir.path().join("run/control.sock");
-        wait_until("the arbiter", Duration::from_secs(30), || {
-            ControlClient::connect(&socket, Duration::from_secs(5)).is_ok()
-        });
+        self.arbiter.restart();
     }
 
     pub fn kill_arbiter(&mut self) {
-        if let Some(mut c) = self.arbiter.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.arbiter.kill();
     }
 
     pub fn control(&self) -> ControlClient {
-        ControlClient::connect(
-            &self.dir.path().join("run/control.sock"),
-            Duration::from_secs(10),
-        )
-        .unwrap()
+        self.arbiter.client()
     }
 
     /// A confirmed lease of `memory` on one GPU, whose "container" is a sleeping
@@ -195,11 +120,7 @@ impl Machine {
     }
 
     pub fn lease_socket(&self, lease: &str) -> PathBuf {
-        self.dir
-            .path()
-            .join("run/leases")
-            .join(lease)
-            .join("arbiter.sock")
+        self.arbiter.lease_socket(lease)
     }
 
     /// The probe as a process of the lease's container.
@@ -208,7 +129,7 @@ impl Machine {
         cmd.args(args)
             .env("LD_PRELOAD", library())
             .env("LD_LIBRARY_PATH", sim_libs())
-            .env("SIMGPU_DIR", self.dir.path().join("simgpu"))
+            .env("SIMGPU_DIR", self.dir().join("simgpu"))
             .env("GPUSHARE_LOG", "debug")
             .env_remove("GPUSHARE_LEASE")
             .env_remove("GPUSHARE_SOCKET")
@@ -239,13 +160,12 @@ impl Machine {
     }
 
     pub fn arbiter_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("arbiter.log")).unwrap_or_default()
+        self.arbiter.log()
     }
 }
 
 impl Drop for Machine {
     fn drop(&mut self) {
-        self.kill_arbiter();
         for c in &mut self.containers {
             let _ = c.kill();
             let _ = c.wait();
