@@ -18,6 +18,7 @@ use gpushare_proto::token_client::TokenConnection;
 use gpushare_proto::{
     LeaseClient, LeaseRequest, LeaseResponse, Priority, StatusReport, PROTOCOL_VERSION,
 };
+use gpushare_testkit::stats::median_duration;
 
 const T: Duration = Duration::from_secs(10);
 const HELPER_ENV: &str = "GPUSHARE_TEST_ABUSE_SOCKET";
@@ -32,11 +33,6 @@ fn status(d: &Arbiter) -> (StatusReport, Duration) {
     let start = Instant::now();
     let report = d.client().status().unwrap();
     (report, start.elapsed())
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// The arbiter's thread and descriptor counts, from /proc.
@@ -163,16 +159,16 @@ fn ten_thousand_connections_from_one_container_leave_the_arbiter_responsive() {
     );
     eprintln!(
         "status during the flood: median {:?}, max {:?}; after: median {:?}",
-        median(during.clone()),
+        median_duration(during.clone()),
         during.iter().max().unwrap(),
-        median(after.clone())
+        median_duration(after.clone())
     );
     assert!(
-        median(during) < STATUS_BOUND,
+        median_duration(during) < STATUS_BOUND,
         "status answered slower than {STATUS_BOUND:?} during the flood"
     );
     assert!(
-        median(after) < STATUS_BOUND,
+        median_duration(after) < STATUS_BOUND,
         "status answered slower than {STATUS_BOUND:?} after the flood"
     );
     drop(token);
