@@ -16,12 +16,6 @@ extern "C" fn in_child() {
     crate::gate::reset_after_fork();
 }
 
-/// The child handler, for the unit tests (which cannot fork a test harness).
-#[cfg(test)]
-pub fn in_child_for_tests() {
-    in_child();
-}
-
 pub fn install_handlers() {
     INSTALLED.call_once(|| {
         // SAFETY: registers a handler with the signature pthread_atfork expects.
@@ -32,4 +26,46 @@ pub fn install_handlers() {
             );
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounts;
+
+    #[test]
+    fn a_fork_child_starts_from_fresh_accounts_and_its_own_connection() {
+        let (_d, path) = crate::ledger::tests::fake_arbiter(1000);
+        crate::config::install(crate::config::Settings {
+            lease: Some("l".into()),
+            socket: path,
+            log: crate::log::Level::Off,
+        });
+        let parent = {
+            let mut a = accounts::lock().expect("active");
+            assert_eq!(
+                a.allocate_device(100, "t", || Ok(1)),
+                crate::cuda::CUDA_SUCCESS
+            );
+            assert_eq!(a.link.held(), 100);
+            &*a as *const accounts::Accounts
+        };
+        // What the pthread_atfork child handler does; a lock held elsewhere at the
+        // fork would not matter: the child never touches the parent's mutex again.
+        let held_elsewhere = accounts::lock().expect("active");
+        // The unit tests cannot fork a test harness: the handler is called directly.
+        in_child();
+        let mut child = accounts::lock().expect("active");
+        assert_ne!(
+            &*child as *const accounts::Accounts, parent,
+            "fresh accounts"
+        );
+        assert_eq!(child.link.held(), 0, "the parent's memory is the parent's");
+        assert_eq!(
+            child.allocate_device(100, "t", || Ok(2)),
+            crate::cuda::CUDA_SUCCESS,
+            "its own connection works"
+        );
+        drop(held_elsewhere);
+    }
 }

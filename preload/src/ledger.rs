@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use gpushare_proto::frame::{read_message, write_message, FrameError};
+
+use crate::watch::{self, Reattach};
 use gpushare_proto::{ErrorKind, LeaseRequest, LeaseResponse, LeaseState, Quota, PROTOCOL_VERSION};
 
 /// Bound on every read and write: a wedged arbiter cannot hang an allocation for ever.
@@ -178,17 +180,6 @@ impl Backoff {
     }
 }
 
-/// What one re-attach step of the watcher found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reattach {
-    /// Attached, on this descriptor.
-    Open(std::os::fd::RawFd),
-    /// The arbiter cannot be reached (it is restarting).
-    Away,
-    /// It answered, and refused.
-    Refused,
-}
-
 pub struct LeaseLink {
     socket: PathBuf,
     connection: Option<Connection>,
@@ -198,9 +189,10 @@ pub struct LeaseLink {
     /// When `last.used` was last heard (any answer that carries it).
     heard_at: Option<Instant>,
     backoff: Backoff,
-    /// The process's own link publishes its descriptor for a fork child to close;
-    /// other links (tests) leave CONNECTION_FD alone.
-    publishes_fd: bool,
+    /// The process's own link publishes its descriptor for a fork child to close, and
+    /// starts the watcher with this step at its first attach; other links (tests)
+    /// leave CONNECTION_FD alone.
+    watcher: Option<watch::Step>,
 }
 
 impl LeaseLink {
@@ -212,14 +204,15 @@ impl LeaseLink {
             last: None,
             heard_at: None,
             backoff: Backoff::new(),
-            publishes_fd: false,
+            watcher: None,
         }
     }
 
-    /// The link of the process's accounts (the one a fork child must close).
-    pub fn for_process(socket: PathBuf) -> LeaseLink {
+    /// The link of the process's accounts (the one a fork child must close), whose
+    /// watcher re-attaches it with `step`.
+    pub fn for_process(socket: PathBuf, step: watch::Step) -> LeaseLink {
         LeaseLink {
-            publishes_fd: true,
+            watcher: Some(step),
             ..LeaseLink::new(socket)
         }
     }
@@ -252,14 +245,14 @@ impl LeaseLink {
 
     fn drop_connection(&mut self) {
         if self.connection.is_some() {
-            if self.publishes_fd {
+            if self.watcher.is_some() {
                 CONNECTION_FD.store(-1, Ordering::Release);
             }
             self.connection = None;
-            if self.publishes_fd {
+            if self.watcher.is_some() {
                 // Nobody re-attaches a dropped connection until the next ledger
                 // operation: the watcher does it now.
-                crate::watch::wake();
+                watch::wake();
             }
         }
     }
@@ -351,11 +344,11 @@ impl LeaseLink {
                     view.used,
                     self.held
                 );
-                if self.publishes_fd {
+                if let Some(step) = self.watcher {
                     CONNECTION_FD.store(c.stream.as_raw_fd(), Ordering::Release);
                     // From the first attach on, a closed connection is re-attached
                     // without waiting for a CUDA call.
-                    crate::watch::start();
+                    watch::start(step);
                 }
                 self.connection = Some(c);
                 self.last = Some(view);
@@ -519,8 +512,131 @@ pub fn close_inherited_connection() {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::os::unix::net::UnixListener;
+
+    use gpushare_proto::{Fraction, LeaseId, Priority};
+
+    /// A stand-in arbiter: one lease of `quota` bytes, a ledger for this one client.
+    pub(crate) fn fake_arbiter(quota: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+        let (dir, path, _) = fake_arbiter_with(quota, 0);
+        (dir, path)
+    }
+
+    /// The stand-in with a process overhead of `overhead` bytes charged besides the
+    /// allocations (as the arbiter measures it), counting the requests it answers.
+    pub(crate) fn fake_arbiter_with(
+        quota: u64,
+        overhead: u64,
+    ) -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("arbiter.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                let mut used = overhead;
+                let q = |used| Quota {
+                    lease: LeaseId("l".into()),
+                    state: LeaseState::Confirmed,
+                    gpus: vec!["GPU-0".into()],
+                    priority: Priority::Low,
+                    memory_quota: quota,
+                    memory_used: used,
+                    memory_held: used - overhead,
+                    memory_overhead: overhead,
+                    compute_request: Fraction::ZERO,
+                    compute_limit: Fraction::ONE,
+                };
+                while let Ok(req) = read_message::<LeaseRequest>(&mut s) {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let resp = match req {
+                        LeaseRequest::Hello { protocol } => LeaseResponse::Hello { protocol },
+                        LeaseRequest::Attach { memory_held } => {
+                            used = memory_held + overhead;
+                            LeaseResponse::Attached {
+                                pid: 1,
+                                quota: q(used),
+                            }
+                        }
+                        LeaseRequest::Query => LeaseResponse::Quota(q(used)),
+                        LeaseRequest::Charge { bytes } => {
+                            let granted = used + bytes <= quota;
+                            if granted {
+                                used += bytes;
+                            }
+                            LeaseResponse::Charged {
+                                granted,
+                                memory_used: used,
+                                memory_quota: quota,
+                                memory_overhead: overhead,
+                            }
+                        }
+                        LeaseRequest::Credit { bytes } => {
+                            used -= bytes;
+                            LeaseResponse::Credited { memory_used: used }
+                        }
+                        LeaseRequest::Schedule => LeaseResponse::Error {
+                            kind: gpushare_proto::ErrorKind::InvalidRequest,
+                            message: "this stand-in does not schedule".into(),
+                        },
+                    };
+                    if write_message(&mut s, &resp).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        (dir, path, requests)
+    }
+
+    const MAX_AGE: Duration = Duration::from_millis(100);
+
+    #[test]
+    fn what_was_heard_answers_within_the_staleness_bound_then_one_query_refreshes_it() {
+        let (_d, path, requests) = fake_arbiter_with(1000, 300);
+        let mut link = LeaseLink::new(path);
+        assert_eq!(link.charge(100), Ok(()));
+        let count = || requests.load(std::sync::atomic::Ordering::SeqCst);
+        let after_charge = count();
+        let heard = link.heard_at().expect("the charge's answer");
+        let v = link.heard_within(heard, MAX_AGE).expect("fresh");
+        assert_eq!(
+            (v.used, v.overhead, v.remaining()),
+            (400, 300, 600),
+            "free is the quota less charges and the process's overhead"
+        );
+        let almost = heard + MAX_AGE - Duration::from_millis(1);
+        assert!(link.heard_within(almost, MAX_AGE).is_some());
+        assert_eq!(count(), after_charge, "no round trip within the bound");
+        assert_eq!(link.heard_within(heard + MAX_AGE, MAX_AGE), None);
+        // The process's own credit is in the next answer at once.
+        link.credit(100);
+        assert_eq!(link.query().map(|v| v.used), Some(300));
+        assert_eq!(count(), after_charge + 2, "one credit, one query");
+    }
+
+    #[test]
+    fn a_refusal_counts_the_overhead() {
+        let (_d, path, _) = fake_arbiter_with(1000, 300);
+        let mut link = LeaseLink::new(path);
+        assert_eq!(
+            link.charge(701),
+            Err(Refusal::OverQuota {
+                used: 300,
+                quota: 1000,
+                overhead: 300
+            })
+        );
+        assert_eq!(link.charge(700), Ok(()));
+    }
 
     #[test]
     fn backoff_doubles_to_a_ceiling_and_resets() {

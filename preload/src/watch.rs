@@ -9,9 +9,9 @@
 //! It waits, unlocked, in `poll` on the ledger connection for the peer's hang-up
 //! (`POLLRDHUP`: the arbiter never writes unasked on a ledger connection, so plain
 //! `POLLIN` would only be an answer another thread is about to read) and on an
-//! eventfd that the link signals when it drops a connection itself. Then it takes the
-//! accounts' lock for one step (`LeaseLink::reattach_once`: drop a closed connection,
-//! one attach attempt with what the process holds) and lets go; while the arbiter is
+//! eventfd that the link signals when it drops a connection itself. Then it runs one
+//! step it was started with (the accounts' `reattach_step`: under their lock, drop a
+//! closed connection, one attach attempt with what the process holds) and lets go; while the arbiter is
 //! away it retries after 50 ms, doubling to a 400 ms ceiling. It never waits on
 //! anything while holding the lock, and a CUDA call that holds the accounts (a
 //! synchronising free) only delays it.
@@ -24,7 +24,20 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
-use crate::ledger::Reattach;
+/// What one re-attach step of the watcher found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reattach {
+    /// Attached, on this descriptor.
+    Open(RawFd),
+    /// The arbiter cannot be reached (it is restarting).
+    Away,
+    /// It answered, and refused.
+    Refused,
+}
+
+/// One re-attach step under the accounts' lock (`None`: the library went inert).
+/// A plain function, so the watcher names nothing above it.
+pub type Step = fn() -> Option<Reattach>;
 
 /// The first retry after the arbiter went away (a restart takes about a second).
 const FIRST_RETRY: Duration = Duration::from_millis(50);
@@ -45,9 +58,9 @@ pub fn started() -> bool {
     STARTED.load(Ordering::Acquire)
 }
 
-/// Starts the watcher once per process (again in a fork child). Inert in the unit
-/// tests, whose links come and go with their stand-in arbiters.
-pub fn start() {
+/// Starts the watcher once per process (again in a fork child), running `step`. Inert
+/// in the unit tests, whose links come and go with their stand-in arbiters.
+pub fn start(step: Step) {
     if cfg!(test) || !crate::config::is_active() || STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -56,7 +69,7 @@ pub fn start() {
     WAKE_FD.store(fd, Ordering::Release);
     let spawned = std::thread::Builder::new()
         .name("gpushare-ledger".into())
-        .spawn(run);
+        .spawn(move || run(step));
     if let Err(e) = spawned {
         crate::log_error!(
             "cannot start the ledger watcher ({e}): after an arbiter restart this process re-attaches at its next allocation"
@@ -85,15 +98,12 @@ pub fn forget_after_fork() {
     }
 }
 
-fn run() {
+fn run(step: Step) {
     let mut retry = FIRST_RETRY;
     loop {
         // One step under the lock, released before any wait.
-        let step = match crate::accounts::lock() {
-            Some(mut a) => a.link.reattach_once(),
-            None => return,
-        };
-        match step {
+        let Some(found) = step() else { return };
+        match found {
             Reattach::Open(fd) => {
                 retry = FIRST_RETRY;
                 wait_for_hang_up(fd);
