@@ -4,21 +4,40 @@
 //! environment, or the lease's socket mounted where the runtime puts it, it takes over
 //! the process's view of the driver:
 //!
-//! - **Interposition** ([`loader`], [`procaddr`], [`symbols`]): the CUDA runtime does
-//!   not call `cu*` by name. It `dlopen`s `libcuda.so.1`, takes `cuGetProcAddress_v2`
-//!   with `dlsym`, and asks it for every other entry point by (name, CUDA version,
-//!   flags). So `dlsym` and `cuGetProcAddress`/`_v2` hand out our wrappers, chosen for
-//!   the exact variant (ABI) the request selects, and the `cu*` names are exported too
-//!   for programs that link `libcuda` directly.
-//! - **Memory** ([`accounts`], [`ledger`]): every device allocation path is charged to
-//!   the container's ledger in the arbiter before it happens, and credited after it is
-//!   freed; over quota the call answers `CUDA_ERROR_OUT_OF_MEMORY` with nothing
-//!   allocated.
+//! What it does:
+//!
+//! - **Interposition**: the CUDA runtime does not call `cu*` by name. It `dlopen`s
+//!   `libcuda.so.1`, takes `cuGetProcAddress_v2` with `dlsym`, and asks it for every
+//!   other entry point by (name, CUDA version, flags). So `dlsym` and
+//!   `cuGetProcAddress`/`_v2` hand out our wrappers, chosen for the exact variant (ABI)
+//!   the request selects, and the `cu*` names are exported too for programs that link
+//!   `libcuda` directly.
+//! - **Memory**: every device allocation path is charged to the container's ledger in
+//!   the arbiter before it happens, and credited after it is freed; over quota the call
+//!   answers `CUDA_ERROR_OUT_OF_MEMORY` with nothing allocated.
 //! - **Virtualised answers** ([`hooks::info`]): `cuMemGetInfo_v2`,
 //!   `cuDeviceTotalMem_v2` and NVML's memory info report the quota.
 //! - **Launch gate** ([`gate`]): every launch entry point passes one gate, the
 //!   time-slice token: an atomic load of the arbiter's shared page and a clock read
 //!   while holding it; a per-process agent thread asks, returns and reconnects.
+//!
+//! The layers, bottom to top; each module uses only the ones below it (and those before
+//! it in its own layer), which `tests/layering.rs` checks:
+//!
+//! 1. **ABI types and ground**: [`cuda`] (the driver's types and constants), [`log`],
+//!    [`guard`] (no panic crosses the C ABI), [`config`] (the environment, read once),
+//!    [`variants`] (the one declaration of every wrapped variant).
+//! 2. **Dynamic loading** ([`loader`]): glibc's own `dlsym`, the driver's definitions.
+//! 3. **Real-pointer slots** ([`symbols`]): per variant, the driver function its
+//!    wrapper forwards to.
+//! 4. **Driver calls** ([`driver`]): entry points the library calls for itself.
+//! 5. **Accounts and gate**: [`gate`] (the launch gate), [`watch`] (re-attach after an
+//!    arbiter restart), [`ledger`] (the arbiter's ledger connection), [`accounts`] (what
+//!    each allocation was charged, over the `Ledger` and `DeviceMemory` traits), [`fork`]
+//!    (the fork child's reset).
+//! 6. **Exported hooks** ([`hooks`]): one wrapper per variant.
+//! 7. **The front door** ([`front`]): `dlsym` and `cuGetProcAddress`, which hand the
+//!    wrappers out.
 //!
 //! Without either the library is inert: the exports forward, `dlsym` and
 //! `cuGetProcAddress` hand out the driver's own pointers.
