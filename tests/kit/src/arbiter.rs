@@ -98,6 +98,11 @@ impl ArbiterBuilder {
         &self.dir
     }
 
+    /// The configuration it will be started with, as configured so far.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// `count` declared GPUs of `memory` each (`"16Gi"`), named by the simulated GPU's
     /// UUIDs; no NVML.
     pub fn declared_gpus(mut self, count: u32, memory: &str) -> ArbiterBuilder {

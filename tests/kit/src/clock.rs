@@ -1,4 +1,4 @@
 //! The token clock, as the arbiter, the interposer and the simulated driver read it: tests
 //! compare their own timestamps with token deadlines and launch times on this clock.
 
-pub use simgpu_model::now_ns as monotonic_ns;
+pub use gpushare_types::monotonic_ns;

@@ -1,20 +1,19 @@
-//! Where a private arbiter's files are under its run directory, as the arbiter lays them
-//! out (`<run_dir>/leases/<lease>/arbiter.sock`): the one place the suites spell it.
+//! Where a private arbiter's files are under its run directory
+//! (`<run_dir>/leases/<lease>/arbiter.sock`), as `gpushare_types::layout` lays them out
+//! for the arbiter and the runtime: the suites take the same names from there.
 
 use std::path::{Path, PathBuf};
 
-/// The directory of lease directories, under `run_dir`.
-pub const LEASES_DIR: &str = "leases";
-/// The lease socket's file name inside a lease directory.
-pub const LEASE_SOCKET: &str = "arbiter.sock";
+use gpushare_types::layout::HostLayout;
+pub use gpushare_types::layout::{LEASES_DIR, LEASE_SOCKET};
 
 /// The directory of lease directories.
 pub fn leases_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join(LEASES_DIR)
+    HostLayout::new(run_dir).leases_dir()
 }
 
 /// A lease's directory (what its container sees as /run/gpushare). Tests name leases
-/// that escape it on purpose, so the id is not checked here.
+/// that escape it on purpose, so unlike `HostLayout::lease_dir` the id is not checked here.
 pub fn lease_dir(run_dir: &Path, lease: &str) -> PathBuf {
     leases_dir(run_dir).join(lease)
 }

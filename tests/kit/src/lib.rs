@@ -2,6 +2,7 @@
 //!
 //! - [`arbiter`]: a private `gpushare-arbiter` whose configuration is the typed
 //!   [`gpushare_config::Config`], written as TOML by the config crate itself;
+//! - [`config_edit`]: `key = value` settings applied to a typed configuration table;
 //! - [`binaries`]: where the built programs are (`GPUSHARE_BIN_DIR`, `GPUSHARE_PRELOAD_LIB`,
 //!   `GPUSHARE_TEST_ARBITER`);
 //! - [`simgpu`]: the simulated driver libraries, installed once per process, and a simulated
@@ -13,6 +14,7 @@
 pub mod arbiter;
 pub mod binaries;
 pub mod clock;
+pub mod config_edit;
 pub mod fake_arbiter;
 pub mod layout;
 pub mod results;
