@@ -69,9 +69,10 @@ pub fn current_pool(device: CUdevice) -> Option<Handle> {
 pub fn pool_usage(pool: Handle) -> Option<(u64, u64)> {
     let f = MEM_POOL_GET_ATTRIBUTE.get()?;
     type GetAttr = unsafe extern "C" fn(Handle, c_int, *mut c_void) -> CUresult;
-    // SAFETY: cuMemPoolGetAttribute(pool, attr, void*): both attributes are cuuint64_t.
     let read = |attr: c_int| {
         let mut value: u64 = 0;
+        // SAFETY: cuMemPoolGetAttribute(pool, attr, void*): both attributes read here are
+        // cuuint64_t, so a u64 is the out-value the driver writes.
         let rc = unsafe {
             std::mem::transmute::<*mut c_void, GetAttr>(f)(
                 pool,

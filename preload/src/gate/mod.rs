@@ -345,8 +345,10 @@ impl Gate {
             // SAFETY: just stored; leaked from here on.
             Ok(_) => unsafe { &*fresh },
             Err(winner) => {
-                // SAFETY: ours, never shared; the winner's is leaked.
+                // SAFETY: `fresh` came from Box::into_raw above and was never shared.
                 drop(unsafe { Box::from_raw(fresh) });
+                // SAFETY: the winner's gate was leaked by the thread that stored it and
+                // is never freed.
                 unsafe { &*winner }
             }
         }

@@ -42,11 +42,12 @@ fn result<T>(rc: CUresult, value: impl FnOnce() -> Option<T>) -> Result<T, CUres
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemAlloc_v2: fn(*mut CUdeviceptr, usize) -> CUresult);
-        // SAFETY (every `real` call in this file): the caller's arguments, forwarded.
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(dptr, bytes) },
             |a| {
                 a.allocate_device(bytes as u64, "cuMemAlloc", || {
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     result(unsafe { real(dptr, bytes) }, || written(dptr))
                 })
             },
@@ -65,9 +66,11 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(dptr, bytes, flags) },
             |a| {
                 a.allocate_device(bytes as u64, "cuMemAllocManaged", || {
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     result(unsafe { real(dptr, bytes, flags) }, || written(dptr))
                 })
             },
@@ -88,6 +91,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemAllocPitch_v2: fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(dptr, pitch, width_bytes, height, element_bytes) },
             |a| {
                 let estimate = (width_bytes as u64)
@@ -97,6 +101,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
                 a.allocate_pitched(
                     estimate,
                     || {
+                        // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                         let rc = unsafe { real(dptr, pitch, width_bytes, height, element_bytes) };
                         result(rc, || {
                             Some((
@@ -131,8 +136,10 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemFree_v2: fn(CUdeviceptr) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(dptr) },
             |a| {
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                 let rc = unsafe { real(dptr) };
                 if rc == CUDA_SUCCESS {
                     a.freed(dptr);
@@ -155,13 +162,16 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
     crate::guard::cuda(|| {
         let real = real_fn!(cuArrayCreate_v2: fn(*mut Handle, *const ArrayDescriptor) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(array, desc) },
             |a| {
                 let Some(d) = written(desc) else {
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     return unsafe { real(array, desc) };
                 };
                 let bytes = array_charge(d.width, d.height, 0, d.format, d.num_channels, 1);
                 a.allocate_array(false, bytes, || {
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     result(unsafe { real(array, desc) }, || written(array))
                 })
             },
@@ -180,13 +190,16 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         let real =
             real_fn!(cuArray3DCreate_v2: fn(*mut Handle, *const Array3DDescriptor) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(array, desc) },
             |a| {
                 let Some(d) = written(desc) else {
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     return unsafe { real(array, desc) };
                 };
                 let bytes = array_charge(d.width, d.height, d.depth, d.format, d.num_channels, 1);
                 a.allocate_array(false, bytes, || {
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     result(unsafe { real(array, desc) }, || written(array))
                 })
             },
@@ -205,14 +218,17 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     crate::guard::cuda(|| {
         let real = real_fn!(cuMipmappedArrayCreate: fn(*mut Handle, *const Array3DDescriptor, c_uint) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(array, desc, levels) },
             |a| {
                 let Some(d) = written(desc) else {
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     return unsafe { real(array, desc, levels) };
                 };
                 let bytes =
                     array_charge(d.width, d.height, d.depth, d.format, d.num_channels, levels);
                 a.allocate_array(true, bytes, || {
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     result(unsafe { real(array, desc, levels) }, || written(array))
                 })
             },
@@ -245,6 +261,7 @@ fn array_charge(
 pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CUresult {
     crate::guard::cuda(|| {
         let real = real_fn!(cuArrayDestroy: fn(Handle) -> CUresult);
+        // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
         let rc = unsafe { real(array) };
         if rc == CUDA_SUCCESS {
             if let Some(mut a) = accounts::lock() {
@@ -261,6 +278,7 @@ pub unsafe extern "C" fn cuArrayDestroy(array: Handle) -> CUresult {
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CUresult {
     crate::guard::cuda(|| {
         let real = real_fn!(cuMipmappedArrayDestroy: fn(Handle) -> CUresult);
+        // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
         let rc = unsafe { real(array) };
         if rc == CUDA_SUCCESS {
             if let Some(mut a) = accounts::lock() {
@@ -324,7 +342,9 @@ macro_rules! alloc_async {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn(*mut CUdeviceptr, usize, Handle) -> CUresult);
                 accounted(
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     || unsafe { real(dptr, bytes, stream) },
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     |a| allocate_async(a, dptr, bytes, None, stream, || unsafe { real(dptr, bytes, stream) }),
                 )
             })
@@ -348,8 +368,10 @@ macro_rules! alloc_from_pool_async {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn(*mut CUdeviceptr, usize, Handle, Handle) -> CUresult);
                 accounted(
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     || unsafe { real(dptr, bytes, pool, stream) },
                     |a| {
+                        // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                         allocate_async(a, dptr, bytes, Some(pool), stream, || unsafe {
                             real(dptr, bytes, pool, stream)
                         })
@@ -371,8 +393,10 @@ macro_rules! free_async {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn(CUdeviceptr, Handle) -> CUresult);
                 accounted(
+                    // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                     || unsafe { real(dptr, stream) },
                     |a| {
+                        // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                         let rc = unsafe { real(dptr, stream) };
                         if rc == CUDA_SUCCESS {
                             a.freed_to_pool(dptr);
@@ -397,6 +421,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     crate::guard::cuda(|| {
         let real =
             real_fn!(cuMemPoolCreate: fn(*mut Handle, *const AllocationPropHead) -> CUresult);
+        // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
         let rc = unsafe { real(pool, props) };
         if rc == CUDA_SUCCESS {
             if let (Some(mut a), Some(p), Some(props)) =
@@ -416,9 +441,11 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CUresult {
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemPoolDestroy: fn(Handle) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(pool) },
             |a| {
                 let used = crate::driver::pool_usage(pool).map(|(_, used)| used);
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                 let rc = unsafe { real(pool) };
                 if rc == CUDA_SUCCESS {
                     a.pool_destroyed(pool, used);
@@ -436,8 +463,10 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CUresult 
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemPoolTrimTo: fn(Handle, usize) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(pool, keep) },
             |a| {
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                 let rc = unsafe { real(pool, keep) };
                 if rc == CUDA_SUCCESS {
                     a.pool_trimmed(pool);
@@ -466,10 +495,12 @@ pub unsafe extern "C" fn cuMemCreate(
         // Host-located physical memory (HOST, HOST_NUMA) takes nothing from the GPU.
         match accounts::lock() {
             Some(mut a) if on_device => a.create_physical(bytes as u64, || {
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                 result(unsafe { real(handle, bytes, prop, flags) }, || {
                     written(handle)
                 })
             }),
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             _ => unsafe { real(handle, bytes, prop, flags) },
         }
     })
@@ -482,8 +513,10 @@ pub unsafe extern "C" fn cuMemRelease(handle: PhysicalHandle) -> CUresult {
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemRelease: fn(PhysicalHandle) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(handle) },
             |a| {
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                 let rc = unsafe { real(handle) };
                 if rc == CUDA_SUCCESS {
                     a.physical_released(handle);
@@ -535,8 +568,10 @@ pub unsafe extern "C" fn cuMemMap(
         let real =
             real_fn!(cuMemMap: fn(CUdeviceptr, usize, usize, PhysicalHandle, u64) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(address, size, offset, handle, flags) },
             |a| {
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                 let rc = unsafe { real(address, size, offset, handle, flags) };
                 if rc == CUDA_SUCCESS {
                     a.mapped(address, size as u64, handle);
@@ -554,8 +589,10 @@ pub unsafe extern "C" fn cuMemUnmap(address: CUdeviceptr, size: usize) -> CUresu
     crate::guard::cuda(|| {
         let real = real_fn!(cuMemUnmap: fn(CUdeviceptr, usize) -> CUresult);
         accounted(
+            // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
             || unsafe { real(address, size) },
             |a| {
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
                 let rc = unsafe { real(address, size) };
                 if rc == CUDA_SUCCESS {
                     a.unmapped(address, size as u64);
