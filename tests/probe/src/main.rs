@@ -1,1 +1,1158 @@
-fn main() {}
+//! gpushare-cuda-probe: a small CUDA driver program for the interposer's tests and
+//! benchmark. It resolves the driver the way the CUDA runtime does — `dlopen`
+//! ("libcuda.so.1"), `dlsym(handle, "cuGetProcAddress_v2")`, then every entry point
+//! through it for one CUDA version and flags — and runs the steps named on its
+//! command line, printing one line per step: `<step> <CUDA result> [key=value ...]`.
+//!
+//! Options: `--cuda-version N` (default 12040), `--ptds` (per-thread default stream).
+//! Steps: `alloc B`, `linked-alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
+//! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
+//! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
+//! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
+//! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
+//! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
+//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`.
+//!
+//! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
+//! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
+#![allow(clippy::missing_transmute_annotations)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::time::{Duration, Instant};
+
+type R = c_int;
+type H = usize;
+type Ptr = u64;
+type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> R;
+type Launch11 = unsafe extern "C" fn(
+    H,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    H,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> R;
+type Coop = unsafe extern "C" fn(
+    H,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    H,
+    *mut *mut c_void,
+) -> R;
+
+const PTDS: u64 = 2;
+
+/// The portable test kernel (`gpushare_spin_ns(u64 ns)` spins on `%globaltimer`):
+/// PTX text, NUL-terminated as `cuModuleLoadData` reads it, so the probe runs on the
+/// simulated driver and on a real one alike.
+const SPIN_PTX: &str = concat!(include_str!("../../../tests/simgpu/ptx/spin.ptx"), "\0");
+
+struct Cuda {
+    handle: *mut c_void,
+    get_proc: GetProc,
+    version: c_int,
+    flags: u64,
+}
+
+impl Cuda {
+    fn load(version: c_int, flags: u64) -> Cuda {
+        // SAFETY: dlopen/dlsym with NUL-terminated names; the handle is never closed.
+        unsafe {
+            let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+            if handle.is_null() {
+                fatal(&format!(
+                    "dlopen(libcuda.so.1): {}",
+                    CStr::from_ptr(libc::dlerror()).to_string_lossy()
+                ));
+            }
+            let sym = libc::dlsym(handle, c"cuGetProcAddress_v2".as_ptr());
+            if sym.is_null() {
+                fatal("no cuGetProcAddress_v2");
+            }
+            Cuda {
+                handle,
+                get_proc: std::mem::transmute::<*mut c_void, GetProc>(sym),
+                version,
+                flags,
+            }
+        }
+    }
+
+    /// cuGetProcAddress_v2(name, version, flags): the pointer and the result.
+    fn lookup(&self, name: &str, version: c_int, flags: u64) -> (R, *mut c_void) {
+        let c = CString::new(name).unwrap();
+        let (mut p, mut status) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid name and out-pointers.
+        let rc = unsafe { (self.get_proc)(c.as_ptr(), &mut p, version, flags, &mut status) };
+        (rc, p)
+    }
+
+    fn get<T>(&self, name: &str) -> T {
+        let (rc, p) = self.lookup(name, self.version, self.flags);
+        if rc != 0 || p.is_null() {
+            fatal(&format!("cuGetProcAddress_v2({name}) failed: {rc}"));
+        }
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: T is the function-pointer type of `name` for this version (cuda.h).
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+}
+
+fn fatal(msg: &str) -> ! {
+    eprintln!("gpushare-cuda-probe: {msg}");
+    std::process::exit(3)
+}
+
+/// `libfile:symbol` of a function pointer, from the loader (which library answers).
+fn who(p: *mut c_void) -> String {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr with a valid out-pointer.
+    if p.is_null() || unsafe { libc::dladdr(p, &mut info) } == 0 {
+        return "none".into();
+    }
+    let cstr = |s: *const c_char| {
+        if s.is_null() {
+            "?".into()
+        } else {
+            unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+        }
+    };
+    let file = cstr(info.dli_fname);
+    let file = file.rsplit('/').next().unwrap_or("").to_owned();
+    format!("{file}:{}", cstr(info.dli_sname))
+}
+
+#[repr(C)]
+struct ArrayDesc {
+    w: usize,
+    h: usize,
+    format: c_uint,
+    channels: c_uint,
+}
+#[repr(C)]
+struct Array3DDesc {
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+}
+#[repr(C)]
+struct AllocProp {
+    kind: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+    win32: *mut c_void,
+    flags: [u8; 8],
+}
+#[repr(C)]
+struct PoolProps {
+    kind: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+    win32: *mut c_void,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
+}
+#[repr(C)]
+struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: H,
+    attrs: *mut c_void,
+    nattrs: c_uint,
+}
+
+enum Held {
+    Device(Ptr),
+    Array(H),
+    Mipmapped(H),
+    Pooled(Ptr),
+    Mapped { va: Ptr, size: usize },
+}
+
+struct Probe {
+    cuda: Cuda,
+    function: H,
+    held: Vec<Held>,
+    pool: Option<H>,
+    /// The stream `capture-begin` is capturing on, and the graph it ended with.
+    capture: Option<(H, H)>,
+    error_name: unsafe extern "C" fn(R, *mut *const c_char) -> R,
+}
+
+impl Probe {
+    fn name(&self, rc: R) -> String {
+        let mut p = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a static string pointer.
+        if unsafe { (self.error_name)(rc, &mut p) } != 0 || p.is_null() {
+            return format!("CUDA_ERROR_{rc}");
+        }
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    fn report(&self, step: &str, rc: R, extra: &str) {
+        println!(
+            "{step} {}{}{extra}",
+            self.name(rc),
+            if extra.is_empty() { "" } else { " " }
+        );
+    }
+
+    fn kernel(&self, launch: Launch11, ns: u64) -> R {
+        self.kernel_on(launch, ns, 0)
+    }
+
+    fn kernel_on(&self, launch: Launch11, ns: u64, stream: H) -> R {
+        let mut duration = ns;
+        let mut params = [&mut duration as *mut u64 as *mut c_void];
+        // SAFETY: gpushare_spin_ns takes one u64 (its duration in ns).
+        unsafe {
+            launch(
+                self.function,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+    }
+
+    fn new_stream(&self, flags: c_uint) -> H {
+        let create: unsafe extern "C" fn(*mut H, c_uint) -> R = self.cuda.get("cuStreamCreate");
+        let mut stream = 0;
+        // SAFETY: a valid out-pointer.
+        let rc = unsafe { create(&mut stream, flags) };
+        if rc != 0 {
+            fatal(&format!("cuStreamCreate: {}", self.name(rc)));
+        }
+        stream
+    }
+}
+
+fn num(args: &mut impl Iterator<Item = String>) -> u64 {
+    let s = args.next().unwrap_or_else(|| fatal("missing number"));
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits
+        .parse()
+        .unwrap_or_else(|_| fatal(&format!("bad number {s}")));
+    n * match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => fatal(&format!("bad unit {unit}")),
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1).peekable();
+    let (mut version, mut flags) = (12040, 0);
+    while let Some(a) = args.peek() {
+        match a.as_str() {
+            "--cuda-version" => {
+                args.next();
+                version = num(&mut args) as c_int;
+            }
+            "--ptds" => {
+                args.next();
+                flags = PTDS;
+            }
+            _ => break,
+        }
+    }
+    let cuda = Cuda::load(version, flags);
+    let init: unsafe extern "C" fn(c_uint) -> R = cuda.get("cuInit");
+    let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> R = cuda.get("cuDeviceGet");
+    let retain: unsafe extern "C" fn(*mut H, c_int) -> R = cuda.get("cuDevicePrimaryCtxRetain");
+    let set_current: unsafe extern "C" fn(H) -> R = cuda.get("cuCtxSetCurrent");
+    let load_module: unsafe extern "C" fn(*mut H, *const c_void) -> R =
+        cuda.get("cuModuleLoadData");
+    let get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> R =
+        cuda.get("cuModuleGetFunction");
+    let error_name = cuda.get("cuGetErrorName");
+    let (mut dev, mut ctx, mut module, mut function) = (0, 0, 0, 0);
+    // SAFETY: entry points of this CUDA version with valid out-pointers.
+    let ok = unsafe {
+        init(0) == 0
+            && device_get(&mut dev, 0) == 0
+            && retain(&mut ctx, dev) == 0
+            && set_current(ctx) == 0
+            && load_module(&mut module, SPIN_PTX.as_ptr().cast()) == 0
+            && get_function(&mut function, module, c"gpushare_spin_ns".as_ptr()) == 0
+    };
+    if !ok {
+        fatal("driver setup failed");
+    }
+    let mut p = Probe {
+        cuda,
+        function,
+        held: Vec::new(),
+        pool: None,
+        capture: None,
+        error_name,
+    };
+    while let Some(step) = args.next() {
+        run_step(&mut p, &step, &mut args, dev, ctx);
+    }
+}
+
+fn run_step(
+    p: &mut Probe,
+    step: &str,
+    args: &mut impl Iterator<Item = String>,
+    dev: c_int,
+    ctx: H,
+) {
+    let c = &p.cuda;
+    match step {
+        "alloc" | "managed" => {
+            let bytes = num(args) as usize;
+            let mut ptr = 0;
+            let rc = if step == "alloc" {
+                let f: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");
+                unsafe { f(&mut ptr, bytes) }
+            } else {
+                let f: unsafe extern "C" fn(*mut Ptr, usize, c_uint) -> R =
+                    c.get("cuMemAllocManaged");
+                unsafe { f(&mut ptr, bytes, 1) }
+            };
+            if rc == 0 {
+                p.held.push(Held::Device(ptr));
+            }
+            p.report(step, rc, &format!("bytes={bytes}"));
+        }
+        "linked-alloc" => {
+            // What a program linked with -lcuda does: its `cuMemAlloc_v2` reference is
+            // bound through the global scope, where the preloaded library comes first.
+            let bytes = num(args) as usize;
+            // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the global scope.
+            let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cuMemAlloc_v2".as_ptr()) };
+            let f: unsafe extern "C" fn(*mut Ptr, usize) -> R = unsafe { std::mem::transmute(sym) };
+            let mut ptr = 0;
+            let rc = unsafe { f(&mut ptr, bytes) };
+            if rc == 0 {
+                p.held.push(Held::Device(ptr));
+            }
+            p.report(step, rc, &format!("bytes={bytes} via={}", who(sym)));
+        }
+        "pitch" => {
+            let (w, h) = (num(args) as usize, num(args) as usize);
+            let f: unsafe extern "C" fn(*mut Ptr, *mut usize, usize, usize, c_uint) -> R =
+                c.get("cuMemAllocPitch");
+            let (mut ptr, mut pitch) = (0, 0);
+            let rc = unsafe { f(&mut ptr, &mut pitch, w, h, 4) };
+            if rc == 0 {
+                p.held.push(Held::Device(ptr));
+            }
+            p.report(step, rc, &format!("pitch={pitch} bytes={}", pitch * h));
+        }
+        "array" | "array3d" | "mipmap" => {
+            let (w, h) = (num(args) as usize, num(args) as usize);
+            let mut handle = 0;
+            let (rc, mipmapped) = match step {
+                "array" => {
+                    let f: unsafe extern "C" fn(*mut H, *const ArrayDesc) -> R =
+                        c.get("cuArrayCreate");
+                    (
+                        unsafe {
+                            f(
+                                &mut handle,
+                                &ArrayDesc {
+                                    w,
+                                    h,
+                                    format: 0x20,
+                                    channels: 1,
+                                },
+                            )
+                        },
+                        false,
+                    )
+                }
+                "array3d" => {
+                    let d = num(args) as usize;
+                    let f: unsafe extern "C" fn(*mut H, *const Array3DDesc) -> R =
+                        c.get("cuArray3DCreate");
+                    (
+                        unsafe {
+                            f(
+                                &mut handle,
+                                &Array3DDesc {
+                                    w,
+                                    h,
+                                    d,
+                                    format: 0x20,
+                                    channels: 1,
+                                    flags: 0,
+                                },
+                            )
+                        },
+                        false,
+                    )
+                }
+                _ => {
+                    let levels = num(args) as c_uint;
+                    let f: unsafe extern "C" fn(*mut H, *const Array3DDesc, c_uint) -> R =
+                        c.get("cuMipmappedArrayCreate");
+                    (
+                        unsafe {
+                            f(
+                                &mut handle,
+                                &Array3DDesc {
+                                    w,
+                                    h,
+                                    d: 0,
+                                    format: 0x20,
+                                    channels: 1,
+                                    flags: 0,
+                                },
+                                levels,
+                            )
+                        },
+                        true,
+                    )
+                }
+            };
+            if rc == 0 {
+                p.held.push(if mipmapped {
+                    Held::Mipmapped(handle)
+                } else {
+                    Held::Array(handle)
+                });
+            }
+            p.report(step, rc, "");
+        }
+        "async" | "pool-async" => {
+            let bytes = num(args) as usize;
+            let mut ptr = 0;
+            let rc = if step == "async" {
+                let f: unsafe extern "C" fn(*mut Ptr, usize, H) -> R = c.get("cuMemAllocAsync");
+                unsafe { f(&mut ptr, bytes, 0) }
+            } else {
+                let pool = match p.pool {
+                    Some(pool) => pool,
+                    None => {
+                        let create: unsafe extern "C" fn(*mut H, *const PoolProps) -> R =
+                            c.get("cuMemPoolCreate");
+                        let props = PoolProps {
+                            kind: 1,
+                            handle_types: 0,
+                            location_type: 1,
+                            location_id: dev,
+                            win32: std::ptr::null_mut(),
+                            max_size: 0,
+                            usage: 0,
+                            reserved: [0; 54],
+                        };
+                        let mut pool = 0;
+                        let rc = unsafe { create(&mut pool, &props) };
+                        if rc != 0 {
+                            return p.report(step, rc, "pool-create");
+                        }
+                        p.pool = Some(pool);
+                        pool
+                    }
+                };
+                let f: unsafe extern "C" fn(*mut Ptr, usize, H, H) -> R =
+                    c.get("cuMemAllocFromPoolAsync");
+                unsafe { f(&mut ptr, bytes, pool, 0) }
+            };
+            if rc == 0 {
+                p.held.push(Held::Pooled(ptr));
+            }
+            p.report(step, rc, &format!("bytes={bytes}"));
+        }
+        "vmm" | "vmm-host" => {
+            let size = num(args) as usize;
+            let create: unsafe extern "C" fn(*mut u64, usize, *const AllocProp, u64) -> R =
+                c.get("cuMemCreate");
+            let location_type = if step == "vmm" { 1 } else { 2 };
+            let prop = AllocProp {
+                kind: 1,
+                handle_types: 0,
+                location_type,
+                location_id: dev,
+                win32: std::ptr::null_mut(),
+                flags: [0; 8],
+            };
+            let mut handle = 0;
+            let rc = unsafe { create(&mut handle, size, &prop, 0) };
+            if rc != 0 || step == "vmm-host" {
+                if rc == 0 {
+                    let release: unsafe extern "C" fn(u64) -> R = c.get("cuMemRelease");
+                    unsafe { release(handle) };
+                }
+                return p.report(step, rc, &format!("bytes={size}"));
+            }
+            let reserve: unsafe extern "C" fn(*mut Ptr, usize, usize, Ptr, u64) -> R =
+                c.get("cuMemAddressReserve");
+            let map: unsafe extern "C" fn(Ptr, usize, usize, u64, u64) -> R = c.get("cuMemMap");
+            let release: unsafe extern "C" fn(u64) -> R = c.get("cuMemRelease");
+            let mut va = 0;
+            // The usual idiom: map, then release the handle at once; the memory lives until unmapped.
+            let rc = unsafe { reserve(&mut va, size, 0, 0, 0) }
+                .max(unsafe { map(va, size, 0, handle, 0) })
+                .max(unsafe { release(handle) });
+            p.held.push(Held::Mapped { va, size });
+            p.report(step, rc, &format!("bytes={size}"));
+        }
+        "free-all" => {
+            let mut worst = 0;
+            while let Some(h) = p.held.pop() {
+                let rc = unsafe {
+                    match h {
+                        Held::Device(ptr) => {
+                            c.get::<unsafe extern "C" fn(Ptr) -> R>("cuMemFree")(ptr)
+                        }
+                        Held::Array(a) => {
+                            c.get::<unsafe extern "C" fn(H) -> R>("cuArrayDestroy")(a)
+                        }
+                        Held::Mipmapped(a) => {
+                            c.get::<unsafe extern "C" fn(H) -> R>("cuMipmappedArrayDestroy")(a)
+                        }
+                        Held::Pooled(ptr) => {
+                            c.get::<unsafe extern "C" fn(Ptr, H) -> R>("cuMemFreeAsync")(ptr, 0)
+                        }
+                        Held::Mapped { va, size } => {
+                            let unmap: unsafe extern "C" fn(Ptr, usize) -> R = c.get("cuMemUnmap");
+                            let free: unsafe extern "C" fn(Ptr, usize) -> R =
+                                c.get("cuMemAddressFree");
+                            unmap(va, size).max(free(va, size))
+                        }
+                    }
+                };
+                worst = worst.max(rc);
+            }
+            p.report(step, worst, "");
+        }
+        "sync" => {
+            let f: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+            p.report(step, unsafe { f() }, "");
+        }
+        "trim" => {
+            let trim: unsafe extern "C" fn(H, usize) -> R = c.get("cuMemPoolTrimTo");
+            let get_pool: unsafe extern "C" fn(*mut H, c_int) -> R = c.get("cuDeviceGetMemPool");
+            let mut default_pool = 0;
+            let mut rc = unsafe { get_pool(&mut default_pool, dev) };
+            for pool in [Some(default_pool), p.pool].into_iter().flatten() {
+                rc = rc.max(unsafe { trim(pool, 0) });
+            }
+            p.report(step, rc, "");
+        }
+        "pool-destroy" => {
+            let Some(pool) = p.pool.take() else {
+                return p.report(step, 1, "no pool");
+            };
+            let f: unsafe extern "C" fn(H) -> R = c.get("cuMemPoolDestroy");
+            p.report(step, unsafe { f(pool) }, "");
+        }
+        "meminfo" => {
+            let f: unsafe extern "C" fn(*mut usize, *mut usize) -> R = c.get("cuMemGetInfo");
+            let (mut free, mut total) = (0, 0);
+            let rc = unsafe { f(&mut free, &mut total) };
+            p.report(step, rc, &format!("free={free} total={total}"));
+        }
+        "totalmem" => {
+            let f: unsafe extern "C" fn(*mut usize, c_int) -> R = c.get("cuDeviceTotalMem");
+            let mut total = 0;
+            let rc = unsafe { f(&mut total, dev) };
+            p.report(step, rc, &format!("total={total}"));
+        }
+        "nvml-meminfo" => nvml_meminfo(),
+        "launch" => {
+            let n = num(args);
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let rc = (0..n).map(|_| p.kernel(f, 1000)).max().unwrap_or(0);
+            p.report(step, rc, &format!("kernels={n}"));
+        }
+        "launch-ex" => {
+            let f: unsafe extern "C" fn(
+                *const LaunchConfig,
+                H,
+                *mut *mut c_void,
+                *mut *mut c_void,
+            ) -> R = c.get("cuLaunchKernelEx");
+            let mut ns = 1000u64;
+            let mut params = [&mut ns as *mut u64 as *mut c_void];
+            let config = LaunchConfig {
+                grid: [1; 3],
+                block: [32, 1, 1],
+                shared: 0,
+                stream: 0,
+                attrs: std::ptr::null_mut(),
+                nattrs: 0,
+            };
+            p.report(
+                step,
+                unsafe {
+                    f(
+                        &config,
+                        p.function,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                },
+                "",
+            );
+        }
+        "coop" => {
+            let f: Coop = c.get("cuLaunchCooperativeKernel");
+            let mut ns = 1000u64;
+            let mut params = [&mut ns as *mut u64 as *mut c_void];
+            p.report(
+                step,
+                unsafe { f(p.function, 1, 1, 1, 32, 1, 1, 0, 0, params.as_mut_ptr()) },
+                "",
+            );
+        }
+        "graph" => {
+            let create: unsafe extern "C" fn(*mut H, c_uint) -> R = c.get("cuStreamCreate");
+            let begin: unsafe extern "C" fn(H, c_int) -> R = c.get("cuStreamBeginCapture");
+            let end: unsafe extern "C" fn(H, *mut H) -> R = c.get("cuStreamEndCapture");
+            let instantiate: unsafe extern "C" fn(*mut H, H, u64) -> R =
+                c.get("cuGraphInstantiateWithFlags");
+            let launch: unsafe extern "C" fn(H, H) -> R = c.get("cuGraphLaunch");
+            let launch_kernel: Launch11 = c.get("cuLaunchKernel");
+            let (mut stream, mut graph, mut exec) = (0, 0, 0);
+            let mut ns = 1000u64;
+            let mut params = [&mut ns as *mut u64 as *mut c_void];
+            let rc = unsafe {
+                create(&mut stream, 1)
+                    .max(begin(stream, 0))
+                    .max(launch_kernel(
+                        p.function,
+                        1,
+                        1,
+                        1,
+                        32,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    ))
+                    .max(end(stream, &mut graph))
+                    .max(instantiate(&mut exec, graph, 0))
+                    .max(launch(exec, stream))
+            };
+            p.report(step, rc, "");
+        }
+        "legacy-launch" => {
+            // No simulated driver exports cuLaunch: the wrapper must say so, not crash.
+            let (rc, ptr) = c.lookup("cuLaunch", 2000, 0);
+            p.report(step, rc, &format!("via={}", who(ptr)));
+        }
+        "ptsz-check" => ptsz_check(p),
+        "ptsz-procaddr-alloc" => {
+            // What a per-thread-default-stream build does: cuda.h's cuGetProcAddress is
+            // cuGetProcAddress_v2_ptsz there, asked with the default flags.
+            let bytes = num(args) as usize;
+            // SAFETY: a live handle and a NUL-terminated name.
+            let sym = unsafe { libc::dlsym(c.handle, c"cuGetProcAddress_v2_ptsz".as_ptr()) };
+            if sym.is_null() {
+                fatal("no cuGetProcAddress_v2_ptsz");
+            }
+            // SAFETY: cuGetProcAddress_v2_ptsz has cuGetProcAddress_v2's signature.
+            let get: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(sym) };
+            let (mut f, mut status) = (std::ptr::null_mut(), 0);
+            let rc = unsafe { get(c"cuMemAlloc".as_ptr(), &mut f, c.version, 0, &mut status) };
+            if rc != 0 || f.is_null() {
+                fatal(&format!("cuGetProcAddress_v2_ptsz(cuMemAlloc): {rc}"));
+            }
+            // SAFETY: cuMemAlloc_v2's signature.
+            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R =
+                unsafe { std::mem::transmute(f) };
+            let mut ptr = 0;
+            let rc = unsafe { alloc(&mut ptr, bytes) };
+            if rc == 0 {
+                p.held.push(Held::Device(ptr));
+            }
+            p.report(step, rc, &format!("bytes={bytes} via={}", who(f)));
+        }
+        "ctx-create" => {
+            // A second context on the device, made current (pushed) like cuCtxCreate does;
+            // the probe's kernels then run in it (the module is loaded there too).
+            // CUDA 11.4–12.4 resolve cuCtxCreate to cuCtxCreate_v3 (execution affinity).
+            let create: unsafe extern "C" fn(*mut H, *mut c_void, c_int, c_uint, c_int) -> R =
+                c.get("cuCtxCreate");
+            let load_module: unsafe extern "C" fn(*mut H, *const c_void) -> R =
+                c.get("cuModuleLoadData");
+            let get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> R =
+                c.get("cuModuleGetFunction");
+            let (mut context, mut module, mut function) = (0, 0, 0);
+            // SAFETY: cuCtxCreate_v3, cuModuleLoadData and cuModuleGetFunction with valid out-pointers and a NUL-terminated image and name.
+            let rc = unsafe {
+                create(&mut context, std::ptr::null_mut(), 0, 0, dev)
+                    .max(load_module(&mut module, SPIN_PTX.as_ptr().cast()))
+                    .max(get_function(
+                        &mut function,
+                        module,
+                        c"gpushare_spin_ns".as_ptr(),
+                    ))
+            };
+            if rc == 0 {
+                p.function = function;
+            }
+            p.report(step, rc, "");
+        }
+        "kernel-ms" => {
+            // One kernel of N ms on the legacy stream (long kernels: drains, overdue).
+            let ms = num(args);
+            let f: Launch11 = c.get("cuLaunchKernel");
+            p.report(step, p.kernel(f, ms * 1_000_000), &format!("ms={ms}"));
+        }
+        "capture-begin" => {
+            // `capture-begin global|thread-local|relaxed`: a non-blocking stream starts
+            // capturing in that mode (PyTorch captures on such a stream, GLOBAL mode).
+            let mode = match args.next().as_deref() {
+                Some("global") => 0,
+                Some("thread-local") => 1,
+                Some("relaxed") => 2,
+                other => fatal(&format!(
+                    "capture-begin global|thread-local|relaxed, not {other:?}"
+                )),
+            };
+            let begin: unsafe extern "C" fn(H, c_int) -> R = c.get("cuStreamBeginCapture");
+            let stream = p.new_stream(1);
+            // SAFETY: a stream this probe created; the mode is one of CUstreamCaptureMode's values.
+            let rc = unsafe { begin(stream, mode) };
+            p.capture = Some((stream, 0));
+            p.report(step, rc, &format!("mode={mode}"));
+        }
+        "capture-launch" => {
+            let n = num(args);
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let (stream, _) = p
+                .capture
+                .unwrap_or_else(|| fatal("capture-launch before capture-begin"));
+            let rc = (0..n)
+                .map(|_| p.kernel_on(f, 1000, stream))
+                .max()
+                .unwrap_or(0);
+            p.report(step, rc, &format!("kernels={n}"));
+        }
+        "capture-end" => {
+            // Ends the capture; a valid graph is instantiated, launched and waited for.
+            let end: unsafe extern "C" fn(H, *mut H) -> R = c.get("cuStreamEndCapture");
+            let is_capturing: unsafe extern "C" fn(H, *mut c_int) -> R =
+                c.get("cuStreamIsCapturing");
+            let instantiate: unsafe extern "C" fn(*mut H, H, u64) -> R =
+                c.get("cuGraphInstantiateWithFlags");
+            let launch: unsafe extern "C" fn(H, H) -> R = c.get("cuGraphLaunch");
+            let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+            let (stream, _) = p
+                .capture
+                .unwrap_or_else(|| fatal("capture-end before capture-begin"));
+            let mut status = -1;
+            // SAFETY: a stream this probe created and a valid out-pointer.
+            unsafe { is_capturing(stream, &mut status) };
+            let mut graph = 0;
+            // SAFETY: as above; the graph out-pointer is valid.
+            let rc = unsafe { end(stream, &mut graph) };
+            let mut ran = -1;
+            if rc == 0 {
+                let mut exec = 0;
+                // SAFETY: the graph the driver just returned, and the capture's stream.
+                ran = unsafe {
+                    instantiate(&mut exec, graph, 0)
+                        .max(launch(exec, stream))
+                        .max(sync(stream))
+                };
+            }
+            p.capture = None;
+            p.report(step, rc, &format!("status_before={status} graph_ran={ran}"));
+        }
+        "two-streams" => {
+            // A kernel of N ms on one stream, then a short one on another: how long the
+            // second launch call took (a process-wide launch-ahead bound waits for the first).
+            let ms = num(args);
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+            let (a, b) = (p.new_stream(1), p.new_stream(1));
+            let first = p.kernel_on(f, ms * 1_000_000, a);
+            let start = Instant::now();
+            let second = p.kernel_on(f, 1000, b);
+            let second_us = start.elapsed().as_micros();
+            let start = Instant::now();
+            let third = p.kernel_on(f, 1000, a);
+            let same_us = start.elapsed().as_micros();
+            // SAFETY: cuCtxSynchronize takes no arguments.
+            let synced = unsafe { sync() };
+            p.report(
+                step,
+                first.max(second).max(third).max(synced),
+                &format!("second_launch_us={second_us} same_stream_launch_us={same_us}"),
+            );
+        }
+        "procaddr" => {
+            let name = args
+                .next()
+                .unwrap_or_else(|| fatal("procaddr NAME VERSION FLAGS"));
+            let (version, flags) = (num(args) as c_int, num(args));
+            let (rc, ptr) = c.lookup(&name, version, flags);
+            p.report(
+                step,
+                rc,
+                &format!(
+                    "name={name} version={version} flags={flags} via={}",
+                    who(ptr)
+                ),
+            );
+        }
+        "dlsym" => {
+            let name = args.next().unwrap_or_else(|| fatal("dlsym NAME"));
+            let cname = CString::new(name.clone()).unwrap();
+            // SAFETY: a live handle and a NUL-terminated name.
+            let ptr = unsafe { libc::dlsym(c.handle, cname.as_ptr()) };
+            p.report(step, 0, &format!("name={name} via={}", who(ptr)));
+        }
+        "next" => {
+            // dlsym(RTLD_NEXT) searches after the *calling* object: from this program,
+            // the preloaded library comes next.
+            let name = args.next().unwrap_or_else(|| fatal("next NAME"));
+            let cname = CString::new(name.clone()).unwrap();
+            // SAFETY: a pseudo-handle and a NUL-terminated name.
+            let ptr = unsafe { libc::dlsym(libc::RTLD_NEXT, cname.as_ptr()) };
+            p.report(step, 0, &format!("name={name} via={}", who(ptr)));
+        }
+        "wait" => {
+            let file = args.next().unwrap_or_else(|| fatal("wait FILE"));
+            let start = Instant::now();
+            while !std::path::Path::new(&file).exists() {
+                if start.elapsed() > Duration::from_secs(60) {
+                    fatal(&format!("{file} never appeared"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            p.report(step, 0, "");
+        }
+        "touch" => {
+            let file = args.next().unwrap_or_else(|| fatal("touch FILE"));
+            std::fs::write(&file, b"").unwrap_or_else(|e| fatal(&format!("{file}: {e}")));
+            p.report(step, 0, "");
+        }
+        "sleep" => std::thread::sleep(Duration::from_millis(num(args))),
+        "reset" => {
+            // cuDevicePrimaryCtxReset: everything made in the primary context is gone (its
+            // allocations forgotten here); the context is retained again, made current and
+            // the kernel loaded again, so later steps run in the fresh one.
+            let reset: unsafe extern "C" fn(c_int) -> R = c.get("cuDevicePrimaryCtxReset");
+            let retain: unsafe extern "C" fn(*mut H, c_int) -> R =
+                c.get("cuDevicePrimaryCtxRetain");
+            let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
+            let load_module: unsafe extern "C" fn(*mut H, *const c_void) -> R =
+                c.get("cuModuleLoadData");
+            let get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> R =
+                c.get("cuModuleGetFunction");
+            let (mut context, mut module, mut function) = (0, 0, 0);
+            // SAFETY: a device ordinal, valid out-pointers, a NUL-terminated image and name.
+            let rc = unsafe { reset(dev) };
+            let again = unsafe {
+                retain(&mut context, dev)
+                    .max(set_current(context))
+                    .max(load_module(&mut module, SPIN_PTX.as_ptr().cast()))
+                    .max(get_function(
+                        &mut function,
+                        module,
+                        c"gpushare_spin_ns".as_ptr(),
+                    ))
+            };
+            p.held.clear();
+            if again == 0 {
+                p.function = function;
+            }
+            p.report(step, rc, &format!("again={}", p.name(again)));
+        }
+        "dlsym-launch" => {
+            // `dlsym-launch N`: N 1 µs kernels through the cuLaunchKernel that
+            // `dlsym(dlopen("libcuda.so.1"), "cuLaunchKernel")` answers (the driver's
+            // symbol table, not cuGetProcAddress), then a synchronisation.
+            let n = num(args);
+            // SAFETY: a live handle and a NUL-terminated name.
+            let sym = unsafe { libc::dlsym(c.handle, c"cuLaunchKernel".as_ptr()) };
+            if sym.is_null() {
+                fatal("no cuLaunchKernel");
+            }
+            // SAFETY: cuLaunchKernel's signature (cuda.h).
+            let f: Launch11 = unsafe { std::mem::transmute::<*mut c_void, Launch11>(sym) };
+            let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+            let rc = (0..n).map(|_| p.kernel(f, 1000)).max().unwrap_or(0);
+            // SAFETY: no arguments.
+            let rc = rc.max(unsafe { sync() });
+            p.report(step, rc, &format!("kernels={n} via={}", who(sym)));
+        }
+        "stamp" => {
+            // Wall-clock microseconds, to order steps of different processes.
+            let us = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros());
+            p.report(step, 0, &format!("unix_us={us}"));
+        }
+        "copies" => {
+            // `copies sync|async|memset|memset-async N B`: N device-to-device copies of B
+            // bytes between two fresh buffers (cuMemcpyDtoD, or cuMemcpyDtoDAsync on the
+            // legacy stream and a synchronisation), or N memsets of one (cuMemsetD32, or
+            // cuMemsetD32Async and a synchronisation), then the buffers freed.
+            let mode = args
+                .next()
+                .unwrap_or_else(|| fatal("copies sync|async N B"));
+            let (n, bytes) = (num(args), num(args) as usize);
+            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");
+            let free: unsafe extern "C" fn(Ptr) -> R = c.get("cuMemFree");
+            let (mut a, mut b) = (0, 0);
+            // SAFETY: valid out-pointers.
+            let mut rc = unsafe { alloc(&mut a, bytes).max(alloc(&mut b, bytes)) };
+            let start = Instant::now();
+            if rc == 0 {
+                rc = match mode.as_str() {
+                    "sync" => {
+                        let copy: unsafe extern "C" fn(Ptr, Ptr, usize) -> R =
+                            c.get("cuMemcpyDtoD");
+                        // SAFETY: two live buffers of `bytes`.
+                        (0..n)
+                            .map(|_| unsafe { copy(b, a, bytes) })
+                            .max()
+                            .unwrap_or(0)
+                    }
+                    "async" => {
+                        let copy: unsafe extern "C" fn(Ptr, Ptr, usize, H) -> R =
+                            c.get("cuMemcpyDtoDAsync");
+                        let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+                        // SAFETY: two live buffers of `bytes`, the legacy stream.
+                        let queued = (0..n).map(|_| unsafe { copy(b, a, bytes, 0) }).max();
+                        queued.unwrap_or(0).max(unsafe { sync() })
+                    }
+                    "memset" => {
+                        let set: unsafe extern "C" fn(Ptr, c_uint, usize) -> R =
+                            c.get("cuMemsetD32");
+                        // SAFETY: a live buffer of `bytes`, written as 32-bit words.
+                        (0..n)
+                            .map(|_| unsafe { set(b, 7, bytes / 4) })
+                            .max()
+                            .unwrap_or(0)
+                    }
+                    "memset-async" => {
+                        let set: unsafe extern "C" fn(Ptr, c_uint, usize, H) -> R =
+                            c.get("cuMemsetD32Async");
+                        let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+                        // SAFETY: a live buffer of `bytes`, the legacy stream.
+                        let queued = (0..n).map(|_| unsafe { set(b, 7, bytes / 4, 0) }).max();
+                        queued.unwrap_or(0).max(unsafe { sync() })
+                    }
+                    other => fatal(&format!(
+                        "copies sync|async|memset|memset-async, not {other}"
+                    )),
+                };
+            }
+            let ms = start.elapsed().as_millis();
+            // SAFETY: buffers allocated above (freeing 0 is the driver's to refuse).
+            let _ = unsafe { free(a).max(free(b)) };
+            p.report(step, rc, &format!("mode={mode} copies={n} ms={ms}"));
+        }
+        "chaos" => chaos(p, ctx),
+        "bench-launch" => {
+            let n = num(args);
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+            let start = Instant::now();
+            for _ in 0..n {
+                p.kernel(f, 1);
+            }
+            let ns = start.elapsed().as_nanos() as f64 / n as f64;
+            unsafe { sync() };
+            p.report(step, 0, &format!("ns_per_call={ns:.1}"));
+        }
+        "bench-totalmem" | "bench-linked-totalmem" => {
+            let n = num(args);
+            let f: unsafe extern "C" fn(*mut usize, c_int) -> R = if step == "bench-totalmem" {
+                c.get("cuDeviceTotalMem")
+            } else {
+                // As a program linked with -lcuda binds it: the preloaded export, if any.
+                // SAFETY: a NUL-terminated name; the symbol has this signature.
+                unsafe {
+                    std::mem::transmute(libc::dlsym(
+                        libc::RTLD_DEFAULT,
+                        c"cuDeviceTotalMem_v2".as_ptr(),
+                    ))
+                }
+            };
+            let mut total = 0;
+            let start = Instant::now();
+            for _ in 0..n {
+                unsafe { f(&mut total, dev) };
+            }
+            let ns = start.elapsed().as_nanos() as f64 / n as f64;
+            p.report(step, 0, &format!("ns_per_call={ns:.1}"));
+        }
+        other => fatal(&format!("unknown step {other}")),
+    }
+}
+
+/// A kernel on this thread's stream, then both streams queried: with the per-thread
+/// default stream, the legacy stream is idle and the thread's own is busy.
+fn ptsz_check(p: &mut Probe) {
+    let launch: Launch11 = p.cuda.get("cuLaunchKernel");
+    let (_, legacy_query) = p.cuda.lookup("cuStreamQuery", 12040, 0);
+    let (_, ptsz_query) = p.cuda.lookup("cuStreamQuery", 12040, PTDS);
+    let legacy_query: unsafe extern "C" fn(H) -> R = unsafe { std::mem::transmute(legacy_query) };
+    let ptsz_query: unsafe extern "C" fn(H) -> R = unsafe { std::mem::transmute(ptsz_query) };
+    let rc = p.kernel(launch, 300_000_000);
+    let (legacy, own) = unsafe { (legacy_query(0), ptsz_query(0)) };
+    let sync: unsafe extern "C" fn() -> R = p.cuda.get("cuCtxSynchronize");
+    unsafe { sync() };
+    p.report(
+        "ptsz-check",
+        rc,
+        &format!("legacy={} per_thread={}", p.name(legacy), p.name(own)),
+    );
+}
+
+/// Threads that allocate and launch, forks (the children use the library's dlsym
+/// and spawn a thread), then the process exits with a long kernel in flight and its
+/// threads still running.
+fn chaos(p: &mut Probe, ctx: H) {
+    let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = p.cuda.get("cuMemAlloc");
+    let free: unsafe extern "C" fn(Ptr) -> R = p.cuda.get("cuMemFree");
+    let launch: Launch11 = p.cuda.get("cuLaunchKernel");
+    let set_current: unsafe extern "C" fn(H) -> R = p.cuda.get("cuCtxSetCurrent");
+    let function = p.function;
+    let handle = p.cuda.handle as usize;
+    for t in 0..4 {
+        std::thread::spawn(move || {
+            unsafe { set_current(ctx) };
+            loop {
+                let mut ptr = 0;
+                if unsafe { alloc(&mut ptr, 1 << 20) } == 0 {
+                    unsafe { free(ptr) };
+                }
+                let mut ns = 20_000u64 + t;
+                let mut params = [&mut ns as *mut u64 as *mut c_void];
+                unsafe {
+                    launch(
+                        function,
+                        1,
+                        1,
+                        1,
+                        32,
+                        1,
+                        1,
+                        0,
+                        0,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                };
+            }
+        });
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let mut children = 0;
+    for _ in 0..20 {
+        // SAFETY: the child only calls async-signal-tolerant code paths of this
+        // program (dlsym through the interposer, a thread spawn) and exits.
+        match unsafe { libc::fork() } {
+            0 => {
+                let ok = unsafe {
+                    !libc::dlsym(handle as *mut c_void, c"cuMemAlloc_v2".as_ptr()).is_null()
+                };
+                let joined = std::thread::spawn(|| 7).join().is_ok_and(|v| v == 7);
+                unsafe { libc::_exit(if ok && joined { 0 } else { 1 }) };
+            }
+            pid if pid > 0 => {
+                let mut status = 0;
+                let start = Instant::now();
+                loop {
+                    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                    if r == pid {
+                        break;
+                    }
+                    if start.elapsed() > Duration::from_secs(10) {
+                        fatal("a fork child hung");
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                    children += 1;
+                }
+            }
+            _ => fatal("fork failed"),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A long kernel in flight and the threads busy: exit now.
+    let rc = p.kernel(launch, 30_000_000_000);
+    p.report("chaos", rc, &format!("children_ok={children}"));
+    std::process::exit(0);
+}
+
+fn nvml_meminfo() {
+    #[repr(C)]
+    #[derive(Default)]
+    struct Mem {
+        total: u64,
+        free: u64,
+        used: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct MemV2 {
+        version: c_uint,
+        total: u64,
+        reserved: u64,
+        free: u64,
+        used: u64,
+    }
+    // SAFETY: NVML's documented entry points, looked up the way nvml-wrapper does.
+    unsafe {
+        let h = libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW);
+        if h.is_null() {
+            fatal("dlopen(libnvidia-ml.so.1)");
+        }
+        let init: unsafe extern "C" fn() -> c_int =
+            std::mem::transmute(libc::dlsym(h, c"nvmlInit_v2".as_ptr()));
+        let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int =
+            std::mem::transmute(libc::dlsym(h, c"nvmlDeviceGetHandleByIndex_v2".as_ptr()));
+        let info: unsafe extern "C" fn(*mut c_void, *mut Mem) -> c_int =
+            std::mem::transmute(libc::dlsym(h, c"nvmlDeviceGetMemoryInfo".as_ptr()));
+        let info2: unsafe extern "C" fn(*mut c_void, *mut MemV2) -> c_int =
+            std::mem::transmute(libc::dlsym(h, c"nvmlDeviceGetMemoryInfo_v2".as_ptr()));
+        let mut device = std::ptr::null_mut();
+        let (mut m, mut m2) = (
+            Mem::default(),
+            MemV2 {
+                version: (2 << 24) | 40,
+                ..Default::default()
+            },
+        );
+        let rc = init()
+            .max(by_index(0, &mut device))
+            .max(info(device, &mut m))
+            .max(info2(device, &mut m2));
+        println!(
+            "nvml-meminfo {rc} total={} free={} used={} v2_total={} v2_free={} v2_used={}",
+            m.total, m.free, m.used, m2.total, m2.free, m2.used
+        );
+    }
+}
