@@ -287,7 +287,7 @@ fn bench_recovery() -> serde_json::Value {
             let shared =
                 gpushare_arbiter::daemon::recover(&config, &Default::default(), &backend).unwrap();
             let elapsed = start.elapsed();
-            assert_eq!(gpushare_arbiter::server::lock(&shared).lease_count(), 1000);
+            assert_eq!(shared.handle().lease_count(), 1000);
             assert!(layout::lease_socket(run.path(), &format!("{:016x}", 999)).exists());
             drop(shared);
             elapsed

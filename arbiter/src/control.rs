@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::lease_socket::HELLO_TIMEOUT;
@@ -21,12 +21,10 @@ use gpushare_proto::{ContainerRef, ControlRequest, ControlResponse, ErrorKind, P
 use tokio::io::Interest;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
-use crate::server::{
-    lock, read_frame, read_started_frame, write_frame, ServerError, SharedArbiter, FRAME_TIMEOUT,
-};
-use crate::state::StateError;
-use crate::store::LeaseStore;
+use crate::server::{read_frame, read_started_frame, write_frame, ServerError, FRAME_TIMEOUT};
+use crate::state::{ArbiterHandle, StateError};
 
 /// Binds the control socket with mode 0600 (only root may reserve or release).
 pub fn bind_control_socket(path: &Path) -> Result<UnixListener, ServerError> {
@@ -57,11 +55,18 @@ pub fn bind_control_socket(path: &Path) -> Result<UnixListener, ServerError> {
 /// 1 MiB frame each) well inside the descriptor headroom kept for this socket.
 pub const MAX_CONTROL_CONNECTIONS: usize = 512;
 
-pub async fn serve(listener: UnixListener, arbiter: SharedArbiter) {
+/// Serves the control socket until the task is stopped; the connections in
+/// flight end with it (they are this task's).
+pub async fn serve(listener: UnixListener, arbiter: ArbiterHandle) {
     let slots = Arc::new(Semaphore::new(MAX_CONTROL_CONNECTIONS));
+    let mut connections = JoinSet::new();
     let mut refused: u64 = 0;
     loop {
-        match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        match accepted {
             Ok((stream, _)) => {
                 let Ok(permit) = slots.clone().try_acquire_owned() else {
                     refused += 1;
@@ -88,7 +93,7 @@ pub async fn serve(listener: UnixListener, arbiter: SharedArbiter) {
                     continue;
                 };
                 let arbiter = arbiter.clone();
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     if let Err(e) = handle_control(stream, arbiter).await {
                         tracing::debug!(error = %e, "control connection closed");
                     }
@@ -172,8 +177,8 @@ async fn hung_up(stream: &UnixStream) -> bool {
     }
 }
 
-async fn handle_control(mut stream: UnixStream, arbiter: SharedArbiter) -> Result<(), FrameError> {
-    let admission_wait_ms = lock(&arbiter).config().admission_wait_ms;
+async fn handle_control(mut stream: UnixStream, arbiter: ArbiterHandle) -> Result<(), FrameError> {
+    let admission_wait_ms = arbiter.admission_wait_ms();
     let mut greeted = false;
     loop {
         let request: ControlRequest = match read_request(&mut stream, greeted).await {
@@ -228,72 +233,19 @@ fn refused(e: StateError) -> ControlResponse {
     error_response(e.kind(), e.to_string())
 }
 
-/// Runs one request; a change is answered only once it is durable. None: the
-/// client hung up while its reserve waited (nobody to answer).
+/// Runs one request; a change is answered only once it is durable (the handle
+/// waits). None: the client hung up while its reserve waited (nobody to answer).
 async fn dispatch(
-    arbiter: &SharedArbiter,
+    arbiter: &ArbiterHandle,
     request: ControlRequest,
     stream: &UnixStream,
 ) -> Option<ControlResponse> {
-    let store: Arc<LeaseStore> = lock(arbiter).store().clone();
-    let durable = |ticket| {
-        let store = store.clone();
-        async move {
-            match ticket {
-                Some(t) => store.wait(t).await.map_err(StateError::from),
-                None => Ok(()),
-            }
-        }
-    };
-    let response = match request {
-        ControlRequest::Reserve(r) => {
-            let refusal = lock(arbiter).unshareable_refusal(&r.gpu);
-            if let Some(message) = refusal {
-                tracing::warn!(container = %r.container_id, "refused: {message}");
-                return Some(error_response(ErrorKind::InvalidRequest, message));
-            }
-            let container = r.container_id.clone();
-            let mut reply = lock(arbiter).submit(r, Instant::now());
-            let answer = tokio::select! {
-                answer = &mut reply => answer,
-                gone = hung_up(stream) => {
-                    if gone {
-                        // No more answers can arrive; one sent just before is taken back.
-                        reply.close();
-                        let mut a = lock(arbiter);
-                        if let Ok(Ok(granted)) = reply.try_recv() {
-                            a.take_back_grant(&granted);
-                        }
-                        a.withdraw_abandoned();
-                        tracing::info!(container, "reserve withdrawn: the client disconnected while it waited");
-                        return None;
-                    }
-                    // It spoke out of turn: just wait (its bytes are read afterwards).
-                    reply.await
-                }
-            };
-            let granted = match answer {
-                Ok(Ok(g)) => g,
-                Ok(Err(e)) => return Some(refused(e)),
-                Err(_) => {
-                    return Some(error_response(
-                        ErrorKind::Internal,
-                        "the reserve was dropped".into(),
-                    ))
-                }
-            };
-            match durable(granted.ticket).await {
-                Ok(()) => ControlResponse::Reserved {
-                    lease: granted.lease,
-                },
-                Err(e) => {
-                    // Never acknowledged: its lease, directory and room go now,
-                    // not when the store recovers.
-                    lock(arbiter).withdraw_reserve(&granted.lease.id);
-                    refused(e)
-                }
-            }
-        }
+    let answer = match request {
+        ControlRequest::Reserve(r) => match arbiter.reserve(r, hung_up(stream)).await {
+            Ok(None) => return None,
+            Ok(Some(lease)) => Ok(ControlResponse::Reserved { lease }),
+            Err(e) => Err(e),
+        },
         ControlRequest::Confirm {
             container_id,
             pid,
@@ -301,110 +253,58 @@ async fn dispatch(
             lease,
         } => {
             let container = ContainerRef {
-                container_id: container_id.clone(),
+                container_id,
                 namespace,
                 lease,
             };
-            let result = lock(arbiter).confirm_in(&container, pid);
-            confirmed(
-                result,
-                durable,
-                format!("container {container_id}, pid {pid}"),
-            )
-            .await
-        }
-        ControlRequest::Release { lease } => {
-            let result = lock(arbiter).release(&lease);
-            released(result, durable, format!("lease {lease}")).await
+            arbiter.confirm(&container, pid).await.map(|()| {
+                tracing::info!(container = container.container_id, pid, "confirmed");
+                ControlResponse::Confirmed
+            })
         }
         ControlRequest::Bind {
             lease,
             container_id,
             pid,
-        } => {
-            let result = lock(arbiter).bind(&lease, &container_id, pid);
-            let what = format!("lease {lease} bound to container {container_id}, pid {pid}");
-            confirmed(result, durable, what).await
-        }
+        } => arbiter.bind(&lease, &container_id, pid).await.map(|()| {
+            tracing::info!(%lease, container = container_id, pid, "confirmed");
+            ControlResponse::Confirmed
+        }),
+        ControlRequest::Release { lease } => arbiter.release(&lease).await.map(|existed| {
+            if existed {
+                tracing::info!(%lease, "released");
+            }
+            ControlResponse::Released { existed }
+        }),
         ControlRequest::ReleaseContainer {
             container_id,
             namespace,
             lease,
         } => {
             let container = ContainerRef {
-                container_id: container_id.clone(),
+                container_id,
                 namespace,
                 lease,
             };
-            let result = lock(arbiter).release_container_in(&container);
-            released(result, durable, format!("container {container_id}")).await
-        }
-        ControlRequest::Status => ControlResponse::Status(lock(arbiter).status()),
-        ControlRequest::List => ControlResponse::Leases {
-            leases: lock(arbiter).list(),
-        },
-        ControlRequest::Drain { gpu, drain } => {
-            let result = lock(arbiter).drain(&gpu, drain);
-            match result {
-                Ok((uuid, ticket)) => match durable(Some(ticket)).await {
-                    Ok(()) => {
-                        tracing::info!(gpu = uuid, drained = drain, "drain changed");
-                        ControlResponse::Drained {
-                            gpu: uuid,
-                            drained: drain,
-                        }
-                    }
-                    Err(e) => refused(e),
-                },
-                Err(e) => refused(e),
-            }
-        }
-        ControlRequest::Hello { .. } => unreachable!("hello is handled by the connection"),
-    };
-    Some(response)
-}
-
-/// A confirm or bind, answered once durable.
-async fn confirmed<F, Fut>(
-    result: Result<Option<crate::store::Ticket>, StateError>,
-    durable: F,
-    what: String,
-) -> ControlResponse
-where
-    F: FnOnce(Option<crate::store::Ticket>) -> Fut,
-    Fut: std::future::Future<Output = Result<(), StateError>>,
-{
-    match result {
-        Ok(ticket) => match durable(ticket).await {
-            Ok(()) => {
-                tracing::info!(what, "confirmed");
-                ControlResponse::Confirmed
-            }
-            Err(e) => refused(e),
-        },
-        Err(e) => refused(e),
-    }
-}
-
-async fn released<F, Fut>(
-    result: Result<(bool, Option<crate::store::Ticket>), StateError>,
-    durable: F,
-    what: String,
-) -> ControlResponse
-where
-    F: FnOnce(Option<crate::store::Ticket>) -> Fut,
-    Fut: std::future::Future<Output = Result<(), StateError>>,
-{
-    match result {
-        Ok((existed, ticket)) => match durable(ticket).await {
-            Ok(()) => {
+            arbiter.release_container(&container).await.map(|existed| {
                 if existed {
-                    tracing::info!(what, "released");
+                    tracing::info!(container = container.container_id, "released");
                 }
                 ControlResponse::Released { existed }
+            })
+        }
+        ControlRequest::Status => Ok(ControlResponse::Status(arbiter.status())),
+        ControlRequest::List => Ok(ControlResponse::Leases {
+            leases: arbiter.list(),
+        }),
+        ControlRequest::Drain { gpu, drain } => arbiter.drain(&gpu, drain).await.map(|uuid| {
+            tracing::info!(gpu = uuid, drained = drain, "drain changed");
+            ControlResponse::Drained {
+                gpu: uuid,
+                drained: drain,
             }
-            Err(e) => refused(e),
-        },
-        Err(e) => refused(e),
-    }
+        }),
+        ControlRequest::Hello { .. } => unreachable!("hello is handled by the connection"),
+    };
+    Some(answer.unwrap_or_else(refused))
 }

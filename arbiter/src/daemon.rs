@@ -1,16 +1,19 @@
-//! Putting the daemon together: inventory, store, sockets, background work.
-//! Shared by the binary and the recovery benchmark.
+//! Putting the daemon together: inventory, store, sockets, background work,
+//! and taking it apart again on a clean stop. Shared by the binary and the
+//! recovery benchmark.
 
 use std::fs::File;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gpushare_config::{ArbiterConfig, SchedulerConfig};
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::inventory::{self, GpuBackend};
 use crate::process::ProcFs;
-use crate::server::{self, SharedArbiter, SocketEndpoints};
-use crate::state::{Arbiter, Inventory, StateError};
+use crate::server::{self, SocketEndpoints};
+use crate::shutdown::Tasks;
+use crate::state::{Arbiter, ArbiterHandle, Inventory, StateError};
 use crate::store::{LeaseStore, StoreError, StoreOptions};
 use crate::tokens::TokenService;
 
@@ -48,13 +51,45 @@ pub fn lock_state_dir(config: &ArbiterConfig) -> Result<Flock<File>, DaemonError
         .map_err(|_| DaemonError::AlreadyRunning(path))
 }
 
-/// Loads the lease table, re-creates every lease socket and reconciles once.
-/// Must run inside the tokio runtime (lease sockets are served on it).
+pub use crate::background::STORE_RETRY_INTERVAL;
+
+/// A recovered arbiter: the handle on its state and its tasks (the lease
+/// sockets at once; the background work and the control socket once the caller
+/// starts them on [`Running::tasks`]). Dropping it stops the tasks.
+pub struct Running {
+    arbiter: ArbiterHandle,
+    tasks: Tasks,
+}
+
+impl Running {
+    pub fn handle(&self) -> &ArbiterHandle {
+        &self.arbiter
+    }
+
+    pub fn tasks(&self) -> &Tasks {
+        &self.tasks
+    }
+
+    /// A clean stop: ends every task (a task stuck past `within` is abandoned),
+    /// then makes every change durable and folds the log into the snapshot.
+    /// Lease directories and sockets stay: containers hold them mounted, and the
+    /// next start serves them again exactly as after a kill.
+    pub async fn stop(self, within: Duration) -> Result<(), StateError> {
+        let stuck = self.tasks.stop(within).await;
+        if stuck > 0 {
+            tracing::warn!(stuck, "tasks still running at the stop were abandoned");
+        }
+        self.arbiter.flush().await
+    }
+}
+
+/// Loads the lease table, re-creates every lease socket (served at once) and
+/// reconciles once. Must run inside the tokio runtime.
 pub fn recover(
     config: &ArbiterConfig,
     scheduler: &SchedulerConfig,
     backend: &dyn GpuBackend,
-) -> Result<SharedArbiter, DaemonError> {
+) -> Result<Running, DaemonError> {
     let survey = inventory::survey(
         backend,
         &config.shared_gpus,
@@ -68,13 +103,12 @@ pub fn recover(
     }
     let (store, table) = LeaseStore::open(&config.state_dir, StoreOptions::default())?;
     let tokens = TokenService::new(scheduler.clone());
-    let endpoints = SocketEndpoints::new(
+    let (endpoints, endpoint_events) = SocketEndpoints::new(
         config.run_dir.clone(),
         tokio::runtime::Handle::current(),
         tokens.clone(),
     );
-    let slot = endpoints.arbiter_slot();
-    let arbiter = Arbiter::open(
+    let mut arbiter = Arbiter::open(
         config.clone(),
         Inventory {
             gpus: survey.shareable,
@@ -86,37 +120,18 @@ pub fn recover(
         Box::new(endpoints),
         Box::new(ProcFs),
     )?;
-    let mut arbiter = arbiter;
-    arbiter.set_tokens(tokens);
+    arbiter.set_tokens(tokens.clone());
     arbiter.set_unshareable(survey.unshareable);
-    let shared = Arc::new(Mutex::new(arbiter));
-    let _ = slot.set(Arc::downgrade(&shared));
+    let arbiter = ArbiterHandle::new(arbiter);
+    let tasks = Tasks::default();
+    tasks.spawn(server::serve_lease_sockets(
+        endpoint_events,
+        arbiter.clone(),
+        tokens,
+    ));
     // Start the grace period of leases whose containers died while we were down.
-    server::lock(&shared).reconcile(std::time::Instant::now());
-    Ok(shared)
-}
-
-/// How often a lease store that cannot be written is tried again while no
-/// change comes to try it (each change tries too): a second keeps a freed disk
-/// from leaving the arbiter refusing for long, at the cost of one failed
-/// snapshot write per second while it stays full.
-pub const STORE_RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Retries a failed lease store (`Arbiter::recover_store`) until it can be
-/// written again. Must run inside the tokio runtime.
-pub fn spawn_store_recovery(arbiter: SharedArbiter) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(STORE_RETRY_INTERVAL);
-        loop {
-            tick.tick().await;
-            let mut a = server::lock(&arbiter);
-            if a.store().failure().is_some() {
-                if let Err(e) = a.recover_store() {
-                    tracing::debug!(error = %e, "the lease store still cannot be written");
-                }
-            }
-        }
-    });
+    arbiter.reconcile(Instant::now());
+    Ok(Running { arbiter, tasks })
 }
 
 /// Lease sockets plus client connections: one descriptor each. The default soft

@@ -4,10 +4,12 @@
 //! audit) are plain functions and structs that unit tests drive directly;
 //! sockets, NVML, /proc and files sit at the edges behind small traits.
 
+pub mod background;
 pub mod connections;
 pub mod control;
 pub mod daemon;
 pub mod inventory;
+pub mod lease_connection;
 pub mod ledger;
 pub mod metrics;
 pub mod placement;
@@ -16,6 +18,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod rhythm;
 pub mod server;
+pub mod shutdown;
 pub mod state;
 pub mod store;
 pub mod timeslice;

@@ -213,13 +213,19 @@ pub async fn serve<F>(listener: TcpListener, report: F)
 where
     F: Fn() -> String + Send + Sync + Clone + 'static,
 {
+    // The connections are this task's: stopping it ends them too.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let Ok((mut stream, _)) = accepted else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
         let report = report.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let mut request = Vec::new();
             let mut buf = [0u8; 1024];
             let read = tokio::time::timeout(std::time::Duration::from_secs(5), async {

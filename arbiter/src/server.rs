@@ -1,18 +1,22 @@
-//! The lease sockets (one per lease, one task per connection) and the periodic
-//! work (sampling, queue expiry, memory measurement); the control socket is in
-//! `control`, the watchdog's loop in `watchdog`.
+//! The lease sockets: one per lease, one task per connection; the control socket
+//! is in `control`, the periodic work in `background`.
+//!
+//! The state opens and closes lease sockets under its lock and tells this module
+//! so on a channel ([`EndpointEvent`]); the task that serves them holds the
+//! state's handle. A socket is bound (and so connectable) before its lease is
+//! acknowledged, and its connections wait in the listen backlog until it is served.
 //!
 //! A connection that breaks the protocol (bad version, malformed, oversized or
 //! out-of-order frame) gets one error answer and is closed; nothing else is
 //! affected. A lease-socket client is identified by the socket it came through
 //! and by SO_PEERCRED, never by anything it says.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::frame::{self, FrameError};
@@ -22,13 +26,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::connections::{ConnectionBudget, Permit, Refusal};
-use crate::inventory::GpuBackend;
-use crate::state::{Arbiter, LeaseDirs, LeaseEndpoints, ProcessTable, StateError};
+use crate::lease_connection::{self, Phase, Step};
+use crate::state::{ArbiterHandle, LeaseDirs, LeaseEndpoints, StateError};
 use crate::tokens::{TokenLease, TokenService};
-use crate::watchdog;
 
 /// Name of the socket inside each lease directory (`/run/gpushare/arbiter.sock`
 /// in the container).
@@ -45,15 +49,9 @@ pub enum ServerError {
     },
 }
 
+pub use crate::background::{spawn_background, SAMPLE_INTERVAL};
 pub use crate::control::{bind_control_socket, serve};
-
-pub type SharedArbiter = Arc<Mutex<Arbiter>>;
-
-pub fn lock(arbiter: &Mutex<Arbiter>) -> MutexGuard<'_, Arbiter> {
-    // A panic mid-change never left memory ahead of the log's order (changes are
-    // appended before they are applied), so the table is still usable.
-    arbiter.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub use crate::state::MEASURE_FRESH;
 
 // ----- framing over tokio -----
 
@@ -63,7 +61,7 @@ pub(crate) async fn read_frame<T: DeserializeOwned>(
     read_frame_within(stream, frame::MAX_FRAME_BYTES).await
 }
 
-async fn read_frame_within<T: DeserializeOwned>(
+pub(crate) async fn read_frame_within<T: DeserializeOwned>(
     stream: &mut UnixStream,
     limit: usize,
 ) -> Result<T, FrameError> {
@@ -115,41 +113,52 @@ pub(crate) async fn write_frame<T: Serialize>(
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
-/// Creates each lease's directory and socket and serves it; closing a lease
-/// stops its accept loop and drops its connections.
+/// What the state did to a lease's socket.
+#[derive(Debug)]
+pub enum EndpointEvent {
+    /// Bound and listening: serve it.
+    Opened {
+        lease: LeaseId,
+        listener: UnixListener,
+    },
+    /// Released: stop serving it and drop its connections.
+    Closed { lease: LeaseId },
+}
+
+pub type EndpointEvents = mpsc::UnboundedReceiver<EndpointEvent>;
+
+/// Creates each lease's directory and socket, and tells [`serve_lease_sockets`].
 pub struct SocketEndpoints {
     dirs: LeaseDirs,
     runtime: tokio::runtime::Handle,
-    arbiter: Arc<OnceLock<Weak<Mutex<Arbiter>>>>,
-    tasks: HashMap<LeaseId, JoinHandle<()>>,
+    events: mpsc::UnboundedSender<EndpointEvent>,
+    open: HashSet<LeaseId>,
     tokens: Arc<TokenService>,
 }
 
 impl SocketEndpoints {
-    /// Call `attach` with the arbiter once it exists; connections arriving before
-    /// that wait for it.
+    /// The endpoints and the events [`serve_lease_sockets`] serves: unbounded, so
+    /// the state never waits under its lock (one event per lease change).
     pub fn new(
         run_dir: PathBuf,
         runtime: tokio::runtime::Handle,
         tokens: Arc<TokenService>,
-    ) -> Self {
-        SocketEndpoints {
+    ) -> (Self, EndpointEvents) {
+        let (events, received) = mpsc::unbounded_channel();
+        let endpoints = SocketEndpoints {
             dirs: LeaseDirs { run_dir },
             runtime,
-            arbiter: Arc::new(OnceLock::new()),
-            tasks: HashMap::new(),
+            events,
+            open: HashSet::new(),
             tokens,
-        }
-    }
-
-    pub fn arbiter_slot(&self) -> Arc<OnceLock<Weak<Mutex<Arbiter>>>> {
-        self.arbiter.clone()
+        };
+        (endpoints, received)
     }
 }
 
 impl LeaseEndpoints for SocketEndpoints {
     fn open(&mut self, lease: &LeaseId) -> Result<(), StateError> {
-        if self.tasks.contains_key(lease) {
+        if self.open.contains(lease) {
             return Ok(());
         }
         let dir = self.dirs.create(lease)?;
@@ -171,32 +180,25 @@ impl LeaseEndpoints for SocketEndpoints {
             let _guard = self.runtime.enter();
             UnixListener::from_std(std_listener).map_err(err)?
         };
-        let slot = self.arbiter.clone();
-        let id = lease.clone();
-        let tokens = self.tokens.clone();
-        let task = self.runtime.spawn(serve_lease(listener, id, slot, tokens));
-        self.tasks.insert(lease.clone(), task);
+        // Nobody serving any more (the daemon is stopping): the listener is dropped
+        // and the socket refuses, as it would after a kill.
+        let _ = self.events.send(EndpointEvent::Opened {
+            lease: lease.clone(),
+            listener,
+        });
+        self.open.insert(lease.clone());
         Ok(())
     }
 
     fn close(&mut self, lease: &LeaseId) {
-        // Aborting the accept loop drops its JoinSet, which aborts (and so closes)
-        // every connection of the lease.
-        if let Some(task) = self.tasks.remove(lease) {
-            task.abort();
+        if self.open.remove(lease) {
+            let _ = self.events.send(EndpointEvent::Closed {
+                lease: lease.clone(),
+            });
         }
         // Token connections live on threads of their own, out of the task's reach.
         self.tokens.close_lease(lease);
         self.dirs.remove(lease);
-    }
-}
-
-impl Drop for SocketEndpoints {
-    /// A dropped arbiter (tests, benchmarks) stops serving its lease sockets.
-    fn drop(&mut self) {
-        for task in self.tasks.values() {
-            task.abort();
-        }
     }
 }
 
@@ -210,10 +212,55 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// sends half a frame and then nothing is dropped rather than kept for ever.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Each lease's accept loop; dropping it (a stop) aborts them all, and with them
+/// every connection they hold.
+#[derive(Default)]
+struct AcceptLoops(HashMap<LeaseId, JoinHandle<()>>);
+
+impl Drop for AcceptLoops {
+    fn drop(&mut self) {
+        for task in self.0.values() {
+            task.abort();
+        }
+    }
+}
+
+/// Serves every lease socket the state opens until the state is gone or this
+/// task is stopped.
+pub async fn serve_lease_sockets(
+    mut events: EndpointEvents,
+    arbiter: ArbiterHandle,
+    tokens: Arc<TokenService>,
+) {
+    let mut accepting = AcceptLoops::default();
+    while let Some(event) = events.recv().await {
+        match event {
+            EndpointEvent::Opened { lease, listener } => {
+                let task = tokio::spawn(serve_lease(
+                    listener,
+                    lease.clone(),
+                    arbiter.clone(),
+                    tokens.clone(),
+                ));
+                if let Some(old) = accepting.0.insert(lease, task) {
+                    old.abort();
+                }
+            }
+            EndpointEvent::Closed { lease } => {
+                // Aborting the accept loop drops its JoinSet, which aborts (and so
+                // closes) every connection of the lease.
+                if let Some(task) = accepting.0.remove(&lease) {
+                    task.abort();
+                }
+            }
+        }
+    }
+}
+
 async fn serve_lease(
     listener: UnixListener,
     lease: LeaseId,
-    slot: Arc<OnceLock<Weak<Mutex<Arbiter>>>>,
+    arbiter: ArbiterHandle,
     tokens: Arc<TokenService>,
 ) {
     let budget = tokens.budget().clone();
@@ -228,14 +275,13 @@ async fn serve_lease(
                         // unreachable and retries with backoff, under its loss policy,
                         // rather than taking a refusal as "run ungated".
                         drop(stream);
-                        refusals.note(&lease, why, &budget);
+                        refusals.note(&lease, why, Instant::now(), &budget);
                     }
                     Ok(permit) => {
                         let lease = lease.clone();
-                        let slot = slot.clone();
+                        let arbiter = arbiter.clone();
                         let tokens = tokens.clone();
                         connections.spawn(async move {
-                            let Some(arbiter) = wait_for_arbiter(&slot).await else { return };
                             if let Err(e) = handle_lease_connection(stream, &lease, &arbiter, &tokens, permit).await {
                                 tracing::debug!(%lease, error = %e, "lease connection closed");
                             }
@@ -261,35 +307,32 @@ struct RefusalLog {
 }
 
 impl RefusalLog {
-    fn note(&mut self, lease: &LeaseId, why: Refusal, budget: &ConnectionBudget) {
+    /// Whether this refusal is logged (with the count since the last one logged).
+    fn due(&mut self, now: Instant) -> Option<u64> {
         self.since_last += 1;
-        let now = Instant::now();
         if self
             .last
             .is_some_and(|t| now.duration_since(t) < REFUSAL_LOG_INTERVAL)
         {
-            return;
+            return None;
         }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.since_last))
+    }
+
+    fn note(&mut self, lease: &LeaseId, why: Refusal, now: Instant, budget: &ConnectionBudget) {
+        let Some(refused) = self.due(now) else {
+            return;
+        };
         let status = budget.status();
         match why {
             Refusal::LeaseLimit => {
-                tracing::warn!(%lease, limit = status.per_lease_limit, refused = self.since_last, "too many connections on a lease socket; refusing")
+                tracing::warn!(%lease, limit = status.per_lease_limit, refused, "too many connections on a lease socket; refusing")
             }
             Refusal::TotalLimit => {
-                tracing::warn!(%lease, limit = status.total_limit, refused = self.since_last, "too many lease-socket connections on the node; refusing")
+                tracing::warn!(%lease, limit = status.total_limit, refused, "too many lease-socket connections on the node; refusing")
             }
         }
-        self.last = Some(now);
-        self.since_last = 0;
-    }
-}
-
-async fn wait_for_arbiter(slot: &OnceLock<Weak<Mutex<Arbiter>>>) -> Option<SharedArbiter> {
-    loop {
-        if let Some(weak) = slot.get() {
-            return weak.upgrade();
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -299,7 +342,7 @@ fn lease_error(kind: ErrorKind, message: String) -> LeaseResponse {
 
 /// Detaches the connection from the ledger however the handler ends.
 struct Attachment<'a> {
-    arbiter: &'a SharedArbiter,
+    arbiter: &'a ArbiterHandle,
     lease: &'a LeaseId,
     connection: u64,
     attached: bool,
@@ -308,7 +351,7 @@ struct Attachment<'a> {
 impl Drop for Attachment<'_> {
     fn drop(&mut self) {
         if self.attached {
-            lock(self.arbiter).lease_detach(self.lease, self.connection);
+            self.arbiter.detach(self.lease, self.connection);
         }
     }
 }
@@ -317,7 +360,7 @@ impl Drop for Attachment<'_> {
 /// record, never from the client.
 fn schedule_terms(
     tokens: &TokenService,
-    arbiter: &SharedArbiter,
+    arbiter: &ArbiterHandle,
     lease: &LeaseId,
 ) -> Result<TokenLease, LeaseResponse> {
     let ungated = "; the client runs ungated (memory quotas still apply)";
@@ -327,8 +370,7 @@ fn schedule_terms(
             format!("GPU time is not scheduled on this node (scheduler.policy = \"off\"){ungated}"),
         ));
     }
-    let record = lock(arbiter).lease(lease).cloned();
-    let Some(record) = record else {
+    let Some(record) = arbiter.lease(lease) else {
         return Err(lease_error(
             ErrorKind::NotFound,
             format!("lease {lease} was released: there is no GPU time to schedule{ungated}"),
@@ -357,7 +399,7 @@ fn schedule_terms(
 fn admit_peer(
     stream: &UnixStream,
     lease: &LeaseId,
-    arbiter: &SharedArbiter,
+    arbiter: &ArbiterHandle,
 ) -> Result<u32, String> {
     let pid = stream
         .peer_cred()
@@ -365,16 +407,41 @@ fn admit_peer(
         .and_then(|c| c.pid())
         .and_then(|p| u32::try_from(p).ok())
         .ok_or_else(|| "cannot read the peer's credentials".to_owned())?;
-    lock(arbiter)
+    arbiter
         .lease_peer(lease, pid)
         .map(|()| pid)
         .map_err(|e| e.to_string())
 }
 
+/// The next request: before the hello, the whole frame within `HELLO_TIMEOUT`;
+/// after it, whenever the process next needs the arbiter, but once begun within
+/// `FRAME_TIMEOUT`. Err(None): the hello never came.
+async fn next_request(
+    stream: &mut UnixStream,
+    phase: Phase,
+) -> Result<LeaseRequest, Option<FrameError>> {
+    if phase != Phase::AwaitingHello {
+        return read_started_frame(stream, MAX_LEASE_REQUEST_BYTES)
+            .await
+            .map_err(Some);
+    }
+    let next = read_frame_within(stream, MAX_LEASE_REQUEST_BYTES);
+    match tokio::time::timeout(HELLO_TIMEOUT, next).await {
+        Ok(read) => read.map_err(Some),
+        Err(_) => Err(None),
+    }
+}
+
+/// A refusal of the state: answered; a foreign peer or a broken protocol closes.
+fn refusal(e: &StateError) -> (LeaseResponse, bool) {
+    let close = matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::Protocol);
+    (lease_error(e.kind(), e.to_string()), close)
+}
+
 async fn handle_lease_connection(
     mut stream: UnixStream,
     lease: &LeaseId,
-    arbiter: &SharedArbiter,
+    arbiter: &ArbiterHandle,
     tokens: &Arc<TokenService>,
     permit: Permit,
 ) -> Result<(), FrameError> {
@@ -389,31 +456,18 @@ async fn handle_lease_connection(
             return Ok(());
         }
     };
-    let mut state = Attachment {
+    let mut attachment = Attachment {
         arbiter,
         lease,
         connection,
         attached: false,
     };
-    let mut greeted = false;
+    let mut phase = Phase::AwaitingHello;
     loop {
-        let read = if greeted {
-            read_started_frame(&mut stream, MAX_LEASE_REQUEST_BYTES).await
-        } else {
-            let next = read_frame_within(&mut stream, MAX_LEASE_REQUEST_BYTES);
-            match tokio::time::timeout(HELLO_TIMEOUT, next).await {
-                Ok(read) => read,
-                Err(_) => {
-                    let why = format!("no hello within {} s", HELLO_TIMEOUT.as_secs());
-                    let _ = write_frame(&mut stream, &lease_error(ErrorKind::Protocol, why)).await;
-                    return Ok(());
-                }
-            }
-        };
-        let request: LeaseRequest = match read {
+        let request = match next_request(&mut stream, phase).await {
             Ok(r) => r,
-            Err(FrameError::Closed) => return Ok(()),
-            Err(e) => {
+            Err(Some(FrameError::Closed)) => return Ok(()),
+            Err(Some(e)) => {
                 let _ = write_frame(
                     &mut stream,
                     &lease_error(ErrorKind::Protocol, e.to_string()),
@@ -421,105 +475,70 @@ async fn handle_lease_connection(
                 .await;
                 return Err(e);
             }
-        };
-        if greeted && request == LeaseRequest::Schedule {
-            if state.attached {
-                let e = lease_error(
-                    ErrorKind::Protocol,
-                    "schedule on a connection of its own, not on the ledger's".into(),
-                );
-                write_frame(&mut stream, &e).await?;
+            Err(None) => {
+                let why = format!("no hello within {} s", HELLO_TIMEOUT.as_secs());
+                let _ = write_frame(&mut stream, &lease_error(ErrorKind::Protocol, why)).await;
                 return Ok(());
             }
-            match schedule_terms(tokens, arbiter, lease) {
-                Ok(terms) => {
+        };
+        let step = lease_connection::step(phase, &request);
+        let (response, close) = match step {
+            Step::Greet { accepted } => (
+                LeaseResponse::Hello {
+                    protocol: PROTOCOL_VERSION,
+                },
+                !accepted,
+            ),
+            Step::Refuse(why) => (lease_error(ErrorKind::Protocol, why.to_owned()), true),
+            Step::Schedule => {
+                match schedule_terms(tokens, arbiter, lease) {
                     // From here on the GPU's token I/O thread serves it: token traffic
                     // must not wait for the async runtime's scheduler.
-                    tokens.serve(stream.into_std()?, terms, Some(peer_pid), permit);
+                    Ok(terms) => tokens.serve(stream.into_std()?, terms, Some(peer_pid), permit),
+                    Err(refusal) => write_frame(&mut stream, &refusal).await?,
                 }
-                Err(refusal) => write_frame(&mut stream, &refusal).await?,
+                return Ok(());
             }
-            return Ok(());
-        }
-        let out_of_order = |why: &str| lease_error(ErrorKind::Protocol, why.to_owned());
-        let (response, close) = match (request, greeted, state.attached) {
-            (LeaseRequest::Hello { protocol }, false, _) => {
-                let answer = LeaseResponse::Hello {
-                    protocol: PROTOCOL_VERSION,
-                };
-                greeted = protocol == PROTOCOL_VERSION;
-                (answer, !greeted)
-            }
-            (_, false, _) => (out_of_order("the first message must be hello"), true),
-            (LeaseRequest::Hello { .. }, true, _) => (out_of_order("hello sent twice"), true),
-            (LeaseRequest::Attach { .. }, true, true) => (out_of_order("attach sent twice"), true),
-            (LeaseRequest::Attach { memory_held }, true, false) => {
-                let result = lock(arbiter).lease_attach(lease, connection, peer_pid, memory_held);
-                match result {
+            Step::Attach { memory_held } => {
+                match arbiter
+                    .attach(lease, connection, peer_pid, memory_held)
+                    .await
+                {
                     Ok(quota) => {
-                        state.attached = true;
-                        // Measure now, so the answer (and the charges right after it)
-                        // carry this process's real overhead rather than the estimate
-                        // whenever NVML already lists it.
-                        let quota = if measure_memory(arbiter, Some(lease)).await {
-                            lock(arbiter).lease_query(lease, connection)
-                        } else {
-                            quota
+                        attachment.attached = true;
+                        let answer = LeaseResponse::Attached {
+                            pid: peer_pid,
+                            quota,
                         };
-                        (
-                            LeaseResponse::Attached {
-                                pid: peer_pid,
-                                quota,
-                            },
-                            false,
-                        )
+                        (answer, false)
                     }
-                    Err(e) => {
-                        let close =
-                            matches!(e.kind(), ErrorKind::PermissionDenied | ErrorKind::Protocol);
-                        (lease_error(e.kind(), e.to_string()), close)
-                    }
+                    Err(e) => refusal(&e),
                 }
             }
-            (LeaseRequest::Query, true, _) => (
-                LeaseResponse::Quota(lock(arbiter).lease_query(lease, connection)),
+            Step::Query => (
+                LeaseResponse::Quota(arbiter.query(lease, connection)),
                 false,
             ),
-            (LeaseRequest::Charge { .. } | LeaseRequest::Credit { .. }, true, false) => {
-                (out_of_order("attach before charging or crediting"), true)
-            }
-            (LeaseRequest::Charge { bytes }, true, true) => {
-                let mut result = lock(arbiter).lease_charge(lease, connection, bytes);
-                // A refusal is final for the process, so it rests on a fresh
-                // measurement: an estimate, or an overhead that shrank since
-                // (a trimmed graph pool), must not refuse memory that fits.
-                let refused = matches!(&result, Ok(c) if !c.granted);
-                let stale = || !lock(arbiter).measured_within(lease, Instant::now(), MEASURE_FRESH);
-                if refused && stale() && measure_memory(arbiter, Some(lease)).await {
-                    result = lock(arbiter).lease_charge(lease, connection, bytes);
-                }
-                match result {
-                    Ok(c) => (
-                        LeaseResponse::Charged {
-                            granted: c.granted,
-                            memory_used: c.used,
-                            memory_quota: c.quota,
-                            memory_overhead: c.overhead,
-                        },
-                        false,
-                    ),
-                    Err(e) => (lease_error(e.kind(), e.to_string()), false),
-                }
-            }
-            (LeaseRequest::Schedule, true, _) => unreachable!("handled above"),
-            (LeaseRequest::Credit { bytes }, true, true) => {
-                let result = lock(arbiter).lease_credit(lease, connection, bytes);
-                match result {
-                    Ok(used) => (LeaseResponse::Credited { memory_used: used }, false),
-                    Err(e) => (lease_error(e.kind(), e.to_string()), false),
-                }
-            }
+            Step::Charge { bytes } => match arbiter.charge(lease, connection, bytes).await {
+                Ok(c) => (
+                    LeaseResponse::Charged {
+                        granted: c.granted,
+                        memory_used: c.used,
+                        memory_quota: c.quota,
+                        memory_overhead: c.overhead,
+                    },
+                    false,
+                ),
+                Err(e) => (lease_error(e.kind(), e.to_string()), false),
+            },
+            Step::Credit { bytes } => match arbiter.credit(lease, connection, bytes) {
+                Ok(used) => (LeaseResponse::Credited { memory_used: used }, false),
+                Err(e) => (lease_error(e.kind(), e.to_string()), false),
+            },
         };
+        if !matches!(step, Step::Attach { .. }) || attachment.attached {
+            phase = lease_connection::after(phase, step);
+        }
         write_frame(&mut stream, &response).await?;
         if close {
             return Ok(());
@@ -527,136 +546,233 @@ async fn handle_lease_connection(
     }
 }
 
-// ----- per-process memory -----
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::ProcFs;
+    use crate::state::tests::{config, open_with_probe, request};
+    use gpushare_config::SchedulerConfig;
+    use gpushare_proto::{ContainerRef, Priority};
 
-/// A refused charge re-measures its lease unless it was measured this recently:
-/// NVML's process listing is one driver call per GPU, and a program probing for the
-/// largest allocation that fits retries in a tight loop.
-pub const MEASURE_FRESH: Duration = Duration::from_millis(100);
-/// How often processes still charged the estimate (attached before NVML listed
-/// them: no context yet) are looked for. Only runs while there are such
-/// processes, so an idle node pays nothing.
-pub const NEW_CLIENT_MEASURE_INTERVAL: Duration = Duration::from_millis(200);
+    const GI: u64 = 1 << 30;
 
-/// Lists per-process memory on the GPUs of `lease` (every GPU: None) and records
-/// it in the ledger. False when overhead is not measured or NVML failed.
-pub async fn measure_memory(arbiter: &SharedArbiter, lease: Option<&LeaseId>) -> bool {
-    let Some((probe, gpus)) = lock(arbiter).measurement(lease) else {
-        return false;
-    };
-    let table = tokio::task::spawn_blocking(move || list_processes(probe.as_ref(), gpus))
-        .await
-        .ok()
-        .flatten();
-    match table {
-        Some(table) => {
-            lock(arbiter).record_process_memory(&table, Instant::now());
-            true
-        }
-        None => false,
+    /// An arbiter with one lease of 1 GiB, reserved for container "c".
+    async fn reserved_lease() -> (tempfile::TempDir, ArbiterHandle, Arc<TokenService>, LeaseId) {
+        let dir = tempfile::tempdir().unwrap();
+        let arbiter = ArbiterHandle::new(open_with_probe(config(dir.path()), 1, Box::new(ProcFs)));
+        let lease = arbiter
+            .reserve(request("c", "1Gi", Priority::Low), std::future::pending())
+            .await
+            .unwrap()
+            .unwrap();
+        let tokens = TokenService::new(SchedulerConfig::default());
+        (dir, arbiter, tokens, lease.id)
     }
-}
 
-/// NVML's processes on `gpus`; None when the backend cannot list them.
-pub(crate) fn list_processes(backend: &dyn GpuBackend, gpus: Vec<String>) -> Option<ProcessTable> {
-    let mut table = ProcessTable::new();
-    for uuid in gpus {
-        match backend.processes(&uuid) {
-            Ok(Some(list)) => {
-                table.insert(uuid, list);
-            }
-            Ok(None) => return None,
-            Err(e) => tracing::warn!(error = %e, gpu = %uuid, "listing GPU processes failed"),
-        }
+    /// The lease confirmed by this test process, so the test's own connections
+    /// are inside "the container".
+    async fn confirmed_lease() -> (tempfile::TempDir, ArbiterHandle, Arc<TokenService>, LeaseId) {
+        let (dir, arbiter, tokens, lease) = reserved_lease().await;
+        let me = ContainerRef::id("c".into());
+        arbiter.confirm(&me, std::process::id()).await.unwrap();
+        (dir, arbiter, tokens, lease)
     }
-    Some(table)
-}
 
-/// Turns overhead accounting on when the backend can list processes, and keeps
-/// new clients measured; says in the log which way it went.
-fn start_memory_measurement(arbiter: &SharedArbiter, backend: &Arc<dyn GpuBackend>) {
-    let first = backend.gpus().into_iter().next();
-    let lists = first.is_some_and(|g| matches!(backend.processes(&g.uuid), Ok(Some(_))));
-    if !lists {
-        tracing::warn!(source = backend.source(), "per-process GPU memory cannot be read here (no NVML): quotas cover explicit allocations only, not the processes' CUDA contexts");
-        return;
-    }
-    {
-        let mut a = lock(arbiter);
-        a.set_memory_probe(backend.clone());
-        tracing::info!(estimate = a.overhead_estimate(), "per-process overhead (context, modules) is measured with NVML and charged to each lease");
-    }
-    let arbiter = arbiter.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(NEW_CLIENT_MEASURE_INTERVAL);
-        loop {
-            tick.tick().await;
-            if lock(&arbiter).has_unmeasured_clients() {
-                measure_memory(&arbiter, None).await;
-            }
-        }
-    });
-}
-
-// ----- periodic work -----
-
-/// How often utilisation is sampled (Algorithm 1 looks at the last minute).
-pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
-/// How often waiting requests are checked against their bound.
-const QUEUE_TICK: Duration = Duration::from_millis(200);
-
-pub fn spawn_background(arbiter: SharedArbiter, backend: Arc<dyn GpuBackend>) {
-    let (watchdog_interval, kill) = {
-        let a = lock(&arbiter);
-        (
-            Duration::from_millis(a.config().watchdog_interval_ms),
-            a.config().watchdog_kill,
-        )
-    };
-    {
-        let arbiter = arbiter.clone();
+    /// Serves one connection of `lease` and returns the client's end.
+    fn connect(arbiter: &ArbiterHandle, tokens: &Arc<TokenService>, lease: &LeaseId) -> UnixStream {
+        let (client, served) = UnixStream::pair().unwrap();
+        let permit = tokens.budget().admit(lease).unwrap();
+        let (arbiter, tokens, lease) = (arbiter.clone(), tokens.clone(), lease.clone());
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(QUEUE_TICK);
-            loop {
-                tick.tick().await;
-                lock(&arbiter).expire_waiters(Instant::now());
-            }
+            let _ = handle_lease_connection(served, &lease, &arbiter, &tokens, permit).await;
         });
+        client
     }
-    {
-        let arbiter = arbiter.clone();
-        let backend = backend.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
-            loop {
-                tick.tick().await;
-                let backend = backend.clone();
-                let samples = tokio::task::spawn_blocking(move || {
-                    backend
-                        .gpus()
-                        .into_iter()
-                        .filter_map(|g| match backend.sample(&g.uuid) {
-                            Ok(Some(s)) => Some((g.uuid, s)),
-                            Ok(None) => None,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "sampling failed");
-                                None
-                            }
-                        })
-                        .collect::<Vec<_>>()
-                })
+
+    async fn exchange(client: &mut UnixStream, request: &LeaseRequest) -> LeaseResponse {
+        write_frame(client, request).await.unwrap();
+        read_frame(client).await.unwrap()
+    }
+
+    async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+        for _ in 0..500 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting until {what}");
+    }
+
+    fn hello() -> LeaseRequest {
+        LeaseRequest::Hello {
+            protocol: PROTOCOL_VERSION,
+        }
+    }
+
+    /// The error's kind, or "ok" for any other answer.
+    fn kind(response: &LeaseResponse) -> String {
+        match response {
+            LeaseResponse::Error { kind, .. } => format!("{kind:?}"),
+            _ => "ok".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_follows_the_rules_and_a_broken_rule_closes_it() {
+        let (_dir, arbiter, tokens, lease) = confirmed_lease().await;
+        let attach = LeaseRequest::Attach { memory_held: 0 };
+        let charge = |bytes| LeaseRequest::Charge { bytes };
+        let other_version = LeaseRequest::Hello {
+            protocol: PROTOCOL_VERSION + 1,
+        };
+        // (what, the requests, each one's answer kind, closed after the last)
+        let protocol = "Protocol";
+        let scripts: Vec<(&str, Vec<LeaseRequest>, Vec<&str>, bool)> = vec![
+            (
+                "the ledger's order",
+                vec![
+                    hello(),
+                    LeaseRequest::Query,
+                    attach.clone(),
+                    charge(GI),
+                    LeaseRequest::Credit { bytes: GI },
+                ],
+                vec!["ok"; 5],
+                false,
+            ),
+            (
+                "hello first",
+                vec![LeaseRequest::Query],
+                vec![protocol],
+                true,
+            ),
+            (
+                "another version is answered, then closed",
+                vec![other_version],
+                vec!["ok"],
+                true,
+            ),
+            (
+                "hello once",
+                vec![hello(), hello()],
+                vec!["ok", protocol],
+                true,
+            ),
+            (
+                "attach before charging",
+                vec![hello(), charge(1)],
+                vec!["ok", protocol],
+                true,
+            ),
+            (
+                "attach once",
+                vec![hello(), attach.clone(), attach.clone()],
+                vec!["ok", "ok", protocol],
+                true,
+            ),
+            (
+                "schedule not on the ledger's connection",
+                vec![hello(), attach.clone(), LeaseRequest::Schedule],
+                vec!["ok", "ok", protocol],
+                true,
+            ),
+        ];
+        for (what, requests, answers, closed) in scripts {
+            let mut client = connect(&arbiter, &tokens, &lease);
+            for (request, want) in requests.iter().zip(&answers) {
+                let got = exchange(&mut client, request).await;
+                assert_eq!(kind(&got), *want, "{what}: {request:?} got {got:?}");
+            }
+            write_frame(&mut client, &LeaseRequest::Query).await.ok();
+            let after: Result<LeaseResponse, _> = read_frame(&mut client).await;
+            assert_eq!(
+                after.is_err(),
+                closed,
+                "{what}: closed afterwards? {after:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_attached_connection_charges_the_ledger_until_it_closes() {
+        let (_dir, arbiter, tokens, lease) = confirmed_lease().await;
+        let mut client = connect(&arbiter, &tokens, &lease);
+        exchange(&mut client, &hello()).await;
+        let LeaseResponse::Attached { pid, .. } =
+            exchange(&mut client, &LeaseRequest::Attach { memory_held: 0 }).await
+        else {
+            panic!("not attached");
+        };
+        assert_eq!(pid, std::process::id(), "the pid comes from SO_PEERCRED");
+        let over = exchange(&mut client, &LeaseRequest::Charge { bytes: GI + 1 }).await;
+        assert!(
+            matches!(over, LeaseResponse::Charged { granted: false, .. }),
+            "{over:?}"
+        );
+        exchange(&mut client, &LeaseRequest::Charge { bytes: GI }).await;
+        assert_eq!(arbiter.status().usage[0].memory_used, GI);
+        drop(client);
+        eventually("the detach credits the ledger", || {
+            arbiter.status().usage[0].memory_used == 0
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_peer_outside_the_container_is_refused_before_anything() {
+        // Reserved, never confirmed: nobody can be inside its container yet.
+        let (_dir, arbiter, tokens, lease) = reserved_lease().await;
+        let mut client = connect(&arbiter, &tokens, &lease);
+        let answer: LeaseResponse = read_frame(&mut client).await.unwrap();
+        assert_eq!(kind(&answer), "PermissionDenied", "{answer:?}");
+        assert_eq!(tokens.budget().status().refused_peer, 1);
+    }
+
+    #[tokio::test]
+    async fn sockets_opened_by_the_state_are_served_and_closed_through_the_channel() {
+        let (dir, arbiter, tokens, lease) = confirmed_lease().await;
+        let (mut endpoints, events) = SocketEndpoints::new(
+            dir.path().join("sockets"),
+            tokio::runtime::Handle::current(),
+            tokens.clone(),
+        );
+        endpoints.open(&lease).unwrap();
+        endpoints.open(&lease).unwrap();
+        let path = dir
+            .path()
+            .join("sockets/leases")
+            .join(&lease.0)
+            .join(LEASE_SOCKET);
+        // Connected before anything serves the socket: it waits in the backlog.
+        let mut early = UnixStream::connect(&path).await.unwrap();
+        tokio::spawn(serve_lease_sockets(events, arbiter.clone(), tokens.clone()));
+        let answer = exchange(&mut early, &hello()).await;
+        assert!(matches!(answer, LeaseResponse::Hello { .. }), "{answer:?}");
+        endpoints.close(&lease);
+        assert!(!path.exists(), "the directory goes with the lease");
+        let after: Result<LeaseResponse, _> =
+            tokio::time::timeout(Duration::from_secs(5), read_frame(&mut early))
                 .await
-                .unwrap_or_default();
-                if !samples.is_empty() {
-                    lock(&arbiter).record_samples(Instant::now(), &samples);
-                }
-            }
-        });
+                .unwrap();
+        assert!(after.is_err(), "its connections are closed: {after:?}");
     }
-    start_memory_measurement(&arbiter, &backend);
-    let tokens = lock(&arbiter).tokens();
-    match tokens {
-        Some(tokens) => watchdog::spawn(arbiter, backend, watchdog_interval, kill, tokens),
-        None => tracing::error!("no token service: the watchdog does not run"),
+
+    #[test]
+    fn a_refused_flood_is_logged_once_per_interval_with_its_count() {
+        let t = Instant::now();
+        let mut log = RefusalLog::default();
+        let at = |ms| t + Duration::from_millis(ms);
+        let rows = [
+            (0, Some(1)),
+            (1, None),
+            (9_999, None),
+            (10_000, Some(3)),
+            (10_001, None),
+            (30_000, Some(2)),
+        ];
+        for (ms, want) in rows {
+            assert_eq!(log.due(at(ms)), want, "at {ms} ms");
+        }
     }
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::inventory::{GpuBackend, GpuProcess, ProcessUtilization};
-use crate::server::{list_processes, lock, SharedArbiter};
+use crate::state::{list_processes, ArbiterHandle};
 use crate::tokens::{Holding, TokenService};
 
 /// A lease as the watchdog sees it.
@@ -477,95 +477,92 @@ struct Baseline {
 
 /// The periodic audit: reconcile, list NVML's processes and their utilisation, read
 /// the token holdings, report (and, with `kill`, SIGKILL) what the audit finds.
-pub fn spawn(
-    arbiter: SharedArbiter,
+pub async fn run(
+    arbiter: ArbiterHandle,
     backend: Arc<dyn GpuBackend>,
     interval: Duration,
     kill: bool,
     tokens: Arc<TokenService>,
 ) {
     let scheduling = Scheduling::from_config(tokens.config());
-    tokio::spawn(async move {
-        let mut watchdog = Watchdog::new(Instant::now(), interval, scheduling);
-        let mut tick = tokio::time::interval(interval);
-        let mut reported: Vec<Violation> = Vec::new();
-        let mut previous: Option<Baseline> = None;
-        loop {
-            tick.tick().await;
-            lock(&arbiter).reconcile(Instant::now());
-            let input = lock(&arbiter).watchdog_input();
-            let backend = backend.clone();
-            let gpus = input.gpus.clone();
-            let since_us = previous.as_ref().map(|p| p.wall_us);
-            let scheduled = scheduling.policy != SchedulingPolicy::Off;
-            let listing = tokio::task::spawn_blocking(move || {
-                let processes = list_processes(backend.as_ref(), gpus.clone())?;
-                let wall_us = wall_clock_us();
-                let utilization = match since_us {
-                    Some(since) if scheduled => utilization(backend.as_ref(), &gpus, since),
-                    _ => None,
-                };
-                Some((processes, utilization, wall_us))
-            })
-            .await
-            .ok()
-            .flatten();
-            let Some((processes, utilization, wall_us)) = listing else {
-                continue;
-            };
-            let now = Instant::now();
-            let totals = token_totals(&tokens.holdings());
-            let activity = match (previous.take(), utilization) {
-                (Some(before), Some(samples)) => {
-                    let span = now.saturating_duration_since(before.at);
-                    Some(PassActivity {
-                        span,
-                        busy: busy_from_samples(&samples, span),
-                        held: held_between(&before.totals, &totals),
-                    })
-                }
+    let mut watchdog = Watchdog::new(Instant::now(), interval, scheduling);
+    let mut tick = tokio::time::interval(interval);
+    let mut reported: Vec<Violation> = Vec::new();
+    let mut previous: Option<Baseline> = None;
+    loop {
+        tick.tick().await;
+        arbiter.reconcile(Instant::now());
+        let input = arbiter.watchdog_input();
+        let backend = backend.clone();
+        let gpus = input.gpus.clone();
+        let since_us = previous.as_ref().map(|p| p.wall_us);
+        let scheduled = scheduling.policy != SchedulingPolicy::Off;
+        let listing = tokio::task::spawn_blocking(move || {
+            let processes = list_processes(backend.as_ref(), gpus.clone())?;
+            let wall_us = wall_clock_us();
+            let utilization = match since_us {
+                Some(since) if scheduled => utilization(backend.as_ref(), &gpus, since),
                 _ => None,
             };
-            previous = Some(Baseline {
-                at: now,
-                wall_us,
-                totals,
-            });
-            // The same listing measures every process's overhead.
-            lock(&arbiter).record_process_memory(&processes, Instant::now());
-            let mut found = watchdog.audit(now, &processes, &input.views(), activity.as_ref());
-            let own = std::process::id();
-            for v in &mut found {
-                let is_new = !reported
-                    .iter()
-                    .any(|r| r.kind == v.kind && r.pid == v.pid && r.gpu == v.gpu);
-                if is_new && v.kind == ViolationKind::Ungated {
-                    let used = watchdog.ungated_use(&v.gpu, v.pid);
-                    let ms =
-                        |f: fn(&UngatedUse) -> u64| used.as_ref().map_or(0, |u| f(u) / 1_000_000);
-                    tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, busy_ms = ms(|u| u.busy_ns), token_held_ms = ms(|u| u.held_ns), over_ms = ms(|u| u.span_ns), "watchdog violation: busy on the GPU without holding its time-slice token (it bypassed the interposer's gate)");
-                } else if is_new {
-                    tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, memory = v.memory_used, quota = ?v.memory_quota, "watchdog violation");
-                }
-                if kill && v.pid > 1 && v.pid != own {
-                    match nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(v.pid as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    ) {
-                        Ok(()) => {
-                            v.killed = true;
-                            tracing::warn!(pid = v.pid, gpu = %v.gpu, "watchdog killed the process");
-                        }
-                        Err(e) => {
-                            tracing::warn!(pid = v.pid, error = %e, "watchdog could not kill")
-                        }
+            Some((processes, utilization, wall_us))
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some((processes, utilization, wall_us)) = listing else {
+            continue;
+        };
+        let now = Instant::now();
+        let totals = token_totals(&tokens.holdings());
+        let activity = match (previous.take(), utilization) {
+            (Some(before), Some(samples)) => {
+                let span = now.saturating_duration_since(before.at);
+                Some(PassActivity {
+                    span,
+                    busy: busy_from_samples(&samples, span),
+                    held: held_between(&before.totals, &totals),
+                })
+            }
+            _ => None,
+        };
+        previous = Some(Baseline {
+            at: now,
+            wall_us,
+            totals,
+        });
+        // The same listing measures every process's overhead.
+        arbiter.record_process_memory(&processes, Instant::now());
+        let mut found = watchdog.audit(now, &processes, &input.views(), activity.as_ref());
+        let own = std::process::id();
+        for v in &mut found {
+            let is_new = !reported
+                .iter()
+                .any(|r| r.kind == v.kind && r.pid == v.pid && r.gpu == v.gpu);
+            if is_new && v.kind == ViolationKind::Ungated {
+                let used = watchdog.ungated_use(&v.gpu, v.pid);
+                let ms = |f: fn(&UngatedUse) -> u64| used.as_ref().map_or(0, |u| f(u) / 1_000_000);
+                tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, busy_ms = ms(|u| u.busy_ns), token_held_ms = ms(|u| u.held_ns), over_ms = ms(|u| u.span_ns), "watchdog violation: busy on the GPU without holding its time-slice token (it bypassed the interposer's gate)");
+            } else if is_new {
+                tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, memory = v.memory_used, quota = ?v.memory_quota, "watchdog violation");
+            }
+            if kill && v.pid > 1 && v.pid != own {
+                match nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(v.pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                ) {
+                    Ok(()) => {
+                        v.killed = true;
+                        tracing::warn!(pid = v.pid, gpu = %v.gpu, "watchdog killed the process");
+                    }
+                    Err(e) => {
+                        tracing::warn!(pid = v.pid, error = %e, "watchdog could not kill")
                     }
                 }
             }
-            reported = found.clone();
-            lock(&arbiter).record_violations(found);
         }
-    });
+        reported = found.clone();
+        arbiter.record_violations(found);
+    }
 }
 
 /// Per GPU, NVML's per-process samples after `since_us`; None when the backend

@@ -62,48 +62,64 @@ fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
+        // Before anything else: a stop asked for during recovery is a clean stop
+        // once recovery is done, not the default action (death mid-write).
+        let stop_asked = stop_signal().context("installing the SIGTERM and SIGINT handlers")?;
         // Bind first: it refuses to start beside a live arbiter before any lease
         // socket is touched. Connections wait in the backlog until recovery is done.
         let listener = server::bind_control_socket(&socket)?;
         let started = std::time::Instant::now();
-        let shared = daemon::recover(&config, &scheduler, backend.as_ref())
+        let running = daemon::recover(&config, &scheduler, backend.as_ref())
             .context("recovering the lease table")?;
+        let arbiter = running.handle().clone();
         tracing::info!(
-            leases = server::lock(&shared).lease_count(),
+            leases = arbiter.lease_count(),
             recovery_ms = started.elapsed().as_millis() as u64,
             "lease table recovered"
         );
-        server::spawn_background(shared.clone(), backend.clone());
-        daemon::spawn_store_recovery(shared.clone());
+        let tasks = running.tasks();
+        server::spawn_background(&arbiter, backend.clone(), tasks);
         if let Some(address) = &config.metrics_address {
             let tcp = tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("binding the metrics endpoint {address}"))?;
             tracing::info!(address, "serving metrics at /metrics");
-            let arbiter = shared.clone();
-            tokio::spawn(metrics::serve(tcp, move || {
-                let a = server::lock(&arbiter);
-                metrics::render(&a.status(), a.violation_totals())
-            }));
+            let arbiter = arbiter.clone();
+            tasks.spawn(metrics::serve(tcp, move || arbiter.metrics()));
         }
+        tasks.spawn(server::serve(listener, arbiter));
         tracing::info!(socket = %socket.display(), "serving");
-        tokio::select! {
-            () = server::serve(listener, shared) => {}
-            _ = shutdown_signal() => tracing::info!("shutting down; leases stay on disk"),
-        }
+        stop_asked.await;
+        tracing::info!("stopping; leases stay on disk");
         // Leave no stale socket behind for the next start to trip over.
         let _ = std::fs::remove_file(&socket);
-        anyhow::Ok(())
-    })
+        running
+            .stop(STOP_WITHIN)
+            .await
+            .context("making the lease table durable at the stop")
+    });
+    // What is left (a blocking NVML call, a metrics answer) is not waited for.
+    runtime.shutdown_timeout(STOP_WITHIN);
+    served?;
+    tracing::info!("stopped");
+    Ok(())
 }
 
-async fn shutdown_signal() {
+/// How long a stop waits for tasks, and then for the runtime's threads: a task
+/// ends at its next await, within milliseconds, unless a call it made is stuck.
+const STOP_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Resolves at the first SIGTERM or SIGINT; the handlers are in place once this
+/// returns, so neither signal kills the process from then on.
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }

@@ -79,3 +79,18 @@ impl Arbiter {
         }
     }
 }
+
+/// NVML's processes on `gpus`; None when the backend cannot list them.
+pub fn list_processes(backend: &dyn GpuBackend, gpus: Vec<String>) -> Option<ProcessTable> {
+    let mut table = ProcessTable::new();
+    for uuid in gpus {
+        match backend.processes(&uuid) {
+            Ok(Some(list)) => {
+                table.insert(uuid, list);
+            }
+            Ok(None) => return None,
+            Err(e) => tracing::warn!(error = %e, gpu = %uuid, "listing GPU processes failed"),
+        }
+    }
+    Some(table)
+}

@@ -75,6 +75,11 @@ pub enum StateError {
     BadLeaseId(#[from] BadLeaseId),
     #[error("the requester disconnected while its reserve waited")]
     RequesterGone,
+    /// The GPU asked for is set aside (`inventory::refusal` says why and what to ask).
+    #[error("{0}")]
+    Unshareable(String),
+    #[error("the reserve was dropped")]
+    ReserveDropped,
 }
 
 impl StateError {
@@ -96,7 +101,8 @@ impl StateError {
             StateError::Ledger(LedgerError::UnknownLease(_)) => ErrorKind::NotFound,
             StateError::Ledger(_) => ErrorKind::Protocol,
             StateError::BadLeaseId(_) => ErrorKind::InvalidRequest,
-            StateError::RequesterGone => ErrorKind::Internal,
+            StateError::RequesterGone | StateError::ReserveDropped => ErrorKind::Internal,
+            StateError::Unshareable(_) => ErrorKind::InvalidRequest,
         }
     }
 }
@@ -104,15 +110,18 @@ impl StateError {
 mod clients;
 mod drain;
 mod endpoints;
+mod handle;
 mod lifecycle;
 mod memory;
 mod recovery;
 mod reserve;
 mod status;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use endpoints::{LeaseDirs, LeaseEndpoints};
+pub use handle::{ArbiterHandle, MEASURE_FRESH};
+pub use memory::list_processes;
 
 /// A granted lease and the ticket to wait for before telling anyone.
 #[derive(Debug)]

@@ -18,7 +18,7 @@ impl ProcessProbe for SharedProbe {
     }
 }
 
-fn config(dir: &std::path::Path) -> ArbiterConfig {
+pub(crate) fn config(dir: &std::path::Path) -> ArbiterConfig {
     ArbiterConfig {
         run_dir: dir.join("run"),
         state_dir: dir.join("state"),
@@ -29,6 +29,16 @@ fn config(dir: &std::path::Path) -> ArbiterConfig {
 }
 
 fn open_with(config: ArbiterConfig, gpus: usize, procs: Arc<FakeProcs>) -> Arbiter {
+    open_with_probe(config, gpus, Box::new(SharedProbe(procs)))
+}
+
+/// An arbiter on `config`'s directories with `gpus` 8 GiB GPUs, lease directories
+/// only (no sockets), and `probe` for /proc.
+pub(crate) fn open_with_probe(
+    config: ArbiterConfig,
+    gpus: usize,
+    probe: Box<dyn ProcessProbe>,
+) -> Arbiter {
     let (store, table) = LeaseStore::open(&config.state_dir, StoreOptions::default()).unwrap();
     let inventory = Inventory {
         gpus: (0..gpus)
@@ -45,15 +55,7 @@ fn open_with(config: ArbiterConfig, gpus: usize, procs: Arc<FakeProcs>) -> Arbit
     let endpoints = Box::new(LeaseDirs {
         run_dir: config.run_dir.clone(),
     });
-    Arbiter::open(
-        config,
-        inventory,
-        Arc::new(store),
-        table,
-        endpoints,
-        Box::new(SharedProbe(procs)),
-    )
-    .unwrap()
+    Arbiter::open(config, inventory, Arc::new(store), table, endpoints, probe).unwrap()
 }
 
 fn setup() -> (tempfile::TempDir, Arbiter, Arc<FakeProcs>) {
@@ -63,7 +65,7 @@ fn setup() -> (tempfile::TempDir, Arbiter, Arc<FakeProcs>) {
     (dir, arbiter, procs)
 }
 
-fn request(container: &str, memory: &str, priority: Priority) -> ReserveRequest {
+pub(crate) fn request(container: &str, memory: &str, priority: Priority) -> ReserveRequest {
     ReserveRequest {
         container_id: container.into(),
         namespace: None,

@@ -1,0 +1,326 @@
+//! The only way into the arbiter's state from the daemon's tasks: a cloneable
+//! handle whose methods lock, act, drop the guard and only then wait (for a
+//! change to be durable, for NVML, for a queued reserve), so no caller holds
+//! the lock across an await and none can forget to wait before answering.
+//!
+//! The lock is a plain mutex: every critical section is short and synchronous
+//! (the store's fsync happens on its writer thread, NVML on the blocking pool).
+
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard};
+
+use gpushare_proto::{Lease, LeaseId, Quota, ReserveRequest, StatusReport};
+
+use super::*;
+use crate::ledger::Charge;
+
+/// A change counts as acknowledged only once this resolves.
+async fn durable(store: Arc<LeaseStore>, ticket: Option<Ticket>) -> Result<(), StateError> {
+    match ticket {
+        Some(t) => store.wait(t).await.map_err(StateError::from),
+        None => Ok(()),
+    }
+}
+
+/// A refused charge re-measures its lease unless it was measured this recently:
+/// NVML's process listing is one driver call per GPU, and a program probing for the
+/// largest allocation that fits retries in a tight loop.
+pub const MEASURE_FRESH: Duration = Duration::from_millis(100);
+
+#[derive(Clone)]
+pub struct ArbiterHandle {
+    state: Arc<Mutex<Arbiter>>,
+}
+
+impl ArbiterHandle {
+    pub fn new(arbiter: Arbiter) -> ArbiterHandle {
+        ArbiterHandle {
+            state: Arc::new(Mutex::new(arbiter)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Arbiter> {
+        // A panic mid-change never left memory ahead of the log's order (changes are
+        // appended before they are applied), so the table is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs a change and waits, without the lock, until its record is durable.
+    async fn change<T>(
+        &self,
+        act: impl FnOnce(&mut Arbiter) -> Result<(T, Option<Ticket>), StateError>,
+    ) -> Result<T, StateError> {
+        let (value, ticket, store) = {
+            let mut arbiter = self.lock();
+            let (value, ticket) = act(&mut arbiter)?;
+            (value, ticket, arbiter.store.clone())
+        };
+        durable(store, ticket).await?;
+        Ok(value)
+    }
+
+    // ----- the control socket -----
+
+    pub fn admission_wait_ms(&self) -> u64 {
+        self.lock().config.admission_wait_ms
+    }
+
+    /// Queues a reserve and answers once it is granted and durable. `requester_gone`
+    /// resolves true when the requester hung up while it waited (then nothing is
+    /// granted to it: Ok(None)), false when it spoke out of turn (keep waiting).
+    pub async fn reserve(
+        &self,
+        request: ReserveRequest,
+        requester_gone: impl Future<Output = bool>,
+    ) -> Result<Option<Lease>, StateError> {
+        let container = request.container_id.clone();
+        let mut reply = {
+            let mut arbiter = self.lock();
+            if let Some(message) = arbiter.unshareable_refusal(&request.gpu) {
+                tracing::warn!(container, "refused: {message}");
+                return Err(StateError::Unshareable(message));
+            }
+            arbiter.submit(request, Instant::now())
+        };
+        let answer = tokio::select! {
+            answer = &mut reply => answer,
+            gone = requester_gone => {
+                if gone {
+                    // No more answers can arrive; one sent just before is taken back.
+                    reply.close();
+                    let mut arbiter = self.lock();
+                    if let Ok(Ok(granted)) = reply.try_recv() {
+                        arbiter.take_back_grant(&granted);
+                    }
+                    arbiter.withdraw_abandoned();
+                    tracing::info!(container, "reserve withdrawn: the client disconnected while it waited");
+                    return Ok(None);
+                }
+                // It spoke out of turn: just wait (its bytes are read afterwards).
+                reply.await
+            }
+        };
+        let granted = answer.map_err(|_| StateError::ReserveDropped)??;
+        let store = self.lock().store.clone();
+        match durable(store, granted.ticket).await {
+            Ok(()) => Ok(Some(granted.lease)),
+            Err(e) => {
+                // Never acknowledged: its lease, directory and room go now, not when
+                // the store recovers.
+                self.lock().withdraw_reserve(&granted.lease.id);
+                Err(e)
+            }
+        }
+    }
+
+    pub async fn confirm(&self, container: &ContainerRef, pid: u32) -> Result<(), StateError> {
+        self.change(|a| Ok(((), a.confirm_in(container, pid)?)))
+            .await
+    }
+
+    pub async fn bind(
+        &self,
+        lease: &LeaseId,
+        container_id: &str,
+        pid: u32,
+    ) -> Result<(), StateError> {
+        self.change(|a| Ok(((), a.bind(lease, container_id, pid)?)))
+            .await
+    }
+
+    /// Whether the lease existed.
+    pub async fn release(&self, lease: &LeaseId) -> Result<bool, StateError> {
+        self.change(|a| a.release(lease)).await
+    }
+
+    /// Whether the container held a lease.
+    pub async fn release_container(&self, container: &ContainerRef) -> Result<bool, StateError> {
+        self.change(|a| a.release_container_in(container)).await
+    }
+
+    /// Drains (or undrains) `gpu`, a UUID or an index; returns its UUID.
+    pub async fn drain(&self, gpu: &str, drain: bool) -> Result<String, StateError> {
+        self.change(|a| {
+            let (uuid, ticket) = a.drain(gpu, drain)?;
+            Ok((uuid, Some(ticket)))
+        })
+        .await
+    }
+
+    pub fn status(&self) -> StatusReport {
+        self.lock().status()
+    }
+
+    pub fn list(&self) -> Vec<Lease> {
+        self.lock().list()
+    }
+
+    pub fn lease_count(&self) -> usize {
+        self.lock().lease_count()
+    }
+
+    /// The Prometheus exposition, rendered after the lock is dropped.
+    pub fn metrics(&self) -> String {
+        let (report, totals) = {
+            let arbiter = self.lock();
+            (arbiter.status(), arbiter.violation_totals().clone())
+        };
+        crate::metrics::render(&report, &totals)
+    }
+
+    // ----- the lease sockets -----
+
+    /// The lease as recorded (None once released).
+    pub fn lease(&self, id: &LeaseId) -> Option<Lease> {
+        self.lock().lease(id).cloned()
+    }
+
+    pub fn lease_peer(&self, lease: &LeaseId, peer_pid: u32) -> Result<(), StateError> {
+        self.lock().lease_peer(lease, peer_pid)
+    }
+
+    /// Registers a client; the quota it is answered carries its measured overhead
+    /// whenever NVML already lists the process, so the charges right after it are
+    /// not judged against the estimate.
+    pub async fn attach(
+        &self,
+        lease: &LeaseId,
+        connection: ConnectionId,
+        peer_pid: u32,
+        held: u64,
+    ) -> Result<Quota, StateError> {
+        let quota = self
+            .lock()
+            .lease_attach(lease, connection, peer_pid, held)?;
+        if self.measure_memory(Some(lease)).await {
+            return Ok(self.query(lease, connection));
+        }
+        Ok(quota)
+    }
+
+    pub fn query(&self, lease: &LeaseId, connection: ConnectionId) -> Quota {
+        self.lock().lease_query(lease, connection)
+    }
+
+    /// A refusal is final for the process, so it rests on a fresh measurement: an
+    /// estimate, or an overhead that shrank since (a trimmed graph pool), must not
+    /// refuse memory that fits.
+    pub async fn charge(
+        &self,
+        lease: &LeaseId,
+        connection: ConnectionId,
+        bytes: u64,
+    ) -> Result<Charge, StateError> {
+        let (charge, stale) = {
+            let mut arbiter = self.lock();
+            let charge = arbiter.lease_charge(lease, connection, bytes)?;
+            let stale = !arbiter.measured_within(lease, Instant::now(), MEASURE_FRESH);
+            (charge, stale)
+        };
+        if !charge.granted && stale && self.measure_memory(Some(lease)).await {
+            return self.lock().lease_charge(lease, connection, bytes);
+        }
+        Ok(charge)
+    }
+
+    pub fn credit(
+        &self,
+        lease: &LeaseId,
+        connection: ConnectionId,
+        bytes: u64,
+    ) -> Result<u64, StateError> {
+        self.lock().lease_credit(lease, connection, bytes)
+    }
+
+    pub fn detach(&self, lease: &LeaseId, connection: ConnectionId) {
+        self.lock().lease_detach(lease, connection)
+    }
+
+    // ----- per-process memory -----
+
+    /// Turns overhead accounting on (`backend` lists per-process memory); returns
+    /// the estimate charged until a process is measured.
+    pub fn enable_memory_measurement(&self, backend: Arc<dyn GpuBackend>) -> u64 {
+        let mut arbiter = self.lock();
+        arbiter.set_memory_probe(backend);
+        arbiter.overhead_estimate()
+    }
+
+    pub fn has_unmeasured_clients(&self) -> bool {
+        self.lock().has_unmeasured_clients()
+    }
+
+    /// Lists per-process memory on the GPUs of `lease` (every GPU: None) and records
+    /// it in the ledger. False when overhead is not measured or NVML failed.
+    pub async fn measure_memory(&self, lease: Option<&LeaseId>) -> bool {
+        let Some((probe, gpus)) = self.lock().measurement(lease) else {
+            return false;
+        };
+        let table = tokio::task::spawn_blocking(move || list_processes(probe.as_ref(), gpus))
+            .await
+            .ok()
+            .flatten();
+        match table {
+            Some(table) => {
+                self.record_process_memory(&table, Instant::now());
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn record_process_memory(&self, processes: &ProcessTable, now: Instant) {
+        self.lock().record_process_memory(processes, now)
+    }
+
+    // ----- periodic work -----
+
+    pub fn config(&self) -> ArbiterConfig {
+        self.lock().config.clone()
+    }
+
+    pub fn tokens(&self) -> Option<Arc<crate::tokens::TokenService>> {
+        self.lock().tokens()
+    }
+
+    pub fn expire_waiters(&self, now: Instant) {
+        self.lock().expire_waiters(now)
+    }
+
+    pub fn record_samples(&self, now: Instant, samples: &[(String, GpuSample)]) {
+        self.lock().record_samples(now, samples)
+    }
+
+    pub fn reconcile(&self, now: Instant) -> Vec<(LeaseId, String)> {
+        self.lock().reconcile(now)
+    }
+
+    pub fn watchdog_input(&self) -> WatchdogInput {
+        self.lock().watchdog_input()
+    }
+
+    pub fn record_violations(&self, violations: Vec<Violation>) {
+        self.lock().record_violations(violations)
+    }
+
+    /// Tries a lease store that cannot be written again (a no-op while it can).
+    pub fn retry_failed_store(&self) -> Result<(), StateError> {
+        self.lock().recover_store()
+    }
+
+    /// A clean stop's last change: waits for every record appended, then folds the
+    /// log into the snapshot (after a write failure: writes the table as it is in
+    /// memory), so the next start reads one file. Call once nothing changes any more.
+    pub async fn flush(&self) -> Result<(), StateError> {
+        let (store, last) = {
+            let arbiter = self.lock();
+            (arbiter.store.clone(), arbiter.last_ticket)
+        };
+        // A failed ticket is dealt with below: recovery writes the table.
+        let _ = durable(store.clone(), last).await;
+        if store.failure().is_some() {
+            return self.lock().recover_store();
+        }
+        Ok(store.compact()?)
+    }
+}
