@@ -11,7 +11,6 @@
 //! Targets (DESIGN.md): ≤ 50 ns on a pass-through path, ≤ 100 ns per cuLaunchKernel.
 
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -19,6 +18,7 @@ use gpushare::cuda::{CUresult, Handle};
 use gpushare::symbols::{record_real, Hook};
 use gpushare_proto::{LossPolicy, Priority, ScheduleTerms, TokenPage};
 use gpushare_testkit::fake_arbiter::{Answer, FakeArbiter};
+use gpushare_testkit::{binaries, simgpu};
 use libc::{c_uint, c_void};
 use std::sync::atomic::Ordering;
 
@@ -148,45 +148,22 @@ fn in_process() -> serde_json::Value {
     })
 }
 
-/// `target/release`.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
 fn end_to_end() -> serde_json::Value {
-    let target = profile_dir();
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "build",
-            "-q",
-            "--release",
-            "-p",
-            "simgpu-libcuda",
-            "-p",
-            "simgpu-libnvml",
-            "-p",
-            "gpushare-preload",
-            "--target-dir",
-        ])
-        .arg(target.parent().unwrap())
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .unwrap();
-    assert!(status.success());
+    // The test kit's way: built into this bench's own profile (`target/release`), or
+    // taken from GPUSHARE_BIN_DIR / GPUSHARE_PRELOAD_LIB when they name another build.
+    // The probe is another package's binary, so no CARGO_BIN_EXE_… names it.
+    binaries::cargo_build(&[
+        "simgpu-libcuda",
+        "simgpu-libnvml",
+        "gpushare-preload",
+        "gpushare-cuda-probe",
+    ]);
+    binaries::require(&["gpushare-cuda-probe"]);
+    let probe_program = binaries::program("gpushare-cuda-probe");
     let libs = tempfile::tempdir().unwrap();
     let sim = tempfile::tempdir().unwrap();
-    let status =
-        Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/simgpu/install.sh"))
-            .arg(libs.path())
-            .arg("release")
-            .env("CARGO_TARGET_DIR", target.parent().unwrap())
-            .status()
-            .unwrap();
-    assert!(status.success());
-    let library = std::env::var_os("GPUSHARE_PRELOAD_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| target.join("libgpushare.so"));
+    simgpu::install(libs.path()).unwrap_or_else(|e| panic!("{e}"));
+    let library = binaries::preload_library();
     let arbiter_dir = tempfile::tempdir().unwrap();
     let arbiter = FakeArbiter::start(
         &arbiter_dir.path().join("arbiter.sock"),
@@ -200,7 +177,7 @@ fn end_to_end() -> serde_json::Value {
         gpushare::gate::monotonic_ns() + 3_600_000_000_000,
     );
     let probe = |preload: bool, lease: bool, step: &str, n: &str| -> f64 {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpushare-cuda-probe"));
+        let mut cmd = Command::new(&probe_program);
         cmd.args([step, n])
             .env("LD_LIBRARY_PATH", libs.path())
             .env("SIMGPU_DIR", sim.path())

@@ -504,9 +504,13 @@ fn exporter_program(c: &Cuda, bytes: usize) {
         flags: [0; 8],
     };
     let (mut handle, mut fd) = (0u64, -1i32);
-    // SAFETY (each call below): the driver API's signatures; valid pointers.
+    // SAFETY: cuMemCreate (its cuda.h signature), given a live
+    // CUmemGenericAllocationHandle (u64) to write and a CUmemAllocationProp
+    // (AllocationProp is its repr(C) layout) that lives until the call returns.
     let rc = unsafe { create(&mut handle, bytes, &prop, 0) };
     step("create", rc, "");
+    // SAFETY: cuMemExportToShareableHandle with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    // writes an int: `fd` is a live i32; the handle is a value the driver checks.
     let rc = unsafe { export((&mut fd as *mut i32).cast(), handle, 1, 0) };
     step("export", rc, &format!("fd={fd}"));
     std::fs::write(
@@ -540,12 +544,18 @@ fn importer_program(c: &Cuda) {
     let map: unsafe extern "C" fn(u64, usize, usize, u64, u64) -> R = c.get("cuMemMap");
     let (mut handle, mut address) = (0u64, 0u64);
     let os_handle = std::os::fd::AsRawFd::as_raw_fd(&file) as usize as *mut libc::c_void;
-    // SAFETY (each call below): the driver API's signatures; valid pointers.
+    // SAFETY: cuMemImportFromShareableHandle, given a live u64 handle to write; for a
+    // POSIX descriptor the "pointer" argument is the descriptor's value (of `file`,
+    // open for the call), which the driver does not dereference.
     let rc = unsafe { import(&mut handle, os_handle, 1) };
     step("import", rc, "");
     let bytes = (64 * MI) as usize;
-    let rc = unsafe { reserve(&mut address, bytes, 0, 0, 0) };
-    let rc = rc.max(unsafe { map(address, bytes, 0, handle, 0) });
+    // SAFETY: cuMemAddressReserve, given a live CUdeviceptr (u64) to write.
+    let reserved = unsafe { reserve(&mut address, bytes, 0, 0, 0) };
+    // SAFETY: cuMemMap takes the range and the handle as values the driver checks;
+    // nothing here touches the mapping from the host.
+    let mapped = unsafe { map(address, bytes, 0, handle, 0) };
+    let rc = reserved.max(mapped);
     step("map", rc, "");
     step("meminfo", 0, &format!("free={}", c.free_memory()));
     std::fs::write(dir.join("imported"), "").unwrap();

@@ -4,23 +4,55 @@
 // Each test file uses some of these.
 #![allow(dead_code, unused_imports)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 use gpushare_proto::{ControlClient, Fraction, GpuSelector, Priority, ReserveRequest};
 use gpushare_testkit::Config;
 pub use gpushare_testkit::{binaries, simgpu, wait_until, Arbiter};
 
 pub const MI: u64 = 1 << 20;
-pub const PROBE: &str = env!("CARGO_BIN_EXE_gpushare-cuda-probe");
+
+/// The probe program (tests/probe, package `gpushare-cuda-probe`), as a program to run:
+/// `Command::new(PROBE)`. It is another package's binary, so no `CARGO_BIN_EXE_…` names
+/// it; the test kit finds it in [`binaries::bin_dir`] (`GPUSHARE_BIN_DIR`, else this
+/// test's `target/<profile>`), built there first by [`build_what_the_tests_run`].
+pub const PROBE: Probe = Probe;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Probe;
+
+impl Probe {
+    /// The probe's path, built (or, under `GPUSHARE_BIN_DIR`, checked) on first use.
+    pub fn path(self) -> &'static Path {
+        static PATH: OnceLock<PathBuf> = OnceLock::new();
+        PATH.get_or_init(|| {
+            build_what_the_tests_run();
+            binaries::require(&["gpushare-cuda-probe"]);
+            binaries::program("gpushare-cuda-probe")
+        })
+    }
+}
+
+impl AsRef<OsStr> for Probe {
+    fn as_ref(&self) -> &OsStr {
+        self.path().as_os_str()
+    }
+}
 
 /// What the tests run besides this package: `cargo test -p gpushare-preload` does not
 /// build them (they are no dependencies of it), so the suite builds them once.
 pub fn build_what_the_tests_run() {
     static BUILT: Once = Once::new();
     BUILT.call_once(|| {
-        binaries::cargo_build(&["simgpu-libcuda", "simgpu-libnvml", "gpushare-arbiter"])
+        binaries::cargo_build(&[
+            "simgpu-libcuda",
+            "simgpu-libnvml",
+            "gpushare-arbiter",
+            "gpushare-cuda-probe",
+        ])
     });
 }
 

@@ -66,7 +66,10 @@ struct Cuda {
 
 impl Cuda {
     fn load(version: c_int, flags: u64) -> Cuda {
-        // SAFETY: dlopen/dlsym with NUL-terminated names; the handle is never closed.
+        // SAFETY: dlopen and dlsym get NUL-terminated C-string literals; dlerror is read
+        // right after the failed dlopen, so it is a NUL-terminated message; `sym` is
+        // non-null when transmuted, and cuGetProcAddress_v2 has GetProc's signature
+        // (cuda.h). The handle is never closed, so `sym` stays valid.
         unsafe {
             let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
             if handle.is_null() {
@@ -92,7 +95,9 @@ impl Cuda {
     fn lookup(&self, name: &str, version: c_int, flags: u64) -> (R, *mut c_void) {
         let c = CString::new(name).unwrap();
         let (mut p, mut status) = (std::ptr::null_mut(), 0);
-        // SAFETY: valid name and out-pointers.
+        // SAFETY: get_proc is cuGetProcAddress_v2 (resolved in `load`); `c` is a live
+        // NUL-terminated string, `p` and `status` live locals of the types it writes
+        // (a function pointer and a CUdriverProcAddressQueryResult, an int).
         let rc = unsafe { (self.get_proc)(c.as_ptr(), &mut p, version, flags, &mut status) };
         (rc, p)
     }
@@ -103,9 +108,27 @@ impl Cuda {
             fatal(&format!("cuGetProcAddress_v2({name}) failed: {rc}"));
         }
         assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
-        // SAFETY: T is the function-pointer type of `name` for this version (cuda.h).
+        // SAFETY: `p` is non-null (checked above), and every caller names as T the
+        // function-pointer type of `name` for this version (cuda.h).
         unsafe { std::mem::transmute_copy(&p) }
     }
+}
+
+/// A symbol from `dlsym` or `cuGetProcAddress` as the function-pointer type `T`; a null
+/// one (no such symbol) is a fatal error, since null is no value of a function pointer.
+///
+/// # Safety
+///
+/// `T` must be an `unsafe extern "C" fn` type with the C signature of the function `name`
+/// names (cuda.h, nvml.h).
+unsafe fn entry<T>(sym: *mut c_void, name: &str) -> T {
+    if sym.is_null() {
+        fatal(&format!("no {name}"));
+    }
+    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: `sym` is a non-null code address of the same size as `T`, and the caller
+    // guarantees `T` is that function's signature.
+    unsafe { std::mem::transmute_copy(&sym) }
 }
 
 fn fatal(msg: &str) -> ! {
@@ -115,8 +138,10 @@ fn fatal(msg: &str) -> ! {
 
 /// `libfile:symbol` of a function pointer, from the loader (which library answers).
 fn who(p: *mut c_void) -> String {
+    // SAFETY: Dl_info is four raw pointers, for which all-zero (null) is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr with a valid out-pointer.
+    // SAFETY: `p` is non-null (checked first) and only looked up, never called; `info`
+    // is a live Dl_info for dladdr to fill.
     if p.is_null() || unsafe { libc::dladdr(p, &mut info) } == 0 {
         return "none".into();
     }
@@ -124,6 +149,8 @@ fn who(p: *mut c_void) -> String {
         if s.is_null() {
             "?".into()
         } else {
+            // SAFETY: a non-null name dladdr filled in: a NUL-terminated string of the
+            // loader's, live while the object is loaded (this probe unloads none).
             unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
         }
     };
@@ -199,10 +226,13 @@ struct Probe {
 impl Probe {
     fn name(&self, rc: R) -> String {
         let mut p = std::ptr::null();
-        // SAFETY: cuGetErrorName writes a static string pointer.
+        // SAFETY: error_name is cuGetErrorName (its cuda.h signature); `p` is a live
+        // `*const c_char` for it to set; any result code may be asked about.
         if unsafe { (self.error_name)(rc, &mut p) } != 0 || p.is_null() {
             return format!("CUDA_ERROR_{rc}");
         }
+        // SAFETY: on success cuGetErrorName points `p` (non-null, checked) at a static
+        // NUL-terminated name.
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
@@ -221,7 +251,10 @@ impl Probe {
     fn kernel_on(&self, launch: Launch11, ns: u64, stream: H) -> R {
         let mut duration = ns;
         let mut params = [&mut duration as *mut u64 as *mut c_void];
-        // SAFETY: gpushare_spin_ns takes one u64 (its duration in ns).
+        // SAFETY: `launch` is cuLaunchKernel (Launch11 is its cuda.h signature);
+        // gpushare_spin_ns takes one u64, and `params` holds one pointer to the live local
+        // `duration`, read before the call returns; `extra` is null. The function and
+        // stream are handles the driver checks (it answers an error for a bad one).
         unsafe {
             launch(
                 self.function,
@@ -242,7 +275,7 @@ impl Probe {
     fn new_stream(&self, flags: c_uint) -> H {
         let create: unsafe extern "C" fn(*mut H, c_uint) -> R = self.cuda.get("cuStreamCreate");
         let mut stream = 0;
-        // SAFETY: a valid out-pointer.
+        // SAFETY: cuStreamCreate, given a live CUstream (pointer-sized H) to write.
         let rc = unsafe { create(&mut stream, flags) };
         if rc != 0 {
             fatal(&format!("cuStreamCreate: {}", self.name(rc)));
@@ -293,7 +326,10 @@ fn main() {
         cuda.get("cuModuleGetFunction");
     let error_name = cuda.get("cuGetErrorName");
     let (mut dev, mut ctx, mut module, mut function) = (0, 0, 0, 0);
-    // SAFETY: entry points of this CUDA version with valid out-pointers.
+    // SAFETY: each function was looked up by its name for this CUDA version and typed
+    // with its cuda.h signature; the out-pointers are live locals of the handle types
+    // they write (int, pointer-sized handles); the PTX image and the kernel name are
+    // NUL-terminated and outlive the calls.
     let ok = unsafe {
         init(0) == 0
             && device_get(&mut dev, 0) == 0
@@ -332,10 +368,13 @@ fn run_step(
             let mut ptr = 0;
             let rc = if step == "alloc" {
                 let f: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");
+                // SAFETY: cuMemAlloc_v2, given a live CUdeviceptr (u64) to write.
                 unsafe { f(&mut ptr, bytes) }
             } else {
                 let f: unsafe extern "C" fn(*mut Ptr, usize, c_uint) -> R =
                     c.get("cuMemAllocManaged");
+                // SAFETY: cuMemAllocManaged, given a live CUdeviceptr to write and
+                // CU_MEM_ATTACH_GLOBAL.
                 unsafe { f(&mut ptr, bytes, 1) }
             };
             if rc == 0 {
@@ -349,8 +388,11 @@ fn run_step(
             let bytes = num(args) as usize;
             // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the global scope.
             let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cuMemAlloc_v2".as_ptr()) };
-            let f: unsafe extern "C" fn(*mut Ptr, usize) -> R = unsafe { std::mem::transmute(sym) };
+            // SAFETY: cuMemAlloc_v2's cuda.h signature (entry refuses a null symbol).
+            let f: unsafe extern "C" fn(*mut Ptr, usize) -> R =
+                unsafe { entry(sym, "cuMemAlloc_v2") };
             let mut ptr = 0;
+            // SAFETY: cuMemAlloc_v2, given a live CUdeviceptr to write.
             let rc = unsafe { f(&mut ptr, bytes) };
             if rc == 0 {
                 p.held.push(Held::Device(ptr));
@@ -362,6 +404,8 @@ fn run_step(
             let f: unsafe extern "C" fn(*mut Ptr, *mut usize, usize, usize, c_uint) -> R =
                 c.get("cuMemAllocPitch");
             let (mut ptr, mut pitch) = (0, 0);
+            // SAFETY: cuMemAllocPitch_v2, given a live CUdeviceptr and a live size_t to
+            // write; 4 is a valid element size.
             let rc = unsafe { f(&mut ptr, &mut pitch, w, h, 4) };
             if rc == 0 {
                 p.held.push(Held::Device(ptr));
@@ -376,6 +420,9 @@ fn run_step(
                     let f: unsafe extern "C" fn(*mut H, *const ArrayDesc) -> R =
                         c.get("cuArrayCreate");
                     (
+                        // SAFETY: cuArrayCreate_v2, given a live CUarray to write and a
+                        // CUDA_ARRAY_DESCRIPTOR (ArrayDesc is its repr(C) layout) that
+                        // lives until the call returns.
                         unsafe {
                             f(
                                 &mut handle,
@@ -395,6 +442,9 @@ fn run_step(
                     let f: unsafe extern "C" fn(*mut H, *const Array3DDesc) -> R =
                         c.get("cuArray3DCreate");
                     (
+                        // SAFETY: cuArray3DCreate_v2, given a live CUarray to write and a
+                        // CUDA_ARRAY3D_DESCRIPTOR (Array3DDesc is its repr(C) layout) that
+                        // lives until the call returns.
                         unsafe {
                             f(
                                 &mut handle,
@@ -416,6 +466,9 @@ fn run_step(
                     let f: unsafe extern "C" fn(*mut H, *const Array3DDesc, c_uint) -> R =
                         c.get("cuMipmappedArrayCreate");
                     (
+                        // SAFETY: cuMipmappedArrayCreate, given a live
+                        // CUmipmappedArray to write and a CUDA_ARRAY3D_DESCRIPTOR that
+                        // lives until the call returns.
                         unsafe {
                             f(
                                 &mut handle,
@@ -448,6 +501,8 @@ fn run_step(
             let mut ptr = 0;
             let rc = if step == "async" {
                 let f: unsafe extern "C" fn(*mut Ptr, usize, H) -> R = c.get("cuMemAllocAsync");
+                // SAFETY: cuMemAllocAsync, given a live CUdeviceptr to write, on the
+                // legacy stream (0).
                 unsafe { f(&mut ptr, bytes, 0) }
             } else {
                 let pool = match p.pool {
@@ -466,6 +521,9 @@ fn run_step(
                             reserved: [0; 54],
                         };
                         let mut pool = 0;
+                        // SAFETY: cuMemPoolCreate, given a live CUmemoryPool to write and
+                        // CUmemPoolProps (PoolProps is its repr(C) layout, the reserved
+                        // bytes zero) that live until the call returns.
                         let rc = unsafe { create(&mut pool, &props) };
                         if rc != 0 {
                             return p.report(step, rc, "pool-create");
@@ -476,6 +534,8 @@ fn run_step(
                 };
                 let f: unsafe extern "C" fn(*mut Ptr, usize, H, H) -> R =
                     c.get("cuMemAllocFromPoolAsync");
+                // SAFETY: cuMemAllocFromPoolAsync, given a live CUdeviceptr to write, a
+                // pool the driver made, and the legacy stream.
                 unsafe { f(&mut ptr, bytes, pool, 0) }
             };
             if rc == 0 {
@@ -497,10 +557,14 @@ fn run_step(
                 flags: [0; 8],
             };
             let mut handle = 0;
+            // SAFETY: cuMemCreate, given a live CUmemGenericAllocationHandle (u64) to
+            // write and CUmemAllocationProp (AllocProp is its repr(C) layout) that lives
+            // until the call returns.
             let rc = unsafe { create(&mut handle, size, &prop, 0) };
             if rc != 0 || step == "vmm-host" {
                 if rc == 0 {
                     let release: unsafe extern "C" fn(u64) -> R = c.get("cuMemRelease");
+                    // SAFETY: cuMemRelease of the handle cuMemCreate just made, released once.
                     unsafe { release(handle) };
                 }
                 return p.report(step, rc, &format!("bytes={size}"));
@@ -511,15 +575,23 @@ fn run_step(
             let release: unsafe extern "C" fn(u64) -> R = c.get("cuMemRelease");
             let mut va = 0;
             // The usual idiom: map, then release the handle at once; the memory lives until unmapped.
-            let rc = unsafe { reserve(&mut va, size, 0, 0, 0) }
-                .max(unsafe { map(va, size, 0, handle, 0) })
-                .max(unsafe { release(handle) });
+            // SAFETY: cuMemAddressReserve, given a live CUdeviceptr to write.
+            let reserved = unsafe { reserve(&mut va, size, 0, 0, 0) };
+            // SAFETY: cuMemMap takes the range and handle as values, which the driver
+            // checks; the probe never touches the memory from the host.
+            let mapped = unsafe { map(va, size, 0, handle, 0) };
+            // SAFETY: cuMemRelease of the handle cuMemCreate made, released once.
+            let released = unsafe { release(handle) };
+            let rc = reserved.max(mapped).max(released);
             p.held.push(Held::Mapped { va, size });
             p.report(step, rc, &format!("bytes={size}"));
         }
         "free-all" => {
             let mut worst = 0;
             while let Some(h) = p.held.pop() {
+                // SAFETY: each free function is looked up with its cuda.h signature and
+                // given, once, what its allocation step stored in `held` (all values,
+                // no host pointers), popped so it is never freed twice.
                 let rc = unsafe {
                     match h {
                         Held::Device(ptr) => {
@@ -548,14 +620,18 @@ fn run_step(
         }
         "sync" => {
             let f: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
-            p.report(step, unsafe { f() }, "");
+            // SAFETY: cuCtxSynchronize takes no arguments.
+            let rc = unsafe { f() };
+            p.report(step, rc, "");
         }
         "trim" => {
             let trim: unsafe extern "C" fn(H, usize) -> R = c.get("cuMemPoolTrimTo");
             let get_pool: unsafe extern "C" fn(*mut H, c_int) -> R = c.get("cuDeviceGetMemPool");
             let mut default_pool = 0;
+            // SAFETY: cuDeviceGetMemPool, given a live CUmemoryPool to write.
             let mut rc = unsafe { get_pool(&mut default_pool, dev) };
             for pool in [Some(default_pool), p.pool].into_iter().flatten() {
+                // SAFETY: cuMemPoolTrimTo takes the pool as a value, which the driver checks.
                 rc = rc.max(unsafe { trim(pool, 0) });
             }
             p.report(step, rc, "");
@@ -565,17 +641,22 @@ fn run_step(
                 return p.report(step, 1, "no pool");
             };
             let f: unsafe extern "C" fn(H) -> R = c.get("cuMemPoolDestroy");
-            p.report(step, unsafe { f(pool) }, "");
+            // SAFETY: cuMemPoolDestroy of the pool this probe created, taken out of
+            // `p.pool` so it is destroyed once.
+            let rc = unsafe { f(pool) };
+            p.report(step, rc, "");
         }
         "meminfo" => {
             let f: unsafe extern "C" fn(*mut usize, *mut usize) -> R = c.get("cuMemGetInfo");
             let (mut free, mut total) = (0, 0);
+            // SAFETY: cuMemGetInfo_v2, given two live size_t to write.
             let rc = unsafe { f(&mut free, &mut total) };
             p.report(step, rc, &format!("free={free} total={total}"));
         }
         "totalmem" => {
             let f: unsafe extern "C" fn(*mut usize, c_int) -> R = c.get("cuDeviceTotalMem");
             let mut total = 0;
+            // SAFETY: cuDeviceTotalMem_v2, given a live size_t to write.
             let rc = unsafe { f(&mut total, dev) };
             p.report(step, rc, &format!("total={total}"));
         }
@@ -603,28 +684,27 @@ fn run_step(
                 attrs: std::ptr::null_mut(),
                 nattrs: 0,
             };
-            p.report(
-                step,
-                unsafe {
-                    f(
-                        &config,
-                        p.function,
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    )
-                },
-                "",
-            );
+            // SAFETY: cuLaunchKernelEx, given a CUlaunchConfig (LaunchConfig is its repr(C)
+            // layout, no attributes) and the kernel's one parameter, a pointer to the
+            // live local `ns`; all live until the call returns.
+            let rc = unsafe {
+                f(
+                    &config,
+                    p.function,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            p.report(step, rc, "");
         }
         "coop" => {
             let f: Coop = c.get("cuLaunchCooperativeKernel");
             let mut ns = 1000u64;
             let mut params = [&mut ns as *mut u64 as *mut c_void];
-            p.report(
-                step,
-                unsafe { f(p.function, 1, 1, 1, 32, 1, 1, 0, 0, params.as_mut_ptr()) },
-                "",
-            );
+            // SAFETY: cuLaunchCooperativeKernel (Coop is its cuda.h signature), given the
+            // kernel's one parameter, a pointer to the live local `ns`.
+            let rc = unsafe { f(p.function, 1, 1, 1, 32, 1, 1, 0, 0, params.as_mut_ptr()) };
+            p.report(step, rc, "");
         }
         "graph" => {
             let create: unsafe extern "C" fn(*mut H, c_uint) -> R = c.get("cuStreamCreate");
@@ -637,6 +717,10 @@ fn run_step(
             let (mut stream, mut graph, mut exec) = (0, 0, 0);
             let mut ns = 1000u64;
             let mut params = [&mut ns as *mut u64 as *mut c_void];
+            // SAFETY: each function has its cuda.h signature; the out-pointers are live
+            // locals of the handle types they write, the kernel's one parameter points at
+            // the live local `ns`, and handles from a failed step are only values the
+            // driver rejects.
             let rc = unsafe {
                 create(&mut stream, 1)
                     .max(begin(stream, 0))
@@ -677,14 +761,17 @@ fn run_step(
             // SAFETY: cuGetProcAddress_v2_ptsz has cuGetProcAddress_v2's signature.
             let get: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(sym) };
             let (mut f, mut status) = (std::ptr::null_mut(), 0);
+            // SAFETY: cuGetProcAddress_v2_ptsz, given a NUL-terminated name and live
+            // locals for the pointer and the query result.
             let rc = unsafe { get(c"cuMemAlloc".as_ptr(), &mut f, c.version, 0, &mut status) };
             if rc != 0 || f.is_null() {
                 fatal(&format!("cuGetProcAddress_v2_ptsz(cuMemAlloc): {rc}"));
             }
-            // SAFETY: cuMemAlloc_v2's signature.
+            // SAFETY: `f` is non-null (checked above) and cuMemAlloc_v2's, of this type.
             let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R =
                 unsafe { std::mem::transmute(f) };
             let mut ptr = 0;
+            // SAFETY: cuMemAlloc_v2, given a live CUdeviceptr to write.
             let rc = unsafe { alloc(&mut ptr, bytes) };
             if rc == 0 {
                 p.held.push(Held::Device(ptr));
@@ -702,7 +789,9 @@ fn run_step(
             let get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> R =
                 c.get("cuModuleGetFunction");
             let (mut context, mut module, mut function) = (0, 0, 0);
-            // SAFETY: cuCtxCreate_v3, cuModuleLoadData and cuModuleGetFunction with valid out-pointers and a NUL-terminated image and name.
+            // SAFETY: cuCtxCreate_v3 (no affinity parameters: null, 0), cuModuleLoadData and
+            // cuModuleGetFunction, given live locals of the handle types they write and a
+            // NUL-terminated image and name that outlive the calls.
             let rc = unsafe {
                 create(&mut context, std::ptr::null_mut(), 0, 0, dev)
                     .max(load_module(&mut module, SPIN_PTX.as_ptr().cast()))
@@ -766,15 +855,17 @@ fn run_step(
                 .capture
                 .unwrap_or_else(|| fatal("capture-end before capture-begin"));
             let mut status = -1;
-            // SAFETY: a stream this probe created and a valid out-pointer.
+            // SAFETY: cuStreamIsCapturing, given a stream this probe created and a live
+            // CUstreamCaptureStatus (an int) to write.
             unsafe { is_capturing(stream, &mut status) };
             let mut graph = 0;
-            // SAFETY: as above; the graph out-pointer is valid.
+            // SAFETY: cuStreamEndCapture, given that stream and a live CUgraph to write.
             let rc = unsafe { end(stream, &mut graph) };
             let mut ran = -1;
             if rc == 0 {
                 let mut exec = 0;
-                // SAFETY: the graph the driver just returned, and the capture's stream.
+                // SAFETY: cuGraphInstantiateWithFlags writes a live CUgraphExec; the graph
+                // is the one the driver just returned and the stream the capture's.
                 ran = unsafe {
                     instantiate(&mut exec, graph, 0)
                         .max(launch(exec, stream))
@@ -867,8 +958,12 @@ fn run_step(
             let get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> R =
                 c.get("cuModuleGetFunction");
             let (mut context, mut module, mut function) = (0, 0, 0);
-            // SAFETY: a device ordinal, valid out-pointers, a NUL-terminated image and name.
+            // SAFETY: cuDevicePrimaryCtxReset takes a device ordinal, which the driver
+            // checks. Nothing the probe uses later lives in the old context: `held` is
+            // cleared and the kernel loaded again below.
             let rc = unsafe { reset(dev) };
+            // SAFETY: each function has its cuda.h signature, given live locals of the
+            // handle types it writes and a NUL-terminated image and name.
             let again = unsafe {
                 retain(&mut context, dev)
                     .max(set_current(context))
@@ -895,12 +990,14 @@ fn run_step(
             if sym.is_null() {
                 fatal("no cuLaunchKernel");
             }
-            // SAFETY: cuLaunchKernel's signature (cuda.h).
+            // SAFETY: `sym` is non-null (checked above); Launch11 is cuLaunchKernel's
+            // signature (cuda.h).
             let f: Launch11 = unsafe { std::mem::transmute::<*mut c_void, Launch11>(sym) };
             let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
             let rc = (0..n).map(|_| p.kernel(f, 1000)).max().unwrap_or(0);
-            // SAFETY: no arguments.
-            let rc = rc.max(unsafe { sync() });
+            // SAFETY: cuCtxSynchronize takes no arguments.
+            let synced = unsafe { sync() };
+            let rc = rc.max(synced);
             p.report(step, rc, &format!("kernels={n} via={}", who(sym)));
         }
         "stamp" => {
@@ -922,7 +1019,7 @@ fn run_step(
             let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");
             let free: unsafe extern "C" fn(Ptr) -> R = c.get("cuMemFree");
             let (mut a, mut b) = (0, 0);
-            // SAFETY: valid out-pointers.
+            // SAFETY: cuMemAlloc_v2, given live CUdeviceptrs to write.
             let mut rc = unsafe { alloc(&mut a, bytes).max(alloc(&mut b, bytes)) };
             let start = Instant::now();
             if rc == 0 {
@@ -930,8 +1027,9 @@ fn run_step(
                     "sync" => {
                         let copy: unsafe extern "C" fn(Ptr, Ptr, usize) -> R =
                             c.get("cuMemcpyDtoD");
-                        // SAFETY: two live buffers of `bytes`.
                         (0..n)
+                            // SAFETY: cuMemcpyDtoD_v2 between the two live device buffers of
+                            // `bytes` allocated above (no host memory involved).
                             .map(|_| unsafe { copy(b, a, bytes) })
                             .max()
                             .unwrap_or(0)
@@ -940,15 +1038,21 @@ fn run_step(
                         let copy: unsafe extern "C" fn(Ptr, Ptr, usize, H) -> R =
                             c.get("cuMemcpyDtoDAsync");
                         let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
-                        // SAFETY: two live buffers of `bytes`, the legacy stream.
-                        let queued = (0..n).map(|_| unsafe { copy(b, a, bytes, 0) }).max();
-                        queued.unwrap_or(0).max(unsafe { sync() })
+                        let queued = (0..n)
+                            // SAFETY: cuMemcpyDtoDAsync_v2 between the two live device
+                            // buffers of `bytes`, on the legacy stream.
+                            .map(|_| unsafe { copy(b, a, bytes, 0) })
+                            .max();
+                        // SAFETY: cuCtxSynchronize takes no arguments.
+                        let synced = unsafe { sync() };
+                        queued.unwrap_or(0).max(synced)
                     }
                     "memset" => {
                         let set: unsafe extern "C" fn(Ptr, c_uint, usize) -> R =
                             c.get("cuMemsetD32");
-                        // SAFETY: a live buffer of `bytes`, written as 32-bit words.
                         (0..n)
+                            // SAFETY: cuMemsetD32_v2 of bytes/4 words of the live device
+                            // buffer `b` of `bytes`.
                             .map(|_| unsafe { set(b, 7, bytes / 4) })
                             .max()
                             .unwrap_or(0)
@@ -957,9 +1061,14 @@ fn run_step(
                         let set: unsafe extern "C" fn(Ptr, c_uint, usize, H) -> R =
                             c.get("cuMemsetD32Async");
                         let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
-                        // SAFETY: a live buffer of `bytes`, the legacy stream.
-                        let queued = (0..n).map(|_| unsafe { set(b, 7, bytes / 4, 0) }).max();
-                        queued.unwrap_or(0).max(unsafe { sync() })
+                        let queued = (0..n)
+                            // SAFETY: cuMemsetD32Async of bytes/4 words of the live device
+                            // buffer `b` of `bytes`, on the legacy stream.
+                            .map(|_| unsafe { set(b, 7, bytes / 4, 0) })
+                            .max();
+                        // SAFETY: cuCtxSynchronize takes no arguments.
+                        let synced = unsafe { sync() };
+                        queued.unwrap_or(0).max(synced)
                     }
                     other => fatal(&format!(
                         "copies sync|async|memset|memset-async, not {other}"
@@ -967,7 +1076,8 @@ fn run_step(
                 };
             }
             let ms = start.elapsed().as_millis();
-            // SAFETY: buffers allocated above (freeing 0 is the driver's to refuse).
+            // SAFETY: cuMemFree_v2 of the buffers allocated above, each once (freeing 0,
+            // a failed allocation's, is the driver's to refuse).
             let _ = unsafe { free(a).max(free(b)) };
             p.report(step, rc, &format!("mode={mode} copies={n} ms={ms}"));
         }
@@ -981,6 +1091,7 @@ fn run_step(
                 p.kernel(f, 1);
             }
             let ns = start.elapsed().as_nanos() as f64 / n as f64;
+            // SAFETY: cuCtxSynchronize takes no arguments.
             unsafe { sync() };
             p.report(step, 0, &format!("ns_per_call={ns:.1}"));
         }
@@ -990,17 +1101,16 @@ fn run_step(
                 c.get("cuDeviceTotalMem")
             } else {
                 // As a program linked with -lcuda binds it: the preloaded export, if any.
-                // SAFETY: a NUL-terminated name; the symbol has this signature.
-                unsafe {
-                    std::mem::transmute(libc::dlsym(
-                        libc::RTLD_DEFAULT,
-                        c"cuDeviceTotalMem_v2".as_ptr(),
-                    ))
-                }
+                // SAFETY: RTLD_DEFAULT and a NUL-terminated name.
+                let sym =
+                    unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cuDeviceTotalMem_v2".as_ptr()) };
+                // SAFETY: cuDeviceTotalMem_v2's cuda.h signature (entry refuses a null symbol).
+                unsafe { entry(sym, "cuDeviceTotalMem_v2") }
             };
             let mut total = 0;
             let start = Instant::now();
             for _ in 0..n {
+                // SAFETY: cuDeviceTotalMem_v2, given a live size_t to write.
                 unsafe { f(&mut total, dev) };
             }
             let ns = start.elapsed().as_nanos() as f64 / n as f64;
@@ -1016,11 +1126,18 @@ fn ptsz_check(p: &mut Probe) {
     let launch: Launch11 = p.cuda.get("cuLaunchKernel");
     let (_, legacy_query) = p.cuda.lookup("cuStreamQuery", 12040, 0);
     let (_, ptsz_query) = p.cuda.lookup("cuStreamQuery", 12040, PTDS);
-    let legacy_query: unsafe extern "C" fn(H) -> R = unsafe { std::mem::transmute(legacy_query) };
-    let ptsz_query: unsafe extern "C" fn(H) -> R = unsafe { std::mem::transmute(ptsz_query) };
+    // SAFETY: both are cuStreamQuery (legacy and per-thread), CUresult(CUstream); entry
+    // refuses a null one.
+    let legacy_query: unsafe extern "C" fn(H) -> R =
+        unsafe { entry(legacy_query, "cuStreamQuery") };
+    // SAFETY: as above.
+    let ptsz_query: unsafe extern "C" fn(H) -> R =
+        unsafe { entry(ptsz_query, "cuStreamQuery_ptsz") };
     let rc = p.kernel(launch, 300_000_000);
+    // SAFETY: cuStreamQuery of the default stream (0), a value.
     let (legacy, own) = unsafe { (legacy_query(0), ptsz_query(0)) };
     let sync: unsafe extern "C" fn() -> R = p.cuda.get("cuCtxSynchronize");
+    // SAFETY: cuCtxSynchronize takes no arguments.
     unsafe { sync() };
     p.report(
         "ptsz-check",
@@ -1041,14 +1158,20 @@ fn chaos(p: &mut Probe, ctx: H) {
     let handle = p.cuda.handle as usize;
     for t in 0..4 {
         std::thread::spawn(move || {
+            // SAFETY: cuCtxSetCurrent of the primary context main retained (a value the
+            // driver checks); the driver's calls are thread-safe.
             unsafe { set_current(ctx) };
             loop {
                 let mut ptr = 0;
+                // SAFETY: cuMemAlloc_v2, given a live CUdeviceptr to write.
                 if unsafe { alloc(&mut ptr, 1 << 20) } == 0 {
+                    // SAFETY: cuMemFree_v2 of the buffer just allocated, once.
                     unsafe { free(ptr) };
                 }
                 let mut ns = 20_000u64 + t;
                 let mut params = [&mut ns as *mut u64 as *mut c_void];
+                // SAFETY: cuLaunchKernel of the probe's kernel, whose one parameter
+                // points at the live local `ns`; `extra` is null.
                 unsafe {
                     launch(
                         function,
@@ -1070,20 +1193,28 @@ fn chaos(p: &mut Probe, ctx: H) {
     std::thread::sleep(Duration::from_millis(50));
     let mut children = 0;
     for _ in 0..20 {
-        // SAFETY: the child only calls async-signal-tolerant code paths of this
-        // program (dlsym through the interposer, a thread spawn) and exits.
+        // SAFETY: fork itself has no preconditions. The child, a copy of this threaded
+        // process, calls dlsym (through the interposer) and spawns a thread, which POSIX
+        // does not promise to work after fork (a lock another thread held stays held):
+        // that is what this step tests the interposer survives. At worst the child hangs,
+        // and the parent gives up after 10 s; it leaves by _exit, running no destructors.
         match unsafe { libc::fork() } {
             0 => {
+                // SAFETY: `handle` is libcuda's dlopen handle, never closed (the child
+                // has the parent's copy), and the name is NUL-terminated.
                 let ok = unsafe {
                     !libc::dlsym(handle as *mut c_void, c"cuMemAlloc_v2".as_ptr()).is_null()
                 };
                 let joined = std::thread::spawn(|| 7).join().is_ok_and(|v| v == 7);
+                // SAFETY: _exit has no preconditions; it ends the child without running
+                // the parent's atexit handlers or flushing its copied buffers.
                 unsafe { libc::_exit(if ok && joined { 0 } else { 1 }) };
             }
             pid if pid > 0 => {
                 let mut status = 0;
                 let start = Instant::now();
                 loop {
+                    // SAFETY: waitpid of this process's own child, given a live c_int.
                     let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
                     if r == pid {
                         break;
@@ -1124,35 +1255,59 @@ fn nvml_meminfo() {
         free: u64,
         used: u64,
     }
-    // SAFETY: NVML's documented entry points, looked up the way nvml-wrapper does.
-    unsafe {
-        let h = libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW);
-        if h.is_null() {
-            fatal("dlopen(libnvidia-ml.so.1)");
-        }
-        let init: unsafe extern "C" fn() -> c_int =
-            std::mem::transmute(libc::dlsym(h, c"nvmlInit_v2".as_ptr()));
-        let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int =
-            std::mem::transmute(libc::dlsym(h, c"nvmlDeviceGetHandleByIndex_v2".as_ptr()));
-        let info: unsafe extern "C" fn(*mut c_void, *mut Mem) -> c_int =
-            std::mem::transmute(libc::dlsym(h, c"nvmlDeviceGetMemoryInfo".as_ptr()));
-        let info2: unsafe extern "C" fn(*mut c_void, *mut MemV2) -> c_int =
-            std::mem::transmute(libc::dlsym(h, c"nvmlDeviceGetMemoryInfo_v2".as_ptr()));
-        let mut device = std::ptr::null_mut();
-        let (mut m, mut m2) = (
-            Mem::default(),
-            MemV2 {
-                version: (2 << 24) | 40,
-                ..Default::default()
-            },
-        );
-        let rc = init()
+    // SAFETY: a NUL-terminated name.
+    let h = unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW) };
+    if h.is_null() {
+        fatal("dlopen(libnvidia-ml.so.1)");
+    }
+    let lookup = |name: &CStr| {
+        // SAFETY: `h` is the live handle above (never closed), `name` NUL-terminated.
+        unsafe { libc::dlsym(h, name.as_ptr()) }
+    };
+    // SAFETY: nvmlInit_v2's nvml.h signature; entry refuses a null symbol.
+    let init: unsafe extern "C" fn() -> c_int =
+        unsafe { entry(lookup(c"nvmlInit_v2"), "nvmlInit_v2") };
+    // SAFETY: nvmlDeviceGetHandleByIndex_v2's nvml.h signature (nvmlDevice_t is a pointer).
+    let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> c_int = unsafe {
+        entry(
+            lookup(c"nvmlDeviceGetHandleByIndex_v2"),
+            "nvmlDeviceGetHandleByIndex_v2",
+        )
+    };
+    // SAFETY: nvmlDeviceGetMemoryInfo's nvml.h signature (Mem is nvmlMemory_t's layout).
+    let info: unsafe extern "C" fn(*mut c_void, *mut Mem) -> c_int = unsafe {
+        entry(
+            lookup(c"nvmlDeviceGetMemoryInfo"),
+            "nvmlDeviceGetMemoryInfo",
+        )
+    };
+    // SAFETY: nvmlDeviceGetMemoryInfo_v2's nvml.h signature (MemV2 is nvmlMemory_v2_t's
+    // layout).
+    let info2: unsafe extern "C" fn(*mut c_void, *mut MemV2) -> c_int = unsafe {
+        entry(
+            lookup(c"nvmlDeviceGetMemoryInfo_v2"),
+            "nvmlDeviceGetMemoryInfo_v2",
+        )
+    };
+    let mut device = std::ptr::null_mut();
+    let (mut m, mut m2) = (
+        Mem::default(),
+        MemV2 {
+            version: (2 << 24) | 40,
+            ..Default::default()
+        },
+    );
+    // SAFETY: nvmlInit_v2 takes nothing; the others write a live nvmlDevice_t, a live
+    // nvmlMemory_t and a live nvmlMemory_v2_t whose version field says so; a null device
+    // from a failed lookup is a value NVML refuses.
+    let rc = unsafe {
+        init()
             .max(by_index(0, &mut device))
             .max(info(device, &mut m))
-            .max(info2(device, &mut m2));
-        println!(
-            "nvml-meminfo {rc} total={} free={} used={} v2_total={} v2_free={} v2_used={}",
-            m.total, m.free, m.used, m2.total, m2.free, m2.used
-        );
-    }
+            .max(info2(device, &mut m2))
+    };
+    println!(
+        "nvml-meminfo {rc} total={} free={} used={} v2_total={} v2_free={} v2_used={}",
+        m.total, m.free, m.used, m2.total, m2.free, m2.used
+    );
 }
