@@ -2,7 +2,7 @@
 //! `…CooperativeKernel`, `cuGraphLaunch`, the legacy `cuLaunch*`, each `_ptsz`)
 //! passes [`admit`] before it reaches the driver and [`launched`] after.
 //!
-//! The time-slice token (DESIGN.md, `gpushare_proto::token`): the arbiter writes a
+//! The time-slice token (docs/ARCHITECTURE.md, `gpushare_proto::token`): the arbiter writes a
 //! shared page per process; the process may submit while its `deadline_ns` is
 //! `u64::MAX` or in the future. The hot path is one load of the published page's
 //! address, one atomic load of its deadline, one vDSO clock read (skipped for
