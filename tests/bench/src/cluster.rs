@@ -21,56 +21,40 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{ControlClient, Lease, Priority};
+use gpushare_testkit::config::SchedulingPolicy;
+use gpushare_testkit::simgpu::{gpu_uuid, SimMachine};
+use gpushare_testkit::{stats, Arbiter};
 use serde_json::{json, Value};
 
 use crate::experiment::{collect, simgpu_env, ExperimentError};
-use crate::setup::{scheduler_table, Arbiter, Binaries};
+use crate::setup::{self, Binaries};
 
-/// UUID of simulated GPU `i`, as simgpu derives it.
-pub fn gpu_uuid(i: usize) -> String {
-    format!("GPU-51a6d0e0-0000-4000-8000-{i:012x}")
-}
-
-/// A private arbiter's configuration over `gpus` simulated GPUs (found through the simulated
-/// NVML), with Algorithm 1's two placement limits.
-pub fn multi_gpu_config(
+/// A simulated machine of `gpus` GPUs, its state under `dir/simgpu`, and its processes'
+/// environment ([`simgpu_env`]).
+pub fn multi_gpu_machine(
     dir: &Path,
     libs: &Path,
-    binaries: &Binaries,
-    gpu_util_limit: f64,
-    low_nums_limit: u32,
-    scheduler: &str,
-) -> String {
-    format!(
-        "[arbiter]\n\
-         nvml_library = \"{nvml}\"\n\
-         run_dir = \"{run}\"\n\
-         state_dir = \"{state}\"\n\
-         client_timeout_ms = 5000\n\
-         gpu_util_limit = {gpu_util_limit:?}\n\
-         low_nums_limit = {low_nums_limit}\n\n\
-         [runtime]\n\
-         runtimes = [\"runc\"]\n\
-         library = \"{preload}\"\n\
-         hook = \"{hook}\"\n\
-         {scheduler}",
-        nvml = libs.join("libnvidia-ml.so.1").display(),
-        run = dir.join("run").display(),
-        state = dir.join("state").display(),
-        preload = binaries.preload.display(),
-        hook = binaries.program("gpushare-hook").display(),
-    )
+    gpus: usize,
+) -> (SimMachine, Vec<(String, String)>) {
+    let machine = setup::sim_machine(dir, gpus, SIMGPU_SLICE_US, SIMGPU_SWITCH_US);
+    let env = simgpu_env(&machine, libs);
+    (machine, env)
 }
 
-/// [`simgpu_env`] with `gpus` simulated GPUs.
-pub fn multi_gpu_env(dir: &Path, libs: &Path, gpus: usize) -> Vec<(String, String)> {
-    let mut env = simgpu_env(dir, libs, SIMGPU_SLICE_US, SIMGPU_SWITCH_US);
-    for (k, v) in env.iter_mut() {
-        if k == "SIMGPU_GPUS" {
-            *v = gpus.to_string();
-        }
-    }
-    env
+/// Starts a private arbiter in `dir` over `machine`'s GPUs (found through the simulated
+/// NVML), with Algorithm 1's two placement limits and `policy`'s default `[scheduler]`.
+pub fn start_multi_gpu_arbiter(
+    dir: &Path,
+    machine: &SimMachine,
+    env: &[(String, String)],
+    gpu_util_limit: f64,
+    low_nums_limit: u32,
+    policy: SchedulingPolicy,
+) -> Result<Arbiter, ExperimentError> {
+    let scheduler = setup::scheduler_config(policy, None);
+    let builder = setup::arbiter_on(dir, machine, env)
+        .configure(|c| setup::multi_gpu_config(c, gpu_util_limit, low_nums_limit, scheduler));
+    Ok(setup::start(builder)?)
 }
 
 const SIMGPU_SLICE_US: u64 = 1_000;
@@ -100,7 +84,7 @@ pub fn spawn_pinned(
         command
             .env("LD_PRELOAD", &binaries.preload)
             .env("GPUSHARE_LEASE", &lease.id.0)
-            .env("GPUSHARE_SOCKET", arbiter.lease_socket(lease));
+            .env("GPUSHARE_SOCKET", setup::lease_socket(arbiter, lease));
     }
     command.spawn().map_err(|source| ExperimentError::Io {
         what: "starting simgpu-workload".into(),
@@ -329,15 +313,6 @@ pub fn mean_utilisation(samples: &[(Instant, Vec<u32>)], from: Instant, to: Inst
     }
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 struct Running {
     index: usize,
     gpu: String,
@@ -360,24 +335,23 @@ pub fn run_e2(
             what: "a private directory".into(),
             source,
         })?;
-    let env = multi_gpu_env(dir.path(), libs, p.gpus);
+    let (machine, env) = multi_gpu_machine(dir.path(), libs, p.gpus);
     let arbiter = match mode {
         E2Mode::Exclusive => None,
         E2Mode::Gpushare | E2Mode::Uncontrolled => {
             let policy = if mode == E2Mode::Gpushare {
-                "priority"
+                SchedulingPolicy::Priority
             } else {
-                "off"
+                SchedulingPolicy::Off
             };
-            let config = multi_gpu_config(
+            Some(start_multi_gpu_arbiter(
                 dir.path(),
-                libs,
-                binaries,
+                &machine,
+                &env,
                 p.gpu_util_limit,
                 p.low_nums_limit,
-                &scheduler_table(Some(policy), None),
-            );
-            Some(Arbiter::start(binaries, dir.path(), &config, &env)?)
+                policy,
+            )?)
         }
     };
     let interval = Duration::from_secs_f64(p.nvml_sample_interval_s);
@@ -414,12 +388,12 @@ pub fn run_e2(
                 None => match free.iter().position(|&f| f) {
                     Some(g) => {
                         free[g] = false;
-                        (gpu_uuid(g), None)
+                        (gpu_uuid(g as u32), None)
                     }
                     None => break,
                 },
                 Some(arbiter) => {
-                    let lease = arbiter.reserve(name, Priority::Low, 0.0, 1.0)?;
+                    let lease = setup::reserve(arbiter, name, Priority::Low, 0.0, 1.0)?;
                     let gpu = lease.gpus.first().cloned().ok_or_else(|| {
                         failed(name, format!("lease {} names no GPU", lease.id.0))
                     })?;
@@ -455,7 +429,7 @@ pub fn run_e2(
                 if let Some(arbiter) = &arbiter {
                     release(arbiter, lease)?;
                 }
-            } else if let Some(g) = (0..p.gpus).find(|&g| gpu_uuid(g) == r.gpu) {
+            } else if let Some(g) = (0..p.gpus).find(|&g| gpu_uuid(g as u32) == r.gpu) {
                 free[g] = true;
             }
             let arrival = jobs[r.index].0;
@@ -476,7 +450,7 @@ pub fn run_e2(
         .finish()
         .map_err(|why| failed("NVML sampler", why))?;
     let (reports, schedule): (Vec<Value>, Vec<Value>) = done.into_iter().flatten().unzip();
-    let mut completions: Vec<f64> = schedule
+    let completions: Vec<f64> = schedule
         .iter()
         .filter_map(|s| s["completion_s"].as_f64())
         .collect();
@@ -487,7 +461,7 @@ pub fn run_e2(
         "metrics": {
             "makespan_s": (finished - start).as_secs_f64(),
             "mean_completion_s": mean_completion,
-            "median_completion_s": median(&mut completions),
+            "median_completion_s": stats::median(completions),
             "mean_gpu_utilisation_percent": mean_utilisation(&samples, start, finished),
             "gpus_used": gpus_used.len() as f64,
         },
@@ -572,6 +546,7 @@ mod tests {
         assert!(jobs[1].2.join(" ").contains("--iterations 1200"));
         let quick = E2Parameters::new(true, 3).jobs();
         assert!(quick[0].2.join(" ").contains("--iterations 60"));
+        // The schedule records GPUs by the simulated device's own UUIDs.
         assert_eq!(gpu_uuid(3), "GPU-51a6d0e0-0000-4000-8000-000000000003");
     }
 
@@ -587,6 +562,7 @@ mod tests {
         ];
         assert_eq!(mean_utilisation(&samples, at(0), at(2000)), 50.0);
         assert_eq!(mean_utilisation(&samples, at(5000), at(6000)), 0.0);
-        assert_eq!(median(&mut [3.0, 1.0, 2.0, 10.0]), 2.5);
+        // The median completion time of an even number of jobs is the mean of the middle two.
+        assert_eq!(stats::median([3.0, 1.0, 2.0, 10.0]), 2.5);
     }
 }

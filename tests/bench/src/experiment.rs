@@ -2,14 +2,17 @@
 //! how one case is run (a fresh simulated GPU and a fresh arbiter each, so no case inherits
 //! another's state).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use gpushare_proto::{Lease, Priority};
+use gpushare_testkit::config::{SchedulerConfig, SchedulingPolicy};
+use gpushare_testkit::simgpu::SimMachine;
+use gpushare_testkit::Arbiter;
 use serde_json::Value;
 
-use crate::setup::{arbiter_config, scheduler_table, Arbiter, Binaries, SetupError};
+use crate::setup::{self, Binaries, SetupError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExperimentError {
@@ -63,32 +66,32 @@ impl Mode {
     }
 
     /// The arbiter's `[scheduler]` policy and slice for this mode.
-    pub fn scheduler(self) -> (Option<&'static str>, Option<u64>) {
+    pub fn policy(self) -> (SchedulingPolicy, Option<u64>) {
         match self {
             // The high job alone is measured under gpushare's own default.
-            Mode::Alone => (None, None),
-            Mode::Uncontrolled => (Some("off"), None),
-            Mode::RoundRobin { slice_ms } => (Some("round-robin"), Some(slice_ms)),
-            Mode::Gpushare | Mode::GpushareBefore => (Some("priority"), None),
-            Mode::Tgs => (Some("off"), None),
+            Mode::Alone => (SchedulingPolicy::Priority, None),
+            Mode::Uncontrolled => (SchedulingPolicy::Off, None),
+            Mode::RoundRobin { slice_ms } => (SchedulingPolicy::RoundRobin, Some(slice_ms)),
+            Mode::Gpushare | Mode::GpushareBefore => (SchedulingPolicy::Priority, None),
+            Mode::Tgs => (SchedulingPolicy::Off, None),
         }
     }
 
-    /// The `[scheduler]` lines this mode adds after the policy: the `--gpushare-set` lines
-    /// for both gpushare modes, and for `gpushare-before` the switch that turns duration-aware
-    /// admission off (a `--gpushare-set` line of that key is left out there: TOML refuses a
-    /// key twice).
-    pub fn scheduler_settings(self, gpushare_settings: &[String]) -> Vec<String> {
+    /// The arbiter's `[scheduler]` table for this mode: its policy, then for both gpushare
+    /// modes the `--gpushare-set` lines, and for `gpushare-before` the switch that turns
+    /// duration-aware admission off (over any `--gpushare-set` of that key).
+    pub fn scheduler(self, gpushare_settings: &[String]) -> Result<SchedulerConfig, SetupError> {
+        let (policy, slice_ms) = self.policy();
+        let mut scheduler = setup::scheduler_config(policy, slice_ms);
         match self {
-            Mode::Gpushare => gpushare_settings.to_vec(),
-            Mode::GpushareBefore => gpushare_settings
-                .iter()
-                .filter(|line| line.split('=').next().map(str::trim) != Some(ADMIT_BY_DURATION))
-                .cloned()
-                .chain([format!("{ADMIT_BY_DURATION} = false")])
-                .collect(),
-            _ => Vec::new(),
+            Mode::Gpushare => setup::apply_settings(&mut scheduler, gpushare_settings)?,
+            Mode::GpushareBefore => {
+                setup::apply_settings(&mut scheduler, gpushare_settings)?;
+                scheduler.admit_by_duration = false;
+            }
+            _ => {}
         }
+        Ok(scheduler)
     }
 
     /// `alone`, `uncontrolled`, `round-robin` (one mode per slice), `gpushare`,
@@ -117,9 +120,6 @@ impl Mode {
         Ok(modes)
     }
 }
-
-/// The arbiter's `[scheduler]` key for issue 14's duration-aware admission.
-pub const ADMIT_BY_DURATION: &str = "admit_by_duration";
 
 /// What the low job of one case of the kernels scenario launches per iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,25 +330,24 @@ pub fn run_case(
             what: "a private directory".into(),
             source,
         })?;
-    let simgpu_env = simgpu_env(
+    let machine = setup::sim_machine(
         dir.path(),
-        libs,
+        1,
         parameters.simgpu_slice_us,
         parameters.simgpu_switch_us,
     );
-    let (policy, slice) = mode.scheduler();
-    let mut table = scheduler_table(policy, slice);
-    for line in mode.scheduler_settings(&parameters.gpushare_settings) {
-        table += &line;
-        table += "\n";
-    }
-    let config = arbiter_config(dir.path(), libs, binaries, &table);
-    let arbiter = Arbiter::start(binaries, dir.path(), &config, &simgpu_env)?;
+    let simgpu_env = simgpu_env(&machine, libs);
+    let scheduler = mode.scheduler(&parameters.gpushare_settings)?;
+    let arbiter = setup::start(
+        setup::arbiter_on(dir.path(), &machine, &simgpu_env)
+            .configure(|c| setup::single_gpu_config(c, scheduler)),
+    )?;
     let barrier = dir.path().join("go");
     let mut children: Vec<(String, Child)> = Vec::new();
     let mut tgs_pids = (None, Vec::new());
     for job in jobs {
-        let lease = arbiter.reserve(
+        let lease = setup::reserve(
+            &arbiter,
             &job.name,
             job.priority,
             job.compute_request,
@@ -385,7 +384,7 @@ pub fn run_case(
                 first_error.get_or_insert(ExperimentError::Job {
                     job: name,
                     mode: mode.name(),
-                    why: format!("{why}\narbiter log:\n{}", arbiter.log_tail()),
+                    why: format!("{why}\narbiter log:\n{}", setup::log_tail(&arbiter)),
                 });
             }
         }
@@ -404,19 +403,13 @@ pub fn run_case(
     }
 }
 
-/// The environment of every process on a case's simulated GPU (one device, its state under
-/// `dir/simgpu`, its libraries in `libs`).
-pub fn simgpu_env(dir: &Path, libs: &Path, slice_us: u64, switch_us: u64) -> Vec<(String, String)> {
-    vec![
-        (
-            "SIMGPU_DIR".to_string(),
-            dir.join("simgpu").display().to_string(),
-        ),
-        ("SIMGPU_GPUS".to_string(), "1".to_string()),
-        ("SIMGPU_SLICE_US".to_string(), slice_us.to_string()),
-        ("SIMGPU_SWITCH_US".to_string(), switch_us.to_string()),
-        ("LD_LIBRARY_PATH".to_string(), libs.display().to_string()),
-    ]
+/// The environment of every process on `machine` (the workloads, the arbiter, the TGS
+/// controller's device): its `SIMGPU_*` variables, and its libraries in `libs` on
+/// `LD_LIBRARY_PATH`.
+pub fn simgpu_env(machine: &SimMachine, libs: &Path) -> Vec<(String, String)> {
+    let mut env = machine.env().to_vec();
+    env.push(("LD_LIBRARY_PATH".to_string(), libs.display().to_string()));
+    env
 }
 
 /// Starts `job` under the interposer on `lease`; it waits for `barrier` to exist before its
@@ -436,7 +429,7 @@ pub fn spawn_job(
         .envs(simgpu_env.iter().map(|(k, v)| (k, v)))
         .env("LD_PRELOAD", &binaries.preload)
         .env("GPUSHARE_LEASE", &lease.id.0)
-        .env("GPUSHARE_SOCKET", arbiter.lease_socket(lease))
+        .env("GPUSHARE_SOCKET", setup::lease_socket(arbiter, lease))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -481,13 +474,6 @@ pub fn collect(child: Child) -> Result<Value, String> {
     Ok(report)
 }
 
-/// The directory the simgpu libraries are installed into for a whole run.
-pub fn install_libs(binaries: &Binaries, under: &Path) -> Result<PathBuf, SetupError> {
-    let libs = under.join("simgpu-lib");
-    binaries.install_simgpu(&libs)?;
-    Ok(libs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,16 +492,16 @@ mod tests {
                 "gpushare"
             ]
         );
-        assert_eq!(Mode::Uncontrolled.scheduler(), (Some("off"), None));
+        assert_eq!(Mode::Uncontrolled.policy(), (SchedulingPolicy::Off, None));
         assert_eq!(
-            Mode::RoundRobin { slice_ms: 10 }.scheduler(),
-            (Some("round-robin"), Some(10))
+            Mode::RoundRobin { slice_ms: 10 }.policy(),
+            (SchedulingPolicy::RoundRobin, Some(10))
         );
-        assert_eq!(Mode::Gpushare.scheduler(), (Some("priority"), None));
+        assert_eq!(Mode::Gpushare.policy(), (SchedulingPolicy::Priority, None));
         let before = Mode::parse_list("gpushare-before", &[1]).unwrap();
         assert_eq!(before, [Mode::GpushareBefore]);
         assert_eq!(before[0].name(), "gpushare-before");
-        assert_eq!(before[0].scheduler(), (Some("priority"), None));
+        assert_eq!(before[0].policy(), (SchedulingPolicy::Priority, None));
         let err = Mode::parse_list("alone,fifo", &[1]).unwrap_err();
         assert!(
             err.contains("\"fifo\"") && err.contains("accepted"),
@@ -529,14 +515,18 @@ mod tests {
             "idle_us = 100".to_string(),
             "admit_by_duration = true".to_string(),
         ];
-        assert_eq!(Mode::Gpushare.scheduler_settings(&set), set);
+        let defaults = SchedulerConfig::default();
+        let gpushare = Mode::Gpushare.scheduler(&set).unwrap();
+        assert_eq!((gpushare.idle_us, gpushare.admit_by_duration), (100, true));
+        let before = Mode::GpushareBefore.scheduler(&set).unwrap();
+        assert_eq!((before.idle_us, before.admit_by_duration), (100, false));
+        let before = Mode::GpushareBefore.scheduler(&[]).unwrap();
         assert_eq!(
-            Mode::GpushareBefore.scheduler_settings(&set),
-            ["idle_us = 100", "admit_by_duration = false"]
-        );
-        assert_eq!(
-            Mode::GpushareBefore.scheduler_settings(&[]),
-            ["admit_by_duration = false"]
+            before,
+            SchedulerConfig {
+                admit_by_duration: false,
+                ..defaults.clone()
+            }
         );
         for mode in [
             Mode::Alone,
@@ -544,7 +534,12 @@ mod tests {
             Mode::Tgs,
             Mode::RoundRobin { slice_ms: 1 },
         ] {
-            assert!(mode.scheduler_settings(&set).is_empty(), "{mode:?}");
+            let (policy, slice_ms) = mode.policy();
+            assert_eq!(
+                mode.scheduler(&set).unwrap(),
+                setup::scheduler_config(policy, slice_ms),
+                "{mode:?}"
+            );
         }
     }
 

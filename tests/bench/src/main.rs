@@ -5,12 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gpushare_bench::experiment::{
-    install_libs, run_case, ExperimentError, LowKernels, Mode, Parameters,
-};
+use gpushare_bench::experiment::{run_case, ExperimentError, LowKernels, Mode, Parameters};
 use gpushare_bench::metrics;
 use gpushare_bench::report;
-use gpushare_bench::setup::{Binaries, SetupError};
+use gpushare_bench::setup::{self, Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
 const SCENARIOS: [&str; 7] = ["priority", "shares", "kernels", "e1", "e2", "e3", "e5"];
@@ -35,7 +33,8 @@ const DEFAULT_MODES: &str = "alone,uncontrolled,round-robin,gpushare,tgs";
 /// The kernels scenario's default adds `gpushare-before` (gpushare without issue 14's
 /// duration-aware admission); the other scenarios run it only when `--modes` names it.
 const KERNELS_DEFAULT_MODES: &str = "alone,uncontrolled,round-robin,tgs,gpushare-before,gpushare";
-/// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates).
+/// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates),
+/// or a `--gpushare-set` line names a key or value the `[scheduler]` table does not take.
 const EXIT_CONFIG_REFUSED: u8 = 3;
 
 #[derive(Parser, Debug)]
@@ -66,9 +65,9 @@ struct Args {
     /// every mode, so modes differ only in how the GPU is shared.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// An extra `key = value` line for the gpushare mode's `[scheduler]` table (repeatable),
+    /// An extra `key = value` setting of the gpushare mode's `[scheduler]` table (repeatable),
     /// to measure other settings than the defaults (e.g. `--gpushare-set 'idle_us = 100'`).
-    /// The results record them.
+    /// The results record them; an unknown key stops the run (exit status 3).
     #[arg(long = "gpushare-set")]
     gpushare_set: Vec<String>,
     /// Seconds each case of e1 and e3 runs (default 10, or 1 with --quick: they have the
@@ -88,9 +87,9 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("gpushare-bench: {e}");
             match e {
-                ExperimentError::Setup(SetupError::ConfigRefused { .. }) => {
-                    ExitCode::from(EXIT_CONFIG_REFUSED)
-                }
+                ExperimentError::Setup(
+                    SetupError::ConfigRefused { .. } | SetupError::BadSetting(_),
+                ) => ExitCode::from(EXIT_CONFIG_REFUSED),
                 _ => ExitCode::FAILURE,
             }
         }
@@ -130,12 +129,10 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         args.round_robin_slices_ms.clone(),
         args.gpushare_set.clone(),
     );
+    // A setting the `[scheduler]` table refuses stops the run before any case has run.
+    Mode::GpushareBefore.scheduler(&parameters.gpushare_settings)?;
     let binaries = Binaries::locate()?;
-    let scratch = tempfile::tempdir().map_err(|source| ExperimentError::Io {
-        what: "a scratch directory".into(),
-        source,
-    })?;
-    let libs = install_libs(&binaries, scratch.path())?;
+    let libs = setup::simgpu_libs()?;
     let wanted = |name: &str| args.scenario.as_deref().is_none_or(|s| s == name);
     let case = |mode: Mode, jobs: &[gpushare_bench::experiment::Job]| {
         eprintln!(
@@ -147,7 +144,7 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
             mode.name(),
             duration_s
         );
-        run_case(&binaries, &libs, &parameters, mode, jobs)
+        run_case(&binaries, libs, &parameters, mode, jobs)
     };
 
     let mut scenarios = Map::new();
@@ -265,17 +262,12 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
     if wanted("e2") {
         use gpushare_bench::cluster::{self, E2Mode, E2Parameters};
         let p = E2Parameters::new(args.quick, args.seed);
-        let e2 = cluster::run_all(&binaries, &libs, &p, &E2Mode::ALL)?;
+        let e2 = cluster::run_all(&binaries, libs, &p, &E2Mode::ALL)?;
         scenarios.insert("e2".into(), e2);
     }
     if wanted("e5") {
         use gpushare_bench::scaling::{self, E5Parameters};
-        let e5 = scaling::run_all(
-            &binaries,
-            &libs,
-            &parameters,
-            &E5Parameters::new(args.quick),
-        )?;
+        let e5 = scaling::run_all(&binaries, libs, &parameters, &E5Parameters::new(args.quick))?;
         scenarios.insert("e5".into(), e5);
     }
 

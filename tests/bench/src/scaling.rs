@@ -11,10 +11,13 @@ use std::time::Instant;
 use gpushare_proto::Priority;
 use serde_json::{json, Value};
 
-use crate::cluster::{multi_gpu_config, multi_gpu_env, spawn_pinned};
+use gpushare_testkit::config::SchedulingPolicy;
+use gpushare_testkit::stats;
+
+use crate::cluster::{multi_gpu_machine, spawn_pinned, start_multi_gpu_arbiter};
 use crate::experiment::{collect_within, ExperimentError, Parameters};
 use crate::metrics::{self, number};
-use crate::setup::{scheduler_table, Arbiter, Binaries};
+use crate::setup::{self, Binaries};
 
 /// E5's parameters; written into the results (the jobs are the priority scenario's).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -76,16 +79,15 @@ fn run_case(
             what: "a private directory".into(),
             source,
         })?;
-    let env = multi_gpu_env(dir.path(), libs, gpus);
-    let config = multi_gpu_config(
+    let (machine, env) = multi_gpu_machine(dir.path(), libs, gpus);
+    let arbiter = start_multi_gpu_arbiter(
         dir.path(),
-        libs,
-        binaries,
+        &machine,
+        &env,
         e5.gpu_util_limit,
         e5.low_nums_limit,
-        &scheduler_table(Some("priority"), None),
-    );
-    let arbiter = Arbiter::start(binaries, dir.path(), &config, &env)?;
+        SchedulingPolicy::Priority,
+    )?;
     let barrier = dir.path().join("go");
     let mut children = Vec::new();
     let mut jobs = Vec::new();
@@ -98,7 +100,8 @@ fn run_case(
     }
     jobs.extend((0..gpus * lows_per_gpu).map(|i| parameters.low_job(i, 0.0, 1.0)));
     for job in &jobs {
-        let lease = arbiter.reserve(
+        let lease = setup::reserve(
+            &arbiter,
             &job.name,
             job.priority,
             job.compute_request,
@@ -129,7 +132,7 @@ fn run_case(
         let report = collect_within(child, limit).map_err(|why| ExperimentError::Job {
             job: name,
             mode: "e5 gpushare".into(),
-            why: format!("{why}\narbiter log:\n{}", arbiter.log_tail()),
+            why: format!("{why}\narbiter log:\n{}", setup::log_tail(&arbiter)),
         })?;
         match priority {
             Priority::High => highs.push(report),
@@ -166,7 +169,13 @@ fn figures(
         low_share += metrics::gpu_fraction(&format!("low {i}"), l)?;
     }
     Ok(json!({
-        "high_median_slowdown_percent": slowdowns.get(slowdowns.len() / 2).copied().unwrap_or(0.0),
+        // The nearest-sample median (the upper middle of an even count), as the results
+        // have always reported it; 0 without high jobs.
+        "high_median_slowdown_percent": if slowdowns.is_empty() {
+            0.0
+        } else {
+            stats::percentile(&slowdowns, 50.0)
+        },
         "high_max_slowdown_percent": slowdowns.last().copied().unwrap_or(0.0),
         "low_gpu_share_per_gpu": low_share / gpus.max(1) as f64,
         "arbiter_cpu_percent": arbiter_cpu_percent,

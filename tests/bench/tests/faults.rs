@@ -13,9 +13,12 @@ use std::process::Child;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gpushare_bench::experiment::{collect_within, install_libs, simgpu_env, spawn_job, Job};
-use gpushare_bench::setup::{arbiter_config, scheduler_table, Arbiter, Binaries};
+use gpushare_bench::experiment::{collect_within, simgpu_env, spawn_job, Job};
+use gpushare_bench::setup::{self, scheduler_config, Binaries};
 use gpushare_proto::{ControlClient, LeaseId, Priority, TokenStatus};
+use gpushare_testkit::config::{SchedulerConfig, SchedulingPolicy::Priority as PriorityPolicy};
+use gpushare_testkit::stats::median_duration;
+use gpushare_testkit::Arbiter;
 use serde_json::Value;
 use simgpu_model::{Device, SimConfig};
 
@@ -144,19 +147,23 @@ struct Rig {
 }
 
 impl Rig {
-    fn new(scheduler: &str) -> Rig {
+    fn new(scheduler: SchedulerConfig) -> Rig {
         let binaries = Binaries::locate().expect("built binaries (see GPUSHARE_BIN_DIR)");
         let dir = tempfile::Builder::new()
             .prefix("gsf-")
             .tempdir_in("/tmp")
             .unwrap();
-        let libs = install_libs(&binaries, dir.path()).expect("install the simulated GPU");
-        let mut env = simgpu_env(dir.path(), &libs, 1_000, 25);
+        let libs = setup::simgpu_libs().expect("install the simulated GPU");
+        let machine = setup::sim_machine(dir.path(), 1, 1_000, 25);
+        let mut env = simgpu_env(&machine, libs);
         if let Ok(level) = std::env::var("GPUSHARE_LOG") {
             env.push(("GPUSHARE_LOG".into(), level));
         }
-        let config = arbiter_config(dir.path(), &libs, &binaries, scheduler);
-        let arbiter = Arbiter::start(&binaries, dir.path(), &config, &env).expect("arbiter");
+        let arbiter = setup::start(
+            setup::arbiter_on(dir.path(), &machine, &env)
+                .configure(|c| setup::single_gpu_config(c, scheduler)),
+        )
+        .expect("arbiter");
         let control = connect(&arbiter);
         // The arbiter's NVML created the device's state already; this only maps it.
         let lookup = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
@@ -180,15 +187,14 @@ impl Rig {
         let running: Vec<Running> = jobs
             .iter()
             .map(|job| {
-                let lease = self
-                    .arbiter
-                    .reserve(
-                        &format!("{}-{}", job.name, self.barriers),
-                        job.priority,
-                        job.compute_request,
-                        job.compute_limit,
-                    )
-                    .expect("reserve");
+                let lease = setup::reserve(
+                    &self.arbiter,
+                    &format!("{}-{}", job.name, self.barriers),
+                    job.priority,
+                    job.compute_request,
+                    job.compute_limit,
+                )
+                .expect("reserve");
                 let child = spawn_job(
                     &self.binaries,
                     &self.env,
@@ -250,21 +256,21 @@ impl Rig {
 
     fn kill_arbiter(&mut self) -> Instant {
         let at = Instant::now();
-        self.arbiter.kill().expect("SIGKILL the arbiter");
+        self.arbiter.kill();
         at
     }
 
     fn restart_arbiter(&mut self) -> Instant {
-        let arbiter = Arbiter::restart(&self.binaries, self.dir.path(), &self.env)
+        self.arbiter
+            .try_restart()
             .unwrap_or_else(|e| panic!("restart the arbiter: {e}"));
         let up = Instant::now();
-        self.control = connect(&arbiter);
-        self.arbiter = arbiter;
+        self.control = connect(&self.arbiter);
         up
     }
 
     fn arbiter_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("arbiter.log")).unwrap_or_default()
+        self.arbiter.log()
     }
 }
 
@@ -300,15 +306,10 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values[values.len() / 2]
-}
-
 #[test]
 fn killing_a_low_priority_holder_does_not_stall_the_high_priority_job() {
     let _turn = serial();
-    let mut rig = Rig::new(&scheduler_table(Some("priority"), None));
+    let mut rig = Rig::new(scheduler_config(PriorityPolicy, None));
 
     // The high job's period with the GPU to itself.
     let mut alone_job = rig
@@ -401,7 +402,7 @@ fn a_waiting_low_priority_job_gets_the_token_within_10_ms_of_the_holder_dying() 
     let _turn = serial();
     // Long fixed slices: without the death handling B would wait for the dead holder's slice
     // to run out (and its grace), up to 700 ms, so a pass means the handoff came from the EOF.
-    let mut rig = Rig::new(&scheduler_table(Some("priority"), Some(200)));
+    let mut rig = Rig::new(scheduler_config(PriorityPolicy, Some(200)));
     let mut b = rig
         .start(&[saturating_low_job("b", Duration::from_secs(30))])
         .remove(0);
@@ -443,7 +444,7 @@ fn a_waiting_low_priority_job_gets_the_token_within_10_ms_of_the_holder_dying() 
     let token = rig.token();
     let _ = b.kill();
 
-    let median_handoff = median(handoffs.clone());
+    let median_handoff = median_duration(handoffs.iter().copied());
     eprintln!(
         "kill of the holder → the waiting job holds: {handoffs:?} (median {median_handoff:?}); \
          its GPU share alone afterwards {busy:.3}; token {token:?}"
@@ -465,7 +466,7 @@ fn a_waiting_low_priority_job_gets_the_token_within_10_ms_of_the_holder_dying() 
 #[test]
 fn a_lost_arbiter_lets_high_run_and_holds_low() {
     let _turn = serial();
-    let mut rig = Rig::new(&scheduler_table(Some("priority"), None));
+    let mut rig = Rig::new(scheduler_config(PriorityPolicy, None));
     let duration = Duration::from_secs(5);
     let mut jobs = rig.start(&[high_job(duration), saturating_low_job("low", duration)]);
     let began = Instant::now();
@@ -560,7 +561,7 @@ fn a_lost_arbiter_lets_high_run_and_holds_low() {
 #[test]
 fn low_priority_clients_joining_together_are_not_cut_off() {
     let _turn = serial();
-    let mut rig = Rig::new(&scheduler_table(Some("priority"), None));
+    let mut rig = Rig::new(scheduler_config(PriorityPolicy, None));
     let rounds = 5;
     let mut ran_nothing = Vec::new();
     let mut stderr = HashMap::new();
@@ -618,7 +619,7 @@ fn low_priority_clients_joining_together_are_not_cut_off() {
 #[test]
 fn a_job_of_2_s_kernels_beside_a_high_job_keeps_running_and_is_never_cut_off() {
     let _turn = serial();
-    let mut rig = Rig::new(&scheduler_table(Some("priority"), None));
+    let mut rig = Rig::new(scheduler_config(PriorityPolicy, None));
     let long = job(
         "long",
         Priority::Low,
@@ -670,7 +671,7 @@ fn a_job_of_2_s_kernels_beside_a_high_job_keeps_running_and_is_never_cut_off() {
 #[test]
 fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once_it_leaves() {
     let _turn = serial();
-    let mut rig = Rig::new(&scheduler_table(Some("priority"), None));
+    let mut rig = Rig::new(scheduler_config(PriorityPolicy, None));
     let low = job(
         "low",
         Priority::Low,

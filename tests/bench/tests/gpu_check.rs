@@ -4,8 +4,8 @@
 
 use std::process::Command;
 
-use gpushare_bench::experiment::install_libs;
 use gpushare_bench::setup::Binaries;
+use gpushare_testkit::simgpu::SimMachine;
 
 fn program(binaries: &Binaries) -> Command {
     let mut cmd = Command::new(binaries.program("gpushare-gpu-check"));
@@ -43,15 +43,14 @@ fn every_check_passes_on_the_simulated_gpu() {
         .prefix("gsg-")
         .tempdir_in("/tmp")
         .unwrap();
-    let libs = install_libs(&binaries, dir.path()).expect("install the simulated GPU");
     std::fs::create_dir_all(dir.path().join("simgpu")).unwrap();
+    let machine = SimMachine::new(dir.path().join("simgpu"), 1, "16Gi");
     let results = dir.path().join("gpu-check.md");
-    let out = program(&binaries)
+    let mut gpu_check = program(&binaries);
+    let out = machine
+        .apply(&mut gpu_check)
         .arg(&results)
         .env("GPUSHARE_GPU_CHECK_ON_SIMGPU", "1")
-        .env("LD_LIBRARY_PATH", &libs)
-        .env("SIMGPU_DIR", dir.path().join("simgpu"))
-        .env("SIMGPU_GPUS", "1")
         .output()
         .unwrap();
     let report = std::fs::read_to_string(&results).unwrap_or_default();

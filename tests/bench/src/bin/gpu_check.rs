@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 use gpushare_proto::{
     ControlClient, Fraction, GpuSelector, MemoryRequest, Priority, ReserveRequest,
 };
+use gpushare_testkit::config::{ArbiterConfig, RuntimeConfig};
+use gpushare_testkit::{binaries, Arbiter};
 
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -53,6 +55,8 @@ fn no_driver() -> Option<String> {
     None
 }
 
+/// Where the programs are, found as the test kit finds them (`GPUSHARE_BIN_DIR`,
+/// `GPUSHARE_PRELOAD_LIB`).
 struct Bins {
     dir: PathBuf,
     preload: PathBuf,
@@ -60,18 +64,9 @@ struct Bins {
 
 impl Bins {
     fn locate() -> Result<Bins, String> {
-        let dir = match std::env::var_os("GPUSHARE_BIN_DIR") {
-            Some(d) => PathBuf::from(d),
-            None => std::env::current_exe()
-                .map_err(|e| e.to_string())?
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_default(),
-        };
-        let preload = std::env::var_os("GPUSHARE_PRELOAD_LIB")
-            .map_or_else(|| dir.join("libgpushare.so"), PathBuf::from);
+        let (dir, preload) = (binaries::bin_dir(), binaries::preload_library());
         for path in [
-            dir.join("gpushare-arbiter"),
+            binaries::arbiter(None),
             dir.join("gpushare-cuda-probe"),
             dir.join("simgpu-workload"),
             preload.clone(),
@@ -87,89 +82,58 @@ impl Bins {
     }
 }
 
-struct Arbiter {
-    child: std::process::Child,
-    run: PathBuf,
+/// A private arbiter (the test kit's) on the machine's own GPUs, through the driver's NVML,
+/// its low-priority holders revoked after `revoke_grace_ms`.
+fn start_arbiter(dir: &Path, revoke_grace_ms: u64) -> Result<Arbiter, String> {
+    Arbiter::builder_in(dir)
+        .configure(|c| {
+            // The kit declares GPUs without NVML; here NVML is the real driver's (or, on the
+            // simulated GPU, whichever libnvidia-ml.so.1 LD_LIBRARY_PATH finds first).
+            c.arbiter.nvml_library = ArbiterConfig::default().nvml_library;
+            // No runtime runs here: only the interposer the kit points at is this build's.
+            c.runtime = RuntimeConfig {
+                library: c.runtime.library.clone(),
+                ..RuntimeConfig::default()
+            };
+            c.scheduler.revoke_grace_ms = revoke_grace_ms;
+        })
+        .try_start()
+        .map_err(|e| e.to_string())
 }
 
-impl Arbiter {
-    fn start(bins: &Bins, dir: &Path, scheduler: &str) -> Result<Arbiter, String> {
-        let run = dir.join("run");
-        let config = format!(
-            "[arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\nclient_timeout_ms = 5000\n\n[runtime]\nlibrary = \"{}\"\n\n{scheduler}",
-            run.display(),
-            dir.join("state").display(),
-            bins.preload.display()
-        );
-        std::fs::write(dir.join("arbiter.toml"), config).map_err(|e| e.to_string())?;
-        let log = std::fs::File::create(dir.join("arbiter.log")).map_err(|e| e.to_string())?;
-        let child = Command::new(bins.dir.join("gpushare-arbiter"))
-            .arg("--config")
-            .arg(dir.join("arbiter.toml"))
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting gpushare-arbiter: {e}"))?;
-        let arbiter = Arbiter { child, run };
-        let start = Instant::now();
-        while ControlClient::connect(&arbiter.run.join("control.sock"), CONTROL_TIMEOUT).is_err() {
-            if start.elapsed() > Duration::from_secs(20) {
-                return Err(format!(
-                    "the arbiter did not start; its log: {}",
-                    std::fs::read_to_string(dir.join("arbiter.log")).unwrap_or_default()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(arbiter)
-    }
-
-    fn control(&self) -> Result<ControlClient, String> {
-        ControlClient::connect(&self.run.join("control.sock"), CONTROL_TIMEOUT)
-            .map_err(|e| e.to_string())
-    }
-
-    fn lease(
-        &self,
-        name: &str,
-        priority: Priority,
-        memory: u64,
-    ) -> Result<(String, PathBuf), String> {
-        let mut control = self.control()?;
-        let container_id = format!("gpu-check-{name}");
-        let lease = control
-            .reserve(ReserveRequest {
-                container_id: container_id.clone(),
-                namespace: None,
-                sandbox_id: None,
-                priority,
-                memory: Some(MemoryRequest::Bytes(memory)),
-                compute_request: Fraction::ZERO,
-                compute_limit: Fraction::ONE,
-                gpu: GpuSelector::Index(vec![0]),
-                tenant: None,
-            })
-            .map_err(|e| format!("reserving {name}: {e}"))?;
-        // The jobs are this program's children: confirming with its own pid puts them
-        // inside "the container" (pid namespace and cgroup), as lease sockets require.
-        control
-            .confirm(container_id, std::process::id())
-            .map_err(|e| format!("confirming {name}: {e}"))?;
-        let socket = self
-            .run
-            .join("leases")
-            .join(&lease.id.0)
-            .join("arbiter.sock");
-        Ok((lease.id.0, socket))
-    }
+fn control(arbiter: &Arbiter) -> Result<ControlClient, String> {
+    ControlClient::connect(&arbiter.control_socket(), CONTROL_TIMEOUT).map_err(|e| e.to_string())
 }
 
-impl Drop for Arbiter {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid, not yet reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
+/// Reserves and confirms a lease on GPU 0; its id and socket.
+fn lease(
+    arbiter: &Arbiter,
+    name: &str,
+    priority: Priority,
+    memory: u64,
+) -> Result<(String, PathBuf), String> {
+    let mut control = control(arbiter)?;
+    let container_id = format!("gpu-check-{name}");
+    let lease = control
+        .reserve(ReserveRequest {
+            container_id: container_id.clone(),
+            namespace: None,
+            sandbox_id: None,
+            priority,
+            memory: Some(MemoryRequest::Bytes(memory)),
+            compute_request: Fraction::ZERO,
+            compute_limit: Fraction::ONE,
+            gpu: GpuSelector::Index(vec![0]),
+            tenant: None,
+        })
+        .map_err(|e| format!("reserving {name}: {e}"))?;
+    // The jobs are this program's children: confirming with its own pid puts them
+    // inside "the container" (pid namespace and cgroup), as lease sockets require.
+    control
+        .confirm(container_id, std::process::id())
+        .map_err(|e| format!("confirming {name}: {e}"))?;
+    let socket = arbiter.lease_socket(&lease.id.0);
+    Ok((lease.id.0, socket))
 }
 
 /// `cmd` as a process of `lease`'s container: the interposer preloaded, the lease named.
@@ -262,9 +226,9 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
         detail,
     });
 
-    let arbiter = Arbiter::start(bins, dir, "[scheduler]\nrevoke_grace_ms = 500\n")?;
+    let arbiter = start_arbiter(dir, 500)?;
     let gi = 1u64 << 30;
-    let small = arbiter.lease("memory", Priority::Low, 2 * gi)?;
+    let small = lease(&arbiter, "memory", Priority::Low, 2 * gi)?;
     let out = run(&mut probe(
         bins,
         Some(&small),
@@ -281,8 +245,8 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
         detail: text.trim().replace('\n', "; "),
     });
 
-    let high = arbiter.lease("high", Priority::High, 4 * gi)?;
-    let low = arbiter.lease("low", Priority::Low, 4 * gi)?;
+    let high = lease(&arbiter, "high", Priority::High, 4 * gi)?;
+    let low = lease(&arbiter, "low", Priority::Low, 4 * gi)?;
     let (ok, detail) = results(&run(&mut probe(
         bins,
         Some(&high),
@@ -382,7 +346,7 @@ fn checks(bins: &Bins, dir: &Path) -> Result<Vec<Check>, String> {
     );
     let (long_out, _, after_high) = beside(long, high_job)?;
     let (ok, detail) = results(&long_out);
-    let status = arbiter.control()?.status().map_err(|e| e.to_string())?;
+    let status = control(&arbiter)?.status().map_err(|e| e.to_string())?;
     // Finishing every step is the proof it was not stranded (a cut-off client waited
     // for ever); how often its drain outlasted the grace is reported.
     let overdue: u64 = status.tokens.iter().map(|t| t.overdue).sum();
