@@ -8,7 +8,10 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::spec::Spec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
@@ -26,6 +29,7 @@ pub enum BundleError {
 
 /// A JSON file (a bundle's config.json, or an exec process.json) that is
 /// replaced atomically and can be put back byte for byte.
+#[derive(Debug)]
 pub struct BundleSpec {
     path: PathBuf,
     original: Vec<u8>,
@@ -33,11 +37,13 @@ pub struct BundleSpec {
 }
 
 impl BundleSpec {
-    pub fn open(bundle_dir: &Path) -> Result<(BundleSpec, Value), BundleError> {
+    /// A bundle's spec.
+    pub fn open(bundle_dir: &Path) -> Result<(BundleSpec, Spec), BundleError> {
         Self::open_file(&bundle_dir.join("config.json"))
     }
 
-    pub fn open_file(path: &Path) -> Result<(BundleSpec, Value), BundleError> {
+    /// Any JSON document: a spec, an exec process (`spec::Process`).
+    pub fn open_file<D: DeserializeOwned>(path: &Path) -> Result<(BundleSpec, D), BundleError> {
         let path = path.to_owned();
         let io = |source| BundleError::Io {
             path: path.clone(),
@@ -59,8 +65,8 @@ impl BundleSpec {
         ))
     }
 
-    pub fn write(&self, spec: &Value) -> Result<(), BundleError> {
-        let body = serde_json::to_vec(spec).expect("a JSON value always serialises");
+    pub fn write(&self, document: &impl Serialize) -> Result<(), BundleError> {
+        let body = serde_json::to_vec(document).expect("a JSON document always serialises");
         self.replace_with(&body)
     }
 
@@ -107,7 +113,7 @@ mod tests {
         )
         .unwrap();
         let (bundle, mut spec) = BundleSpec::open(dir.path()).unwrap();
-        spec["x"] = Value::Null;
+        spec.annotations_mut().unwrap().set("k", "v");
         bundle.write(&spec).unwrap();
         assert_ne!(fs::read(dir.path().join("config.json")).unwrap(), original);
         bundle.restore().unwrap();

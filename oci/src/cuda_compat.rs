@@ -104,12 +104,12 @@ fn evaluate(term: &str, driver: CudaVersion) -> Result<Option<bool>, ()> {
 /// Checks a container spec against the driver's CUDA version as NVML reports it
 /// (e.g. 12040); nothing to check when the driver's version is unknown.
 pub fn check_spec(
-    spec: &serde_json::Value,
+    spec: &crate::spec::Spec,
     driver_cuda_version: Option<u32>,
 ) -> Result<(), CompatError> {
     match driver_cuda_version {
         Some(encoded) => check(
-            &crate::request::env_list(spec),
+            &spec.env().entries().collect::<Vec<_>>(),
             CudaVersion::from_driver(encoded),
         ),
         None => Ok(()),
@@ -263,7 +263,10 @@ mod tests {
 
     #[test]
     fn spec_level_check() {
-        let spec = serde_json::json!({"process": {"env": ["CUDA_VERSION=12.4.1"]}});
+        let spec = crate::spec::Spec::from_value(
+            serde_json::json!({"process": {"env": ["CUDA_VERSION=12.4.1"]}}),
+        )
+        .unwrap();
         assert!(
             check_spec(&spec, None).is_ok(),
             "unknown driver: nothing to check"

@@ -1,7 +1,9 @@
 //! What the CRI runtimes (containerd's CRI plugin, CRI-O) write into a pod's
-//! container specs, and what gpushare reads from it.
+//! container specs, and what gpushare reads from it. Both write these after the
+//! pod's own annotations, from the sandbox's metadata, so a pod's author cannot
+//! choose them (unless the runtime handler passes such keys through).
 
-use serde_json::Value;
+use crate::spec::Spec;
 
 /// Where each CRI runtime says whether a container is the pod's pause container
 /// ("sandbox") or one of its workloads ("container"): containerd, then CRI-O.
@@ -16,26 +18,37 @@ pub const SANDBOX_ID_KEYS: [&str; 2] = [
     "io.kubernetes.cri.sandbox-id",
     "io.kubernetes.cri-o.SandboxID",
 ];
-
-fn annotation<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
-    spec.get("annotations")?.get(key)?.as_str()
-}
+/// Where each CRI runtime records the pod's Kubernetes namespace.
+pub const NAMESPACE_KEYS: [&str; 2] = [
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+];
 
 /// A pod's pause container: it holds the pod's namespaces and runs no workload,
 /// so it gets no GPU, even though the pod's annotations (its request among them)
 /// were copied into its spec.
-pub fn is_pod_sandbox(spec: &Value) -> bool {
+pub fn is_pod_sandbox(spec: &Spec) -> bool {
     CONTAINER_TYPE_KEYS
         .iter()
-        .any(|key| annotation(spec, key) == Some(SANDBOX))
+        .any(|key| spec.annotation(key) == Some(SANDBOX))
 }
 
 /// The id of the pod a container belongs to, where a CRI runtime recorded one.
-pub fn sandbox_id(spec: &Value) -> Option<String> {
-    SANDBOX_ID_KEYS
-        .iter()
-        .find_map(|key| annotation(spec, key).filter(|id| !id.is_empty()))
-        .map(str::to_owned)
+pub fn sandbox_id(spec: &Spec) -> Option<String> {
+    first_set(spec, &SANDBOX_ID_KEYS).map(|(_, id)| id.to_owned())
+}
+
+/// The pod's namespace as (annotation key, value), where a CRI runtime recorded one.
+pub fn pod_namespace(spec: &Spec) -> Option<(&'static str, &str)> {
+    first_set(spec, &NAMESPACE_KEYS)
+}
+
+fn first_set<'a>(spec: &'a Spec, keys: &[&'static str]) -> Option<(&'static str, &'a str)> {
+    keys.iter().find_map(|key| {
+        spec.annotation(key)
+            .filter(|v| !v.is_empty())
+            .map(|v| (*key, v))
+    })
 }
 
 #[cfg(test)]
@@ -43,33 +56,43 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[test]
-    fn the_pause_container_of_either_cri_runtime_is_a_sandbox() {
-        for key in CONTAINER_TYPE_KEYS {
-            assert!(
-                is_pod_sandbox(&json!({"annotations": {key: "sandbox"}})),
-                "{key}"
-            );
-            assert!(
-                !is_pod_sandbox(&json!({"annotations": {key: "container"}})),
-                "{key}"
-            );
-        }
-        assert!(!is_pod_sandbox(&json!({})));
-        assert!(!is_pod_sandbox(
-            &json!({"annotations": {"io.kubernetes.cri.sandbox-id": "p"}})
-        ));
+    fn annotated(annotations: serde_json::Value) -> Spec {
+        Spec::from_value(json!({ "annotations": annotations })).unwrap()
     }
 
     #[test]
-    fn the_pod_is_named_by_either_cri_runtime() {
+    fn the_pause_container_of_either_cri_runtime_is_a_sandbox() {
+        for key in CONTAINER_TYPE_KEYS {
+            assert!(is_pod_sandbox(&annotated(json!({key: "sandbox"}))), "{key}");
+            assert!(
+                !is_pod_sandbox(&annotated(json!({key: "container"}))),
+                "{key}"
+            );
+        }
+        assert!(!is_pod_sandbox(&annotated(json!({}))));
+        assert!(!is_pod_sandbox(&annotated(
+            json!({"io.kubernetes.cri.sandbox-id": "p"})
+        )));
+    }
+
+    #[test]
+    fn the_pod_and_its_namespace_are_named_by_either_cri_runtime() {
         for key in SANDBOX_ID_KEYS {
             assert_eq!(
-                sandbox_id(&json!({"annotations": {key: "p"}})).as_deref(),
+                sandbox_id(&annotated(json!({key: "p"}))).as_deref(),
                 Some("p")
             );
-            assert_eq!(sandbox_id(&json!({"annotations": {key: ""}})), None);
+            assert_eq!(sandbox_id(&annotated(json!({key: ""}))), None);
         }
-        assert_eq!(sandbox_id(&json!({})), None);
+        for key in NAMESPACE_KEYS {
+            assert_eq!(
+                pod_namespace(&annotated(json!({key: "ns"}))),
+                Some((key, "ns"))
+            );
+        }
+        // containerd's key first.
+        let both = annotated(json!({NAMESPACE_KEYS[1]: "b", NAMESPACE_KEYS[0]: "a"}));
+        assert_eq!(pod_namespace(&both), Some((NAMESPACE_KEYS[0], "a")));
+        assert_eq!(sandbox_id(&annotated(json!({}))), None);
     }
 }

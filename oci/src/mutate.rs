@@ -1,26 +1,19 @@
 //! The spec edits for a lease, applied once and only once.
 //!
-//! The spec is edited as JSON, not through oci-spec's structs: those drop any
-//! field they do not know, and a wrapper must never silently remove a newer
-//! engine's settings from a container. Every edit removes its own earlier copy
-//! before adding, so applying twice gives the same spec as applying once.
+//! The spec is edited through `spec::Spec`, which keeps every field it does not
+//! know (see there). Every edit removes its own earlier copy before adding, so
+//! applying twice gives the same spec as applying once.
 
 use std::path::{Path, PathBuf};
 
 use gpushare_config::{ArbiterConfig, RuntimeConfig};
 use gpushare_proto::Lease;
-use serde_json::{json, Map, Value};
 
+use crate::spec::{EnvMut, Hook, HookStage, Mount, Process, Spec, SpecError};
 use crate::{
     ANNOTATION_ASSIGNED_GPUS, ANNOTATION_LEASE, ANNOTATION_MARKER, CONTAINER_RUN_DIR,
     CONTAINER_SOCKET, MARKER_VALUE,
 };
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SpecError {
-    #[error("config.json: {0} is not a JSON object")]
-    NotAnObject(&'static str),
-}
 
 /// Where things are on the host, from the configuration.
 #[derive(Debug, Clone)]
@@ -51,12 +44,9 @@ impl HostPaths {
     }
 }
 
-pub fn is_marked(spec: &Value) -> bool {
-    spec.pointer(&format!(
-        "/annotations/{}",
-        ANNOTATION_MARKER.replace('/', "~1")
-    ))
-    .is_some()
+/// Whether gpushare's marker is on the spec (whatever its value).
+pub fn is_marked(spec: &Spec) -> bool {
+    spec.has_annotation(ANNOTATION_MARKER)
 }
 
 /// A marked spec is genuine only if its lease annotation names a lease the
@@ -66,7 +56,7 @@ pub fn is_marked(spec: &Value) -> bool {
 /// to skip gpushare (and a `void` policy with it). A pending lease's id is 64
 /// random bits written only into the spec it was reserved for.
 pub fn marker_is_genuine(
-    spec: &Value,
+    spec: &Spec,
     container_id: &str,
     status: &gpushare_proto::StatusReport,
 ) -> bool {
@@ -79,69 +69,71 @@ pub fn marker_is_genuine(
     })
 }
 
-pub fn lease_annotation(spec: &Value) -> Option<&str> {
-    spec.pointer(&format!(
-        "/annotations/{}",
-        ANNOTATION_LEASE.replace('/', "~1")
-    ))
-    .and_then(Value::as_str)
+pub fn lease_annotation(spec: &Spec) -> Option<&str> {
+    spec.annotation(ANNOTATION_LEASE)
+}
+
+fn display(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+fn bind_mount(source: &Path, destination: &Path, options: &[&str]) -> Mount {
+    Mount {
+        destination: display(destination),
+        kind: "bind".into(),
+        source: display(source),
+        options: options.iter().map(|o| o.to_string()).collect(),
+    }
 }
 
 /// Applies `lease` to `spec`. Idempotent.
-pub fn apply_lease(spec: &mut Value, lease: &Lease, paths: &HostPaths) -> Result<(), SpecError> {
-    let root = spec
-        .as_object_mut()
-        .ok_or(SpecError::NotAnObject("the spec"))?;
+pub fn apply_lease(spec: &mut Spec, lease: &Lease, paths: &HostPaths) -> Result<(), SpecError> {
+    InjectedEnv::for_lease(lease, paths).apply(&mut spec.env_mut()?);
 
-    InjectedEnv::for_lease(lease, paths).apply(env_mut(root)?);
-
-    let mounts = array_mut(root, "mounts")?;
-    let library = bind_mount(
+    let mut mounts = spec.mounts_mut()?;
+    mounts.replace(bind_mount(
         &paths.library,
         &paths.container_library,
         &["rbind", "ro", "nosuid", "nodev"],
-    );
+    ));
     // Read-only: the container may connect to its socket (sockets ignore the
     // mount's ro flag) but cannot plant anything beside it.
-    let lease_dir = bind_mount(
+    mounts.replace(bind_mount(
         &paths.lease_dir,
         Path::new(CONTAINER_RUN_DIR),
         &["rbind", "ro", "nosuid", "nodev", "noexec"],
-    );
-    replace_mount(mounts, library);
-    replace_mount(mounts, lease_dir);
+    ));
     if let Some(preload_file) = &paths.ld_so_preload {
-        replace_mount(
-            mounts,
-            bind_mount(
-                preload_file,
-                Path::new("/etc/ld.so.preload"),
-                &["rbind", "ro", "nosuid", "nodev"],
-            ),
-        );
+        mounts.replace(bind_mount(
+            preload_file,
+            Path::new("/etc/ld.so.preload"),
+            &["rbind", "ro", "nosuid", "nodev"],
+        ));
     }
 
-    let hooks = object_mut(root, "hooks")?;
     for (stage, action) in [
-        ("createRuntime", "create-runtime"),
-        ("poststop", "poststop"),
+        (HookStage::CreateRuntime, "create-runtime"),
+        (HookStage::Poststop, "poststop"),
     ] {
-        let list = array_mut(hooks, stage)?;
-        let hook = paths.hook.to_string_lossy().into_owned();
-        list.retain(|h| h.get("path").and_then(Value::as_str) != Some(hook.as_str()));
-        list.push(json!({
-            "path": hook,
-            "args": [hook, "--control-socket", paths.control_socket.to_string_lossy(), action],
+        let hook = display(&paths.hook);
+        spec.hooks_mut(stage)?.replace(Hook {
+            args: vec![
+                hook.clone(),
+                "--control-socket".into(),
+                display(&paths.control_socket),
+                action.into(),
+            ],
+            path: hook,
             // A non-empty env is the hook's whole environment: keep it minimal and explicit.
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "timeout": paths.hook_timeout_seconds,
-        }));
+            env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
+            timeout: Some(paths.hook_timeout_seconds),
+        });
     }
 
-    let annotations = object_mut(root, "annotations")?;
-    annotations.insert(ANNOTATION_LEASE.into(), lease.id.0.clone().into());
-    annotations.insert(ANNOTATION_ASSIGNED_GPUS.into(), lease.gpus.join(",").into());
-    annotations.insert(ANNOTATION_MARKER.into(), MARKER_VALUE.into());
+    let mut annotations = spec.annotations_mut()?;
+    annotations.set(ANNOTATION_LEASE, lease.id.0.clone());
+    annotations.set(ANNOTATION_ASSIGNED_GPUS, lease.gpus.join(","));
+    annotations.set(ANNOTATION_MARKER, MARKER_VALUE);
     Ok(())
 }
 
@@ -186,21 +178,17 @@ impl InjectedEnv {
                 .zip(values)
                 .collect(),
             capabilities: DEFAULT_CAPABILITIES.to_owned(),
-            library: paths.container_library.to_string_lossy().into_owned(),
+            library: display(&paths.container_library),
         }
     }
 
     /// From a spec gpushare already edited; `None` when it is not marked.
-    pub fn from_marked_spec(spec: &Value) -> Option<Self> {
+    pub fn from_marked_spec(spec: &Spec) -> Option<Self> {
         if !is_marked(spec) {
             return None;
         }
-        let env = crate::request::env_list(spec);
-        let value = |key: &str| {
-            env.iter()
-                .find_map(|e| e.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-                .map(str::to_owned)
-        };
+        let env = spec.env();
+        let value = |key: &str| env.get(key).map(str::to_owned);
         let replace = INJECTED_KEYS
             .iter()
             .map(|k| Some((k.to_string(), value(k)?)))
@@ -215,31 +203,30 @@ impl InjectedEnv {
         })
     }
 
-    pub fn apply(&self, env: &mut Vec<Value>) {
+    pub fn apply(&self, env: &mut EnvMut<'_>) {
         for (i, (key, value)) in self.replace.iter().enumerate() {
-            set_env(env, key, value);
+            env.set(key, value);
             // Right after NVIDIA_VISIBLE_DEVICES, where the NVIDIA toolkit's users expect it.
-            if i == 0 && !has_env(env, "NVIDIA_DRIVER_CAPABILITIES") {
-                set_env(env, "NVIDIA_DRIVER_CAPABILITIES", &self.capabilities);
+            if i == 0 && !env.has("NVIDIA_DRIVER_CAPABILITIES") {
+                env.set("NVIDIA_DRIVER_CAPABILITIES", &self.capabilities);
             }
         }
-        prepend_preload(env, &self.library);
+        // The library goes first so its `dlsym` is found before anything else's;
+        // the image's own preloads are kept after it.
+        env.prepend_to_list("LD_PRELOAD", &self.library);
     }
 }
 
 /// Applies the container's injected environment to an exec process
 /// (`runc exec --process process.json`). Idempotent.
 pub fn apply_to_exec_process(
-    process: &mut Value,
-    container_spec: &Value,
+    process: &mut Process,
+    container_spec: &Spec,
 ) -> Result<bool, SpecError> {
     let Some(injected) = InjectedEnv::from_marked_spec(container_spec) else {
         return Ok(false);
     };
-    let process = process
-        .as_object_mut()
-        .ok_or(SpecError::NotAnObject("the exec process"))?;
-    injected.apply(array_mut(process, "env")?);
+    injected.apply(&mut process.env_mut()?);
     Ok(true)
 }
 
@@ -247,123 +234,39 @@ pub fn apply_to_exec_process(
 /// hook that prints it and exits non-zero. For podman's precreate stage, whose
 /// hook stderr podman 4.x discards: runc does put a failing hook's stderr into
 /// its error, which podman shows. Nothing else in the spec changes.
-pub fn apply_failure(spec: &mut Value, hook: &Path, message: &str) -> Result<(), SpecError> {
-    let root = spec
-        .as_object_mut()
-        .ok_or(SpecError::NotAnObject("the spec"))?;
-    let hooks = object_mut(root, "hooks")?;
-    let hook = hook.to_string_lossy();
-    array_mut(hooks, "createRuntime")?.insert(
-        0,
-        json!({ "path": hook, "args": [hook, "fail", "--message", message], "timeout": 5 }),
-    );
+pub fn apply_failure(spec: &mut Spec, hook: &Path, message: &str) -> Result<(), SpecError> {
+    let hook = display(hook);
+    spec.hooks_mut(HookStage::CreateRuntime)?
+        .insert_first(Hook {
+            args: vec![
+                hook.clone(),
+                "fail".into(),
+                "--message".into(),
+                message.into(),
+            ],
+            path: hook,
+            env: vec![],
+            timeout: Some(5),
+        });
     Ok(())
 }
 
 /// For containers without a request when the policy is `void`: images that bake
 /// in `NVIDIA_VISIBLE_DEVICES=all` would otherwise see every GPU of the node.
-pub fn apply_void(spec: &mut Value) -> Result<(), SpecError> {
-    let root = spec
-        .as_object_mut()
-        .ok_or(SpecError::NotAnObject("the spec"))?;
-    set_env(env_mut(root)?, "NVIDIA_VISIBLE_DEVICES", "void");
+pub fn apply_void(spec: &mut Spec) -> Result<(), SpecError> {
+    spec.env_mut()?.set("NVIDIA_VISIBLE_DEVICES", "void");
     Ok(())
-}
-
-fn env_mut(root: &mut Map<String, Value>) -> Result<&mut Vec<Value>, SpecError> {
-    let process = object_mut(root, "process")?;
-    array_mut(process, "env")
-}
-
-fn object_mut<'a>(
-    parent: &'a mut Map<String, Value>,
-    key: &'static str,
-) -> Result<&'a mut Map<String, Value>, SpecError> {
-    parent
-        .entry(key)
-        .or_insert_with(|| Value::Object(Map::new()))
-        .as_object_mut()
-        .ok_or(SpecError::NotAnObject(key))
-}
-
-fn array_mut<'a>(
-    parent: &'a mut Map<String, Value>,
-    key: &str,
-) -> Result<&'a mut Vec<Value>, SpecError> {
-    let slot = parent
-        .entry(key)
-        .or_insert_with(|| Value::Array(Vec::new()));
-    if slot.is_null() {
-        *slot = Value::Array(Vec::new());
-    }
-    slot.as_array_mut()
-        .ok_or(SpecError::NotAnObject("an array field"))
-}
-
-fn env_key(entry: &Value) -> Option<&str> {
-    entry
-        .as_str()
-        .map(|e| e.split_once('=').map_or(e, |(k, _)| k))
-}
-
-fn has_env(env: &[Value], key: &str) -> bool {
-    env.iter().any(|e| env_key(e) == Some(key))
-}
-
-/// Replaces every entry for `key` with one, at the place of the first: images
-/// often bake in `NVIDIA_VISIBLE_DEVICES=all`, which must be replaced, never appended to.
-fn set_env(env: &mut Vec<Value>, key: &str, value: &str) {
-    let entry = Value::String(format!("{key}={value}"));
-    match env.iter().position(|e| env_key(e) == Some(key)) {
-        Some(first) => {
-            env[first] = entry;
-            let mut index = 0;
-            env.retain(|e| {
-                let keep = index <= first || env_key(e) != Some(key);
-                index += 1;
-                keep
-            });
-        }
-        None => env.push(entry),
-    }
-}
-
-/// The library goes first so its `dlsym` is found before anything else's; the
-/// image's own preloads are kept after it.
-fn prepend_preload(env: &mut Vec<Value>, library: &str) {
-    let existing = env
-        .iter()
-        .find_map(|e| e.as_str().and_then(|s| s.strip_prefix("LD_PRELOAD=")))
-        .unwrap_or("")
-        .to_owned();
-    let mut entries: Vec<&str> = vec![library];
-    entries.extend(
-        existing
-            .split([':', ' '])
-            .filter(|p| !p.is_empty() && *p != library),
-    );
-    set_env(env, "LD_PRELOAD", &entries.join(":"));
-}
-
-fn bind_mount(source: &Path, destination: &Path, options: &[&str]) -> Value {
-    json!({
-        "destination": destination.to_string_lossy(),
-        "type": "bind",
-        "source": source.to_string_lossy(),
-        "options": options,
-    })
-}
-
-fn replace_mount(mounts: &mut Vec<Value>, mount: Value) {
-    let destination = mount["destination"].clone();
-    mounts.retain(|m| m.get("destination") != Some(&destination));
-    mounts.push(mount);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use gpushare_proto::{Fraction, LeaseId, LeaseState, Priority};
+    use serde_json::{json, Value};
+
+    fn spec(value: Value) -> Spec {
+        Spec::from_value(value).unwrap()
+    }
 
     pub(crate) fn lease() -> Lease {
         Lease {
@@ -408,7 +311,7 @@ mod tests {
                 continue;
             };
             seen += 1;
-            let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let mut spec = Spec::from_slice(&std::fs::read(&path).unwrap()).unwrap();
             apply_lease(&mut spec, &lease(), &paths(stem.contains("ld-so-preload"))).unwrap();
             let expected_path = dir.join(format!("{stem}.out.json"));
             let rendered = serde_json::to_string_pretty(&spec).unwrap() + "\n";
@@ -434,12 +337,12 @@ mod tests {
 
     #[test]
     fn env_replaced_not_appended_and_duplicates_removed() {
-        let mut spec = json!({"process": {"env": [
+        let mut spec = spec(json!({"process": {"env": [
             "NVIDIA_VISIBLE_DEVICES=all", "PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0", "LD_PRELOAD=/a.so /b.so",
             "NVIDIA_DRIVER_CAPABILITIES=all"
-        ]}});
+        ]}}));
         apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
-        let env = crate::request::env_list(&spec);
+        let env: Vec<&str> = spec.env().entries().collect();
         assert_eq!(
             env.iter()
                 .filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES="))
@@ -459,25 +362,24 @@ mod tests {
 
     #[test]
     fn unknown_fields_survive() {
-        let mut spec = json!({"process": {"env": [], "ioPriority": {"class": "IOPRIO_CLASS_IDLE"}}, "futureField": [1, 2]});
+        let mut spec = spec(
+            json!({"process": {"env": [], "ioPriority": {"class": "IOPRIO_CLASS_IDLE"}}, "futureField": [1, 2]}),
+        );
         apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
+        let spec = spec.into_value();
         assert_eq!(spec["futureField"], json!([1, 2]));
         assert_eq!(spec["process"]["ioPriority"]["class"], "IOPRIO_CLASS_IDLE");
     }
 
     #[test]
     fn exec_process_gets_the_containers_injected_env() {
-        let mut spec = json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}});
-        apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
+        let mut container =
+            spec(json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}}));
+        apply_lease(&mut container, &lease(), &paths(false)).unwrap();
         // What docker writes for `docker exec`: the image's env, not the edited spec's.
-        let mut process = json!({"args": ["sh"], "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all", "LD_PRELOAD=/x.so"], "cwd": "/"});
-        assert!(apply_to_exec_process(&mut process, &spec).unwrap());
-        let env: Vec<&str> = process["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
+        let mut process: Process = serde_json::from_value(json!({"args": ["sh"], "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all", "LD_PRELOAD=/x.so"], "cwd": "/"})).unwrap();
+        assert!(apply_to_exec_process(&mut process, &container).unwrap());
+        let env: Vec<&str> = process.env().entries().collect();
         assert!(
             env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-51a6d0e0-0000-4000-8000-000000000000"),
             "{env:?}"
@@ -486,21 +388,28 @@ mod tests {
         assert!(env.contains(&"LD_PRELOAD=/usr/local/gpushare/libgpushare.so:/x.so"));
         assert!(env.contains(&"NVIDIA_DRIVER_CAPABILITIES=compute,utility"));
         let once = process.clone();
-        apply_to_exec_process(&mut process, &spec).unwrap();
+        apply_to_exec_process(&mut process, &container).unwrap();
         assert_eq!(process, once, "idempotent");
-        assert_eq!(process["args"], json!(["sh"]), "nothing but env changes");
+        assert_eq!(process.args(), ["sh"], "nothing but env changes");
+        let text = String::from_utf8(process.to_vec()).unwrap();
+        assert!(
+            text.starts_with(r#"{"args":["sh"],"env":["#) && text.ends_with(r#"],"cwd":"/"}"#),
+            "every field in its place: {text}"
+        );
 
-        let unmarked = json!({"process": {"env": ["PATH=/bin"]}});
-        let mut untouched = json!({"env": ["PATH=/bin"]});
+        let unmarked = spec(json!({"process": {"env": ["PATH=/bin"]}}));
+        let mut untouched: Process = serde_json::from_value(json!({"env": ["PATH=/bin"]})).unwrap();
         assert!(!apply_to_exec_process(&mut untouched, &unmarked).unwrap());
-        assert_eq!(untouched, json!({"env": ["PATH=/bin"]}));
+        assert_eq!(untouched.to_vec(), br#"{"env":["PATH=/bin"]}"#);
     }
 
     #[test]
     fn failure_hook_runs_first_and_changes_nothing_else() {
-        let mut spec =
-            json!({"process": {"env": ["A=1"]}, "hooks": {"createRuntime": [{"path": "/other"}]}});
+        let mut spec = spec(
+            json!({"process": {"env": ["A=1"]}, "hooks": {"createRuntime": [{"path": "/other"}]}}),
+        );
         apply_failure(&mut spec, Path::new("/h"), "bad request").unwrap();
+        let spec = spec.into_value();
         assert_eq!(
             spec["hooks"]["createRuntime"][0]["args"],
             json!(["/h", "fail", "--message", "bad request"])
@@ -511,17 +420,17 @@ mod tests {
 
     #[test]
     fn void_replaces_visible_devices() {
-        let mut spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}});
+        let mut spec = spec(json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}}));
         apply_void(&mut spec).unwrap();
         assert_eq!(
-            spec["process"]["env"],
+            spec.into_value()["process"]["env"],
             json!(["NVIDIA_VISIBLE_DEVICES=void"])
         );
     }
 
     #[test]
     fn marker_detection() {
-        let mut spec = json!({"process": {"env": []}});
+        let mut spec = spec(json!({"process": {"env": []}}));
         assert!(!is_marked(&spec));
         apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
         assert!(is_marked(&spec));
@@ -530,7 +439,7 @@ mod tests {
 
     #[test]
     fn marker_is_genuine_only_for_the_leases_own_container() {
-        let mut spec = json!({"process": {"env": []}});
+        let mut spec = spec(json!({"process": {"env": []}}));
         apply_lease(&mut spec, &lease(), &paths(false)).unwrap();
         let status = gpushare_proto::StatusReport {
             leases: vec![lease()],
@@ -552,15 +461,18 @@ mod tests {
 
     #[test]
     fn malformed_specs_are_errors_not_panics() {
-        for mut spec in [
-            json!([]),
+        assert!(Spec::from_value(json!([])).is_err(), "a spec is an object");
+        for value in [
             json!({"process": 3}),
             json!({"process": {"env": "x"}}),
             json!({"hooks": []}),
+            json!({"mounts": {}}),
+            json!({"annotations": []}),
         ] {
+            let mut spec = spec(value.clone());
             assert!(
                 apply_lease(&mut spec, &lease(), &paths(false)).is_err(),
-                "{spec}"
+                "{value}"
             );
         }
     }

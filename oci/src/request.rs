@@ -7,8 +7,9 @@
 use gpushare_config::{RequestPolicy, TenantSource};
 use gpushare_proto::quantity::{FRACTION_FORMS, GPU_FORMS, MEMORY_FORMS, PRIORITY_FORMS};
 use gpushare_proto::{Fraction, GpuSelector, MemoryRequest, Priority, ReserveRequest};
-use serde_json::Value;
 
+use crate::kubernetes;
+use crate::spec::Spec;
 use crate::{ANNOTATION_ASSIGNED_GPUS, ANNOTATION_LEASE, ANNOTATION_MARKER};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -101,39 +102,29 @@ const OUTPUT_ANNOTATIONS: [&str; 3] = [
 
 /// Reads the request; `Ok(None)` when the container asks for nothing.
 pub fn from_spec(
-    spec: &Value,
+    spec: &Spec,
     policy: &RequestPolicy,
 ) -> Result<Option<ContainerRequest>, RequestError> {
-    let annotations = spec.get("annotations").and_then(Value::as_object);
-    if let Some(annotations) = annotations {
-        for key in annotations.keys() {
-            let ours = key.starts_with("gpushare.io/");
-            if ours
-                && !ANNOTATION_KEYS.contains(&key.as_str())
-                && !OUTPUT_ANNOTATIONS.contains(&key.as_str())
-            {
-                return Err(RequestError::UnknownKey { key: key.clone() });
-            }
-        }
+    if let Some(key) = spec.annotation_keys().find(|key| {
+        key.starts_with("gpushare.io/")
+            && !ANNOTATION_KEYS.contains(key)
+            && !OUTPUT_ANNOTATIONS.contains(key)
+    }) {
+        return Err(RequestError::UnknownKey {
+            key: key.to_owned(),
+        });
     }
-    let env = env_list(spec);
+    let env = spec.env();
     // (key as the user wrote it, value) per field, annotation winning over env.
     let lookup = |(annotation, variable): (&str, &str)| -> Option<(String, String)> {
-        if let Some(v) = annotations
-            .and_then(|a| a.get(annotation))
-            .and_then(Value::as_str)
-        {
+        if let Some(v) = spec.annotation(annotation) {
             return Some((annotation.to_owned(), v.to_owned()));
         }
         if !policy.accept_env {
             return None;
         }
-        // glibc's getenv returns the first entry, so the first one is what the container would see.
-        env.iter()
-            .find_map(|e| {
-                e.strip_prefix(variable)
-                    .and_then(|rest| rest.strip_prefix('='))
-            })
+        // The first entry, as glibc's getenv returns it to the container.
+        env.get(variable)
             .map(|v| (variable.to_owned(), v.to_owned()))
     };
     let values: Vec<Option<(String, String)>> = FIELDS.iter().map(|&f| lookup(f)).collect();
@@ -156,7 +147,8 @@ pub fn from_spec(
         });
     }
     let gpu = parse(gpu, GPU_FORMS)?.unwrap_or_default();
-    let pod_namespace = kubernetes_namespace(annotations);
+    let pod_namespace =
+        kubernetes::pod_namespace(spec).map(|(key, value)| (key.to_owned(), value.to_owned()));
     let from_namespace = match policy.tenant_from {
         TenantSource::Request => false,
         TenantSource::KubernetesNamespace => true,
@@ -219,27 +211,6 @@ pub fn from_spec(
     }))
 }
 
-/// Where the CRI runtimes record the pod's namespace: containerd, then CRI-O. Both
-/// write it from the sandbox's metadata, after the pod's own annotations, so a pod's
-/// author cannot choose it (unless the runtime handler passes such keys through).
-const KUBERNETES_NAMESPACE_KEYS: [&str; 2] = [
-    "io.kubernetes.cri.sandbox-namespace",
-    "io.kubernetes.pod.namespace",
-];
-
-/// The pod's namespace as (annotation key, value), if the spec has one.
-fn kubernetes_namespace(
-    annotations: Option<&serde_json::Map<String, Value>>,
-) -> Option<(String, String)> {
-    KUBERNETES_NAMESPACE_KEYS.iter().find_map(|key| {
-        annotations?
-            .get(*key)
-            .and_then(Value::as_str)
-            .filter(|v| !v.is_empty())
-            .map(|v| ((*key).to_owned(), v.to_owned()))
-    })
-}
-
 fn parse<T: std::str::FromStr>(
     entry: Option<(String, String)>,
     accepted: &'static str,
@@ -264,20 +235,16 @@ fn is_tenant_name(s: &str) -> bool {
         })
 }
 
-pub(crate) fn env_list(spec: &Value) -> Vec<&str> {
-    spec.pointer("/process/env")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
-    fn spec(annotations: Value, env: &[&str]) -> Value {
-        json!({ "ociVersion": "1.0.2", "process": { "env": env }, "annotations": annotations })
+    fn spec(annotations: Value, env: &[&str]) -> Spec {
+        Spec::from_value(
+            json!({ "ociVersion": "1.0.2", "process": { "env": env }, "annotations": annotations }),
+        )
+        .unwrap()
     }
 
     fn policy() -> RequestPolicy {
@@ -291,7 +258,10 @@ mod tests {
             &["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"],
         );
         assert_eq!(from_spec(&s, &policy()).unwrap(), None);
-        assert_eq!(from_spec(&json!({}), &policy()).unwrap(), None);
+        assert_eq!(
+            from_spec(&Spec::from_value(json!({})).unwrap(), &policy()).unwrap(),
+            None
+        );
     }
 
     #[test]

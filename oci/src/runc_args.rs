@@ -11,6 +11,8 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use crate::admission::Namespace;
+
 /// Global flags of runc that take a value, and gpushare's own.
 const GLOBAL_VALUE_FLAGS: &[&str] = &[
     "root",
@@ -71,10 +73,11 @@ pub struct Invocation {
 
 impl Invocation {
     /// The id space of this invocation's container id, for the lease's key.
-    pub fn namespace(&self) -> Option<String> {
-        self.root
-            .as_ref()
-            .map(|root| format!("runtime-root:{}", root.display()))
+    pub fn namespace(&self) -> Namespace {
+        match &self.root {
+            Some(root) => Namespace::RuntimeRoot(root.clone()),
+            None => Namespace::Unknown,
+        }
     }
 }
 
@@ -192,7 +195,7 @@ mod tests {
         assert_eq!(inv.subcommand.as_deref(), Some("create"));
         assert_eq!(inv.bundle, Some(PathBuf::from("/x")));
         assert_eq!(inv.container_id.as_deref(), Some("id1"));
-        assert_eq!(inv.namespace().as_deref(), Some("runtime-root:/r"));
+        assert_eq!(inv.namespace().key().as_deref(), Some("runtime-root:/r"));
     }
 
     #[test]
@@ -211,7 +214,11 @@ mod tests {
             // A `--root` after the subcommand is not runc's global flag.
             ("create --root /x c1", None),
         ] {
-            assert_eq!(scan_str(line).namespace().as_deref(), namespace, "{line}");
+            assert_eq!(
+                scan_str(line).namespace().key().as_deref(),
+                namespace,
+                "{line}"
+            );
         }
     }
 

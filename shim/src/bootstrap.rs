@@ -25,7 +25,7 @@ use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::ttrpc::{context, Code};
 use containerd_shim::{Config, Error, ExitSignal, Flags, Shim, StartOpts};
-use serde_json::Value;
+use gpushare_oci::spec::Spec;
 
 use crate::forward::Forwarder;
 use crate::gpushare;
@@ -79,7 +79,7 @@ fn write_address(file: &Path, address: &str) -> Result<(), Error> {
     std::fs::rename(&tmp, file).map_err(io_error(format!("write {}", file.display())))
 }
 
-fn read_spec(bundle: &Bundle) -> Result<Value, Error> {
+fn read_spec(bundle: &Bundle) -> Result<Spec, Error> {
     let path = bundle.spec();
     let bytes = std::fs::read(&path).map_err(io_error(format!("read {}", path.display())))?;
     serde_json::from_slice(&bytes).map_err(Error::from)

@@ -15,16 +15,16 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use gpushare_oci::spec::Spec;
 
 /// Annotations that put several containers into one shim, in the order the runc
 /// shim honours them. The gpushare shim uses the same order so that one gpushare
 /// shim always fronts exactly one runc shim.
 pub const GROUP_LABELS: [&str; 2] = [
     "io.containerd.runc.v2.group",
-    "io.kubernetes.cri.sandbox-id",
+    // containerd's CRI plugin's pod id (the runc shim knows no other runtime's).
+    gpushare_oci::kubernetes::SANDBOX_ID_KEYS[0],
 ];
-pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 
 /// The runc shim's working directory, inside the bundle.
 pub const INNER_DIR: &str = "runc-shim";
@@ -34,16 +34,12 @@ pub const ADDRESS_FILE: &str = "address";
 pub const LOG_FIFO: &str = "log";
 pub const SPEC_FILE: &str = "config.json";
 
-fn annotation<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
-    spec.get("annotations")?.get(key)?.as_str()
-}
-
 /// The group a container's shim serves: the first group label present, else the
 /// container itself.
-pub fn grouping(spec: &Value, container_id: &str) -> String {
+pub fn grouping(spec: &Spec, container_id: &str) -> String {
     GROUP_LABELS
         .iter()
-        .find_map(|label| annotation(spec, label))
+        .find_map(|label| spec.annotation(label))
         .filter(|group| !group.is_empty())
         .unwrap_or(container_id)
         .to_owned()
@@ -110,21 +106,31 @@ impl Bundle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
+
+    const SANDBOX_ID: &str = GROUP_LABELS[1];
+
+    fn spec(value: Value) -> Spec {
+        Spec::from_value(value).unwrap()
+    }
 
     #[test]
     fn a_container_alone_is_its_own_group() {
-        assert_eq!(grouping(&json!({}), "c1"), "c1");
-        assert_eq!(grouping(&json!({"annotations": {"x": "y"}}), "c1"), "c1");
+        assert_eq!(grouping(&spec(json!({})), "c1"), "c1");
+        assert_eq!(
+            grouping(&spec(json!({"annotations": {"x": "y"}})), "c1"),
+            "c1"
+        );
     }
 
     #[test]
     fn pod_containers_group_by_sandbox_and_the_runc_label_wins() {
-        let pod = json!({"annotations": {SANDBOX_ID: "pod1"}});
+        let pod = spec(json!({"annotations": {SANDBOX_ID: "pod1"}}));
         assert_eq!(grouping(&pod, "c1"), "pod1");
-        let both = json!({"annotations": {SANDBOX_ID: "pod1", "io.containerd.runc.v2.group": "g"}});
+        let both =
+            spec(json!({"annotations": {SANDBOX_ID: "pod1", "io.containerd.runc.v2.group": "g"}}));
         assert_eq!(grouping(&both, "c1"), "g");
-        let empty = json!({"annotations": {SANDBOX_ID: ""}});
+        let empty = spec(json!({"annotations": {SANDBOX_ID: ""}}));
         assert_eq!(grouping(&empty, "c1"), "c1");
     }
 

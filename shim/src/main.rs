@@ -7,7 +7,7 @@
 //!
 //! Modules: `bootstrap` (the process: start / serve / delete), `service` (the
 //! task API), `forward` (the ttrpc client to the runc shim), `inner` (running
-//! the runc shim's command line), `gpushare` (lease and spec edits), `layout`
+//! the runc shim's command line), `gpushare` (admission's inputs, releases), `layout`
 //! (grouping; which files and sockets are whose), `about` (`-v`, `-info`).
 
 mod about;

@@ -24,12 +24,13 @@ use containerd_shim::api::{
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::ttrpc::{self, context, r#async::TtrpcContext, Code};
 use containerd_shim::{api::CheckpointTaskRequest, ExitSignal, Task};
+use gpushare_oci::admission::ErrorClass;
 use gpushare_proto::LeaseId;
 use tokio::sync::OnceCell;
 
 use crate::failed_create::{self, Decision, Kept, RuncShimProbe};
 use crate::forward::{context_of, is_not_found, CallError, Forwarder};
-use crate::gpushare::{self, GpushareError, Prepared};
+use crate::gpushare::{self, GpushareError};
 use crate::inner::{self, Endpoint};
 
 /// What this shim remembers of a container it created.
@@ -82,10 +83,10 @@ fn status(code: Code, message: impl ToString) -> ttrpc::Error {
 }
 
 fn gpushare_status(error: GpushareError) -> ttrpc::Error {
-    let code = match &error {
-        e if e.is_invalid_request() => Code::INVALID_ARGUMENT,
-        GpushareError::Arbiter { .. } => Code::UNAVAILABLE,
-        _ => Code::FAILED_PRECONDITION,
+    let code = match error.class() {
+        ErrorClass::InvalidRequest => Code::INVALID_ARGUMENT,
+        ErrorClass::Unavailable => Code::UNAVAILABLE,
+        ErrorClass::Failed => Code::FAILED_PRECONDITION,
     };
     status(code, format!("gpushare: {error}"))
 }
@@ -230,7 +231,7 @@ impl Create {
         })
         .await?
         .map_err(gpushare_status)?;
-        let lease = prepared.lease().cloned();
+        let lease = prepared.as_ref().and_then(|p| p.lease().cloned());
 
         // The runc shim gets what is left of containerd's time, not all of it
         // again; none left (the reserve waited it out): containerd has given
@@ -239,7 +240,7 @@ impl Create {
         if let Some(deadline) = self.deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                if !matches!(prepared, Prepared::Untouched) {
+                if let Some(prepared) = prepared {
                     let undo_id = id.clone();
                     blocking(move || gpushare::undo_create(&undo_id, prepared)).await?;
                 }
@@ -262,10 +263,10 @@ impl Create {
             }
             Err(error) => error,
         };
-        if matches!(prepared, Prepared::Untouched) {
+        let Some(prepared) = prepared else {
             // No lease, no edit: nothing to undo or keep.
             return Err(self.forwarder.to_status("Create", error));
-        }
+        };
         let probe = RuncShimProbe {
             endpoint: self.endpoint.clone(),
             ctx: self.ctx.clone(),
@@ -564,12 +565,60 @@ mod tests {
             key: "gpushare.io/colour".into(),
         };
         let message = parse.to_string();
-        match gpushare_status(GpushareError::Request(parse)) {
+        match gpushare_status(GpushareError::Admission(parse.into())) {
             ttrpc::Error::RpcStatus(s) => {
                 assert_eq!(s.code(), Code::INVALID_ARGUMENT);
                 assert!(s.message.contains(&message), "{}", s.message);
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_class_of_error_has_its_code() {
+        use gpushare_oci::admission::AdmissionError;
+        let unreachable = || gpushare_proto::ClientError::Connect {
+            path: "/run/gpushare/control.sock".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        };
+        let cases = [
+            (
+                GpushareError::Admission(AdmissionError::ForgedMarker {
+                    container_id: "c1".into(),
+                }),
+                Code::INVALID_ARGUMENT,
+            ),
+            (
+                GpushareError::Admission(AdmissionError::Arbiter {
+                    container_id: "c1".into(),
+                    source: unreachable(),
+                }),
+                Code::UNAVAILABLE,
+            ),
+            (
+                GpushareError::Arbiter {
+                    container_id: "c1".into(),
+                    source: unreachable(),
+                },
+                Code::UNAVAILABLE,
+            ),
+            (
+                GpushareError::Spec(gpushare_oci::spec::SpecError {
+                    field: "process.env",
+                    expected: "a JSON array",
+                }),
+                Code::FAILED_PRECONDITION,
+            ),
+        ];
+        for (error, code) in cases {
+            let message = error.to_string();
+            match gpushare_status(error) {
+                ttrpc::Error::RpcStatus(s) => {
+                    assert_eq!(s.code(), code, "{message}");
+                    assert_eq!(s.message, format!("gpushare: {message}"));
+                }
+                other => panic!("{other:?}"),
+            }
         }
     }
 }

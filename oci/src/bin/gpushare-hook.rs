@@ -18,183 +18,173 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gpushare_config::{Config, Unrequested};
-use gpushare_oci::{mutate, request};
-use gpushare_proto::message::PENDING_PREFIX;
-use gpushare_proto::{ClientError, ContainerRef, ControlClient, ErrorKind, LeaseId};
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use gpushare_config::Config;
+use gpushare_oci::admission::{self, Admitted, ControlSocket, Identity};
+use gpushare_oci::mutate;
+use gpushare_oci::spec::Spec;
+use gpushare_proto::{ClientError, ContainerRef, ErrorKind, LeaseId};
 use serde_json::Value;
 
-const USAGE: &str = "usage: gpushare-hook [--config FILE] [--control-socket PATH] \
-                     precreate|create-runtime|poststop < spec-or-state.json, or gpushare-hook fail --message M";
 /// An OCI spec or state is a few KiB; anything near this is not one.
 const MAX_INPUT: u64 = 16 << 20;
 
+#[derive(Parser)]
+#[command(
+    name = "gpushare-hook",
+    about = "gpushare's OCI hooks: the spec or the container's state on stdin"
+)]
+struct Cli {
+    /// gpushare's configuration (default: /etc/gpushare/config.toml, if present).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The arbiter's control socket (default: the configuration's).
+    #[arg(long, global = true, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
+    #[command(subcommand)]
+    stage: Stage,
+}
+
+#[derive(Subcommand)]
+enum Stage {
+    /// podman's precreate: the spec on stdin, the edited spec on stdout.
+    Precreate,
+    /// Confirms the container's lease with its pid (the OCI state on stdin).
+    CreateRuntime,
+    /// Releases the container's lease (the OCI state on stdin).
+    Poststop,
+    /// Fails with the message: how precreate reports an error through runc.
+    Fail {
+        #[arg(long)]
+        message: Option<String>,
+    },
+}
+
 fn main() -> ExitCode {
-    match run() {
+    match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("gpushare-hook: {e}");
+        Err(error) => {
+            eprintln!("gpushare-hook: {}", gpushare_oci::describe(error.as_ref()));
             ExitCode::FAILURE
         }
     }
 }
 
-fn run() -> Result<(), String> {
-    let mut config_path: Option<PathBuf> = None;
-    let mut socket: Option<PathBuf> = None;
-    let mut action: Option<String> = None;
-    let mut message: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--message" => message = Some(args.next().ok_or(USAGE)?),
-            "fail" if action.is_none() => action = Some(arg),
-            "--config" => config_path = Some(args.next().ok_or(USAGE)?.into()),
-            "--control-socket" => socket = Some(args.next().ok_or(USAGE)?.into()),
-            "precreate" | "create-runtime" | "poststop" if action.is_none() => action = Some(arg),
-            _ => return Err(USAGE.into()),
-        }
+fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Stage::Fail { message } = cli.stage {
+        bail!(message.unwrap_or_else(|| "container creation refused".into()));
     }
-    let action = action.ok_or(USAGE)?;
-    if action == "fail" {
-        return Err(message.unwrap_or_else(|| "container creation refused".into()));
-    }
-    let config = match &config_path {
-        Some(path) => Config::load(path).map_err(|e| e.to_string())?,
-        None => Config::load_default().map_err(|e| e.to_string())?.0,
+    let config = match &cli.config {
+        Some(path) => Config::load(path)?,
+        None => Config::load_default()?.0,
     };
-    let socket = socket.unwrap_or_else(|| config.arbiter.control_socket());
-    let connect = || {
-        ControlClient::connect(&socket, config.arbiter.client_timeout()).map_err(|e| e.to_string())
+    let mut arbiter = match cli.control_socket {
+        Some(socket) => ControlSocket::at(socket, config.arbiter.client_timeout()),
+        None => ControlSocket::new(&config.arbiter),
     };
-
     let mut input = Vec::new();
     std::io::stdin()
         .take(MAX_INPUT)
         .read_to_end(&mut input)
-        .map_err(|e| format!("reading stdin: {e}"))?;
-    let document: Value =
-        serde_json::from_slice(&input).map_err(|e| format!("stdin is not JSON: {e}"))?;
+        .context("reading stdin")?;
+    match cli.stage {
+        Stage::Precreate => precreate(&input, &config, &mut arbiter),
+        Stage::CreateRuntime => create_runtime(&input, &mut arbiter),
+        Stage::Poststop => poststop(&input, &mut arbiter),
+        Stage::Fail { .. } => unreachable!("handled first"),
+    }
+}
 
-    if action == "precreate" {
-        let original = document.clone();
-        return match precreate(&input, document, &config, connect) {
-            Ok(()) => Ok(()),
-            Err(message) => {
-                let mut spec = original;
-                mutate::apply_failure(
-                    &mut spec,
-                    &config.runtime.hook,
-                    &format!("gpushare: {message}"),
-                )
-                .map_err(|e| format!("{message} (and cannot report it: {e})"))?;
-                std::io::stdout()
-                    .write_all(&serde_json::to_vec(&spec).expect("JSON serialises"))
-                    .map_err(|e| format!("writing the spec: {e}"))
-            }
-        };
-    }
-    let container_id = document["id"]
-        .as_str()
-        .ok_or("the OCI state on stdin has no id")?
-        .to_owned();
-    // The lease gpushare's own edit named in the spec (runc passes the spec's
-    // annotations in the state): it tells apart two containers with one id in two
-    // namespaces, which the id alone cannot.
-    let lease_annotation = document
-        .pointer(&format!(
-            "/annotations/{}",
-            gpushare_oci::ANNOTATION_LEASE.replace('/', "~1")
-        ))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    let container = ContainerRef {
-        container_id: container_id.clone(),
-        namespace: None,
-        lease: lease_annotation.clone().map(LeaseId),
+fn emit(bytes: &[u8]) -> anyhow::Result<()> {
+    std::io::stdout()
+        .write_all(bytes)
+        .context("writing the spec")
+}
+
+/// Admits the container; a refusal is planted in the spec as a failing
+/// createRuntime hook, whose message podman shows.
+fn precreate(input: &[u8], config: &Config, arbiter: &mut ControlSocket) -> anyhow::Result<()> {
+    let spec = Spec::from_slice(input).context("stdin is not an OCI spec")?;
+    let refusal = match admit(input, &spec, config, arbiter) {
+        Ok(()) => return Ok(()),
+        Err(error) => gpushare_oci::describe(error.as_ref()),
     };
-    if action == "poststop" {
-        return connect()?
-            .release_container_in(container)
-            .map(|_| ())
-            .map_err(|e| e.to_string());
+    let mut failing = spec;
+    mutate::apply_failure(
+        &mut failing,
+        &config.runtime.hook,
+        &format!("gpushare: {refusal}"),
+    )
+    .with_context(|| format!("{refusal} (and cannot report it)"))?;
+    emit(&failing.to_vec())
+}
+
+fn admit(
+    input: &[u8],
+    spec: &Spec,
+    config: &Config,
+    arbiter: &mut ControlSocket,
+) -> anyhow::Result<()> {
+    let identity = Identity::pending().context("/dev/urandom")?;
+    match admission::admit(spec, &identity, config, arbiter)? {
+        // Byte for byte as podman proposed it.
+        Admitted::Untouched(_) => emit(input),
+        Admitted::Edited(edit) => {
+            let emitted = emit(&edit.spec().to_vec());
+            if emitted.is_err() {
+                let _ = edit.withdraw(arbiter);
+            }
+            emitted
+        }
     }
-    let pid = document["pid"]
+}
+
+/// The container runc reports on stdin, and the lease gpushare's own edit named
+/// in its spec (runc passes the spec's annotations in the state): it tells apart
+/// two containers with one id in two namespaces, which the id alone cannot.
+fn container_of(state: &Value) -> anyhow::Result<ContainerRef> {
+    let container_id = state["id"]
+        .as_str()
+        .context("the OCI state on stdin has no id")?;
+    let lease = state["annotations"][gpushare_oci::ANNOTATION_LEASE]
+        .as_str()
+        .map(|l| LeaseId(l.to_owned()));
+    Ok(ContainerRef {
+        container_id: container_id.to_owned(),
+        namespace: None,
+        lease,
+    })
+}
+
+fn state(input: &[u8]) -> anyhow::Result<Value> {
+    serde_json::from_slice(input).context("stdin is not JSON")
+}
+
+fn poststop(input: &[u8], arbiter: &mut ControlSocket) -> anyhow::Result<()> {
+    let container = container_of(&state(input)?)?;
+    arbiter.with(|c| c.release_container_in(container))?;
+    Ok(())
+}
+
+fn create_runtime(input: &[u8], arbiter: &mut ControlSocket) -> anyhow::Result<()> {
+    let state = state(input)?;
+    let container = container_of(&state)?;
+    let pid = state["pid"]
         .as_u64()
         .filter(|&p| p > 0 && p <= u32::MAX as u64)
-        .ok_or("the OCI state has no pid")? as u32;
-    let mut client = connect()?;
-    match client.confirm_in(container, pid) {
+        .context("the OCI state has no pid")? as u32;
+    let (container_id, lease) = (container.container_id.clone(), container.lease.clone());
+    match arbiter.with(|c| c.confirm_in(container, pid)) {
         Err(ClientError::Refused {
             kind: ErrorKind::NotFound,
             ..
         }) => {
             // Reserved by precreate before the container had an id: bind it now.
-            let lease = lease_annotation
-                .as_deref()
-                .ok_or_else(|| format!("container {container_id} holds no gpushare lease"))?;
-            client
-                .bind(LeaseId(lease.to_owned()), container_id, pid)
-                .map_err(|e| e.to_string())
+            let lease = lease
+                .with_context(|| format!("container {container_id} holds no gpushare lease"))?;
+            Ok(arbiter.with(|c| c.bind(lease, container_id, pid))?)
         }
-        other => other.map_err(|e| e.to_string()),
+        other => Ok(other?),
     }
-}
-
-fn precreate(
-    input: &[u8],
-    mut spec: Value,
-    config: &Config,
-    connect: impl Fn() -> Result<ControlClient, String>,
-) -> Result<(), String> {
-    let emit = |bytes: &[u8]| {
-        std::io::stdout()
-            .write_all(bytes)
-            .map_err(|e| format!("writing the spec: {e}"))
-    };
-    if gpushare_oci::kubernetes::is_pod_sandbox(&spec) {
-        // A pod's pause container (CRI-O runs hooks for it too): no GPU.
-        return emit(input);
-    }
-    if mutate::is_marked(&spec) {
-        return Err(format!(
-            "the spec already carries {}: gpushare's annotations cannot be set by hand",
-            gpushare_oci::ANNOTATION_MARKER
-        ));
-    }
-    let Some(wanted) = request::from_spec(&spec, &config.requests).map_err(|e| e.to_string())?
-    else {
-        if config.requests.unrequested == Unrequested::Void {
-            mutate::apply_void(&mut spec).map_err(|e| e.to_string())?;
-            return emit(&serde_json::to_vec(&spec).expect("JSON serialises"));
-        }
-        return emit(input);
-    };
-    let pending_id = format!("{PENDING_PREFIX}{}", random_hex()?);
-    let mut client = connect()?;
-    let driver = client
-        .status()
-        .map_err(|e| e.to_string())?
-        .driver_cuda_version;
-    gpushare_oci::cuda_compat::check_spec(&spec, driver).map_err(|e| e.to_string())?;
-    let lease = client
-        .reserve(wanted.into_reserve(pending_id, None, None))
-        .map_err(|e| e.to_string())?;
-    let paths = mutate::HostPaths::new(&config.runtime, &config.arbiter, &lease);
-    let edited = mutate::apply_lease(&mut spec, &lease, &paths)
-        .map_err(|e| e.to_string())
-        .and_then(|()| emit(&serde_json::to_vec(&spec).expect("JSON serialises")));
-    if edited.is_err() {
-        let _ = client.release(lease.id);
-    }
-    edited
-}
-
-/// 128 random bits: the pending lease's container id must not be guessable.
-fn random_hex() -> Result<String, String> {
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("/dev/urandom: {e}"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

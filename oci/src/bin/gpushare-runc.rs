@@ -10,12 +10,13 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use gpushare_config::{Config, Unrequested};
+use anyhow::{anyhow, bail, Context};
+use gpushare_config::Config;
+use gpushare_oci::admission::{self, Admitted, ControlSocket, Identity};
 use gpushare_oci::bundle::BundleSpec;
+use gpushare_oci::mutate;
 use gpushare_oci::runc_args::{self, Invocation};
-use gpushare_oci::{cuda_compat, kubernetes, mutate, request};
-use gpushare_proto::{ContainerRef, ControlClient};
-use serde_json::Value;
+use gpushare_oci::spec::{Process, Spec};
 
 fn main() -> ExitCode {
     let given: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -24,161 +25,84 @@ fn main() -> ExitCode {
     let args = runc_args::strip_gpushare_flags(&given);
     match run(&args, &invocation) {
         Ok(code) => code,
-        Err(message) => {
-            report_error(&invocation, &message);
+        Err(error) => {
+            report_error(&invocation, &gpushare_oci::describe(error.as_ref()));
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(args: &[OsString], inv: &Invocation) -> Result<ExitCode, String> {
+fn run(args: &[OsString], inv: &Invocation) -> anyhow::Result<ExitCode> {
     let config = match &inv.gpushare_config {
-        Some(path) => Config::load(path).map_err(|e| e.to_string())?,
-        None => Config::load_default().map_err(|e| e.to_string())?.0,
+        Some(path) => Config::load(path)?,
+        None => Config::load_default()?.0,
     };
     let runtime = next_runtime(&config.runtime.runtimes)?;
     match inv.subcommand.as_deref() {
         Some("create") | Some("run") => create(args, inv, &config, &runtime),
         Some("exec") => exec(args, inv, &runtime),
-        _ => Err(format!(
-            "cannot run {}: {}",
-            runtime.display(),
-            hand_over(&runtime, args)
-        )),
+        _ => Err(hand_over(&runtime, args)),
     }
 }
 
+/// Admits the container (its lease and its spec edits), then runs the next
+/// runtime; a create that fails is undone.
 fn create(
     args: &[OsString],
     inv: &Invocation,
     config: &Config,
     runtime: &Path,
-) -> Result<ExitCode, String> {
+) -> anyhow::Result<ExitCode> {
     let bundle_dir = match &inv.bundle {
         Some(dir) => dir.clone(),
-        None => std::env::current_dir().map_err(|e| format!("working directory: {e}"))?,
+        None => std::env::current_dir().context("working directory")?,
     };
-    let (bundle, mut spec) = BundleSpec::open(&bundle_dir).map_err(|e| e.to_string())?;
     let container_id = inv
         .container_id
         .clone()
-        .ok_or("create: no container id on the command line")?;
-
-    if kubernetes::is_pod_sandbox(&spec) {
-        // A pod's pause container: no GPU, its spec as it is.
-        return Err(format!(
-            "cannot run {}: {}",
-            runtime.display(),
-            hand_over(runtime, args)
-        ));
+        .context("create: no container id on the command line")?;
+    let identity = Identity::container(container_id, inv.namespace());
+    let mut arbiter = ControlSocket::new(&config.arbiter);
+    match admission::prepare_bundle(&bundle_dir, &identity, config, &mut arbiter)? {
+        Admitted::Untouched(_) => Err(hand_over(runtime, args)),
+        Admitted::Edited(prepared) => run_and_wait(runtime, args, || {
+            // A fresh connection: runc may have run for long (`run` waits for the
+            // container), and the first may since have timed out.
+            let _ = prepared.undo(&mut ControlSocket::new(&config.arbiter));
+        }),
     }
-    if mutate::is_marked(&spec) {
-        // Already edited upstream (the gpushare shim): only check it is genuine.
-        verify_marker(&spec, &container_id, config)?;
-        return Err(format!(
-            "cannot run {}: {}",
-            runtime.display(),
-            hand_over(runtime, args)
-        ));
-    }
-
-    let Some(wanted) = request::from_spec(&spec, &config.requests).map_err(|e| e.to_string())?
-    else {
-        if config.requests.unrequested == Unrequested::Void {
-            mutate::apply_void(&mut spec).map_err(|e| e.to_string())?;
-            bundle.write(&spec).map_err(|e| e.to_string())?;
-            return run_and_wait(runtime, args, || {
-                let _ = bundle.restore();
-            });
-        }
-        return Err(format!(
-            "cannot run {}: {}",
-            runtime.display(),
-            hand_over(runtime, args)
-        ));
-    };
-
-    let sandbox_id = kubernetes::sandbox_id(&spec);
-    let socket = config.arbiter.control_socket();
-    let timeout = config.arbiter.client_timeout();
-    let mut client = ControlClient::connect(&socket, timeout).map_err(|e| e.to_string())?;
-    // Before anything is reserved: an image the driver cannot run is refused here.
-    let driver = client
-        .status()
-        .map_err(|e| e.to_string())?
-        .driver_cuda_version;
-    cuda_compat::check_spec(&spec, driver).map_err(|e| format!("container {container_id}: {e}"))?;
-    let lease = client
-        .reserve(wanted.into_reserve(container_id.clone(), inv.namespace(), sandbox_id))
-        .map_err(|e| format!("container {container_id}: {e}"))?;
-
-    let release = || {
-        // A fresh connection: the first may have timed out.
-        if let Ok(mut c) = ControlClient::connect(&socket, timeout) {
-            let _ = c.release_container_in(ContainerRef {
-                container_id: container_id.clone(),
-                namespace: inv.namespace(),
-                lease: Some(lease.id.clone()),
-            });
-        }
-    };
-    let paths = mutate::HostPaths::new(&config.runtime, &config.arbiter, &lease);
-    if let Err(e) = mutate::apply_lease(&mut spec, &lease, &paths) {
-        release();
-        return Err(e.to_string());
-    }
-    if let Err(e) = bundle.write(&spec) {
-        let _ = bundle.restore();
-        release();
-        return Err(e.to_string());
-    }
-    run_and_wait(runtime, args, || {
-        let _ = bundle.restore();
-        release();
-    })
 }
 
 /// `exec --process <file>` (how containerd's shim and so `docker exec` run
 /// processes): the exec process gets the container's injected environment.
-fn exec(args: &[OsString], inv: &Invocation, runtime: &Path) -> Result<ExitCode, String> {
+fn exec(args: &[OsString], inv: &Invocation, runtime: &Path) -> anyhow::Result<ExitCode> {
     let (Some(process_file), Some(container_id), Some(index)) = (
         &inv.process,
         &inv.container_id,
         runc_args::scan(args).subcommand_index,
     ) else {
         // `runc exec <id> <command…>` without a process file: nothing to edit.
-        return Err(format!(
-            "cannot run {}: {}",
-            runtime.display(),
-            hand_over(runtime, args)
-        ));
+        return Err(hand_over(runtime, args));
     };
     let state = Command::new(runtime)
         .args(&args[..index])
         .arg("state")
         .arg(container_id)
         .output()
-        .map_err(|e| format!("cannot run {} state: {e}", runtime.display()))?;
+        .with_context(|| format!("cannot run {} state", runtime.display()))?;
     // An unknown container: let the runtime give its own error for the exec.
-    let bundle = serde_json::from_slice::<Value>(&state.stdout)
+    let bundle = serde_json::from_slice::<serde_json::Value>(&state.stdout)
         .ok()
         .and_then(|s| s["bundle"].as_str().map(PathBuf::from))
         .filter(|_| state.status.success());
     if let Some(bundle) = bundle {
-        let (_, container_spec) = BundleSpec::open(&bundle).map_err(|e| e.to_string())?;
-        let (process, mut process_spec) =
-            BundleSpec::open_file(process_file).map_err(|e| e.to_string())?;
-        if mutate::apply_to_exec_process(&mut process_spec, &container_spec)
-            .map_err(|e| e.to_string())?
-        {
-            process.write(&process_spec).map_err(|e| e.to_string())?;
+        let (_, container_spec): (_, Spec) = BundleSpec::open(&bundle)?;
+        let (process, mut process_spec): (_, Process) = BundleSpec::open_file(process_file)?;
+        if mutate::apply_to_exec_process(&mut process_spec, &container_spec)? {
+            process.write(&process_spec)?;
         }
     }
-    Err(format!(
-        "cannot run {}: {}",
-        runtime.display(),
-        hand_over(runtime, args)
-    ))
+    Err(hand_over(runtime, args))
 }
 
 /// Runs the runtime as a child (not `exec`) so a failed create can be undone:
@@ -187,7 +111,7 @@ fn run_and_wait(
     runtime: &Path,
     args: &[OsString],
     undo: impl FnOnce(),
-) -> Result<ExitCode, String> {
+) -> anyhow::Result<ExitCode> {
     let status = Command::new(runtime).args(args).status();
     match status {
         Ok(s) if s.success() => Ok(ExitCode::SUCCESS),
@@ -202,36 +126,19 @@ fn run_and_wait(
         }
         Err(e) => {
             undo();
-            Err(format!("cannot run {}: {e}", runtime.display()))
+            Err(anyhow!("cannot run {}: {e}", runtime.display()))
         }
     }
 }
 
-/// Replaces this process with the runtime; returns only on failure.
-fn hand_over(runtime: &Path, args: &[OsString]) -> std::io::Error {
-    Command::new(runtime).args(args).exec()
-}
-
-fn verify_marker(spec: &Value, container_id: &str, config: &Config) -> Result<(), String> {
-    let mut client = ControlClient::connect(
-        &config.arbiter.control_socket(),
-        config.arbiter.client_timeout(),
-    )
-    .map_err(|e| e.to_string())?;
-    let status = client.status().map_err(|e| e.to_string())?;
-    if mutate::marker_is_genuine(spec, container_id, &status) {
-        Ok(())
-    } else {
-        Err(format!(
-            "container {container_id}: its spec carries gpushare's own annotations ({}) but the arbiter granted it no such lease; \
-             these annotations are written by gpushare and cannot be set by hand",
-            gpushare_oci::ANNOTATION_MARKER
-        ))
-    }
+/// Replaces this process with the runtime; returns only on failure, with why.
+fn hand_over(runtime: &Path, args: &[OsString]) -> anyhow::Error {
+    let error = Command::new(runtime).args(args).exec();
+    anyhow!("cannot run {}: {error}", runtime.display())
 }
 
 /// The first configured runtime that exists and is not this wrapper itself.
-fn next_runtime(names: &[String]) -> Result<PathBuf, String> {
+fn next_runtime(names: &[String]) -> anyhow::Result<PathBuf> {
     let me = std::env::current_exe()
         .ok()
         .and_then(|p| p.canonicalize().ok());
@@ -262,10 +169,10 @@ fn next_runtime(names: &[String]) -> Result<PathBuf, String> {
             }
         }
     }
-    Err(format!(
+    bail!(
         "none of the runtimes in runtime.runtimes ({}) was found",
         names.join(", ")
-    ))
+    )
 }
 
 fn is_executable(path: &Path) -> bool {
