@@ -193,6 +193,7 @@ fn a_full_state_dir_refuses_cleanly_recovers_by_itself_and_loses_no_acknowledged
         // SAFETY: signals to the arbiter this test started.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         std::thread::sleep(CLIENT_TIMEOUT * 2);
+        // SAFETY: as above, the arbiter this test started and stopped.
         unsafe { libc::kill(pid, libc::SIGCONT) };
     };
     for cycle in 0..3 {
@@ -544,6 +545,7 @@ fn a_release_that_timed_out_on_the_client_still_happens() {
     // SAFETY: signals to the child this test started.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     let answer = c.release(lease.id.clone());
+    // SAFETY: as above, the child this test started and stopped.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     assert!(answer.is_err(), "timed out: {answer:?}");
     wait_until("the release to happen", Duration::from_secs(5), || {
