@@ -3,7 +3,7 @@
 //! I/O and no clock reads: the caller passes CLOCK_MONOTONIC nanoseconds, so every rule
 //! is testable from a table and a simulated saturated run takes microseconds.
 //!
-//! Rules (see DESIGN.md, "Compute isolation: time-slice tokens"):
+//! Rules (docs/ARCHITECTURE.md, "Time-slice tokens", gives the overview):
 //! * `priority` policy: a high-priority client's `Want` is granted at once
 //!   (deadline [`HELD_UNTIL_RELEASED`]) and any low-priority holder is revoked in the
 //!   same step, without waiting for its acknowledgement. Low-priority clients share

@@ -8,7 +8,7 @@
 //!    robust mutex per call) dominates and its noise is larger than the difference,
 //!    so this is the honest context, and (1) is the figure for the targets.
 //!
-//! Targets (DESIGN.md): ≤ 50 ns on a pass-through path, ≤ 100 ns per cuLaunchKernel.
+//! Targets (docs/ARCHITECTURE.md, "Performance targets"): ≤ 50 ns on a pass-through path, ≤ 100 ns per cuLaunchKernel.
 
 use std::hint::black_box;
 use std::process::Command;

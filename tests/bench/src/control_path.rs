@@ -1,6 +1,6 @@
 //! E4, the control path: gathers the figures the benchmarks write as JSON into the results
 //! directory (`GPUSHARE_BENCH_RESULTS`, set by `make bench`) and sets each against its target
-//! (DESIGN.md, "Performance targets", and the arbiter benchmark's own). A file that is absent
+//! (docs/ARCHITECTURE.md, "Performance targets", and the arbiter benchmark's own). A file that is absent
 //! gives a row saying so; nothing here measures anything.
 //!
 //! | file | written by |
