@@ -63,11 +63,7 @@ pub enum TokenError {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock the clients compare deadlines with.
-pub fn monotonic_ns() -> u64 {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC is always readable");
-    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
-}
+pub use gpushare_types::monotonic_ns;
 
 // ----- the page -----
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+use gpushare_testkit::clock::monotonic_ns;
 use std::io::{BufRead, BufReader, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::FromRawFd;
@@ -55,10 +56,6 @@ fn wait_page(
 
 fn granted(c: &TokenConnection) -> bool {
     deadline(c) != NOT_HELD
-}
-
-fn monotonic_ns() -> u64 {
-    gpushare_arbiter::tokens::monotonic_ns()
 }
 
 #[test]

@@ -18,16 +18,13 @@ use gpushare::cuda::{CUresult, Handle};
 use gpushare::symbols::{record_real, Hook};
 use gpushare_proto::{LossPolicy, Priority, ScheduleTerms, TokenPage};
 use gpushare_testkit::fake_arbiter::{Answer, FakeArbiter};
+use gpushare_testkit::results::write_results;
+use gpushare_testkit::stats::median;
 use gpushare_testkit::{binaries, simgpu};
 use libc::{c_uint, c_void};
 use std::sync::atomic::Ordering;
 
 const RUNS: usize = 7;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 #[inline(never)]
 extern "C" fn stub_launch(
@@ -236,21 +233,6 @@ fn end_to_end() -> serde_json::Value {
     }
     figures.insert("simulated".into(), true.into());
     figures.into()
-}
-
-/// `GPUSHARE_BENCH_RESULTS=dir` also writes the figures as JSON to `dir/{name}.json`
-/// (`make bench`: tests/bench/results, gathered by gpushare-bench's control-path section).
-fn write_results(name: &str, figures: serde_json::Value) {
-    if let Some(dir) = std::env::var_os("GPUSHARE_BENCH_RESULTS") {
-        let path = std::path::Path::new(&dir).join(format!("{name}.json"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&figures).unwrap() + "\n",
-        )
-        .unwrap();
-        println!("wrote {}", path.display());
-    }
 }
 
 fn main() {

@@ -202,17 +202,9 @@ pub fn publish_for_benchmark(page: &'static TokenPage) {
     GATE.publish(page);
 }
 
-/// CLOCK_MONOTONIC in nanoseconds (vDSO: no system call).
-#[inline]
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// CLOCK_MONOTONIC in nanoseconds (vDSO: no system call): the token clock, shared with
+/// the arbiter. `#[inline]` there, so the launch path pays no call.
+pub use gpushare_types::monotonic_ns;
 
 /// Whether a page lets a launch through now (ignoring `launch_ahead`).
 #[inline(always)]

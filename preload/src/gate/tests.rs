@@ -47,11 +47,7 @@ fn launch_in_background(gate: &'static Gate) -> mpsc::Receiver<bool> {
 }
 
 fn wait_until(what: &str, condition: impl Fn() -> bool) {
-    let until = Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(Instant::now() < until, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    gpushare_testkit::wait_until(what, PATIENCE, condition);
 }
 
 #[test]

@@ -42,15 +42,8 @@ impl Lib {
     }
 }
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// The device model's clock (CLOCK_MONOTONIC), which its event timestamps use.
+use simgpu_model::now_ns as monotonic_ns;
 
 #[test]
 fn event_timestamps_are_exact_and_synchronisation_returns_promptly() {
