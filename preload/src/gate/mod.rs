@@ -31,7 +31,6 @@ mod agent;
 pub mod ahead;
 pub mod decide;
 pub mod estimate;
-#[doc(hidden)]
 pub mod work;
 
 use std::cell::RefCell;
