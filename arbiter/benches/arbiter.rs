@@ -44,6 +44,7 @@ fn lease(i: usize, gpus: usize) -> Lease {
         state: LeaseState::Confirmed,
         pid: Some(1),
         created_unix_ms: 0,
+        pod: None,
     }
 }
 
@@ -201,6 +202,7 @@ fn round_trips(daemon: &Daemon, clients: usize, for_: Duration) -> f64 {
                             compute_limit: Fraction::ONE,
                             gpu: GpuSelector::Count(1),
                             tenant: None,
+                            pod: None,
                         })
                         .unwrap();
                     c.release(lease.id).unwrap();

@@ -55,6 +55,7 @@ fn reserve(daemon: &Arbiter, container: &str, priority: Priority) -> Lease {
             compute_limit: Fraction::ONE,
             gpu: GpuSelector::Count(1),
             tenant: None,
+            pod: None,
         })
         .unwrap();
     // The clients are this process's threads: it stands in for the container.

@@ -304,6 +304,13 @@ async fn dispatch(
                 drained: drain,
             }
         }),
+        // Placeholder until the arbiter's grant table lands (issue 17).
+        ControlRequest::Grant(_) | ControlRequest::Grants | ControlRequest::ReleaseGrant { .. } => {
+            Ok(error_response(
+                gpushare_proto::ErrorKind::Internal,
+                "this arbiter does not hold grants yet".into(),
+            ))
+        }
         ControlRequest::Hello { .. } => unreachable!("hello is handled by the connection"),
     };
     Some(answer.unwrap_or_else(refused))

@@ -420,6 +420,7 @@ mod tests {
                 state: LeaseState::Confirmed,
                 pid: Some(1),
                 created_unix_ms: 0,
+                pod: None,
             }],
             driver_cuda_version: None,
             inventory_source: "declared".into(),
@@ -478,6 +479,7 @@ mod tests {
                 ..Default::default()
             },
             store_failure: None,
+            grants: Vec::new(),
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);

@@ -96,6 +96,7 @@ mod tests {
                 },
                 pid,
                 created_unix_ms: 0,
+                pod: None,
             },
             cgroup: None,
             pid_start_time: start,

@@ -691,6 +691,7 @@ mod tests {
                 state: LeaseState::Reserved,
                 pid: None,
                 created_unix_ms: 0,
+                pod: None,
             },
             cgroup: None,
             pid_start_time: None,

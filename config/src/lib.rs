@@ -34,6 +34,78 @@ pub struct Config {
     pub requests: RequestPolicy,
     pub runtime: RuntimeConfig,
     pub scheduler: SchedulerConfig,
+    pub kubernetes: KubernetesConfig,
+}
+
+/// The `[kubernetes]` table: the device plugin `gpushare-kube`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// One unit of `gpushare.io/memory`. 1 GiB: Sun et al.'s granularity, and fine
+    /// enough that a 24 GiB job wastes under 1 GiB to rounding; every unit is a
+    /// device kubelet tracks, so 80 GiB GPUs × 8 stay at 640 devices.
+    pub memory_unit: ByteSize,
+    /// kubelet's device plugin directory: its registration socket `kubelet.sock`
+    /// and the plugin's own sockets live here.
+    pub device_plugin_dir: PathBuf,
+    /// kubelet's PodResources API, which says which pods hold which devices:
+    /// grants no pod holds any more are collected through it.
+    pub pod_resources_socket: PathBuf,
+    /// How often the plugin reads the arbiter's GPUs (drained, failed) and checks
+    /// that kubelet still has its socket (a kubelet restart deletes it).
+    pub poll_interval_ms: u64,
+    /// How often grants are compared with PodResources.
+    pub collect_interval_ms: u64,
+    /// A grant younger than this is never collected: kubelet records an allocation
+    /// only after `Allocate` returns, so a new grant is briefly held by no pod.
+    pub collect_grace_ms: u64,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            memory_unit: ByteSize(1 << 30),
+            device_plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            pod_resources_socket: PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            poll_interval_ms: 1000,
+            collect_interval_ms: 10_000,
+            collect_grace_ms: 60_000,
+        }
+    }
+}
+
+impl KubernetesConfig {
+    fn validate(&self) -> Result<(), String> {
+        if self.memory_unit.0 < (1 << 20) {
+            return Err(format!(
+                "kubernetes.memory_unit = {}: must be at least 1 MiB (each unit is a device kubelet tracks)",
+                self.memory_unit
+            ));
+        }
+        for (key, path) in [
+            ("kubernetes.device_plugin_dir", &self.device_plugin_dir),
+            (
+                "kubernetes.pod_resources_socket",
+                &self.pod_resources_socket,
+            ),
+        ] {
+            if !path.is_absolute() {
+                return Err(format!("{key} = {path:?}: must be an absolute path"));
+            }
+        }
+        for (key, value, min) in [
+            ("kubernetes.poll_interval_ms", self.poll_interval_ms, 1),
+            (
+                "kubernetes.collect_interval_ms",
+                self.collect_interval_ms,
+                1,
+            ),
+            ("kubernetes.collect_grace_ms", self.collect_grace_ms, 0),
+        ] {
+            check_duration(key, value, min, HOUR_MS)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -580,6 +652,7 @@ impl Config {
             }
         }
         self.scheduler.validate()?;
+        self.kubernetes.validate()?;
         let mut reserved = std::collections::BTreeSet::new();
         for r in &a.reservations {
             if r.tenant.is_empty() {

@@ -283,6 +283,7 @@ mod tests {
             state: LeaseState::Reserved,
             pid: None,
             created_unix_ms: 0,
+            pod: None,
         }
     }
 

@@ -42,6 +42,7 @@ impl ContainerRequest {
             compute_limit: self.compute_limit,
             gpu: self.gpu,
             tenant: self.tenant,
+            pod: None,
         }
     }
 }

@@ -93,6 +93,7 @@ impl NvmlMachine {
                 compute_limit: Fraction::ONE,
                 gpu: GpuSelector::Count(1),
                 tenant: None,
+                pod: None,
             })
             .map(|l| l.id.0)
             .map_err(|e| e.to_string())

@@ -37,4 +37,7 @@ pub struct Lease {
     pub state: LeaseState,
     pub pid: Option<u32>,
     pub created_unix_ms: u64,
+    /// The container's pod and the grants it was reserved against (Kubernetes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<crate::grant::PodBinding>,
 }

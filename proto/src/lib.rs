@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod frame;
+pub mod grant;
 pub mod lease;
 pub mod lease_socket;
 pub mod message;
@@ -14,6 +15,7 @@ pub mod token;
 pub mod token_client;
 
 pub use client::{ChargeOutcome, ClientError, ContainerRef, ControlClient, LeaseClient};
+pub use grant::{Grant, GrantAmount, GrantId, GrantRequest, PodBinding};
 pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::grant::{Grant, GrantId, GrantRequest, PodBinding};
 use crate::lease::{Lease, LeaseId};
 use crate::quantity::{Fraction, GpuSelector, MemoryRequest, Priority};
 
@@ -27,6 +28,12 @@ pub struct ReserveRequest {
     pub compute_limit: Fraction,
     pub gpu: GpuSelector,
     pub tenant: Option<String>,
+    /// The container's pod, from the CRI runtime's annotations, and the grants
+    /// named by its device plugin answers (`grant.gpushare.io/*`). With a memory
+    /// grant the quota is the grant's and the GPU the grant's; a grant is used by
+    /// one live lease at a time and only while it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodBinding>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,6 +93,16 @@ pub enum ControlRequest {
         gpu: String,
         drain: bool,
     },
+    /// The device plugin's `Allocate`: placed at once (worst fit) or recorded as
+    /// waiting; never refused for fragmentation.
+    Grant(GrantRequest),
+    /// Every grant the arbiter holds.
+    Grants,
+    /// Idempotent: an unknown grant is not an error. A lease reserved against it
+    /// keeps running; only a new reserve can no longer use it.
+    ReleaseGrant {
+        id: GrantId,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,6 +130,15 @@ pub enum ControlResponse {
         /// The GPU's UUID, whatever name the request used.
         gpu: String,
         drained: bool,
+    },
+    Granted {
+        grant: Grant,
+    },
+    Grants {
+        grants: Vec<Grant>,
+    },
+    GrantReleased {
+        existed: bool,
     },
     Error {
         kind: ErrorKind,
@@ -259,6 +285,9 @@ pub struct StatusReport {
     /// is refused until a recovery succeeds. None while writes work.
     #[serde(default)]
     pub store_failure: Option<String>,
+    /// The device plugin's grants (Kubernetes), placed and waiting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<Grant>,
 }
 
 /// The lease sockets' connections (token connections included): how many are open,

@@ -58,6 +58,7 @@ fn control_request() -> impl Strategy<Value = ControlRequest> {
                 compute_limit: gpushare_proto::Fraction::ONE,
                 gpu: gpushare_proto::GpuSelector::Count(n),
                 tenant: None,
+                pod: None,
             })
         }),
     ]

@@ -8,12 +8,14 @@
 //! crates that put these values in files or on the wire.
 
 pub mod clock;
+pub mod kubernetes;
 pub mod layout;
 pub mod lease_id;
 pub mod quantity;
 pub mod token;
 
 pub use clock::monotonic_ns;
+pub use kubernetes::{BadGrantId, GrantId};
 pub use layout::HostLayout;
 pub use lease_id::{BadLeaseId, LeaseId, LEASE_ID_FORM};
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};

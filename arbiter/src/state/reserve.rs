@@ -186,6 +186,7 @@ impl Arbiter {
             state: LeaseState::Reserved,
             pid: None,
             created_unix_ms: unix_ms(),
+            pod: None,
         };
         let record = LeaseRecord {
             lease: lease.clone(),

@@ -76,6 +76,7 @@ pub(crate) fn request(container: &str, memory: &str, priority: Priority) -> Rese
         compute_limit: Fraction::ONE,
         gpu: GpuSelector::Count(1),
         tenant: None,
+        pod: None,
     }
 }
 

@@ -33,6 +33,7 @@ pub fn request(container: &str, memory: &str, priority: Priority) -> ReserveRequ
         compute_limit: Fraction::ONE,
         gpu: GpuSelector::Count(1),
         tenant: None,
+        pod: None,
     }
 }
 

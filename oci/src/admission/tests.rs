@@ -105,6 +105,7 @@ fn lease() -> Lease {
         state: LeaseState::Reserved,
         pid: None,
         created_unix_ms: 0,
+        pod: None,
     }
 }
 
@@ -476,6 +477,7 @@ fn a_granted_lease_is_edited_into_the_spec_and_its_undo_releases_it() {
             gpu: Default::default(),
             // tenant_from = auto: the pod's namespace.
             tenant: Some("inference".into()),
+            pod: None,
         }]
     );
     assert_eq!(arbiter.calls[0], Call::Status, "the CUDA check comes first");

@@ -137,6 +137,7 @@ impl Machine {
                 compute_limit: Fraction::ONE,
                 gpu,
                 tenant: None,
+                pod: None,
             })
             .unwrap();
         let init = Command::new("sleep")

@@ -210,6 +210,7 @@ pub fn reserve(
             compute_limit: fraction(compute_limit),
             gpu: GpuSelector::Count(1),
             tenant: None,
+            pod: None,
         })?;
         // The jobs are this process's children: confirming with its own pid puts
         // them inside "the container" (pid namespace and cgroup), as lease sockets

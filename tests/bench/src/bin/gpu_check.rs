@@ -125,6 +125,7 @@ fn lease(
             compute_limit: Fraction::ONE,
             gpu: GpuSelector::Index(vec![0]),
             tenant: None,
+            pod: None,
         })
         .map_err(|e| format!("reserving {name}: {e}"))?;
     // The jobs are this program's children: confirming with its own pid puts them
