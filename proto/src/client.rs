@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::frame::{read_message, write_message, FrameError};
+use crate::grant::{Grant, GrantId, GrantRequest};
 use crate::lease::{Lease, LeaseId};
 use crate::lease_socket::{LeaseRequest, LeaseResponse, Quota};
 use crate::message::{ControlRequest, ControlResponse, ErrorKind, ReserveRequest, StatusReport};
@@ -256,6 +257,29 @@ impl ControlClient {
     pub fn drain(&mut self, gpu: String, drain: bool) -> Result<String, ClientError> {
         match self.call(&ControlRequest::Drain { gpu, drain })? {
             ControlResponse::Drained { gpu, .. } => Ok(gpu),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The device plugin's `Allocate`: a grant, placed or waiting.
+    pub fn grant(&mut self, request: GrantRequest) -> Result<Grant, ClientError> {
+        match self.call(&ControlRequest::Grant(request))? {
+            ControlResponse::Granted { grant } => Ok(grant),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn grants(&mut self) -> Result<Vec<Grant>, ClientError> {
+        match self.call(&ControlRequest::Grants)? {
+            ControlResponse::Grants { grants } => Ok(grants),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Whether the grant existed.
+    pub fn release_grant(&mut self, id: GrantId) -> Result<bool, ClientError> {
+        match self.call(&ControlRequest::ReleaseGrant { id })? {
+            ControlResponse::GrantReleased { existed } => Ok(existed),
             other => Err(unexpected(other)),
         }
     }
