@@ -8,6 +8,7 @@ pub mod background;
 pub mod connections;
 pub mod control;
 pub mod daemon;
+pub mod grants;
 pub mod inventory;
 pub mod lease_connection;
 pub mod ledger;

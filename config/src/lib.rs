@@ -59,6 +59,12 @@ pub struct KubernetesConfig {
     /// A grant younger than this is never collected: kubelet records an allocation
     /// only after `Allocate` returns, so a new grant is briefly held by no pod.
     pub collect_grace_ms: u64,
+    /// Refuse a pod's container (one the CRI runtime names a pod for) that asks for
+    /// a GPU share without a memory grant from `gpushare-kube`: with the device plugin
+    /// deployed, kube-scheduler counts only what was granted, so a share taken by
+    /// annotations alone would land on nodes the scheduler thinks are free. Off by
+    /// default, so a RuntimeClass without the device plugin works as before.
+    pub require_grant: bool,
 }
 
 impl Default for KubernetesConfig {
@@ -70,6 +76,7 @@ impl Default for KubernetesConfig {
             poll_interval_ms: 1000,
             collect_interval_ms: 10_000,
             collect_grace_ms: 60_000,
+            require_grant: false,
         }
     }
 }
