@@ -3,6 +3,10 @@
 //! pod's own annotations, from the sandbox's metadata, so a pod's author cannot
 //! choose them (unless the runtime handler passes such keys through).
 
+use gpushare_types::kubernetes::{
+    CONTAINER_NAME_ANNOTATIONS, POD_NAMESPACE_ANNOTATIONS, POD_NAME_ANNOTATIONS,
+};
+
 use crate::spec::Spec;
 
 /// Where each CRI runtime says whether a container is the pod's pause container
@@ -19,10 +23,7 @@ pub const SANDBOX_ID_KEYS: [&str; 2] = [
     "io.kubernetes.cri-o.SandboxID",
 ];
 /// Where each CRI runtime records the pod's Kubernetes namespace.
-pub const NAMESPACE_KEYS: [&str; 2] = [
-    "io.kubernetes.cri.sandbox-namespace",
-    "io.kubernetes.pod.namespace",
-];
+pub const NAMESPACE_KEYS: [&str; 2] = POD_NAMESPACE_ANNOTATIONS;
 
 /// A pod's pause container: it holds the pod's namespaces and runs no workload,
 /// so it gets no GPU, even though the pod's annotations (its request among them)
@@ -41,6 +42,21 @@ pub fn sandbox_id(spec: &Spec) -> Option<String> {
 /// The pod's namespace as (annotation key, value), where a CRI runtime recorded one.
 pub fn pod_namespace(spec: &Spec) -> Option<(&'static str, &str)> {
     first_set(spec, &NAMESPACE_KEYS)
+}
+
+/// The pod's name, where a CRI runtime recorded one.
+pub fn pod_name(spec: &Spec) -> Option<&str> {
+    first_set(spec, &POD_NAME_ANNOTATIONS).map(|(_, name)| name)
+}
+
+/// The container's name within its pod, where a CRI runtime recorded one.
+pub fn container_name(spec: &Spec) -> Option<&str> {
+    first_set(spec, &CONTAINER_NAME_ANNOTATIONS).map(|(_, name)| name)
+}
+
+/// Whether a CRI runtime says this container belongs to a Kubernetes pod.
+pub fn in_pod(spec: &Spec) -> bool {
+    pod_namespace(spec).is_some() || pod_name(spec).is_some()
 }
 
 fn first_set<'a>(spec: &'a Spec, keys: &[&'static str]) -> Option<(&'static str, &'a str)> {
@@ -94,5 +110,29 @@ mod tests {
         let both = annotated(json!({NAMESPACE_KEYS[1]: "b", NAMESPACE_KEYS[0]: "a"}));
         assert_eq!(pod_namespace(&both), Some((NAMESPACE_KEYS[0], "a")));
         assert_eq!(sandbox_id(&annotated(json!({}))), None);
+    }
+
+    #[test]
+    fn the_pod_and_container_names_are_read_from_either_cri_runtime() {
+        for (pod_key, container_key) in POD_NAME_ANNOTATIONS
+            .into_iter()
+            .zip(CONTAINER_NAME_ANNOTATIONS)
+        {
+            let spec = annotated(json!({pod_key: "web-0", container_key: "app"}));
+            assert_eq!(
+                (pod_name(&spec), container_name(&spec)),
+                (Some("web-0"), Some("app"))
+            );
+            assert!(in_pod(&spec), "{pod_key}");
+            assert_eq!(pod_name(&annotated(json!({pod_key: ""}))), None);
+        }
+        for key in NAMESPACE_KEYS {
+            assert!(in_pod(&annotated(json!({key: "ns"}))), "{key}");
+        }
+        // A container name alone (no pod) is not a pod's container.
+        assert!(!in_pod(&annotated(
+            json!({CONTAINER_NAME_ANNOTATIONS[0]: "app"})
+        )));
+        assert!(!in_pod(&annotated(json!({}))));
     }
 }

@@ -3,10 +3,21 @@
 //! Annotations first (`gpushare.io/*`), then `GPUSHARE_*` environment variables
 //! when the policy accepts them (docker 20.10 has no annotations). Every error
 //! names the key, the value and the accepted forms.
+//!
+//! Kubernetes: the grants gpushare-kube's `Allocate` answers name
+//! (`grant.gpushare.io/*`) are read from the spec's annotations only, never from
+//! the environment: a pod's author writes its containers' environment, while
+//! containerd passes grant keys through `container_annotations` alone, which only
+//! kubelet and its device plugins fill. The pod and container names come from the
+//! CRI runtime's own annotations.
 
-use gpushare_config::{RequestPolicy, TenantSource};
+use gpushare_config::{KubernetesConfig, RequestPolicy, TenantSource};
 use gpushare_proto::quantity::{FRACTION_FORMS, GPU_FORMS, MEMORY_FORMS, PRIORITY_FORMS};
-use gpushare_proto::{Fraction, GpuSelector, MemoryRequest, Priority, ReserveRequest};
+use gpushare_proto::{Fraction, GpuSelector, MemoryRequest, PodBinding, Priority, ReserveRequest};
+use gpushare_types::kubernetes::{
+    GrantId, GRANT_ANNOTATION_PREFIX, GRANT_COMPUTE_ANNOTATION, GRANT_HIGH_ANNOTATION,
+    GRANT_ID_FORM, GRANT_MEMORY_ANNOTATION, MEMORY_RESOURCE,
+};
 
 use crate::kubernetes;
 use crate::spec::Spec;
@@ -21,6 +32,8 @@ pub struct ContainerRequest {
     pub compute_limit: Fraction,
     pub gpu: GpuSelector,
     pub tenant: Option<String>,
+    /// The container's pod and its grants, where Kubernetes named any.
+    pub pod: Option<PodBinding>,
 }
 
 impl ContainerRequest {
@@ -42,7 +55,7 @@ impl ContainerRequest {
             compute_limit: self.compute_limit,
             gpu: self.gpu,
             tenant: self.tenant,
-            pod: None,
+            pod: self.pod,
         }
     }
 }
@@ -67,7 +80,21 @@ pub enum RequestError {
         tenant: String,
         allowed: String,
     },
+    #[error("invalid gpushare grant {key}={value:?}: expected {GRANT_ID_FORM} (the id gpushare-kube's Allocate answer names)")]
+    InvalidGrant { key: String, value: String },
+    #[error("unknown gpushare grant annotation {key:?}: accepted keys are {}", GRANT_KEYS.join(", "))]
+    UnknownGrantKey { key: String },
+    #[error("this pod's container asks for a GPU share without a memory grant ({GRANT_MEMORY_ANNOTATION}) from gpushare-kube, and this node sets kubernetes.require_grant = true: ask for {MEMORY_RESOURCE} in the container's resources.limits")]
+    GrantRequired,
 }
+
+/// The grant annotations, in `PodBinding::grants` order: memory (which decides
+/// the GPU), high, compute.
+const GRANT_KEYS: [&str; 3] = [
+    GRANT_MEMORY_ANNOTATION,
+    GRANT_HIGH_ANNOTATION,
+    GRANT_COMPUTE_ANNOTATION,
+];
 
 const TENANT_FORMS: &str = "a name of 1 to 63 characters from a-z, 0-9, '-', '_' and '.'";
 
@@ -101,10 +128,12 @@ const OUTPUT_ANNOTATIONS: [&str; 3] = [
     ANNOTATION_MARKER,
 ];
 
-/// Reads the request; `Ok(None)` when the container asks for nothing.
+/// Reads the request; `Ok(None)` when the container asks for nothing. A grant
+/// annotation is a request by itself (its quota is the grant's).
 pub fn from_spec(
     spec: &Spec,
     policy: &RequestPolicy,
+    kubernetes: &KubernetesConfig,
 ) -> Result<Option<ContainerRequest>, RequestError> {
     if let Some(key) = spec.annotation_keys().find(|key| {
         key.starts_with("gpushare.io/")
@@ -128,9 +157,16 @@ pub fn from_spec(
         env.get(variable)
             .map(|v| (variable.to_owned(), v.to_owned()))
     };
+    let grants = grants_from(spec)?;
     let values: Vec<Option<(String, String)>> = FIELDS.iter().map(|&f| lookup(f)).collect();
-    if values.iter().all(Option::is_none) {
+    if values.iter().all(Option::is_none) && grants.is_empty() {
         return Ok(None);
+    }
+    if kubernetes.require_grant
+        && kubernetes::in_pod(spec)
+        && spec.annotation(GRANT_MEMORY_ANNOTATION).is_none()
+    {
+        return Err(RequestError::GrantRequired);
     }
     let [priority, memory, compute_request, compute_limit, gpu, tenant] =
         <[Option<(String, String)>; 6]>::try_from(values).expect("six fields");
@@ -209,7 +245,42 @@ pub fn from_spec(
         compute_limit: compute_limit_value,
         gpu,
         tenant,
+        pod: pod_binding(spec, grants),
     }))
+}
+
+/// The grants the spec's annotations name, in `GRANT_KEYS` order; every
+/// `grant.gpushare.io/` key must be one of those and name a well-formed id.
+fn grants_from(spec: &Spec) -> Result<Vec<GrantId>, RequestError> {
+    if let Some(key) = spec
+        .annotation_keys()
+        .find(|key| key.starts_with(GRANT_ANNOTATION_PREFIX) && !GRANT_KEYS.contains(key))
+    {
+        return Err(RequestError::UnknownGrantKey {
+            key: key.to_owned(),
+        });
+    }
+    GRANT_KEYS
+        .iter()
+        .filter_map(|&key| spec.annotation(key).map(|value| (key, value)))
+        .map(|(key, value)| {
+            GrantId::parse(value).map_err(|_| RequestError::InvalidGrant {
+                key: key.to_owned(),
+                value: value.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// What the arbiter is told of the container's pod: None outside Kubernetes.
+fn pod_binding(spec: &Spec, grants: Vec<GrantId>) -> Option<PodBinding> {
+    let binding = PodBinding {
+        namespace: kubernetes::pod_namespace(spec).map(|(_, ns)| ns.to_owned()),
+        name: kubernetes::pod_name(spec).map(str::to_owned),
+        container: kubernetes::container_name(spec).map(str::to_owned),
+        grants,
+    };
+    (binding != PodBinding::default()).then_some(binding)
 }
 
 fn parse<T: std::str::FromStr>(
@@ -252,15 +323,23 @@ mod tests {
         RequestPolicy::default()
     }
 
+    /// The request under `policy`, with the `[kubernetes]` table's defaults.
+    fn request_of(
+        spec: &Spec,
+        policy: &RequestPolicy,
+    ) -> Result<Option<ContainerRequest>, RequestError> {
+        from_spec(spec, policy, &KubernetesConfig::default())
+    }
+
     #[test]
     fn nothing_asked_is_none() {
         let s = spec(
             json!({"other.io/x": "1"}),
             &["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"],
         );
-        assert_eq!(from_spec(&s, &policy()).unwrap(), None);
+        assert_eq!(request_of(&s, &policy()).unwrap(), None);
         assert_eq!(
-            from_spec(&Spec::from_value(json!({})).unwrap(), &policy()).unwrap(),
+            request_of(&Spec::from_value(json!({})).unwrap(), &policy()).unwrap(),
             None
         );
     }
@@ -271,7 +350,7 @@ mod tests {
             json!({"gpushare.io/memory": "2Gi"}),
             &["GPUSHARE_MEMORY=1Gi", "GPUSHARE_PRIORITY=high"],
         );
-        let r = from_spec(&s, &policy()).unwrap().unwrap();
+        let r = request_of(&s, &policy()).unwrap().unwrap();
         assert_eq!(r.memory, Some(MemoryRequest::Bytes(2 << 30)));
         assert_eq!(r.priority, Priority::High);
     }
@@ -283,12 +362,12 @@ mod tests {
             accept_env: false,
             ..policy()
         };
-        assert_eq!(from_spec(&s, &p).unwrap(), None);
+        assert_eq!(request_of(&s, &p).unwrap(), None);
     }
 
     #[test]
     fn defaults() {
-        let r = from_spec(&spec(json!({}), &["GPUSHARE_MEMORY=1Gi"]), &policy())
+        let r = request_of(&spec(json!({}), &["GPUSHARE_MEMORY=1Gi"]), &policy())
             .unwrap()
             .unwrap();
         assert_eq!(r.priority, Priority::Low);
@@ -338,7 +417,7 @@ mod tests {
             ),
         ];
         for (s, key, value, form) in cases {
-            let msg = from_spec(&s, &policy()).unwrap_err().to_string();
+            let msg = request_of(&s, &policy()).unwrap_err().to_string();
             assert!(
                 msg.contains(key) && msg.contains(value) && msg.contains(form),
                 "{msg}"
@@ -348,7 +427,7 @@ mod tests {
 
     #[test]
     fn unknown_annotation_is_named_but_our_outputs_are_not_requests() {
-        let msg = from_spec(&spec(json!({"gpushare.io/memroy": "1Gi"}), &[]), &policy())
+        let msg = request_of(&spec(json!({"gpushare.io/memroy": "1Gi"}), &[]), &policy())
             .unwrap_err()
             .to_string();
         assert!(
@@ -359,7 +438,7 @@ mod tests {
             json!({"gpushare.io/lease": "x", "gpushare.io/injected": "v1"}),
             &[],
         );
-        assert_eq!(from_spec(&s, &policy()).unwrap(), None);
+        assert_eq!(request_of(&s, &policy()).unwrap(), None);
     }
 
     #[test]
@@ -369,7 +448,7 @@ mod tests {
             &[],
         );
         assert!(matches!(
-            from_spec(&s, &policy()),
+            request_of(&s, &policy()),
             Err(RequestError::RequestAboveLimit { .. })
         ));
     }
@@ -385,23 +464,23 @@ mod tests {
             &[],
         );
         assert_eq!(
-            from_spec(&ok, &p).unwrap().unwrap().priority,
+            request_of(&ok, &p).unwrap().unwrap().priority,
             Priority::High
         );
         let other = spec(
             json!({"gpushare.io/priority": "high", "gpushare.io/tenant": "batch"}),
             &[],
         );
-        let msg = from_spec(&other, &p).unwrap_err().to_string();
+        let msg = request_of(&other, &p).unwrap_err().to_string();
         assert!(
             msg.contains("\"batch\"") && msg.contains("inference"),
             "{msg}"
         );
         let anonymous = spec(json!({}), &["GPUSHARE_PRIORITY=high"]);
-        let msg = from_spec(&anonymous, &p).unwrap_err().to_string();
+        let msg = request_of(&anonymous, &p).unwrap_err().to_string();
         assert!(msg.contains("GPUSHARE_PRIORITY=high"), "{msg}");
         let low = spec(json!({"gpushare.io/priority": "low"}), &[]);
-        assert!(from_spec(&low, &p).is_ok());
+        assert!(request_of(&low, &p).is_ok());
     }
 
     /// Issue 15: with the tenant taken from the pod's namespace, a container's
@@ -419,12 +498,12 @@ mod tests {
                 &[],
             )
         };
-        let r = from_spec(&in_namespace("inference"), &p).unwrap().unwrap();
+        let r = request_of(&in_namespace("inference"), &p).unwrap().unwrap();
         assert_eq!(
             (r.priority, r.tenant.as_deref()),
             (Priority::High, Some("inference"))
         );
-        let msg = from_spec(&in_namespace("batch"), &p)
+        let msg = request_of(&in_namespace("batch"), &p)
             .unwrap_err()
             .to_string();
         assert!(msg.contains("\"batch\""), "{msg}");
@@ -433,7 +512,7 @@ mod tests {
             json!({"gpushare.io/priority": "high", "io.kubernetes.pod.namespace": "inference"}),
             &[],
         );
-        assert!(from_spec(&crio, &p).is_ok());
+        assert!(request_of(&crio, &p).is_ok());
         // Naming a tenant is refused outright, annotation or environment, even the right one.
         for forged in [
             spec(
@@ -446,7 +525,7 @@ mod tests {
                 &["GPUSHARE_PRIORITY=high", "GPUSHARE_TENANT=inference"],
             ),
         ] {
-            let msg = from_spec(&forged, &p).unwrap_err().to_string();
+            let msg = request_of(&forged, &p).unwrap_err().to_string();
             assert!(
                 msg.contains("tenant_from") && msg.contains("inference"),
                 "{msg}"
@@ -454,20 +533,20 @@ mod tests {
         }
         // Outside Kubernetes there is no tenant, so no high priority on this node.
         let docker = spec(json!({}), &["GPUSHARE_PRIORITY=high"]);
-        assert!(from_spec(&docker, &p).is_err());
+        assert!(request_of(&docker, &p).is_err());
         // "auto", the default: the pod's namespace where there is one...
         let auto = RequestPolicy {
             tenant_from: TenantSource::Auto,
             ..p.clone()
         };
-        assert!(from_spec(&in_namespace("inference"), &auto).is_ok());
-        assert!(from_spec(&in_namespace("batch"), &auto).is_err());
+        assert!(request_of(&in_namespace("inference"), &auto).is_ok());
+        assert!(request_of(&in_namespace("batch"), &auto).is_err());
         let forged_pod = spec(
             json!({"gpushare.io/priority": "high", "gpushare.io/tenant": "inference",
                    "io.kubernetes.cri.sandbox-namespace": "batch"}),
             &[],
         );
-        let msg = from_spec(&forged_pod, &auto).unwrap_err().to_string();
+        let msg = request_of(&forged_pod, &auto).unwrap_err().to_string();
         assert!(msg.contains("tenant_from"), "{msg}");
         // ...and the request's tenant outside Kubernetes (its author is root already).
         let docker = spec(
@@ -475,7 +554,7 @@ mod tests {
             &["GPUSHARE_PRIORITY=high", "GPUSHARE_TENANT=inference"],
         );
         assert_eq!(
-            from_spec(&docker, &auto)
+            request_of(&docker, &auto)
                 .unwrap()
                 .unwrap()
                 .tenant
@@ -487,7 +566,7 @@ mod tests {
             tenant_from: TenantSource::Request,
             ..policy()
         };
-        let r = from_spec(&in_namespace("batch"), &request_only)
+        let r = request_of(&in_namespace("batch"), &request_only)
             .unwrap()
             .unwrap();
         assert_eq!(r.tenant, None);
@@ -497,9 +576,224 @@ mod tests {
     fn first_env_entry_wins_like_getenv() {
         let s = spec(json!({}), &["GPUSHARE_MEMORY=1Gi", "GPUSHARE_MEMORY=2Gi"]);
         assert_eq!(
-            from_spec(&s, &policy()).unwrap().unwrap().memory,
+            request_of(&s, &policy()).unwrap().unwrap().memory,
             Some(MemoryRequest::Bytes(1 << 30))
         );
+    }
+
+    const POD: [(&str, &str); 3] = [
+        ("io.kubernetes.cri.sandbox-namespace", "team-a"),
+        ("io.kubernetes.cri.sandbox-name", "trainer-0"),
+        ("io.kubernetes.cri.container-name", "app"),
+    ];
+
+    /// `annotations` plus the names containerd's CRI plugin writes for a pod's container.
+    fn in_pod(mut annotations: Value) -> Value {
+        for (key, value) in POD {
+            annotations[key] = json!(value);
+        }
+        annotations
+    }
+
+    fn require_grant() -> KubernetesConfig {
+        KubernetesConfig {
+            require_grant: true,
+            ..KubernetesConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_grant_annotation_alone_is_a_request_bound_to_its_pod() {
+        let s = spec(in_pod(json!({GRANT_MEMORY_ANNOTATION: "g-1"})), &[]);
+        let r = request_of(&s, &policy()).unwrap().unwrap();
+        assert_eq!(r.memory, None, "the quota is the grant's");
+        assert_eq!(
+            r.pod,
+            Some(PodBinding {
+                namespace: Some("team-a".into()),
+                name: Some("trainer-0".into()),
+                container: Some("app".into()),
+                grants: vec![GrantId("g-1".into())],
+            })
+        );
+        assert_eq!(
+            r.into_reserve("c1".into(), None, None).pod.unwrap().grants,
+            [GrantId("g-1".into())],
+            "the reserve carries the binding"
+        );
+        // Outside a pod too (the id is the authority), with no names.
+        let bare = spec(json!({GRANT_HIGH_ANNOTATION: "g-2"}), &[]);
+        assert_eq!(
+            request_of(&bare, &policy()).unwrap().unwrap().pod,
+            Some(PodBinding {
+                grants: vec![GrantId("g-2".into())],
+                ..PodBinding::default()
+            })
+        );
+    }
+
+    #[test]
+    fn grants_are_never_taken_from_the_environment() {
+        use gpushare_types::kubernetes::{GRANT_COMPUTE_ENV, GRANT_HIGH_ENV, GRANT_MEMORY_ENV};
+        let env = [
+            format!("{GRANT_MEMORY_ENV}=g-1"),
+            format!("{GRANT_HIGH_ENV}=g-2"),
+            format!("{GRANT_COMPUTE_ENV}=g-3"),
+        ];
+        let env: Vec<&str> = env.iter().map(String::as_str).collect();
+        assert_eq!(
+            request_of(&spec(in_pod(json!({})), &env), &policy()),
+            Ok(None)
+        );
+        let asking = spec(in_pod(json!({"gpushare.io/memory": "1Gi"})), &env);
+        let pod = request_of(&asking, &policy())
+            .unwrap()
+            .unwrap()
+            .pod
+            .unwrap();
+        assert!(pod.grants.is_empty(), "{pod:?}");
+        // Nor does an environment grant satisfy require_grant.
+        assert_eq!(
+            from_spec(&asking, &policy(), &require_grant()),
+            Err(RequestError::GrantRequired)
+        );
+    }
+
+    #[test]
+    fn every_grant_is_bound_memory_first_whatever_the_annotation_order() {
+        let s = spec(
+            json!({GRANT_COMPUTE_ANNOTATION: "g-c", GRANT_HIGH_ANNOTATION: "g-h", GRANT_MEMORY_ANNOTATION: "g-m",
+                   "gpushare.io/priority": "high"}),
+            &[],
+        );
+        let r = request_of(&s, &policy()).unwrap().unwrap();
+        assert_eq!(
+            r.priority,
+            Priority::High,
+            "the request's own fields still apply"
+        );
+        let grants: Vec<String> = r.pod.unwrap().grants.into_iter().map(|g| g.0).collect();
+        assert_eq!(grants, ["g-m", "g-h", "g-c"]);
+    }
+
+    #[test]
+    fn a_malformed_grant_id_names_the_key_the_value_and_the_form() {
+        for key in GRANT_KEYS {
+            for bad in ["", "../g", "G-1", "g 1", &"g".repeat(65)] {
+                let s = spec(json!({key: bad, "gpushare.io/memory": "1Gi"}), &[]);
+                let error = request_of(&s, &policy()).unwrap_err();
+                assert_eq!(
+                    error,
+                    RequestError::InvalidGrant {
+                        key: key.into(),
+                        value: bad.into()
+                    }
+                );
+                let msg = error.to_string();
+                assert!(
+                    msg.contains(key)
+                        && msg.contains(&format!("{bad:?}"))
+                        && msg.contains(GRANT_ID_FORM),
+                    "{msg}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_grant_key_names_it_and_the_accepted_ones() {
+        for key in [
+            "grant.gpushare.io/memory",
+            "grant.gpushare.io/",
+            "grant.gpushare.io/ID",
+        ] {
+            let s = spec(json!({key: "g-1", GRANT_MEMORY_ANNOTATION: "g-2"}), &[]);
+            let msg = request_of(&s, &policy()).unwrap_err().to_string();
+            assert!(msg.contains(&format!("{key:?}")), "{msg}");
+            for accepted in GRANT_KEYS {
+                assert!(msg.contains(accepted), "{msg}");
+            }
+        }
+        // Other vendors' keys that merely contain the prefix are not ours.
+        let s = spec(
+            json!({"x.grant.gpushare.io/id": "1", "gpushare.io/memory": "1Gi"}),
+            &[],
+        );
+        assert!(request_of(&s, &policy()).is_ok());
+    }
+
+    #[test]
+    fn the_pod_is_named_without_grants_and_not_at_all_outside_kubernetes() {
+        let pod = spec(in_pod(json!({"gpushare.io/memory": "1Gi"})), &[]);
+        let binding = request_of(&pod, &policy()).unwrap().unwrap().pod.unwrap();
+        assert_eq!(
+            (
+                binding.namespace.as_deref(),
+                binding.name.as_deref(),
+                binding.container.as_deref()
+            ),
+            (Some("team-a"), Some("trainer-0"), Some("app"))
+        );
+        assert!(binding.grants.is_empty());
+        // CRI-O's keys.
+        let crio = spec(
+            json!({"gpushare.io/memory": "1Gi", "io.kubernetes.pod.namespace": "ns",
+                   "io.kubernetes.pod.name": "p", "io.kubernetes.container.name": "c"}),
+            &[],
+        );
+        let binding = request_of(&crio, &policy()).unwrap().unwrap().pod.unwrap();
+        assert_eq!(
+            (binding.namespace, binding.name, binding.container),
+            (Some("ns".into()), Some("p".into()), Some("c".into()))
+        );
+        let docker = spec(json!({}), &["GPUSHARE_MEMORY=1Gi"]);
+        assert_eq!(request_of(&docker, &policy()).unwrap().unwrap().pod, None);
+    }
+
+    #[test]
+    fn require_grant_refuses_a_pods_share_without_a_memory_grant() {
+        let k = require_grant();
+        let refused = [
+            spec(in_pod(json!({"gpushare.io/memory": "1Gi"})), &[]),
+            spec(in_pod(json!({})), &["GPUSHARE_MEMORY=1Gi"]),
+            // A high or compute grant decides no GPU memory.
+            spec(in_pod(json!({GRANT_HIGH_ANNOTATION: "g-h"})), &[]),
+            // A pod name or namespace alone marks a pod's container.
+            spec(
+                json!({"gpushare.io/memory": "1Gi", "io.kubernetes.pod.name": "p"}),
+                &[],
+            ),
+            spec(
+                json!({"gpushare.io/memory": "1Gi", "io.kubernetes.cri.sandbox-namespace": "ns"}),
+                &[],
+            ),
+        ];
+        for s in refused {
+            let error = from_spec(&s, &policy(), &k).unwrap_err();
+            assert_eq!(error, RequestError::GrantRequired);
+            let msg = error.to_string();
+            assert!(
+                msg.contains("kubernetes.require_grant")
+                    && msg.contains(GRANT_MEMORY_ANNOTATION)
+                    && msg.contains(MEMORY_RESOURCE),
+                "{msg}"
+            );
+        }
+        let granted = spec(
+            in_pod(json!({GRANT_MEMORY_ANNOTATION: "g-m", "gpushare.io/priority": "high"})),
+            &[],
+        );
+        assert!(from_spec(&granted, &policy(), &k).unwrap().is_some());
+        // A pod's container asking for nothing, and containers outside Kubernetes, as before.
+        assert_eq!(
+            from_spec(&spec(in_pod(json!({})), &[]), &policy(), &k),
+            Ok(None)
+        );
+        let docker = spec(json!({"gpushare.io/memory": "1Gi"}), &[]);
+        assert!(from_spec(&docker, &policy(), &k).unwrap().is_some());
+        // Off (the default): the same pod container is admitted on its annotation.
+        let pod = spec(in_pod(json!({"gpushare.io/memory": "1Gi"})), &[]);
+        assert!(request_of(&pod, &policy()).unwrap().is_some());
     }
 
     proptest::proptest! {
@@ -509,7 +803,7 @@ mod tests {
         fn any_value_is_handled(value in ".{0,40}", field in 0usize..6) {
             let (annotation, variable) = FIELDS[field];
             let s = spec(json!({ annotation: value.clone() }), &[&format!("{variable}={value}")]);
-            if let Err(e) = from_spec(&s, &policy()) {
+            if let Err(e) = request_of(&s, &policy()) {
                 let msg = e.to_string();
                 proptest::prop_assert!(msg.contains(annotation) || msg.contains("compute-request"), "{}", msg);
             }
@@ -518,7 +812,7 @@ mod tests {
         #[test]
         fn memory_in_units_round_trips(n in 1u64..1_000_000, unit in proptest::sample::select(vec!["Ki", "Mi", "Gi", "K", "M", "G", ""])) {
             let text = format!("{n}{unit}");
-            let r = from_spec(&spec(json!({"gpushare.io/memory": text}), &[]), &policy()).unwrap().unwrap();
+            let r = request_of(&spec(json!({"gpushare.io/memory": text}), &[]), &policy()).unwrap().unwrap();
             let multiplier: u64 = match unit { "Ki" => 1 << 10, "Mi" => 1 << 20, "Gi" => 1 << 30, "K" => 1000, "M" => 1_000_000, "G" => 1_000_000_000, _ => 1 };
             proptest::prop_assert_eq!(r.memory, Some(MemoryRequest::Bytes(n * multiplier)));
         }

@@ -8,8 +8,11 @@
 //! 1. a pod's pause container is left as it is (`kubernetes::is_pod_sandbox`);
 //! 2. a spec gpushare already edited (the marker) is left as it is if the arbiter
 //!    granted its lease to this container, and refused otherwise;
-//! 3. the request is read; a bad one is refused before anything is reserved; no
-//!    request leaves the spec as it is (or, under the `void` policy, hides the GPUs);
+//! 3. the request is read, with the grants gpushare-kube's `Allocate` named and the
+//!    pod the CRI runtime recorded (`request::from_spec`); a bad one, or a pod's
+//!    share without a memory grant under `kubernetes.require_grant`, is refused
+//!    before anything is reserved; no request leaves the spec as it is (or, under the
+//!    `void` policy, hides the GPUs). The arbiter judges the grants themselves;
 //! 4. an image whose CUDA the driver cannot run is refused, before anything is reserved;
 //! 5. the lease is reserved and the spec edited; if the edit fails, the lease is
 //!    released before the error is returned.
@@ -278,7 +281,7 @@ pub fn admit(
             })
         };
     }
-    let Some(wanted) = request::from_spec(spec, &config.requests)? else {
+    let Some(wanted) = request::from_spec(spec, &config.requests, &config.kubernetes)? else {
         if config.requests.unrequested == Unrequested::Void {
             let mut spec = spec.clone();
             mutate::apply_void(&mut spec)?;

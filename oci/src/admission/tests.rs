@@ -8,9 +8,10 @@ use std::path::Path;
 
 use gpushare_config::{Config, TenantSource, Unrequested};
 use gpushare_proto::{
-    ClientError, ContainerRef, ErrorKind, Fraction, Lease, LeaseId, LeaseState, MemoryRequest,
-    Priority, ReserveRequest, StatusReport,
+    ClientError, ContainerRef, ErrorKind, Fraction, GrantId, Lease, LeaseId, LeaseState,
+    MemoryRequest, PodBinding, Priority, ReserveRequest, StatusReport,
 };
+use gpushare_types::kubernetes::{GRANT_HIGH_ANNOTATION, GRANT_MEMORY_ANNOTATION};
 use serde_json::{json, Value};
 
 use super::*;
@@ -477,7 +478,11 @@ fn a_granted_lease_is_edited_into_the_spec_and_its_undo_releases_it() {
             gpu: Default::default(),
             // tenant_from = auto: the pod's namespace.
             tenant: Some("inference".into()),
-            pod: None,
+            // Issue 17: the arbiter is told the pod (no grant here).
+            pod: Some(PodBinding {
+                namespace: Some("inference".into()),
+                ..PodBinding::default()
+            }),
         }]
     );
     assert_eq!(arbiter.calls[0], Call::Status, "the CUDA check comes first");
@@ -703,4 +708,125 @@ fn a_bundle_without_a_spec_is_a_bundle_error() {
     let error = prepare_bundle(dir.path(), &container(), &config(), &mut arbiter).unwrap_err();
     assert!(error.to_string().contains("config.json"), "{error}");
     assert!(arbiter.calls.is_empty());
+}
+
+/// A pod's container as containerd's CRI plugin writes it, with `extra` annotations.
+fn pod_container(extra: Value) -> Spec {
+    let mut annotations = json!({
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": "sandbox1",
+        "io.kubernetes.cri.sandbox-namespace": "team-a",
+        "io.kubernetes.cri.sandbox-name": "trainer-0",
+        "io.kubernetes.cri.container-name": "app",
+    });
+    for (key, value) in extra.as_object().unwrap() {
+        annotations[key] = value.clone();
+    }
+    spec(annotations, &["PATH=/bin"])
+}
+
+#[test]
+fn a_granted_container_reserves_against_its_grants_with_its_pod() {
+    let granted =
+        pod_container(json!({GRANT_MEMORY_ANNOTATION: "g-m", GRANT_HIGH_ANNOTATION: "g-h"}));
+    let mut arbiter = RecordingArbiter::granting();
+    let edit = edited(admit(&granted, &container(), &config(), &mut arbiter).unwrap());
+    assert_eq!(edit.lease().map(|l| l.id.0.as_str()), Some(LEASE));
+    let reserved = arbiter.reserved()[0];
+    assert_eq!(
+        reserved.memory, None,
+        "the arbiter takes the quota from the grant"
+    );
+    assert_eq!(reserved.sandbox_id.as_deref(), Some("sandbox1"));
+    assert_eq!(
+        reserved.pod,
+        Some(PodBinding {
+            namespace: Some("team-a".into()),
+            name: Some("trainer-0".into()),
+            container: Some("app".into()),
+            grants: vec![GrantId("g-m".into()), GrantId("g-h".into())],
+        })
+    );
+    // An annotation beside the grant is passed through: the arbiter judges it.
+    let both = pod_container(json!({GRANT_MEMORY_ANNOTATION: "g-m", "gpushare.io/memory": "2Gi"}));
+    let mut arbiter = RecordingArbiter::granting();
+    let _ = edited(admit(&both, &container(), &config(), &mut arbiter).unwrap());
+    assert_eq!(
+        arbiter.reserved()[0].memory,
+        Some(MemoryRequest::Bytes(2 << 30))
+    );
+}
+
+#[test]
+fn a_pause_container_holding_a_grant_annotation_is_still_untouched() {
+    let pause = pod_container(
+        json!({GRANT_MEMORY_ANNOTATION: "g-m", "io.kubernetes.cri.container-type": "sandbox"}),
+    );
+    let mut config = config();
+    config.kubernetes.require_grant = true;
+    let mut arbiter = RecordingArbiter::default();
+    let admitted = admit(&pause, &container(), &config, &mut arbiter).unwrap();
+    assert_eq!(untouched(admitted), Untouched::PodSandbox);
+    assert!(arbiter.calls.is_empty());
+}
+
+#[test]
+fn a_bad_grant_or_a_missing_required_one_is_refused_before_the_arbiter_is_asked() {
+    let mut require = config();
+    require.kubernetes.require_grant = true;
+    for (spec, config, words) in [
+        (
+            pod_container(json!({GRANT_MEMORY_ANNOTATION: "G/1"})),
+            config(),
+            vec![
+                GRANT_MEMORY_ANNOTATION,
+                "\"G/1\"",
+                gpushare_types::kubernetes::GRANT_ID_FORM,
+            ],
+        ),
+        (
+            pod_container(json!({"grant.gpushare.io/mem": "g-1"})),
+            config(),
+            vec!["grant.gpushare.io/mem", GRANT_MEMORY_ANNOTATION],
+        ),
+        (
+            pod_container(json!({"gpushare.io/memory": "1Gi"})),
+            require.clone(),
+            vec!["kubernetes.require_grant"],
+        ),
+    ] {
+        let mut arbiter = RecordingArbiter::default();
+        let error = admit(&spec, &container(), &config, &mut arbiter).unwrap_err();
+        assert!(matches!(error, AdmissionError::Request(_)), "{error}");
+        assert_eq!(error.class(), ErrorClass::InvalidRequest);
+        let message = error.to_string();
+        for word in words {
+            assert!(message.contains(word), "{word}: {message}");
+        }
+        assert!(arbiter.calls.is_empty(), "{:?}", arbiter.calls);
+    }
+    // With the grant, require_grant admits it.
+    let granted = pod_container(json!({GRANT_MEMORY_ANNOTATION: "g-m"}));
+    let mut arbiter = RecordingArbiter::granting();
+    assert!(admit(&granted, &container(), &require, &mut arbiter).is_ok());
+}
+
+#[test]
+fn the_arbiters_verdict_on_a_grant_is_passed_on_as_given() {
+    // An unknown grant, one already backing a live lease, an annotation above the
+    // grant: the arbiter's words, classed as the container's fault; a grant still
+    // waiting for room: try again later.
+    for (kind, class) in [
+        (ErrorKind::InvalidRequest, ErrorClass::InvalidRequest),
+        (ErrorKind::Unplaceable, ErrorClass::Unavailable),
+    ] {
+        let granted = pod_container(json!({GRANT_MEMORY_ANNOTATION: "g-m"}));
+        let mut arbiter = RecordingArbiter::default()
+            .status(Ok(driver(12020)))
+            .reserve(Err(refused(kind)));
+        let error = admit(&granted, &container(), &config(), &mut arbiter).unwrap_err();
+        assert_eq!(error.class(), class, "{kind:?}");
+        assert_eq!(error.to_string(), "container c1: refused by the arbiter");
+        assert!(!arbiter.calls.iter().any(|c| matches!(c, Call::Release(_))));
+    }
 }
