@@ -18,6 +18,7 @@ pub use gpushare_testkit::stats::median;
 pub use gpushare_testkit::{wait_until, Config};
 
 pub mod containerd;
+pub mod cri;
 pub const DOCKER: &str = "/usr/bin/docker";
 pub const DOCKERD: &str = "/usr/sbin/dockerd";
 

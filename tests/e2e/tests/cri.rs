@@ -6,159 +6,12 @@
 //! and stopping and removing the pod must leave nothing behind.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpushare_cri::image::{self, ImageConfig};
-use gpushare_cri::{api, Cri, CONTAINER_TYPE_ANNOTATION, CRI_NAMESPACE};
-use gpushare_e2e::containerd::{processes_with, Containerd, ContainerdOptions};
+use gpushare_cri::{api, CONTAINER_TYPE_ANNOTATION};
+use gpushare_e2e::containerd::processes_with;
+use gpushare_e2e::cri::{annotation, env, CriNode, Entry, HANDLER, IMAGE};
 use gpushare_e2e::*;
-
-/// The RuntimeClass handler: a pod with `runtimeClassName` naming a RuntimeClass
-/// whose `handler: gpushare` reaches the CRI plugin as this runtime_handler.
-const HANDLER: &str = "gpushare";
-/// One image serves as the sandbox (pause) image and the app's: its command
-/// sleeps, which is all a pause container has to do.
-const IMAGE: &str = "docker.io/gpushare/busybox:e2e";
-/// overlayfs cannot be mounted on the overlay these tests run on (the docker and
-/// podman tests use vfs for the same reason); native copies, and busybox is small.
-const SNAPSHOTTER: &str = "native";
-
-#[derive(Clone, Copy, Debug)]
-enum Entry {
-    /// containerd-shim-gpushare-v2, named by its runtime type.
-    Shim,
-    /// runc's own shim running gpushare-runc as its BinaryName
-    /// (config/containerd/config-v3.toml's way, spelled for containerd 1.6).
-    RuncBinary,
-}
-
-/// The gpushare handler's runtime table.
-///
-/// The shim is named by its runtime type (containerd finds
-/// containerd-shim-gpushare-v2 on its PATH), not by runtime_path as
-/// config/containerd/config-v2.toml does: containerd before 1.6.21 and 1.7.2 reads
-/// runtime_path but drops it on the way to the task service (the client's
-/// WithRuntimePath never reached the create request; containerd commit f49254f0b
-/// fixed it), so Debian 12's 1.6.20 runs such a pod under plain runc, without
-/// gpushare and without a word. The runtime type gets no runc options from the
-/// CRI plugin, so runc keeps its state under the host's /run/containerd/runc/k8s.io.
-///
-/// gpushare-runc rides on the runc type, whose typed options carry BinaryName and
-/// Root: runc's state goes under the test's directory.
-fn handler_config(entry: Entry, dir: &Path) -> String {
-    let table = format!("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.{HANDLER}]");
-    let annotations =
-        "  pod_annotations = [\"gpushare.io/*\"]\n  container_annotations = [\"gpushare.io/*\"]\n";
-    match entry {
-        Entry::Shim => {
-            format!("{table}\n  runtime_type = \"io.containerd.gpushare.v2\"\n{annotations}")
-        }
-        Entry::RuncBinary => format!(
-            "{table}\n  runtime_type = \"io.containerd.runc.v2\"\n{annotations}\
-             {table_options}\n    BinaryName = \"{binary}\"\n    Root = \"{root}\"\n",
-            table_options = table.replace("]", ".options]"),
-            binary = bin("gpushare-runc").display(),
-            root = dir.join("runc").display(),
-        ),
-    }
-}
-
-/// The CRI plugin's part of containerd's configuration.
-fn cri_config(entry: Entry, dir: &Path) -> String {
-    let d = dir.display();
-    // CNI: the pods here use the node's network, for which the CRI plugin calls no
-    // CNI plugin; it only logs that it found no network config at start. The
-    // directories are named so that it never reads the host's /etc/cni.
-    // restrict_oom_score_adj: the CRI plugin gives pause containers an OOM score
-    // adjustment of -998, below the test machine's own, which it may not lower
-    // (runc's init dies writing it); restricted, it keeps to containerd's own.
-    // runc stays the default runtime (a table of runtimes replaces the built-in one,
-    // and the CRI plugin refuses to start without its default): gpushare serves only
-    // the pods whose RuntimeClass names it, as on a real node.
-    // No SystemdCgroup (the shipped snippets set it): there is no systemd here.
-    format!(
-        "[plugins.\"io.containerd.grpc.v1.cri\"]\n\
-         \x20 disable_tcp_service = true\n\
-         \x20 stream_server_address = \"127.0.0.1\"\n\
-         \x20 sandbox_image = \"{IMAGE}\"\n\
-         \x20 restrict_oom_score_adj = true\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n\
-         \x20 bin_dir = \"{d}/cni-bin\"\n\
-         \x20 conf_dir = \"{d}/cni-conf\"\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n\
-         \x20 snapshotter = \"{SNAPSHOTTER}\"\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n\
-         \x20 runtime_type = \"io.containerd.runc.v2\"\n\
-         {handler}",
-        handler = handler_config(entry, dir),
-    )
-}
-
-/// The shim binary containerd started for a container (it records it in the bundle).
-fn shim_binary(ctr: &Containerd, id: &str) -> PathBuf {
-    let path = bundle_dir(ctr, id).join("shim-binary-path");
-    PathBuf::from(
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-}
-
-/// Stops and removes every pod the CRI plugin still has, however the test ends
-/// (containerd's own Drop only cleans its `ctr` namespace, not `k8s.io`): dropped
-/// before the containerd it talks to.
-struct Kubelet {
-    cri: Cri,
-}
-
-impl Drop for Kubelet {
-    fn drop(&mut self) {
-        for pod in self.cri.list_pod_sandboxes().unwrap_or_default() {
-            let _ = self.cri.stop_pod_sandbox(&pod.id);
-            let _ = self.cri.remove_pod_sandbox(&pod.id);
-        }
-    }
-}
-
-/// The CRI plugin's lines of containerd's log: why it did not come up, or what it
-/// did with a pod.
-fn cri_log(ctr: &Containerd) -> String {
-    let log = std::fs::read_to_string(ctr.dir.join("containerd.log")).unwrap_or_default();
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("cri") && (l.contains("level=error") || l.contains("level=warn")))
-        .collect();
-    format!(
-        "\n--- containerd.log (CRI warnings and errors) ---\n{}{}",
-        lines.join("\n"),
-        ctr.log_tail()
-    )
-}
-
-fn read_json(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(
-        &std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn bundle_dir(ctr: &Containerd, id: &str) -> PathBuf {
-    ctr.dir
-        .join("state/io.containerd.runtime.v2.task")
-        .join(CRI_NAMESPACE)
-        .join(id)
-}
-
-fn annotation<'a>(spec: &'a serde_json::Value, key: &str) -> Option<&'a str> {
-    spec["annotations"][key].as_str()
-}
-
-fn env<'a>(spec: &'a serde_json::Value, key: &str) -> Option<&'a str> {
-    spec["process"]["env"]
-        .as_array()?
-        .iter()
-        .filter_map(serde_json::Value::as_str)
-        .find_map(|e| e.strip_prefix(key)?.strip_prefix('='))
-}
 
 fn pause_container_gets_no_lease(entry: Entry) {
     require_root();
@@ -170,35 +23,8 @@ fn pause_container_gets_no_lease(entry: Entry) {
             ..Default::default()
         },
     );
-    let extra = cri_config(entry, dir.path());
-    let ctr = Containerd::start(
-        dir.path(),
-        &arbiter.config_path,
-        ContainerdOptions {
-            extra_config: &extra,
-            cri: true,
-        },
-    );
-    let archive = dir.path().join("image.tar");
-    image::write_archive(
-        &ctr.rootfs,
-        &ImageConfig {
-            name: IMAGE,
-            cmd: &["/bin/sleep", "3600"],
-        },
-        &dir.path().join("image-layout"),
-        &archive,
-    )
-    .unwrap();
-    image::import(&ctr.address, &archive, SNAPSHOTTER).unwrap();
-    let kubelet = Kubelet {
-        cri: Cri::connect(&ctr.address).unwrap(),
-    };
-    let cri = &kubelet.cri;
-    let version = cri
-        .version()
-        .unwrap_or_else(|e| panic!("CRI Version: {e}{}", cri_log(&ctr)));
-    assert_eq!(version.runtime_api_version, "v1", "{version:?}");
+    let node = CriNode::start(entry, dir.path(), &arbiter.config_path);
+    let (cri, ctr) = (&node.cri, &node.ctr);
 
     // Kubernetes users ask on the pod: kubelet hands the pod's annotations to the
     // CRI, and pod_annotations copies them into the spec of every container of the
@@ -212,7 +38,7 @@ fn pause_container_gets_no_lease(entry: Entry) {
     );
     let pod = cri
         .run_pod_sandbox(&pod_config, HANDLER)
-        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}{}", ctr.log_tail()));
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}{}", node.log()));
     let app_config = gpushare_cri::container("app", IMAGE, &["/bin/sleep", "3600"]);
     let app = cri
         .create_container(&pod, &app_config, &pod_config)
@@ -228,12 +54,9 @@ fn pause_container_gets_no_lease(entry: Entry) {
 
     // Which shim serves the pod: without this, a configuration containerd ignores
     // would test plain runc.
-    let expected_shim = match entry {
-        Entry::Shim => "containerd-shim-gpushare-v2",
-        Entry::RuncBinary => "containerd-shim-runc-v2",
-    };
+    let expected_shim = entry.shim();
     for id in [&pod, &app] {
-        let shim = shim_binary(&ctr, id);
+        let shim = node.shim_binary(id);
         assert_eq!(
             shim.file_name().unwrap(),
             expected_shim,
@@ -242,7 +65,7 @@ fn pause_container_gets_no_lease(entry: Entry) {
         );
     }
 
-    let pause = read_json(&bundle_dir(&ctr, &pod).join("config.json"));
+    let pause = node.spec(&pod);
     assert_eq!(
         annotation(&pause, CONTAINER_TYPE_ANNOTATION),
         Some("sandbox")
@@ -265,7 +88,7 @@ fn pause_container_gets_no_lease(entry: Entry) {
         pause["process"]["env"]
     );
 
-    let spec = read_json(&bundle_dir(&ctr, &app).join("config.json"));
+    let spec = node.spec(&app);
     assert_eq!(
         annotation(&spec, CONTAINER_TYPE_ANNOTATION),
         Some("container")
