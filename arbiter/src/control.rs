@@ -304,13 +304,17 @@ async fn dispatch(
                 drained: drain,
             }
         }),
-        // Placeholder until the arbiter's grant table lands (issue 17).
-        ControlRequest::Grant(_) | ControlRequest::Grants | ControlRequest::ReleaseGrant { .. } => {
-            Ok(error_response(
-                gpushare_proto::ErrorKind::Internal,
-                "this arbiter does not hold grants yet".into(),
-            ))
-        }
+        ControlRequest::Grant(request) => arbiter
+            .grant(request)
+            .await
+            .map(|grant| ControlResponse::Granted { grant }),
+        ControlRequest::Grants => Ok(ControlResponse::Grants {
+            grants: arbiter.grants(),
+        }),
+        ControlRequest::ReleaseGrant { id } => arbiter
+            .release_grant(&id)
+            .await
+            .map(|existed| ControlResponse::GrantReleased { existed }),
         ControlRequest::Hello { .. } => unreachable!("hello is handled by the connection"),
     };
     Some(answer.unwrap_or_else(refused))

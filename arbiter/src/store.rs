@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use gpushare_proto::grant::{BadGrantId, Grant, GrantId};
 use gpushare_proto::lease::BadLeaseId;
 use gpushare_proto::{Lease, LeaseId};
 use serde::{Deserialize, Serialize};
@@ -61,9 +62,25 @@ pub struct LeaseRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Record {
-    Put { lease: Box<LeaseRecord> },
-    Delete { id: LeaseId },
-    Drain { gpu: String, drained: bool },
+    Put {
+        lease: Box<LeaseRecord>,
+    },
+    Delete {
+        id: LeaseId,
+    },
+    Drain {
+        gpu: String,
+        drained: bool,
+    },
+    /// A grant made or moved. Stored without its binding (`Grant::lease`, and the
+    /// GPU of a high or compute grant): that is derived at load from the leases'
+    /// `pod.grants`, so it cannot disagree with them.
+    PutGrant {
+        grant: Box<Grant>,
+    },
+    DeleteGrant {
+        id: GrantId,
+    },
 }
 
 /// Everything the store holds.
@@ -71,17 +88,31 @@ pub enum Record {
 pub struct Table {
     pub leases: BTreeMap<LeaseId, LeaseRecord>,
     pub drained: BTreeSet<String>,
+    pub grants: BTreeMap<GrantId, Grant>,
+}
+
+/// Why a record's id is refused where it is read back.
+#[derive(Debug, thiserror::Error)]
+enum BadRecordId {
+    #[error(transparent)]
+    Lease(#[from] BadLeaseId),
+    #[error(transparent)]
+    Grant(#[from] BadGrantId),
 }
 
 impl Record {
     /// Ids become directory names under `run_dir`: one that is not a plain name
     /// (`../../x`) is refused where it is read back, never used.
-    fn check_lease_id(&self) -> Result<(), BadLeaseId> {
+    fn check_ids(&self) -> Result<(), BadRecordId> {
         match self {
-            Record::Put { lease } => LeaseId::parse(lease.lease.id.0.as_str()).map(drop),
-            Record::Delete { id } => LeaseId::parse(id.0.as_str()).map(drop),
-            Record::Drain { .. } => Ok(()),
+            Record::Put { lease } => LeaseId::parse(lease.lease.id.0.as_str()).map(drop)?,
+            Record::Delete { id } => LeaseId::parse(id.0.as_str()).map(drop)?,
+            Record::Drain { .. } => {}
+            // Grant ids appear in annotations, logs and metric labels.
+            Record::PutGrant { grant } => GrantId::parse(grant.id.0.as_str()).map(drop)?,
+            Record::DeleteGrant { id } => GrantId::parse(id.0.as_str()).map(drop)?,
         }
+        Ok(())
     }
 }
 
@@ -102,7 +133,18 @@ impl Table {
                     self.drained.remove(gpu);
                 }
             }
+            Record::PutGrant { grant } => {
+                self.grants.insert(grant.id.clone(), (**grant).clone());
+            }
+            Record::DeleteGrant { id } => {
+                self.grants.remove(id);
+            }
         }
+    }
+
+    /// How many entries compaction would write.
+    fn len(&self) -> usize {
+        self.leases.len() + self.grants.len()
     }
 }
 
@@ -111,6 +153,9 @@ struct Snapshot {
     version: u32,
     leases: Vec<LeaseRecord>,
     drained: Vec<String>,
+    /// Absent from the snapshots of arbiters without grants.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    grants: Vec<Grant>,
 }
 
 #[derive(Deserialize)]
@@ -139,6 +184,8 @@ pub enum StoreError {
     Stopped,
     #[error("lease store {path} is corrupt: {source}")]
     BadSnapshotLease { path: PathBuf, source: BadLeaseId },
+    #[error("lease store {path} is corrupt: {source}")]
+    BadSnapshotGrant { path: PathBuf, source: BadGrantId },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -522,7 +569,7 @@ impl Io {
             self.table.apply(r);
         }
         self.log_records += records.len();
-        if self.log_records > self.compact_after + 2 * self.table.leases.len() {
+        if self.log_records > self.compact_after + 2 * self.table.len() {
             // The records are durable in the log already: a compaction that fails
             // (no room for the snapshot) must not fail them. The next commit tries
             // again; the log keeps growing meanwhile, which is still correct.
@@ -560,6 +607,7 @@ fn write_snapshot(dir: &Path, table: &Table) -> Result<(), StoreError> {
         version: 1,
         leases: table.leases.values().cloned().collect(),
         drained: table.drained.iter().cloned().collect(),
+        grants: table.grants.values().cloned().collect(),
     };
     let body = serde_json::to_vec(&snapshot).expect("snapshots always serialise");
     let written = File::create(&tmp)
@@ -591,10 +639,16 @@ fn load_snapshot(path: &Path) -> Result<Table, StoreError> {
         line: e.line(),
         message: e.to_string(),
     })?;
-    let (leases, drained) = match file {
-        SnapshotFile::Current(s) => (s.leases, s.drained),
-        SnapshotFile::Legacy(leases) => (leases, Vec::new()),
+    let (leases, drained, grants) = match file {
+        SnapshotFile::Current(s) => (s.leases, s.drained, s.grants),
+        SnapshotFile::Legacy(leases) => (leases, Vec::new(), Vec::new()),
     };
+    for g in &grants {
+        GrantId::parse(g.id.0.as_str()).map_err(|source| StoreError::BadSnapshotGrant {
+            path: path.to_owned(),
+            source,
+        })?;
+    }
     for l in &leases {
         LeaseId::parse(l.lease.id.0.as_str()).map_err(|source| StoreError::BadSnapshotLease {
             path: path.to_owned(),
@@ -607,6 +661,7 @@ fn load_snapshot(path: &Path) -> Result<Table, StoreError> {
             .map(|l| (l.lease.id.clone(), l))
             .collect(),
         drained: drained.into_iter().collect(),
+        grants: grants.into_iter().map(|g| (g.id.clone(), g)).collect(),
     })
 }
 
@@ -638,7 +693,7 @@ pub fn parse_log(bytes: &[u8]) -> Result<(Vec<Record>, u64), (usize, String)> {
         offset += chunk.len();
         let parsed = match chunk.strip_suffix(b"\n") {
             Some(line) => match serde_json::from_slice::<Record>(line) {
-                Ok(r) => match r.check_lease_id() {
+                Ok(r) => match r.check_ids() {
                     Ok(()) => Ok(r),
                     // Written whole that way, not torn: refused wherever it is.
                     Err(e) => return Err((n + 1, e.to_string())),
@@ -938,6 +993,98 @@ mod tests {
         let (_s, loaded) = open(dir.path(), 4096);
         let ids: Vec<&str> = loaded.leases.keys().map(|k| k.0.as_str()).collect();
         assert_eq!(ids, ["a", "d", "kept-in-memory"]);
+    }
+
+    fn grant(id: &str, gpu: Option<&str>) -> Grant {
+        Grant {
+            id: GrantId(id.into()),
+            amount: gpushare_proto::grant::GrantAmount::Memory { bytes: 1 << 30 },
+            device_ids: vec![format!("memory-{id}")],
+            gpu: gpu.map(str::to_owned),
+            lease: None,
+            created_unix_ms: 1,
+        }
+    }
+
+    fn put_grant(id: &str, gpu: Option<&str>) -> Record {
+        Record::PutGrant {
+            grant: Box::new(grant(id, gpu)),
+        }
+    }
+
+    #[test]
+    fn grant_records_replay_and_fold_into_the_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path(), 4096);
+        let mut last = None;
+        for r in [
+            put_grant("g-a", None),
+            put_grant("g-b", Some("GPU-0")),
+            put("l"),
+            // A waiting grant placed later: the newer record wins.
+            put_grant("g-a", Some("GPU-1")),
+            Record::DeleteGrant {
+                id: GrantId("g-b".into()),
+            },
+        ] {
+            last = Some(store.append(r).unwrap());
+        }
+        store.wait_blocking(last.unwrap()).unwrap();
+        drop(store);
+        let (store, replayed) = open(dir.path(), 4096);
+        let want = BTreeMap::from([(GrantId("g-a".into()), grant("g-a", Some("GPU-1")))]);
+        assert_eq!(replayed.grants, want);
+        assert_eq!(replayed.leases.len(), 1);
+        store.compact().unwrap();
+        drop(store);
+        assert_eq!(fs::metadata(dir.path().join(LOG)).unwrap().len(), 0);
+        let (_s, from_snapshot) = open(dir.path(), 4096);
+        assert_eq!(from_snapshot, replayed);
+    }
+
+    #[test]
+    fn a_torn_grant_record_is_dropped_and_a_bad_grant_id_is_corruption() {
+        let line = |r: &Record| {
+            let mut l = serde_json::to_vec(r).unwrap();
+            l.push(b'\n');
+            l
+        };
+        let mut bytes = line(&put_grant("g-a", None));
+        let valid = bytes.len() as u64;
+        bytes.extend_from_slice(&line(&put_grant("g-b", None))[..25]);
+        let (records, len) = parse_log(&bytes).unwrap();
+        assert_eq!((records, len), (vec![put_grant("g-a", None)], valid));
+
+        for bad in [
+            put_grant("../g", None),
+            Record::DeleteGrant {
+                id: GrantId("G-UPPER".into()),
+            },
+        ] {
+            let (n, why) = parse_log(&line(&bad)).unwrap_err();
+            assert_eq!(n, 1);
+            assert!(why.contains("not a plain name"), "{why}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let table = Table {
+            grants: BTreeMap::from([(GrantId("../g".into()), grant("../g", None))]),
+            ..Default::default()
+        };
+        write_snapshot(dir.path(), &table).unwrap();
+        let err = LeaseStore::open(dir.path(), StoreOptions::default())
+            .err()
+            .unwrap();
+        assert!(matches!(err, StoreError::BadSnapshotGrant { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_snapshot_from_before_grants_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = serde_json::json!({"version": 1, "leases": [record("old")], "drained": []});
+        fs::write(dir.path().join(SNAPSHOT), old.to_string()).unwrap();
+        let (_s, table) = open(dir.path(), 4096);
+        assert!(table.leases.contains_key(&LeaseId("old".into())));
+        assert!(table.grants.is_empty());
     }
 
     #[test]

@@ -147,6 +147,26 @@ impl ArbiterHandle {
         .await
     }
 
+    /// The device plugin's `Allocate`: the grant, placed or waiting, once durable.
+    pub async fn grant(
+        &self,
+        request: gpushare_proto::grant::GrantRequest,
+    ) -> Result<gpushare_proto::grant::Grant, StateError> {
+        self.change(|a| a.make_grant(request)).await
+    }
+
+    pub fn grants(&self) -> Vec<gpushare_proto::grant::Grant> {
+        self.lock().grants()
+    }
+
+    /// Whether the grant existed.
+    pub async fn release_grant(
+        &self,
+        id: &gpushare_proto::grant::GrantId,
+    ) -> Result<bool, StateError> {
+        self.change(|a| a.release_grant(id)).await
+    }
+
     pub fn status(&self) -> StatusReport {
         self.lock().status()
     }

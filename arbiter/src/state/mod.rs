@@ -80,6 +80,8 @@ pub enum StateError {
     Unshareable(String),
     #[error("the reserve was dropped")]
     ReserveDropped,
+    #[error(transparent)]
+    Grant(#[from] GrantError),
 }
 
 impl StateError {
@@ -103,6 +105,7 @@ impl StateError {
             StateError::BadLeaseId(_) => ErrorKind::InvalidRequest,
             StateError::RequesterGone | StateError::ReserveDropped => ErrorKind::Internal,
             StateError::Unshareable(_) => ErrorKind::InvalidRequest,
+            StateError::Grant(e) => e.kind(),
         }
     }
 }
@@ -110,6 +113,9 @@ impl StateError {
 mod clients;
 mod drain;
 mod endpoints;
+#[cfg(test)]
+mod grant_tests;
+mod grants;
 mod handle;
 mod lifecycle;
 mod memory;
@@ -120,6 +126,7 @@ mod status;
 pub(crate) mod tests;
 
 pub use endpoints::{LeaseDirs, LeaseEndpoints};
+pub use grants::GrantError;
 pub use handle::{ArbiterHandle, MEASURE_FRESH};
 pub use memory::list_processes;
 
@@ -201,6 +208,8 @@ pub struct Arbiter {
     memory_probe: Option<Arc<dyn GpuBackend>>,
     /// When each lease's processes were last measured.
     measured_at: HashMap<LeaseId, Instant>,
+    /// The device plugin's grants (`grants.rs`), bound to their leases.
+    grants: BTreeMap<gpushare_proto::grant::GrantId, gpushare_proto::grant::Grant>,
 }
 
 /// A container's id space and id: two namespaces may each hold a container "web".
@@ -240,6 +249,7 @@ impl Arbiter {
                 .collect(),
             leases: table.leases,
             drained: table.drained,
+            grants: table.grants,
             queue: AdmissionQueue::default(),
             ledger: Ledger::default(),
             suspects: HashMap::new(),
@@ -277,6 +287,7 @@ impl Arbiter {
             arbiter.endpoints.open(&id)?;
             arbiter.ledger.open(&id, quota);
         }
+        arbiter.bind_grants_from_leases();
         for record in arbiter.leases.values() {
             for gpu in &record.lease.gpus {
                 if !arbiter.inventory.gpus.iter().any(|g| &g.uuid == gpu) {
@@ -349,6 +360,7 @@ impl Arbiter {
         self.measured_at.remove(id);
         self.suspects.remove(id);
         self.endpoints.close(id);
+        self.unbind_grants(id);
         true
     }
 
@@ -385,6 +397,13 @@ impl Arbiter {
                         v.ungated_leases += 1;
                     }
                 }
+            }
+        }
+        // Room promised to a grant whose container has not started (or is
+        // restarting) is taken, also for a container started outside Kubernetes.
+        for (gpu, bytes) in self.unbound_grant_room() {
+            if let Some(v) = views.iter_mut().find(|v| v.uuid == gpu) {
+                v.memory_leased += bytes;
             }
         }
         views

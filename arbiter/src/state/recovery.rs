@@ -54,6 +54,7 @@ impl Arbiter {
         let table = Table {
             leases: self.leases.clone(),
             drained: self.drained.clone(),
+            grants: self.stored_grants(),
         };
         self.store.recover(&table)?;
         // Memory is the durable state now: nothing older is left to wait for.

@@ -91,6 +91,8 @@ impl Arbiter {
     }
 
     pub(super) fn run_admission(&mut self) {
+        // Grants first: kube-scheduler already counted them against the node.
+        self.place_waiting_grants();
         loop {
             if self.queue.is_empty() {
                 return;
@@ -186,7 +188,7 @@ impl Arbiter {
             state: LeaseState::Reserved,
             pid: None,
             created_unix_ms: unix_ms(),
-            pod: None,
+            pod: request.pod.clone(),
         };
         let record = LeaseRecord {
             lease: lease.clone(),
@@ -208,6 +210,7 @@ impl Arbiter {
         self.by_container
             .insert(container_key(&lease), lease.id.clone());
         self.leases.insert(lease.id.clone(), record);
+        self.bind_grants(&lease);
         let store = self.store.clone();
         self.undurable.retain(|_, t| !store.is_durable(*t));
         self.undurable.insert(lease.id.clone(), ticket);

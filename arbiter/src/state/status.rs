@@ -136,7 +136,7 @@ impl Arbiter {
                 .map(|t| t.budget().status())
                 .unwrap_or_default(),
             store_failure: self.store.failure().map(|f| f.to_string()),
-            grants: Vec::new(),
+            grants: self.grants(),
         }
     }
 }

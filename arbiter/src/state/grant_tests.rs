@@ -1,0 +1,258 @@
+//! The grant table through the state: placement, waiting, superseding, the room
+//! ordinary leases may not take, durability, and reserving against grants.
+
+use gpushare_proto::grant::{Grant, GrantAmount, GrantId, GrantRequest, PodBinding};
+
+use super::tests::{config, open_with_probe, request};
+use super::*;
+use crate::process::tests::FakeProcs;
+
+const GI: u64 = 1 << 30;
+
+/// An arbiter with `gpus` 8 GiB GPUs.
+fn setup(gpus: usize) -> (tempfile::TempDir, Arbiter) {
+    let dir = tempfile::tempdir().unwrap();
+    let arbiter = open_with_probe(config(dir.path()), gpus, Box::new(FakeProcs::default()));
+    (dir, arbiter)
+}
+
+fn reopen(arbiter: Arbiter, gpus: usize) -> Arbiter {
+    let config = arbiter.config.clone();
+    if let Some(t) = arbiter.last_ticket {
+        arbiter.store().wait_blocking(t).unwrap();
+    }
+    drop(arbiter);
+    open_with_probe(config, gpus, Box::new(FakeProcs::default()))
+}
+
+fn memory(gib: u64, device: &str) -> GrantRequest {
+    GrantRequest {
+        amount: GrantAmount::Memory { bytes: gib * GI },
+        device_ids: vec![device.to_owned()],
+    }
+}
+
+fn grant(arbiter: &mut Arbiter, request: GrantRequest) -> Grant {
+    let (g, ticket) = arbiter.make_grant(request).unwrap();
+    arbiter.store().wait_blocking(ticket.unwrap()).unwrap();
+    g
+}
+
+fn leased(arbiter: &Arbiter) -> Vec<u64> {
+    arbiter
+        .status()
+        .gpus
+        .iter()
+        .map(|g| g.memory_leased / GI)
+        .collect()
+}
+
+/// A reserve as the runtime sends it for a Kubernetes container.
+#[allow(dead_code)] // used by the reserve tests below
+fn pod_request(container: &str, grants: &[&GrantId]) -> ReserveRequest {
+    let mut r = request(container, "1Gi", Priority::Low);
+    r.memory = None;
+    r.pod = Some(PodBinding {
+        namespace: Some("default".into()),
+        name: Some("pod-a".into()),
+        container: Some("main".into()),
+        grants: grants.iter().map(|g| (*g).clone()).collect(),
+    });
+    r
+}
+
+// ----- making grants -----
+
+#[test]
+fn a_memory_grant_goes_to_the_gpu_with_the_most_room_and_takes_it() {
+    let (_dir, mut arbiter) = setup(2);
+    arbiter
+        .reserve_now(request("outside", "3Gi", Priority::Low))
+        .unwrap();
+    let g = grant(&mut arbiter, memory(2, "memory-0"));
+    assert!(GrantId::is_well_formed(&g.id.0), "{}", g.id);
+    assert!(g.id.0.starts_with("g-"), "{}", g.id);
+    let outside_gpu = arbiter.list()[0].gpus[0].clone();
+    assert_ne!(
+        g.gpu.as_ref(),
+        Some(&outside_gpu),
+        "worst fit: the empty GPU"
+    );
+    let mut room = leased(&arbiter);
+    room.sort();
+    assert_eq!(room, vec![2, 3], "the grant's room counts as leased");
+    assert_eq!(arbiter.grants(), vec![g]);
+}
+
+#[test]
+fn a_grant_no_gpu_can_hold_waits_and_is_placed_when_a_release_makes_room() {
+    let (_dir, mut arbiter) = setup(1);
+    let lease = arbiter
+        .reserve_now(request("outside", "6Gi", Priority::Low))
+        .unwrap();
+    let waiting = grant(&mut arbiter, memory(4, "memory-0"));
+    assert_eq!(waiting.gpu, None, "never an error for want of room");
+    let younger = grant(&mut arbiter, memory(1, "memory-1"));
+    assert_eq!(
+        younger.gpu.as_deref(),
+        Some("GPU-0"),
+        "a smaller one fits now"
+    );
+    arbiter.release(&lease.lease.id).unwrap();
+    assert_eq!(
+        arbiter.grant(&waiting.id).unwrap().gpu.as_deref(),
+        Some("GPU-0"),
+        "placed at the release's admission pass"
+    );
+    assert_eq!(leased(&arbiter), vec![5]);
+}
+
+#[test]
+fn waiting_grants_are_placed_oldest_first() {
+    let (_dir, mut arbiter) = setup(1);
+    let lease = arbiter
+        .reserve_now(request("outside", "7Gi", Priority::Low))
+        .unwrap();
+    let older = grant(&mut arbiter, memory(5, "memory-0"));
+    let younger = grant(&mut arbiter, memory(5, "memory-1"));
+    assert!(older.created_unix_ms < younger.created_unix_ms);
+    arbiter.release(&lease.lease.id).unwrap();
+    assert_eq!(
+        arbiter.grant(&older.id).unwrap().gpu.as_deref(),
+        Some("GPU-0")
+    );
+    assert_eq!(arbiter.grant(&younger.id).unwrap().gpu, None);
+}
+
+#[test]
+fn an_ordinary_reserve_cannot_take_the_room_of_a_grant() {
+    let (_dir, mut arbiter) = setup(1);
+    grant(&mut arbiter, memory(6, "memory-0"));
+    let err = arbiter
+        .reserve_now(request("outside", "4Gi", Priority::Low))
+        .unwrap_err();
+    assert!(matches!(err, StateError::QueueTimeout { .. }), "{err}");
+    arbiter
+        .reserve_now(request("outside-2", "2Gi", Priority::Low))
+        .expect("the rest of the GPU is free");
+}
+
+#[test]
+fn a_grant_of_the_same_devices_supersedes_the_older_one() {
+    let (_dir, mut arbiter) = setup(1);
+    let old = grant(&mut arbiter, memory(6, "memory-0"));
+    let high = grant(
+        &mut arbiter,
+        GrantRequest {
+            amount: GrantAmount::High,
+            device_ids: vec!["memory-0".into()],
+        },
+    );
+    let new = grant(
+        &mut arbiter,
+        GrantRequest {
+            amount: GrantAmount::Memory { bytes: 6 * GI },
+            device_ids: vec!["memory-5".into(), "memory-0".into()],
+        },
+    );
+    assert_eq!(
+        new.gpu.as_deref(),
+        Some("GPU-0"),
+        "the old grant's room is free again"
+    );
+    let ids: Vec<GrantId> = arbiter.grants().into_iter().map(|g| g.id).collect();
+    assert_eq!(
+        ids,
+        vec![high.id, new.id],
+        "another resource with the same id stays"
+    );
+    assert!(arbiter.grant(&old.id).is_none());
+    assert_eq!(leased(&arbiter), vec![6]);
+}
+
+#[test]
+fn releasing_a_grant_is_idempotent_and_frees_its_room() {
+    let (_dir, mut arbiter) = setup(1);
+    let g = grant(&mut arbiter, memory(6, "memory-0"));
+    let waiting = grant(&mut arbiter, memory(4, "memory-1"));
+    assert_eq!(waiting.gpu, None);
+    assert!(arbiter.release_grant(&g.id).unwrap().0);
+    assert!(!arbiter.release_grant(&g.id).unwrap().0);
+    assert_eq!(
+        arbiter.grant(&waiting.id).unwrap().gpu.as_deref(),
+        Some("GPU-0")
+    );
+    assert_eq!(leased(&arbiter), vec![4]);
+}
+
+#[test]
+fn bad_grant_requests_name_the_field_the_value_and_what_is_accepted() {
+    let (_dir, mut arbiter) = setup(1);
+    let cases = [
+        (memory(0, "memory-0"), "amount.bytes = 0"),
+        (
+            GrantRequest {
+                amount: GrantAmount::Compute { percent: 101 },
+                device_ids: vec!["compute-0".into()],
+            },
+            "amount.percent = 101: a compute grant holds 1 to 100 percent",
+        ),
+        (
+            GrantRequest {
+                amount: GrantAmount::Compute { percent: 0 },
+                device_ids: vec!["compute-0".into()],
+            },
+            "amount.percent = 0",
+        ),
+        (
+            GrantRequest {
+                amount: GrantAmount::High,
+                device_ids: vec![],
+            },
+            "device_ids = []: at least one",
+        ),
+        (memory(1, ""), "device_ids = \"\": each device id"),
+        (memory(1, "a\nb"), "device_ids = \"a\\nb\""),
+        (memory(1, &"x".repeat(129)), "1 to 128 printable"),
+    ];
+    for (request, wanted) in cases {
+        let err = arbiter.make_grant(request.clone()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{request:?}");
+        assert!(err.to_string().contains(wanted), "{request:?}: {err}");
+    }
+    assert!(arbiter.grants().is_empty());
+    assert!(arbiter.make_grant(memory(1, &"x".repeat(128))).is_ok());
+}
+
+// ----- durability -----
+
+#[test]
+fn grants_survive_a_reopen_with_their_placement_and_order() {
+    let (_dir, mut arbiter) = setup(1);
+    let placed = grant(&mut arbiter, memory(6, "memory-0"));
+    let waiting = grant(&mut arbiter, memory(4, "memory-1"));
+    let gone = grant(&mut arbiter, memory(1, "memory-2"));
+    arbiter.release_grant(&gone.id).unwrap();
+    let reopened = reopen(arbiter, 1);
+    assert_eq!(reopened.grants(), vec![placed, waiting]);
+    assert_eq!(leased(&reopened), vec![6]);
+}
+
+#[test]
+fn a_grant_is_refused_while_the_store_cannot_be_written() {
+    let (_dir, mut arbiter) = setup(1);
+    let kept = grant(&mut arbiter, memory(1, "memory-0"));
+    arbiter.store().fail_writes(true);
+    // The first change finds writes failing only when its batch fails.
+    let (_, ticket) = arbiter.make_grant(memory(1, "memory-1")).unwrap();
+    assert!(arbiter.store().wait_blocking(ticket.unwrap()).is_err());
+    let err = arbiter.make_grant(memory(1, "memory-2")).unwrap_err();
+    assert!(matches!(err, StateError::Store(_)), "{err}");
+    assert!(arbiter.release_grant(&kept.id).is_err());
+    arbiter.store().fail_writes(false);
+    let (g, ticket) = arbiter.make_grant(memory(1, "memory-3")).unwrap();
+    arbiter.store().wait_blocking(ticket.unwrap()).unwrap();
+    let reopened = reopen(arbiter, 1);
+    let ids: Vec<GrantId> = reopened.grants().into_iter().map(|g| g.id).collect();
+    assert!(ids.contains(&kept.id) && ids.contains(&g.id), "{ids:?}");
+}

@@ -1,0 +1,335 @@
+//! The device plugin's grants (Kubernetes): making, listing and releasing them,
+//! placing the waiting ones as room frees, and binding them to the leases
+//! reserved against them.
+//!
+//! A grant's binding (`Grant::lease`, and the GPU of a high or compute grant) is
+//! kept in memory only: the store holds the grant without it and the leases' own
+//! `pod.grants`, from which `Arbiter::open` derives it, so the two never disagree.
+
+use gpushare_proto::grant::{Grant, GrantAmount, GrantId, GrantRequest};
+
+use super::*;
+use crate::grants::place_memory_grant;
+
+/// Kubelet's device ids are opaque names it made up; this bounds what is logged
+/// and stored for one.
+const DEVICE_ID_MAX: usize = 128;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GrantError {
+    #[error("grant request {field} = {value}: {accepted}")]
+    Invalid {
+        field: &'static str,
+        value: String,
+        accepted: &'static str,
+    },
+    #[error("grant {0} does not exist: its allocation is gone (released, superseded by a newer allocation of the same devices, or never made); kubelet allocates again when the pod is recreated")]
+    Gone(GrantId),
+    #[error("grants {first} and {second} are both {resource} grants: a container is reserved against at most one grant of each resource")]
+    TwoOfAKind {
+        first: GrantId,
+        second: GrantId,
+        resource: &'static str,
+    },
+    #[error("grant {grant} already backs lease {lease} of container {container:?}: a grant backs one live lease at a time")]
+    InUse {
+        grant: GrantId,
+        lease: LeaseId,
+        container: String,
+    },
+    /// The request asks for more than, or something other than, its grants hold.
+    #[error("{0}")]
+    Exceeds(String),
+}
+
+impl GrantError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            GrantError::Gone(_) => ErrorKind::NotFound,
+            GrantError::Invalid { .. }
+            | GrantError::TwoOfAKind { .. }
+            | GrantError::InUse { .. }
+            | GrantError::Exceeds(_) => ErrorKind::InvalidRequest,
+        }
+    }
+}
+
+/// The resource a grant holds, as its `gpushare.io/` name says it.
+pub(crate) fn resource_name(amount: &GrantAmount) -> &'static str {
+    match amount {
+        GrantAmount::Memory { .. } => "memory",
+        GrantAmount::High => "high",
+        GrantAmount::Compute { .. } => "compute",
+    }
+}
+
+/// Pure: the checks a grant request must pass before anything is recorded.
+pub fn validate(request: &GrantRequest) -> Result<(), GrantError> {
+    if request.device_ids.is_empty() {
+        return Err(GrantError::Invalid {
+            field: "device_ids",
+            value: "[]".into(),
+            accepted: "at least one device id (kubelet's Allocate names the devices it allocated)",
+        });
+    }
+    for id in &request.device_ids {
+        let printable = !id.is_empty()
+            && id.chars().count() <= DEVICE_ID_MAX
+            && !id.chars().any(char::is_control);
+        if !printable {
+            return Err(GrantError::Invalid {
+                field: "device_ids",
+                value: format!("{id:?}"),
+                accepted: "each device id must be 1 to 128 printable characters",
+            });
+        }
+    }
+    match request.amount {
+        GrantAmount::Memory { bytes: 0 } => Err(GrantError::Invalid {
+            field: "amount.bytes",
+            value: "0".into(),
+            accepted: "a memory grant holds more than 0 bytes",
+        }),
+        GrantAmount::Compute { percent } if !(1..=100).contains(&percent) => {
+            Err(GrantError::Invalid {
+                field: "amount.percent",
+                value: percent.to_string(),
+                accepted: "a compute grant holds 1 to 100 percent of one GPU",
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Pure: whether `new` takes over `old`'s allocation: same resource, and a device
+/// id in common (kubelet hands an id out again only once its pod is gone).
+pub fn supersedes(new: &GrantRequest, old: &Grant) -> bool {
+    std::mem::discriminant(&new.amount) == std::mem::discriminant(&old.amount)
+        && new.device_ids.iter().any(|d| old.device_ids.contains(d))
+}
+
+/// The record a grant is stored as: without its binding, which is derived.
+fn stored(grant: &Grant) -> Grant {
+    let mut g = grant.clone();
+    g.lease = None;
+    if !matches!(g.amount, GrantAmount::Memory { .. }) {
+        g.gpu = None;
+    }
+    g
+}
+
+/// 64 random bits, as lease ids are.
+fn new_grant_id() -> GrantId {
+    GrantId(format!("g-{}", new_lease_id().0))
+}
+
+impl Arbiter {
+    /// Derives every grant's binding from the leases' `pod.grants` (at open).
+    pub(super) fn bind_grants_from_leases(&mut self) {
+        let bindings: Vec<(LeaseId, Vec<GrantId>, Option<String>)> = self
+            .leases
+            .values()
+            .filter_map(|r| {
+                let pod = r.lease.pod.as_ref()?;
+                Some((
+                    r.lease.id.clone(),
+                    pod.grants.clone(),
+                    r.lease.gpus.first().cloned(),
+                ))
+            })
+            .collect();
+        for (lease, grants, gpu) in bindings {
+            for id in grants {
+                if let Some(grant) = self.grants.get_mut(&id) {
+                    if let Some(other) = &grant.lease {
+                        tracing::warn!(grant = %id, lease = %lease, other = %other, "two reloaded leases name one grant; binding the later");
+                    }
+                    bind(grant, &lease, gpu.clone());
+                }
+            }
+        }
+    }
+
+    /// Every grant, oldest first.
+    pub fn grants(&self) -> Vec<Grant> {
+        let mut grants: Vec<Grant> = self.grants.values().cloned().collect();
+        grants.sort_by(|a, b| (a.created_unix_ms, &a.id).cmp(&(b.created_unix_ms, &b.id)));
+        grants
+    }
+
+    /// The grants as the store holds them (a recovery's snapshot).
+    pub(super) fn stored_grants(&self) -> BTreeMap<GrantId, Grant> {
+        self.grants
+            .iter()
+            .map(|(id, g)| (id.clone(), stored(g)))
+            .collect()
+    }
+
+    pub fn grant(&self, id: &GrantId) -> Option<&Grant> {
+        self.grants.get(id)
+    }
+
+    /// `ControlRequest::Grant`: supersedes the grants of the same resource whose
+    /// device ids it shares, then places a memory grant (worst fit) or records it
+    /// as waiting. Never refused for want of room.
+    pub fn make_grant(
+        &mut self,
+        request: GrantRequest,
+    ) -> Result<(Grant, Option<Ticket>), StateError> {
+        validate(&request)?;
+        self.ensure_writable()?;
+        let superseded: Vec<GrantId> = self
+            .grants
+            .values()
+            .filter(|old| supersedes(&request, old))
+            .map(|old| old.id.clone())
+            .collect();
+        for id in &superseded {
+            // The new grant's record follows in the log: its ticket covers this one.
+            let _ = self.append(Record::DeleteGrant { id: id.clone() })?;
+            if let Some(old) = self.grants.remove(id) {
+                tracing::info!(grant = %id, resource = resource_name(&old.amount), lease = ?old.lease.as_ref().map(|l| &l.0), devices = ?old.device_ids, "grant superseded: kubelet allocated its devices again (a lease reserved against it keeps running)");
+            }
+        }
+        // Older waiting grants come first to the room the superseded ones left.
+        if !superseded.is_empty() {
+            self.place_waiting_grants();
+        }
+        let mut grant = Grant {
+            id: new_grant_id(),
+            amount: request.amount,
+            device_ids: request.device_ids,
+            gpu: None,
+            lease: None,
+            created_unix_ms: self.next_grant_time(),
+        };
+        if let GrantAmount::Memory { bytes } = grant.amount {
+            let views = self.views();
+            grant.gpu = place_memory_grant(bytes, &views).map(|i| views[i].uuid.to_owned());
+        }
+        let ticket = self.append(Record::PutGrant {
+            grant: Box::new(stored(&grant)),
+        })?;
+        match &grant.gpu {
+            Some(gpu) => {
+                tracing::info!(grant = %grant.id, amount = ?grant.amount, gpu, "granted")
+            }
+            None => {
+                tracing::info!(grant = %grant.id, amount = ?grant.amount, "granted; waiting for room")
+            }
+        }
+        self.grants.insert(grant.id.clone(), grant.clone());
+        if !superseded.is_empty() {
+            self.run_admission();
+        }
+        Ok((grant, Some(ticket)))
+    }
+
+    /// Creation times strictly increase, so they order grants (oldest first, the
+    /// order waiting grants are placed in) across restarts too.
+    fn next_grant_time(&mut self) -> u64 {
+        let newest = self
+            .grants
+            .values()
+            .map(|g| g.created_unix_ms)
+            .max()
+            .unwrap_or(0);
+        unix_ms().max(newest + 1)
+    }
+
+    /// Idempotent: whether the grant existed. A lease reserved against it keeps
+    /// running; its room, if no lease used it, is free at once.
+    pub fn release_grant(&mut self, id: &GrantId) -> Result<(bool, Option<Ticket>), StateError> {
+        if !self.grants.contains_key(id) {
+            return Ok((false, self.last_ticket));
+        }
+        self.ensure_writable()?;
+        let ticket = self.append(Record::DeleteGrant { id: id.clone() })?;
+        if let Some(g) = self.grants.remove(id) {
+            tracing::info!(grant = %id, lease = ?g.lease.as_ref().map(|l| &l.0), "grant released");
+        }
+        self.run_admission();
+        Ok((true, Some(ticket)))
+    }
+
+    /// Places waiting memory grants, oldest first, where room has freed. A grant
+    /// that still does not fit does not hold back a younger, smaller one.
+    pub(super) fn place_waiting_grants(&mut self) {
+        let mut waiting: Vec<(u64, GrantId, u64)> = self
+            .grants
+            .values()
+            .filter(|g| g.gpu.is_none())
+            .filter_map(|g| match g.amount {
+                GrantAmount::Memory { bytes } => Some((g.created_unix_ms, g.id.clone(), bytes)),
+                _ => None,
+            })
+            .collect();
+        waiting.sort();
+        for (_, id, bytes) in waiting {
+            let gpu = {
+                let views = self.views();
+                match place_memory_grant(bytes, &views) {
+                    Some(i) => views[i].uuid.to_owned(),
+                    None => continue,
+                }
+            };
+            if let Err(e) = self.move_grant(&id, gpu.clone()) {
+                // The store refuses changes: it stays waiting until it can write.
+                tracing::warn!(grant = %id, error = %e, "could not record a waiting grant's placement");
+                return;
+            }
+            tracing::info!(grant = %id, gpu, "placed a waiting grant");
+        }
+    }
+
+    /// Records a memory grant's (new) GPU.
+    pub(super) fn move_grant(&mut self, id: &GrantId, gpu: String) -> Result<Ticket, StateError> {
+        let mut grant = self.grants[id].clone();
+        grant.gpu = Some(gpu);
+        let ticket = self.append(Record::PutGrant {
+            grant: Box::new(stored(&grant)),
+        })?;
+        self.grants.insert(id.clone(), grant);
+        Ok(ticket)
+    }
+
+    /// Binds the grants `lease` names to it (in memory: derived state).
+    pub(super) fn bind_grants(&mut self, lease: &Lease) {
+        let Some(pod) = &lease.pod else { return };
+        for id in &pod.grants {
+            if let Some(grant) = self.grants.get_mut(id) {
+                bind(grant, &lease.id, lease.gpus.first().cloned());
+            }
+        }
+    }
+
+    /// The lease is gone: its grants keep their room for a restart of the container.
+    pub(super) fn unbind_grants(&mut self, lease: &LeaseId) {
+        for grant in self.grants.values_mut() {
+            if grant.lease.as_ref() == Some(lease) {
+                grant.lease = None;
+                if !matches!(grant.amount, GrantAmount::Memory { .. }) {
+                    grant.gpu = None;
+                }
+            }
+        }
+    }
+
+    /// The bytes of placed memory grants no live lease uses, per GPU: room promised
+    /// to a container not started yet.
+    pub(super) fn unbound_grant_room(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.grants
+            .values()
+            .filter_map(|g| match (&g.amount, &g.gpu, &g.lease) {
+                (GrantAmount::Memory { bytes }, Some(gpu), None) => Some((gpu.as_str(), *bytes)),
+                _ => None,
+            })
+    }
+}
+
+fn bind(grant: &mut Grant, lease: &LeaseId, gpu: Option<String>) {
+    grant.lease = Some(lease.clone());
+    if !matches!(grant.amount, GrantAmount::Memory { .. }) {
+        grant.gpu = gpu;
+    }
+}
