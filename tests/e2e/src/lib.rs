@@ -67,6 +67,9 @@ pub struct ArbiterOptions {
     /// Some(CUDA version as NVML encodes it, e.g. "12020"): the arbiter takes its
     /// inventory through the simulated GPU's NVML instead of declared devices.
     pub simulated_driver: Option<&'static str>,
+    /// Changes to the configuration the arbiter and the runtimes read (the
+    /// `[kubernetes]` table of the device plugin tests, shorter waits).
+    pub configure: Option<Box<dyn FnOnce(&mut Config)>>,
 }
 
 impl Default for ArbiterOptions {
@@ -75,6 +78,7 @@ impl Default for ArbiterOptions {
             gpus: 2,
             memory: "16Gi",
             simulated_driver: None,
+            configure: None,
         }
     }
 }
@@ -94,6 +98,13 @@ impl std::ops::Deref for Arbiter {
     }
 }
 
+/// For what changes it: `kill`, `restart`.
+impl std::ops::DerefMut for Arbiter {
+    fn deref_mut(&mut self) -> &mut gpushare_testkit::Arbiter {
+        &mut self.arbiter
+    }
+}
+
 impl Arbiter {
     /// A private arbiter in `dir`, with declared GPUs or the simulated driver's; its
     /// configuration names this build's interposer and hook for the runtimes.
@@ -107,6 +118,10 @@ impl Arbiter {
                 builder.simulated(&machine)
             }
             None => builder.declared_gpus(options.gpus, options.memory),
+        };
+        let builder = match options.configure {
+            Some(edit) => builder.configure(edit),
+            None => builder,
         };
         let arbiter = builder.start();
         Arbiter {
