@@ -61,6 +61,9 @@ pub fn scratch() -> tempfile::TempDir {
         .expect("temporary directory")
 }
 
+/// A change to a configuration, applied once.
+pub type ConfigEdit = Box<dyn FnOnce(&mut Config)>;
+
 pub struct ArbiterOptions {
     pub gpus: u32,
     pub memory: &'static str,
@@ -69,7 +72,7 @@ pub struct ArbiterOptions {
     pub simulated_driver: Option<&'static str>,
     /// Changes to the configuration the arbiter and the runtimes read (the
     /// `[kubernetes]` table of the device plugin tests, shorter waits).
-    pub configure: Option<Box<dyn FnOnce(&mut Config)>>,
+    pub configure: Option<ConfigEdit>,
 }
 
 impl Default for ArbiterOptions {
