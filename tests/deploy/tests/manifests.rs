@@ -150,6 +150,29 @@ fn the_daemonset_mounts_every_host_path_the_config_names() {
     assert_eq!(config.runtime.library, defaults.runtime.library);
     assert_eq!(config.runtime.hook, defaults.runtime.hook);
 
+    // The config's paths are host paths that the runtime side on the host and the
+    // containers both compute from it (a lease's directory, the control socket), so
+    // each container sees every host directory at the host's own path.
+    let host_path_of = |volume: &str| {
+        spec.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == volume)
+            .and_then(|v| v.host_path.as_ref())
+            .map(|h| h.path.clone())
+    };
+    for container in &spec.containers {
+        for mount in container.volume_mounts.iter().flatten() {
+            if let Some(host) = host_path_of(&mount.name) {
+                assert_eq!(
+                    mount.mount_path, host,
+                    "container {}: volume {} is host path {host} mounted elsewhere",
+                    container.name, mount.name
+                );
+            }
+        }
+    }
+
     let install: &Container = &spec.init_containers.as_ref().expect("init container")[0];
     let script = install
         .command
@@ -181,6 +204,24 @@ fn pods_name_a_runtime_class_that_exists_and_only_gpushare_resources() {
     for class in &classes {
         assert_eq!(
             class.handler, HANDLER,
+            "RuntimeClass {:?}",
+            class.metadata.name
+        );
+    }
+    // kube-scheduler adds a RuntimeClass's nodeSelector to its pods: they must land
+    // only where the DaemonSet installs the handler.
+    let gpushare_nodes = daemonset(&documents)
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.node_selector.clone());
+    for class in &classes {
+        let selector = class
+            .scheduling
+            .as_ref()
+            .and_then(|s| s.node_selector.clone());
+        assert_eq!(
+            selector, gpushare_nodes,
             "RuntimeClass {:?}",
             class.metadata.name
         );
