@@ -2,6 +2,7 @@
 //! ordinary leases may not take, durability, and reserving against grants.
 
 use gpushare_proto::grant::{Grant, GrantAmount, GrantId, GrantRequest, PodBinding};
+use gpushare_proto::{Fraction, GpuSelector};
 
 use super::tests::{config, open_with_probe, request};
 use super::*;
@@ -48,7 +49,6 @@ fn leased(arbiter: &Arbiter) -> Vec<u64> {
 }
 
 /// A reserve as the runtime sends it for a Kubernetes container.
-#[allow(dead_code)] // used by the reserve tests below
 fn pod_request(container: &str, grants: &[&GrantId]) -> ReserveRequest {
     let mut r = request(container, "1Gi", Priority::Low);
     r.memory = None;
@@ -255,4 +255,270 @@ fn a_grant_is_refused_while_the_store_cannot_be_written() {
     let reopened = reopen(arbiter, 1);
     let ids: Vec<GrantId> = reopened.grants().into_iter().map(|g| g.id).collect();
     assert!(ids.contains(&kept.id) && ids.contains(&g.id), "{ids:?}");
+}
+
+// ----- reserving against grants -----
+
+fn high() -> GrantRequest {
+    GrantRequest {
+        amount: GrantAmount::High,
+        device_ids: vec!["high-0".into()],
+    }
+}
+
+fn compute(percent: u32) -> GrantRequest {
+    GrantRequest {
+        amount: GrantAmount::Compute { percent },
+        device_ids: vec!["compute-0".into()],
+    }
+}
+
+#[test]
+fn a_lease_against_a_memory_grant_gets_its_bytes_its_gpu_and_binds_it() {
+    let (_dir, mut arbiter) = setup(2);
+    let g = grant(&mut arbiter, memory(3, "memory-0"));
+    let request = pod_request("c1", &[&g.id]);
+    let lease = arbiter.reserve_now(request.clone()).unwrap().lease;
+    assert_eq!(lease.memory_bytes, 3 * GI, "the quota is the grant's");
+    assert_eq!(lease.gpus, vec![g.gpu.clone().unwrap()]);
+    assert_eq!(lease.pod, request.pod);
+    assert_eq!(arbiter.grant(&g.id).unwrap().lease, Some(lease.id.clone()));
+    let mut room = leased(&arbiter);
+    room.sort();
+    assert_eq!(
+        room,
+        vec![0, 3],
+        "the grant's room became the lease's, once"
+    );
+}
+
+#[test]
+fn a_request_that_carries_a_pod_but_no_grant_is_placed_as_usual() {
+    let (_dir, mut arbiter) = setup(1);
+    let request = pod_request("c1", &[]);
+    let lease = arbiter.reserve_now(request.clone()).unwrap().lease;
+    assert_eq!(lease.pod, request.pod);
+    assert_eq!(
+        lease.memory_bytes,
+        arbiter.config.default_memory.resolve(8 * GI)
+    );
+}
+
+#[test]
+fn a_memory_annotation_larger_than_the_grant_names_both() {
+    let (_dir, mut arbiter) = setup(1);
+    let g = grant(&mut arbiter, memory(4, "memory-0"));
+    let mut request = pod_request("c1", &[&g.id]);
+    request.memory = Some("8Gi".parse().unwrap());
+    let err = arbiter.reserve_now(request.clone()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    let text = err.to_string();
+    assert!(
+        text.contains("gpushare.io/memory = 8Gi")
+            && text.contains(&format!("grant {} holds (4Gi)", g.id)),
+        "{text}"
+    );
+    // A fraction is resolved against the grant's GPU (8 GiB): 75 % is 6 GiB.
+    request.memory = Some("75%".parse().unwrap());
+    let err = arbiter.reserve_now(request.clone()).unwrap_err();
+    assert!(err.to_string().contains("asks for more than"), "{err}");
+    request.memory = Some("2Gi".parse().unwrap());
+    let lease = arbiter.reserve_now(request).unwrap().lease;
+    assert_eq!(
+        lease.memory_bytes,
+        4 * GI,
+        "a smaller annotation gets the grant"
+    );
+}
+
+#[test]
+fn an_unknown_grant_is_refused_saying_its_allocation_is_gone() {
+    let (_dir, mut arbiter) = setup(1);
+    let g = grant(&mut arbiter, memory(1, "memory-0"));
+    arbiter.release_grant(&g.id).unwrap();
+    let err = arbiter
+        .reserve_now(pod_request("c1", &[&g.id]))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    let text = err.to_string();
+    assert!(
+        text.contains(&g.id.0) && text.contains("allocation is gone"),
+        "{text}"
+    );
+    assert!(arbiter.list().is_empty());
+}
+
+#[test]
+fn a_grant_backs_one_live_lease_and_a_restarted_container_reuses_it() {
+    let (_dir, mut arbiter) = setup(2);
+    let g = grant(&mut arbiter, memory(2, "memory-0"));
+    let first = arbiter.reserve_now(pod_request("c1", &[&g.id])).unwrap();
+    let retry = arbiter.reserve_now(pod_request("c1", &[&g.id])).unwrap();
+    assert!(!retry.fresh, "a retry gets its container's lease");
+    assert_eq!(retry.lease.id, first.lease.id);
+
+    let err = arbiter
+        .reserve_now(pod_request("c2", &[&g.id]))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    let text = err.to_string();
+    assert!(
+        text.contains(&g.id.0) && text.contains("\"c1\"") && text.contains(&first.lease.id.0),
+        "{text}"
+    );
+
+    arbiter.release(&first.lease.id).unwrap();
+    let kept = arbiter.grant(&g.id).unwrap();
+    assert_eq!(
+        (kept.lease.clone(), kept.gpu.clone()),
+        (None, g.gpu.clone())
+    );
+    assert_eq!(
+        leased(&arbiter).iter().sum::<u64>(),
+        2,
+        "the room stays held"
+    );
+    let restarted = arbiter.reserve_now(pod_request("c2", &[&g.id])).unwrap();
+    assert_eq!(restarted.lease.gpus, vec![g.gpu.clone().unwrap()]);
+    assert_eq!(
+        arbiter.grant(&g.id).unwrap().lease,
+        Some(restarted.lease.id)
+    );
+}
+
+#[test]
+fn a_reserve_against_a_waiting_grant_waits_and_is_admitted_when_room_frees() {
+    let (_dir, mut arbiter) = setup(1);
+    let outside = arbiter
+        .reserve_now(request("outside", "6Gi", Priority::Low))
+        .unwrap();
+    let g = grant(&mut arbiter, memory(4, "memory-0"));
+    assert_eq!(g.gpu, None);
+    let mut reply = arbiter.submit(pod_request("c1", &[&g.id]), Instant::now());
+    assert!(reply.try_recv().is_err(), "it waits in the admission queue");
+    arbiter.release(&outside.lease.id).unwrap();
+    let lease = reply.try_recv().unwrap().unwrap().lease;
+    assert_eq!(
+        (lease.gpus, lease.memory_bytes),
+        (vec!["GPU-0".into()], 4 * GI)
+    );
+    let placed = arbiter.grant(&g.id).unwrap();
+    assert_eq!(placed.gpu.as_deref(), Some("GPU-0"));
+    assert_eq!(placed.lease, Some(lease.id));
+}
+
+#[test]
+fn a_grant_on_a_gpu_that_cannot_take_the_lease_moves_to_one_that_can() {
+    let (_dir, mut arbiter) = setup(2);
+    let g = grant(&mut arbiter, memory(2, "memory-0"));
+    assert_eq!(g.gpu.as_deref(), Some("GPU-0"));
+    let mut outside = request("outside", "1Gi", Priority::High);
+    outside.gpu = GpuSelector::Uuid(vec!["GPU-0".into()]);
+    arbiter.reserve_now(outside).unwrap();
+    let h = grant(&mut arbiter, high());
+    let mut request = pod_request("c1", &[&g.id, &h.id]);
+    request.priority = Priority::High;
+    let lease = arbiter.reserve_now(request).unwrap().lease;
+    assert_eq!(lease.gpus, vec!["GPU-1".to_string()]);
+    assert_eq!(lease.priority, Priority::High);
+    assert_eq!(arbiter.grant(&g.id).unwrap().gpu.as_deref(), Some("GPU-1"));
+    assert_eq!(
+        arbiter.grant(&h.id).unwrap().gpu.as_deref(),
+        Some("GPU-1"),
+        "a high grant names the GPU of its lease"
+    );
+    assert_eq!(
+        leased(&arbiter),
+        vec![1, 2],
+        "GPU-0 holds nothing for it now"
+    );
+    let reopened = reopen(arbiter, 2);
+    assert_eq!(reopened.grant(&g.id).unwrap().gpu.as_deref(), Some("GPU-1"));
+    assert_eq!(leased(&reopened), vec![1, 2]);
+}
+
+#[test]
+fn priority_high_needs_a_high_grant() {
+    let (_dir, mut arbiter) = setup(1);
+    let g = grant(&mut arbiter, memory(1, "memory-0"));
+    let mut request = pod_request("c1", &[&g.id]);
+    request.priority = Priority::High;
+    let err = arbiter.reserve_now(request).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    assert!(
+        err.to_string()
+            .contains("priority high needs a gpushare.io/high grant"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_compute_grant_sets_the_compute_request_and_caps_the_annotation() {
+    let (_dir, mut arbiter) = setup(1);
+    let m = grant(&mut arbiter, memory(1, "memory-0"));
+    let c = grant(&mut arbiter, compute(30));
+    let mut over = pod_request("c1", &[&m.id, &c.id]);
+    over.compute_request = Fraction::new(0.5).unwrap();
+    let err = arbiter.reserve_now(over).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    assert!(
+        err.to_string().contains(&format!(
+            "= 0.5 asks for more than grant {} holds (0.3)",
+            c.id
+        )),
+        "{err}"
+    );
+
+    let mut without = pod_request("c2", &[&m.id]);
+    without.compute_request = Fraction::new(0.1).unwrap();
+    let err = arbiter.reserve_now(without).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("needs a gpushare.io/compute grant"),
+        "{err}"
+    );
+
+    let lease = arbiter
+        .reserve_now(pod_request("c3", &[&m.id, &c.id]))
+        .unwrap()
+        .lease;
+    assert_eq!(lease.compute_request, Fraction::new(0.3).unwrap());
+}
+
+#[test]
+fn two_grants_of_one_kind_or_a_gpu_selector_beside_a_memory_grant_are_refused() {
+    let (_dir, mut arbiter) = setup(2);
+    let a = grant(&mut arbiter, memory(1, "memory-0"));
+    let b = grant(&mut arbiter, memory(1, "memory-1"));
+    let err = arbiter
+        .reserve_now(pod_request("c1", &[&a.id, &b.id]))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    assert!(err.to_string().contains("both memory grants"), "{err}");
+
+    let mut named_gpu = pod_request("c1", &[&a.id]);
+    named_gpu.gpu = GpuSelector::Index(vec![1]);
+    let err = arbiter.reserve_now(named_gpu).unwrap_err();
+    assert!(err.to_string().contains("gpushare.io/gpu"), "{err}");
+    assert!(arbiter.list().is_empty());
+}
+
+#[test]
+fn a_binding_is_derived_again_at_open_and_survives_a_superseded_grant() {
+    let (_dir, mut arbiter) = setup(1);
+    let g = grant(&mut arbiter, memory(3, "memory-0"));
+    let lease = arbiter
+        .reserve_now(pod_request("c1", &[&g.id]))
+        .unwrap()
+        .lease;
+    let mut arbiter = reopen(arbiter, 1);
+    assert_eq!(arbiter.grant(&g.id).unwrap().lease, Some(lease.id.clone()));
+    assert_eq!(leased(&arbiter), vec![3], "counted once after a reopen too");
+
+    // kubelet allocated the devices again: the old grant goes, its lease stays.
+    let newer = grant(&mut arbiter, memory(3, "memory-0"));
+    assert!(arbiter.grant(&g.id).is_none());
+    assert!(arbiter.lease(&lease.id).is_some());
+    assert_eq!(newer.gpu.as_deref(), Some("GPU-0"));
+    assert_eq!(leased(&arbiter), vec![6]);
 }

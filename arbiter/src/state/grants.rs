@@ -7,6 +7,8 @@
 //! `pod.grants`, from which `Arbiter::open` derives it, so the two never disagree.
 
 use gpushare_proto::grant::{Grant, GrantAmount, GrantId, GrantRequest};
+use gpushare_proto::{Fraction, GpuSelector};
+use gpushare_types::kubernetes::{COMPUTE_RESOURCE, HIGH_RESOURCE, MEMORY_RESOURCE};
 
 use super::*;
 use crate::grants::place_memory_grant;
@@ -14,6 +16,10 @@ use crate::grants::place_memory_grant;
 /// Kubelet's device ids are opaque names it made up; this bounds what is logged
 /// and stored for one.
 const DEVICE_ID_MAX: usize = 128;
+
+/// The runtime's annotations, named in the errors a container's owner reads.
+const COMPUTE_REQUEST_ANNOTATION: &str = "gpushare.io/compute-request";
+const GPU_ANNOTATION: &str = "gpushare.io/gpu";
 
 #[derive(Debug, thiserror::Error)]
 pub enum GrantError {
@@ -106,6 +112,118 @@ pub fn validate(request: &GrantRequest) -> Result<(), GrantError> {
 pub fn supersedes(new: &GrantRequest, old: &Grant) -> bool {
     std::mem::discriminant(&new.amount) == std::mem::discriminant(&old.amount)
         && new.device_ids.iter().any(|d| old.device_ids.contains(d))
+}
+
+/// What a container's grants decide about its lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backing {
+    /// The memory grant and its bytes: the lease's quota, on the grant's GPU.
+    pub memory: Option<(GrantId, u64)>,
+    /// The compute grant's share: the lease's compute request.
+    pub compute: Option<Fraction>,
+}
+
+/// Pure: checks a reserve against the grants it names (found, not in use by
+/// another lease) and says what they decide. The runtime passes the annotations
+/// it read as they are, so each is checked against what the grants hold.
+pub fn backing(request: &ReserveRequest, grants: &[&Grant]) -> Result<Backing, GrantError> {
+    let mut memory: Option<&Grant> = None;
+    let mut high: Option<&Grant> = None;
+    let mut compute: Option<&Grant> = None;
+    for &g in grants {
+        let slot = match g.amount {
+            GrantAmount::Memory { .. } => &mut memory,
+            GrantAmount::High => &mut high,
+            GrantAmount::Compute { .. } => &mut compute,
+        };
+        if let Some(first) = slot {
+            return Err(GrantError::TwoOfAKind {
+                first: first.id.clone(),
+                second: g.id.clone(),
+                resource: resource_name(&g.amount),
+            });
+        }
+        *slot = Some(g);
+    }
+    if request.priority == Priority::High && high.is_none() {
+        return Err(GrantError::Exceeds(format!(
+            "priority high needs a {HIGH_RESOURCE} grant: the container was allocated only {} (ask for {HIGH_RESOURCE}: 1 in the pod's resources, or run at low priority)",
+            named(grants)
+        )));
+    }
+    let compute_share = match compute.map(|g| g.amount) {
+        Some(GrantAmount::Compute { percent }) => {
+            Some(Fraction::new(f64::from(percent) / 100.0).expect("validated as 1 to 100 percent"))
+        }
+        _ => None,
+    };
+    let asked = request.compute_request;
+    match (compute, compute_share) {
+        (Some(g), Some(share)) if asked > share => {
+            return Err(GrantError::Exceeds(format!(
+                "{COMPUTE_REQUEST_ANNOTATION} = {asked} asks for more than grant {} holds ({share})",
+                g.id
+            )))
+        }
+        (None, _) if asked > Fraction::ZERO => {
+            return Err(GrantError::Exceeds(format!(
+                "{COMPUTE_REQUEST_ANNOTATION} = {asked} needs a {COMPUTE_RESOURCE} grant: the container was allocated only {} (ask for {COMPUTE_RESOURCE} in the pod's resources)",
+                named(grants)
+            )))
+        }
+        _ => {}
+    }
+    let memory = match memory {
+        Some(g) => {
+            let GrantAmount::Memory { bytes } = g.amount else {
+                unreachable!("sorted by kind above")
+            };
+            if request.gpu != GpuSelector::Count(1) {
+                return Err(GrantError::Exceeds(format!(
+                    "gpu {} with memory grant {}: the grant holds room on one GPU the node chose; drop the {GPU_ANNOTATION} annotation",
+                    request.gpu, g.id
+                )));
+            }
+            check_memory_request(request.memory, None, &g.id, bytes)?;
+            Some((g.id.clone(), bytes))
+        }
+        None => None,
+    };
+    Ok(Backing {
+        memory,
+        compute: compute_share,
+    })
+}
+
+/// Pure: a memory request (resolved against `gpu_total`, the grant's GPU, when
+/// known) may not exceed the memory grant. A fraction is checked once the GPU is.
+pub fn check_memory_request(
+    asked: Option<MemoryRequest>,
+    gpu_total: Option<u64>,
+    grant: &GrantId,
+    bytes: u64,
+) -> Result<(), GrantError> {
+    let resolved = match (asked, gpu_total) {
+        (Some(MemoryRequest::Bytes(b)), _) => b,
+        (Some(m @ MemoryRequest::Fraction(_)), Some(total)) => m.resolve(total),
+        _ => return Ok(()),
+    };
+    if resolved > bytes {
+        return Err(GrantError::Exceeds(format!(
+            "{MEMORY_RESOURCE} = {} asks for more than grant {grant} holds ({})",
+            asked.expect("matched Some above"),
+            ByteSize(bytes)
+        )));
+    }
+    Ok(())
+}
+
+fn named(grants: &[&Grant]) -> String {
+    grants
+        .iter()
+        .map(|g| format!("{} ({})", g.id, resource_name(&g.amount)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The record a grant is stored as: without its binding, which is derived.
@@ -280,6 +398,97 @@ impl Arbiter {
             }
             tracing::info!(grant = %id, gpu, "placed a waiting grant");
         }
+    }
+
+    /// The grants a reserve names, looked up: each must exist and back no other
+    /// live lease (a retry from the lease's own container never gets here).
+    pub(super) fn named_grants(&self, request: &ReserveRequest) -> Result<Vec<&Grant>, GrantError> {
+        let Some(pod) = &request.pod else {
+            return Ok(Vec::new());
+        };
+        pod.grants
+            .iter()
+            .map(|id| {
+                let grant = self
+                    .grants
+                    .get(id)
+                    .ok_or_else(|| GrantError::Gone(id.clone()))?;
+                match &grant.lease {
+                    Some(lease) => Err(GrantError::InUse {
+                        grant: id.clone(),
+                        lease: lease.clone(),
+                        container: self
+                            .leases
+                            .get(lease)
+                            .map(|r| r.lease.container_id.clone())
+                            .unwrap_or_default(),
+                    }),
+                    None => Ok(grant),
+                }
+            })
+            .collect()
+    }
+
+    /// The GPU a lease against memory grant `id` goes to: the grant's own when it
+    /// can take the lease under the placement rules, else wherever the rules place
+    /// the grant's bytes now (its own room counted free), the grant moving there.
+    /// A NoFit waits in the admission queue like any other.
+    pub(super) fn place_on_grant(
+        &mut self,
+        request: &ReserveRequest,
+        id: &GrantId,
+        bytes: u64,
+    ) -> Result<usize, StateError> {
+        let held_on = self.grants[id].gpu.clone();
+        let chosen = {
+            let mut views = self.views();
+            let own = held_on
+                .as_deref()
+                .and_then(|gpu| views.iter().position(|v| v.uuid == gpu));
+            if let Some(i) = own {
+                views[i].memory_leased = views[i].memory_leased.saturating_sub(bytes);
+            }
+            let policy = self.policy();
+            fn on<'a>(
+                request: &'a ReserveRequest,
+                bytes: u64,
+                gpu: &'a GpuSelector,
+            ) -> placement::Request<'a> {
+                placement::Request {
+                    priority: request.priority,
+                    memory: MemoryRequest::Bytes(bytes),
+                    gpu,
+                    tenant: request.tenant.as_deref(),
+                }
+            }
+            let stays = own.and_then(|i| {
+                let mine = GpuSelector::Uuid(vec![views[i].uuid.to_owned()]);
+                placement::place(&on(request, bytes, &mine), &views, &policy)
+                    .ok()
+                    .map(|_| i)
+            });
+            match stays {
+                Some(i) => i,
+                None => {
+                    placement::place(&on(request, bytes, &GpuSelector::Count(1)), &views, &policy)?
+                        .gpus[0]
+                }
+            }
+        };
+        let uuid = self.inventory.gpus[chosen].uuid.clone();
+        check_memory_request(
+            request.memory,
+            Some(self.inventory.gpus[chosen].memory_total),
+            id,
+            bytes,
+        )?;
+        placement::holds_a_process(bytes, self.overhead_estimate())?;
+        if held_on.as_deref() != Some(uuid.as_str()) {
+            // Its lease's record follows in the log: that ticket covers this one.
+            let _ = self.move_grant(id, uuid.clone())?;
+            tracing::info!(grant = %id, from = ?held_on, to = uuid, "moved a memory grant to where its container's lease can run");
+        }
+        Ok(chosen)
     }
 
     /// Records a memory grant's (new) GPU.

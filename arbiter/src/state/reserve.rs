@@ -154,8 +154,19 @@ impl Arbiter {
         }
         // Before anything is created: a change the store cannot write leaves nothing.
         self.ensure_writable()?;
+        let backing = match request.pod.as_ref().filter(|p| !p.grants.is_empty()) {
+            Some(_) => Some(grants::backing(request, &self.named_grants(request)?)?),
+            None => None,
+        };
+        let memory_grant = backing.as_ref().and_then(|b| b.memory.clone());
         let memory = self.memory_request(request);
-        let chosen = {
+        let chosen = if let Some((grant, bytes)) = memory_grant {
+            let gpu = self.place_on_grant(request, &grant, bytes)?;
+            placement::Placement {
+                gpus: vec![gpu],
+                memory_bytes: bytes,
+            }
+        } else {
             let views = self.views();
             let r = placement::Request {
                 priority: request.priority,
@@ -182,7 +193,10 @@ impl Arbiter {
                 .collect(),
             priority: request.priority,
             memory_bytes: chosen.memory_bytes,
-            compute_request: request.compute_request,
+            compute_request: backing
+                .as_ref()
+                .and_then(|b| b.compute)
+                .unwrap_or(request.compute_request),
             compute_limit: request.compute_limit,
             tenant: request.tenant.clone(),
             state: LeaseState::Reserved,
