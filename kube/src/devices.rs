@@ -97,31 +97,29 @@ impl Inventory {
         for gpu in self.known.values_mut() {
             gpu.open = false;
         }
-        for g in &report.gpus {
-            // The arbiter places no grant on a drained GPU, nor on one reserved for
-            // a tenant (grants carry none): advertising either would let the
-            // scheduler send pods that wait for room forever.
-            let open = !g.drained && g.reserved_for.is_none();
-            self.known.insert(
-                g.uuid.clone(),
-                PoolGpu {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    memory_total: g.memory_total,
-                    open,
-                },
-            );
-        }
-        for g in &report.unshareable {
-            self.known.insert(
-                g.uuid.clone(),
-                PoolGpu {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    memory_total: g.memory_total,
-                    open: false,
-                },
-            );
+        // The arbiter places no grant on a drained GPU, nor on one reserved for a
+        // tenant (grants carry none): advertising either would let the scheduler
+        // send pods that wait for room forever.
+        let shared = report.gpus.iter().map(|g| {
+            (
+                g.index,
+                &g.uuid,
+                g.memory_total,
+                !g.drained && g.reserved_for.is_none(),
+            )
+        });
+        let unshareable = report
+            .unshareable
+            .iter()
+            .map(|g| (g.index, &g.uuid, g.memory_total, false));
+        for (index, uuid, memory_total, open) in shared.chain(unshareable) {
+            let gpu = PoolGpu {
+                index,
+                uuid: uuid.clone(),
+                memory_total,
+                open,
+            };
+            self.known.insert(uuid.clone(), gpu);
         }
         self.known.values().cloned().collect()
     }
