@@ -539,8 +539,9 @@ fn containerd_accepts_the_cri_runtime_snippet() {
         ctr.log_tail()
     );
     let log = std::fs::read_to_string(dir.path().join("containerd.log")).unwrap();
+    // Grant keys through the containers' annotations only (see the snippet).
     let expected = format!(
-        "gpushare:{{Type:io.containerd.runc.v2 Path:{} Engine: PodAnnotations:[gpushare.io/*] ContainerAnnotations:[gpushare.io/*]",
+        "gpushare:{{Type:io.containerd.runc.v2 Path:{} Engine: PodAnnotations:[gpushare.io/*] ContainerAnnotations:[gpushare.io/* grant.gpushare.io/*]",
         shim.display()
     );
     assert!(
