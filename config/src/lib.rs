@@ -1150,11 +1150,4 @@ mod snippet_tests {
             "runc-style hooks need a timeout"
         );
     }
-
-    #[test]
-    fn kubernetes_snippets_name_the_runtime() {
-        assert!(read("kubernetes/runtimeclass.yaml").contains("handler: gpushare"));
-        let pod = read("kubernetes/pod.yaml");
-        assert!(pod.contains("runtimeClassName: gpushare") && pod.contains("gpushare.io/memory"));
-    }
 }
