@@ -7,7 +7,19 @@
 //! the grants that follow), or, when none can, recorded as waiting and placed as
 //! soon as a release makes room.
 
+use gpushare_proto::grant::GrantAmount;
+
 use crate::placement::GpuView;
+
+/// The resource a grant holds, as its `gpushare.io/` name ends (logs, errors and
+/// metric labels).
+pub fn resource_name(amount: &GrantAmount) -> &'static str {
+    match amount {
+        GrantAmount::Memory { .. } => "memory",
+        GrantAmount::High => "high",
+        GrantAmount::Compute { .. } => "compute",
+    }
+}
 
 /// The GPU a memory grant of `bytes` is held on: an index into `gpus`, or None
 /// (the grant waits). A GPU's `memory_leased` must already count the grants held

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use gpushare_proto::{LeaseState, Priority, StatusReport, ViolationKind};
+use gpushare_proto::grant::{Grant, GrantAmount, PodBinding};
+use gpushare_proto::{LeaseId, LeaseState, Priority, StatusReport, ViolationKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -143,8 +144,8 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     for u in &report.usage {
         let _ = writeln!(
             out,
-            "gpushare_lease_memory_used_bytes{{lease=\"{}\"}} {}",
-            escape(&u.lease.0),
+            "gpushare_lease_memory_used_bytes{{{}}} {}",
+            lease_labels(report, &u.lease),
             u.memory_used
         );
     }
@@ -157,11 +158,12 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     for u in &report.usage {
         let _ = writeln!(
             out,
-            "gpushare_lease_memory_quota_bytes{{lease=\"{}\"}} {}",
-            escape(&u.lease.0),
+            "gpushare_lease_memory_quota_bytes{{{}}} {}",
+            lease_labels(report, &u.lease),
             u.memory_quota
         );
     }
+    render_grants(&mut out, report);
     family(
         &mut out,
         "gpushare_queue_length",
@@ -204,6 +206,72 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         );
     }
     out
+}
+
+/// A lease's labels: its id, and its Kubernetes pod and container (empty when the
+/// runtime did not say), so dashboards can join on the pod without the lease id.
+fn lease_labels(report: &StatusReport, lease: &LeaseId) -> String {
+    let pod = report
+        .leases
+        .iter()
+        .find(|l| &l.id == lease)
+        .and_then(|l| l.pod.as_ref());
+    let part = |f: fn(&PodBinding) -> &Option<String>| {
+        escape(pod.and_then(|p| f(p).as_deref()).unwrap_or(""))
+    };
+    format!(
+        "lease=\"{}\",pod_namespace=\"{}\",pod=\"{}\",container=\"{}\"",
+        escape(&lease.0),
+        part(|p| &p.namespace),
+        part(|p| &p.name),
+        part(|p| &p.container)
+    )
+}
+
+/// Grants by state and resource: placed (holding room, no lease yet), bound (a
+/// live lease uses it) and waiting (a memory grant no GPU could hold yet), and
+/// the bytes the waiting ones ask for: a node whose pods wait on fragmentation.
+fn render_grants(out: &mut String, report: &StatusReport) {
+    family(
+        out,
+        "gpushare_grants",
+        "gauge",
+        "Device-plugin grants by state (placed: room held, no lease yet; bound: a live lease uses it; waiting: no GPU could hold it yet) and resource.",
+    );
+    let state = |g: &Grant| match (&g.lease, &g.gpu, g.amount) {
+        (Some(_), _, _) => "bound",
+        (None, None, GrantAmount::Memory { .. }) => "waiting",
+        (None, _, _) => "placed",
+    };
+    for resource in ["memory", "high", "compute"] {
+        for s in ["placed", "bound", "waiting"] {
+            let n = report
+                .grants
+                .iter()
+                .filter(|g| state(g) == s && crate::grants::resource_name(&g.amount) == resource)
+                .count();
+            let _ = writeln!(
+                out,
+                "gpushare_grants{{state=\"{s}\",resource=\"{resource}\"}} {n}"
+            );
+        }
+    }
+    family(
+        out,
+        "gpushare_grants_waiting_memory_bytes",
+        "gauge",
+        "Memory the waiting grants ask for: their containers cannot start until a GPU has that much room.",
+    );
+    let waiting: u64 = report
+        .grants
+        .iter()
+        .filter(|g| state(g) == "waiting")
+        .map(|g| match g.amount {
+            GrantAmount::Memory { bytes } => bytes,
+            _ => 0,
+        })
+        .sum();
+    let _ = writeln!(out, "gpushare_grants_waiting_memory_bytes {waiting}");
 }
 
 /// Serves `GET /metrics` with whatever `report` returns; anything else is a 404.
@@ -393,6 +461,86 @@ mod tests {
     use gpushare_proto::{Fraction, GpuStatus, Lease, LeaseId, LeaseUsage, Violation};
 
     #[test]
+    fn renders_grants_and_the_pod_of_each_lease() {
+        use gpushare_proto::grant::GrantId;
+        use gpushare_proto::{Fraction, Lease, LeaseUsage};
+        let grant = |id: &str, amount, gpu: Option<&str>, lease: Option<&str>| Grant {
+            id: GrantId(id.into()),
+            amount,
+            device_ids: vec![id.into()],
+            gpu: gpu.map(str::to_owned),
+            lease: lease.map(|l| LeaseId(l.into())),
+            created_unix_ms: 0,
+        };
+        let gib = 1u64 << 30;
+        let report = StatusReport {
+            leases: vec![Lease {
+                id: LeaseId("l1".into()),
+                container_id: "abc".into(),
+                namespace: None,
+                sandbox_id: None,
+                gpus: vec!["GPU-0".into()],
+                priority: Priority::Low,
+                memory_bytes: gib,
+                compute_request: Fraction::ZERO,
+                compute_limit: Fraction::ONE,
+                tenant: None,
+                state: LeaseState::Confirmed,
+                pid: Some(1),
+                created_unix_ms: 0,
+                pod: Some(PodBinding {
+                    namespace: Some("team-a".into()),
+                    name: Some("web\"1".into()),
+                    container: None,
+                    grants: vec![],
+                }),
+            }],
+            usage: vec![LeaseUsage {
+                lease: LeaseId("l1".into()),
+                memory_used: 5,
+                memory_quota: gib,
+                clients: vec![],
+                cgroup: None,
+            }],
+            grants: vec![
+                grant(
+                    "g-1",
+                    GrantAmount::Memory { bytes: gib },
+                    Some("GPU-0"),
+                    Some("l1"),
+                ),
+                grant("g-2", GrantAmount::Memory { bytes: 2 * gib }, None, None),
+                grant("g-3", GrantAmount::Memory { bytes: 3 * gib }, None, None),
+                grant(
+                    "g-4",
+                    GrantAmount::Memory { bytes: gib },
+                    Some("GPU-0"),
+                    None,
+                ),
+                grant("g-5", GrantAmount::High, None, None),
+            ],
+            ..Default::default()
+        };
+        let text = render(&report, &BTreeMap::new());
+        for line in [
+            "gpushare_lease_memory_used_bytes{lease=\"l1\",pod_namespace=\"team-a\",pod=\"web\\\"1\",container=\"\"} 5",
+            "gpushare_lease_memory_quota_bytes{lease=\"l1\",pod_namespace=\"team-a\",pod=\"web\\\"1\",container=\"\"} 1073741824",
+            "gpushare_grants{state=\"bound\",resource=\"memory\"} 1",
+            "gpushare_grants{state=\"waiting\",resource=\"memory\"} 2",
+            "gpushare_grants{state=\"placed\",resource=\"memory\"} 1",
+            "gpushare_grants{state=\"placed\",resource=\"high\"} 1",
+            "gpushare_grants{state=\"waiting\",resource=\"high\"} 0",
+            "gpushare_grants{state=\"bound\",resource=\"compute\"} 0",
+            "gpushare_grants_waiting_memory_bytes 5368709120",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
+    #[test]
     fn renders_gpus_leases_queue_and_violations() {
         let report = StatusReport {
             gpus: vec![GpuStatus {
@@ -491,7 +639,8 @@ mod tests {
             "gpushare_gpu_utilization_ratio{gpu=\"GPU-0\"} 0.5",
             "gpushare_leases{priority=\"high\",state=\"confirmed\"} 1",
             "gpushare_leases{priority=\"low\",state=\"reserved\"} 0",
-            "gpushare_lease_memory_used_bytes{lease=\"l1\"} 12",
+            // Labels added for Kubernetes (issue 17): empty for a lease without a pod.
+            "gpushare_lease_memory_used_bytes{lease=\"l1\",pod_namespace=\"\",pod=\"\",container=\"\"} 12",
             "gpushare_queue_length{priority=\"high\"} 0",
             "gpushare_watchdog_violations{kind=\"unregistered\"} 1",
             "gpushare_watchdog_violations_total{kind=\"unregistered\"} 3",

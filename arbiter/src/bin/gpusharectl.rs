@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gpushare_config::Config;
-use gpushare_proto::{ByteSize, ControlClient, LeaseId, Priority, StatusReport};
+use gpushare_proto::grant::{Grant, GrantAmount};
+use gpushare_proto::{ByteSize, ControlClient, Lease, LeaseId, Priority, StatusReport};
 
 #[derive(Parser)]
 #[command(version, about = "Inspect and manage the gpushare arbiter")]
@@ -105,13 +106,14 @@ fn run(args: Args) -> anyhow::Result<String> {
                 for l in leases {
                     let _ = writeln!(
                         out,
-                        "{} container={} gpus={} priority={} memory={} state={:?}",
+                        "{} container={} gpus={} priority={} memory={} state={:?}{}",
                         l.id,
                         l.container_id,
                         l.gpus.join(","),
                         l.priority,
                         ByteSize(l.memory_bytes),
-                        l.state
+                        l.state,
+                        pod_of(&l)
                     );
                 }
             }
@@ -128,6 +130,45 @@ fn run(args: Args) -> anyhow::Result<String> {
         Command::Undrain { gpu } => out = format!("undrained {}\n", client.drain(gpu, false)?),
     }
     Ok(out)
+}
+
+/// " pod=namespace/name/container grants=…" for a Kubernetes container's lease;
+/// "-" stands for what the runtime did not know.
+fn pod_of(lease: &Lease) -> String {
+    let Some(pod) = &lease.pod else {
+        return String::new();
+    };
+    let part = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".into());
+    let mut out = format!(
+        " pod={}/{}/{}",
+        part(&pod.namespace),
+        part(&pod.name),
+        part(&pod.container)
+    );
+    if !pod.grants.is_empty() {
+        let ids: Vec<&str> = pod.grants.iter().map(|g| g.0.as_str()).collect();
+        out += &format!(" grants={}", ids.join(","));
+    }
+    out
+}
+
+fn render_grant(g: &Grant) -> String {
+    let amount = match g.amount {
+        GrantAmount::Memory { bytes } => format!("memory {}", ByteSize(bytes)),
+        GrantAmount::High => "high".into(),
+        GrantAmount::Compute { percent } => format!("compute {percent}%"),
+    };
+    let gpu = match (&g.gpu, g.amount) {
+        (Some(gpu), _) => gpu.clone(),
+        (None, GrantAmount::Memory { .. }) => "waiting".into(),
+        (None, _) => "-".into(),
+    };
+    format!(
+        "  {} {amount} gpu={gpu} lease={} devices={}\n",
+        g.id,
+        g.lease.as_ref().map(|l| l.0.as_str()).unwrap_or("-"),
+        g.device_ids.join(",")
+    )
 }
 
 fn percent(x: Option<f64>) -> String {
@@ -202,7 +243,7 @@ fn render_status(report: &StatusReport) -> String {
         for l in leases {
             let usage = report.usage.iter().find(|u| u.lease == l.id);
             out += &format!(
-                "  {} container={} gpus={} memory used {} of {} state={:?} pid={} clients={}\n",
+                "  {} container={} gpus={} memory used {} of {} state={:?} pid={} clients={}{}\n",
                 l.id,
                 l.container_id,
                 l.gpus.join(","),
@@ -219,7 +260,14 @@ fn render_status(report: &StatusReport) -> String {
                         .join(","))
                     .filter(|s| !s.is_empty())
                     .unwrap_or_else(|| "-".into()),
+                pod_of(l),
             );
+        }
+    }
+    if !report.grants.is_empty() {
+        out += &format!("GRANTS ({})\n", report.grants.len());
+        for g in &report.grants {
+            out += &render_grant(g);
         }
     }
     out += &format!("QUEUE ({})\n", report.queue.len());
@@ -356,6 +404,65 @@ mod tests {
         ] {
             assert!(busy.contains(line), "{line} in\n{busy}");
         }
+    }
+
+    #[test]
+    fn status_shows_grants_and_the_pod_of_each_lease() {
+        use gpushare_proto::grant::{GrantId, PodBinding};
+        use gpushare_proto::{Fraction, LeaseState};
+        let grant = |id: &str, amount, gpu: Option<&str>, lease: Option<&str>| Grant {
+            id: GrantId(id.into()),
+            amount,
+            device_ids: vec![format!("d-{id}")],
+            gpu: gpu.map(str::to_owned),
+            lease: lease.map(|l| LeaseId(l.into())),
+            created_unix_ms: 0,
+        };
+        let report = StatusReport {
+            leases: vec![Lease {
+                id: LeaseId("l1".into()),
+                container_id: "abc".into(),
+                namespace: Some("k8s.io".into()),
+                sandbox_id: None,
+                gpus: vec!["GPU-0".into()],
+                priority: Priority::Low,
+                memory_bytes: 4 << 30,
+                compute_request: Fraction::ZERO,
+                compute_limit: Fraction::ONE,
+                tenant: None,
+                state: LeaseState::Confirmed,
+                pid: Some(7),
+                created_unix_ms: 0,
+                pod: Some(PodBinding {
+                    namespace: Some("team-a".into()),
+                    name: Some("trainer".into()),
+                    container: Some("main".into()),
+                    grants: vec![GrantId("g-1".into())],
+                }),
+            }],
+            grants: vec![
+                grant(
+                    "g-1",
+                    GrantAmount::Memory { bytes: 4 << 30 },
+                    Some("GPU-0"),
+                    Some("l1"),
+                ),
+                grant("g-2", GrantAmount::Memory { bytes: 2 << 30 }, None, None),
+                grant("g-3", GrantAmount::Compute { percent: 30 }, None, None),
+            ],
+            ..Default::default()
+        };
+        let text = render_status(&report);
+        for line in [
+            "clients=- pod=team-a/trainer/main grants=g-1\n",
+            "GRANTS (3)\n",
+            "  g-1 memory 4Gi gpu=GPU-0 lease=l1 devices=d-g-1\n",
+            "  g-2 memory 2Gi gpu=waiting lease=- devices=d-g-2\n",
+            "  g-3 compute 30% gpu=- lease=- devices=d-g-3\n",
+        ] {
+            assert!(text.contains(line), "{line:?} in\n{text}");
+        }
+        assert!(!render_status(&StatusReport::default()).contains("GRANTS"));
     }
 
     #[test]

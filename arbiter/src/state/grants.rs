@@ -11,7 +11,7 @@ use gpushare_proto::{Fraction, GpuSelector};
 use gpushare_types::kubernetes::{COMPUTE_RESOURCE, HIGH_RESOURCE, MEMORY_RESOURCE};
 
 use super::*;
-use crate::grants::place_memory_grant;
+use crate::grants::{place_memory_grant, resource_name};
 
 /// Kubelet's device ids are opaque names it made up; this bounds what is logged
 /// and stored for one.
@@ -57,15 +57,6 @@ impl GrantError {
             | GrantError::InUse { .. }
             | GrantError::Exceeds(_) => ErrorKind::InvalidRequest,
         }
-    }
-}
-
-/// The resource a grant holds, as its `gpushare.io/` name says it.
-pub(crate) fn resource_name(amount: &GrantAmount) -> &'static str {
-    match amount {
-        GrantAmount::Memory { .. } => "memory",
-        GrantAmount::High => "high",
-        GrantAmount::Compute { .. } => "compute",
     }
 }
 
