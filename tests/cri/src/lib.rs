@@ -4,7 +4,8 @@
 //!
 //! [`Cri`] is blocking (the end-to-end tests drive processes synchronously); it runs
 //! the generated async client ([`api`]) on a runtime of its own. [`image`] builds a
-//! registry-free OCI image for the CRI plugin's image store.
+//! registry-free OCI image for the CRI plugin's image store. [`kubelet`] plays
+//! kubelet's device-plugin side (registration, Allocate, PodResources).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
 
 pub mod image;
+pub mod kubelet;
 
 /// The generated messages and client of `runtime.v1` (proto/api.proto).
 pub mod api {
