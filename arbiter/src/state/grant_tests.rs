@@ -408,6 +408,21 @@ fn a_reserve_against_a_waiting_grant_waits_and_is_admitted_when_room_frees() {
 }
 
 #[test]
+fn a_reserve_that_waited_for_its_grant_too_long_says_what_the_grant_holds() {
+    let (_dir, mut arbiter) = setup(1);
+    arbiter
+        .reserve_now(request("outside", "6Gi", Priority::Low))
+        .unwrap();
+    let g = grant(&mut arbiter, memory(5, "memory-0"));
+    let start = Instant::now();
+    let mut reply = arbiter.submit(pod_request("c1", &[&g.id]), start);
+    arbiter.expire_waiters(start + Duration::from_secs(3600));
+    let err = reply.try_recv().unwrap().unwrap_err();
+    assert!(matches!(err, StateError::QueueTimeout { .. }), "{err}");
+    assert!(err.to_string().contains("request for 5Gi"), "{err}");
+}
+
+#[test]
 fn a_grant_on_a_gpu_that_cannot_take_the_lease_moves_to_one_that_can() {
     let (_dir, mut arbiter) = setup(2);
     let g = grant(&mut arbiter, memory(2, "memory-0"));

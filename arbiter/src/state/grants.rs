@@ -420,6 +420,19 @@ impl Arbiter {
             .collect()
     }
 
+    /// The bytes of the memory grant a reserve names, if it names one that exists:
+    /// what it waits for (its own annotation is only checked against them).
+    pub(super) fn granted_memory(&self, request: &ReserveRequest) -> Option<u64> {
+        let pod = request.pod.as_ref()?;
+        pod.grants
+            .iter()
+            .filter_map(|id| self.grants.get(id))
+            .find_map(|g| match g.amount {
+                GrantAmount::Memory { bytes } => Some(bytes),
+                _ => None,
+            })
+    }
+
     /// The GPU a lease against memory grant `id` goes to: the grant's own when it
     /// can take the lease under the placement rules, else wherever the rules place
     /// the grant's bytes now (its own room counted free), the grant moving there.

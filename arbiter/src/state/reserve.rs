@@ -241,7 +241,10 @@ impl Arbiter {
     /// what the node has.
     pub fn expire_waiters(&mut self, now: Instant) {
         for w in self.queue.take_expired(now) {
-            let memory = self.memory_request(&w.item.request);
+            let memory = match self.granted_memory(&w.item.request) {
+                Some(bytes) => MemoryRequest::Bytes(bytes),
+                None => self.memory_request(&w.item.request),
+            };
             let r = &w.item.request;
             let reason = {
                 let views = self.views();
