@@ -43,7 +43,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         &mut out,
         "gpushare_gpu_memory_leased_bytes",
         "gauge",
-        "Sum of the memory quotas of the leases on the GPU.",
+        "Sum of the memory quotas of the leases on the GPU, plus the room of memory grants held there that no lease uses yet.",
     );
     for g in &report.gpus {
         let _ = writeln!(
