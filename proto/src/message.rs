@@ -167,7 +167,9 @@ pub struct GpuStatus {
     pub uuid: String,
     pub name: String,
     pub memory_total: u64,
-    /// Sum of the memory quotas of the leases on this GPU.
+    /// Sum of the memory quotas of the leases on this GPU, plus the room held for
+    /// memory grants placed here that no live lease uses yet (Kubernetes): both are
+    /// promised, so neither is free.
     pub memory_leased: u64,
     /// Device memory in use as NVML reports it (None with declared devices).
     #[serde(default)]
