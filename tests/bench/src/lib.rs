@@ -7,6 +7,7 @@ pub mod control_path;
 pub mod e1;
 pub mod e3;
 pub mod experiment;
+pub mod kube_sim;
 pub mod metrics;
 pub mod plot;
 pub mod profiles;

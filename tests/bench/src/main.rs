@@ -11,7 +11,9 @@ use gpushare_bench::report;
 use gpushare_bench::setup::{self, Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
-const SCENARIOS: [&str; 7] = ["priority", "shares", "kernels", "e1", "e2", "e3", "e5"];
+const SCENARIOS: [&str; 8] = [
+    "priority", "shares", "kernels", "e1", "e2", "e3", "e5", "cluster",
+];
 /// Issue 14's sweep of what the low-priority job launches: kernels of 100 µs (what every
 /// other scenario uses), 1–20 ms (real GEMMs, convolutions and attention), and a real CUDA
 /// graph of ten 5 ms kernels, captured once and launched as one 50 ms unit per iteration.
@@ -50,7 +52,9 @@ struct Args {
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
     /// Only this scenario: priority, shares, kernels (low kernel lengths), e1 (training
-    /// pairs), e2 (jobs arriving on 4 GPUs), e3 (inference latency) or e5 (scaling).
+    /// pairs), e2 (jobs arriving on 4 GPUs), e3 (inference latency), e5 (scaling) or cluster
+    /// (issue 17's simulation of kube-scheduler on 1,000 nodes: its files go straight into
+    /// --out, or into --out/cluster-issue-17 when every scenario runs).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
     /// Modes, comma-separated: alone, uncontrolled, round-robin, tgs, gpushare-before,
@@ -129,6 +133,27 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         args.round_robin_slices_ms.clone(),
         args.gpushare_set.clone(),
     );
+    if args.scenario.as_deref().is_none_or(|s| s == "cluster") {
+        // A simulation of its own (no binaries, no simulated GPU), in its own files.
+        use gpushare_bench::kube_sim::{self, ClusterParameters};
+        let dir = match args.scenario {
+            Some(_) => args.out.clone(),
+            None => args.out.join(kube_sim::RESULTS_SUBDIR),
+        };
+        kube_sim::run_and_write(&dir, &ClusterParameters::new(args.quick, args.seed)).map_err(
+            |source| ExperimentError::Io {
+                what: format!("writing the cluster simulation into {}", dir.display()),
+                source,
+            },
+        )?;
+        eprintln!(
+            "gpushare-bench: wrote the cluster simulation into {}",
+            dir.display()
+        );
+        if args.scenario.is_some() {
+            return Ok(());
+        }
+    }
     // A setting the `[scheduler]` table refuses stops the run before any case has run.
     Mode::GpushareBefore.scheduler(&parameters.gpushare_settings)?;
     let binaries = Binaries::locate()?;

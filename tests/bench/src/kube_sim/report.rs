@@ -1,0 +1,163 @@
+//! The `cluster` scenario's files: the JSON as run, a Markdown table per load level, and a
+//! bar chart (`cluster.svg`, drawn with the bench's own [`crate::plot`]).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::plot::{render_svg, Figure, Panel};
+
+pub const SVG_NAME: &str = "cluster";
+
+fn minutes(v: &Value) -> String {
+    v.as_f64()
+        .map_or_else(|| "–".into(), |s| format!("{:.1}", s / 60.0))
+}
+
+fn percent(v: &Value) -> String {
+    v.as_f64()
+        .map_or_else(|| "–".into(), |f| format!("{:.1} %", f * 100.0))
+}
+
+pub fn markdown(results: &Value) -> String {
+    let p = &results["parameters"];
+    let mut md = String::new();
+    let _ = writeln!(md, "# Cluster-scale simulation (issue 17) — simulated\n");
+    let _ = writeln!(
+        md,
+        "**Every figure is simulated**: a discrete-event model of kube-scheduler (NodeResourcesFit \
+         filter, LeastAllocated score, {} nodes' search as kube-scheduler sizes it) and of the \
+         arbiter's grant placement (the real `place_memory_grant`); no cluster, arbiter or GPU \
+         ran. {} nodes × {} GPUs × {} GiB; pods of {:?} GiB weighted {:?}, {:.0} % high; \
+         lognormal run time (median {:.0} min, σ {}); Poisson arrivals for {} h, steady window \
+         from {} h; seed {}. Machine: {}, commit {}.\n",
+        crate::kube_sim::kube::feasible_nodes_to_find(p["nodes"].as_u64().unwrap_or(0) as usize),
+        p["nodes"],
+        p["gpus_per_node"],
+        p["gpu_memory_gib"],
+        p["mix"]["memory_gib"].as_array().map(|a| a.iter().map(|v| v.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+        p["mix"]["weights"].as_array().map(|a| a.iter().map(|v| v.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+        p["mix"]["high_fraction"].as_f64().unwrap_or(0.0) * 100.0,
+        p["mix"]["duration_median_s"].as_f64().unwrap_or(0.0) / 60.0,
+        p["mix"]["duration_sigma"],
+        p["arrival_horizon_h"],
+        p["warm_up_h"],
+        p["seed"],
+        results["machine"]["uname"].as_str().unwrap_or("?"),
+        results["machine"]["git_commit"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        md,
+        "Modes: `gpushare` (kube-scheduler counts node totals of `gpushare.io/memory` and \
+         `gpushare.io/high`; the node places each grant on one GPU, worst fit, or the pod waits \
+         on the node), `gpu-aware` (an oracle scheduler that filters on a node's largest free \
+         hole on one GPU: the upper bound), `whole-gpu` (`nvidia.com/gpu: 1`, a FIFO queue for \
+         the cluster). Columns: *no GPU fits*: pods bound to a node where no single GPU could \
+         hold them, and how long they waited there (minutes); *pending*: arrival to running, \
+         every pod (minutes); utilisation and occupancy are time-weighted means over the steady \
+         window; *stranded*: memory kube-scheduler counts as taken by pods waiting on a node.\n"
+    );
+    for level in results["levels"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "## Offered load {:.0} % of the cluster's GPU memory\n",
+            level["offered_load"].as_f64().unwrap_or(0.0) * 100.0
+        );
+        md += "| mode | pods | no GPU fits | their wait mean / p50 / p95 / p99 | pending mean / p50 / p95 / p99 | memory used | GPUs occupied | stranded | started/h (arrivals/h) | makespan h |\n";
+        md += "|---|---|---|---|---|---|---|---|---|---|\n";
+        for (mode, m) in level["modes"].as_object().into_iter().flatten() {
+            let w = &m["admitted_where_no_gpu_fits"];
+            let nw = &w["node_wait_s"];
+            let pe = &m["pending_s"];
+            let _ = writeln!(
+                md,
+                "| {mode} | {} | {} ({}) | {} / {} / {} / {} | {} / {} / {} / {} | {} | {} | {} | {:.0} ({:.0}) | {:.1} |",
+                m["pods"],
+                w["pods"],
+                percent(&w["fraction"]),
+                minutes(&nw["mean"]),
+                minutes(&nw["p50"]),
+                minutes(&nw["p95"]),
+                minutes(&nw["p99"]),
+                minutes(&pe["mean"]),
+                minutes(&pe["p50"]),
+                minutes(&pe["p95"]),
+                minutes(&pe["p99"]),
+                percent(&m["steady"]["memory_utilisation"]),
+                percent(&m["steady"]["gpu_occupancy"]),
+                percent(&m["steady"]["stranded_memory"]),
+                m["started_per_h_steady"].as_f64().unwrap_or(f64::NAN),
+                m["arrivals_per_h"].as_f64().unwrap_or(f64::NAN),
+                m["makespan_h"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
+        md += "\n";
+    }
+    let _ = writeln!(md, "![cluster](cluster.svg)");
+    md
+}
+
+/// Bars by load level (x) and mode: memory used, pods stranded on a node, mean pending.
+pub fn figure(results: &Value) -> Figure {
+    let panel = |title: &str, y_label: &str, value: &dyn Fn(&Value) -> Option<f64>| Panel {
+        title: title.into(),
+        y_label: y_label.into(),
+        groups: results["levels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|level| {
+                let bars = level["modes"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(mode, m)| value(m).map(|v| (mode.clone(), v)))
+                    .collect();
+                let load = level["offered_load"].as_f64().unwrap_or(0.0) * 100.0;
+                (format!("{load:.0} % offered"), bars)
+            })
+            .collect(),
+    };
+    let f = |v: &Value| v.as_f64();
+    Figure {
+        name: SVG_NAME.into(),
+        panels: vec![
+            panel(
+                "cluster (simulated): GPU memory in use, steady window",
+                "% of the cluster's memory",
+                &|m| f(&m["steady"]["memory_utilisation"]).map(|x| x * 100.0),
+            ),
+            panel(
+                "cluster (simulated): pods bound to a node where no GPU fits",
+                "% of pods",
+                &|m| f(&m["admitted_where_no_gpu_fits"]["fraction"]).map(|x| x * 100.0),
+            ),
+            panel(
+                "cluster (simulated): those pods' wait on the node, p95",
+                "minutes",
+                &|m| {
+                    Some(
+                        f(&m["admitted_where_no_gpu_fits"]["node_wait_s"]["p95"]).unwrap_or(0.0)
+                            / 60.0,
+                    )
+                },
+            ),
+            panel(
+                "cluster (simulated): pending time of every pod, mean (log10 of minutes + 1)",
+                "log10(1 + minutes)",
+                &|m| f(&m["pending_s"]["mean"]).map(|s| (1.0 + s / 60.0).log10()),
+            ),
+        ],
+    }
+}
+
+pub fn write(dir: &Path, results: &Value) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let text = serde_json::to_string_pretty(results).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join(super::JSON_FILE), text + "\n")?;
+    std::fs::write(dir.join(super::MARKDOWN_FILE), markdown(results))?;
+    let fig = figure(results);
+    let svg = render_svg(&fig).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join(fig.file_name()), svg)
+}
