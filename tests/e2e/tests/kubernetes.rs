@@ -466,6 +466,20 @@ fn through_gpushare_runc_deleting_the_pod_releases_its_leases_and_grants() {
 
 // --- a forged pod-level grant --------------------------------------------------
 
+/// A pod naming `stolen` (another pod's grant) in its own annotations, which
+/// pod_annotations would copy into its containers if the pattern matched, beside
+/// an ordinary request (which it does copy).
+fn forger(uid_suffix: u32, stolen: &str) -> Pod {
+    pod(
+        "forger",
+        uid_suffix,
+        HashMap::from([
+            (GRANT_MEMORY_ANNOTATION.to_owned(), stolen.to_owned()),
+            ("gpushare.io/memory".to_owned(), "1Gi".to_owned()),
+        ]),
+    )
+}
+
 /// The victim's grant is allocated but not yet used; the forger's pod names it
 /// in its own annotations (which pod_annotations would copy if it matched).
 fn a_forged_pod_level_grant_is_dropped(entry: Entry) {
@@ -475,14 +489,7 @@ fn a_forged_pod_level_grant_is_dropped(entry: Entry) {
     let victims = c.allocate(&victim, "app", 4);
     let stolen = grant_id(&victims);
 
-    let forger = pod(
-        "forger",
-        5,
-        HashMap::from([
-            (GRANT_MEMORY_ANNOTATION.to_owned(), stolen.clone()),
-            ("gpushare.io/memory".to_owned(), "1Gi".to_owned()),
-        ]),
-    );
+    let forger = forger(5, &stolen);
     let forger_sandbox = c.run_pod(&forger);
     let app = c.start_container(&forger_sandbox, &forger, "app", 0, None);
     let spec = c.node.spec(&app);
@@ -541,14 +548,7 @@ fn with_require_grant_a_forged_grant_alone_is_refused(entry: Entry) {
     let victim_sandbox = c.run_pod(&victim);
     let victims = c.allocate(&victim, "app", 2);
     let stolen = grant_id(&victims);
-    let forger = pod(
-        "forger",
-        7,
-        HashMap::from([
-            (GRANT_MEMORY_ANNOTATION.to_owned(), stolen.clone()),
-            ("gpushare.io/memory".to_owned(), "1Gi".to_owned()),
-        ]),
-    );
+    let forger = forger(7, &stolen);
     let forger_sandbox = c.run_pod(&forger);
     let error = c
         .try_create(&forger_sandbox, &forger, "app", 0, None)
@@ -594,6 +594,10 @@ fn after_a_kubelet_restart_the_plugin_registers_again_and_pods_keep_their_leases
     c.kubelet
         .wait_for_resource(MEMORY_RESOURCE, UNITS, Duration::from_secs(30))
         .unwrap();
+    assert!(
+        c.kubelet.registrations(MEMORY_RESOURCE) >= 2,
+        "registered again after the restart"
+    );
     assert_eq!(
         c.lease_of(&app),
         before,
@@ -684,6 +688,11 @@ fn a_grant_waits_for_room(entry: Entry) {
         .try_create(&sandbox, &late, "app", 0, Some(&allocation))
         .and_then(|id| c.cri().start_container(&id).map(|()| id))
         .expect_err("a container whose grant has no room yet ran");
+    let message = error.to_string();
+    assert!(
+        message.contains("gpushare") && message.contains("4Gi"),
+        "{entry:?}: refused by gpushare for the grant's 4Gi, not for another reason: {message}"
+    );
     assert_eq!(c.leases().len(), 2, "{entry:?}: {error}: {:#?}", c.leases());
 
     let (filler, filler_sandbox) = &fillers[0];
