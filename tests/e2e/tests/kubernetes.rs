@@ -719,3 +719,60 @@ fn through_the_shim_a_grant_waits_for_room() {
 fn through_gpushare_runc_a_grant_waits_for_room() {
     a_grant_waits_for_room(Entry::RuncBinary);
 }
+
+// --- what a grant does not allow ------------------------------------------------
+
+/// The arbiter's grant rules, through the runtime: an annotation asking for more
+/// memory than the container's grant is refused naming both, and a grant backs one
+/// live lease (a second container given the same allocation is refused).
+fn a_container_can_neither_exceed_nor_share_its_grant(entry: Entry) {
+    let c = Cluster::start(entry, Settings::default());
+    let greedy = pod("greedy", 14, HashMap::new());
+    let sandbox = c.run_pod(&greedy);
+    let allocation = c.allocate(&greedy, "app", 2);
+    let grant = grant_id(&allocation);
+
+    let start = |name: &str, extra: &[(&str, &str)]| {
+        let mut config = gpushare_cri::container(name, IMAGE, &["/bin/sleep", "3600"]);
+        allocation.apply(&mut config);
+        for (key, value) in extra {
+            config
+                .annotations
+                .insert((*key).to_owned(), (*value).to_owned());
+        }
+        c.cri()
+            .create_container(&sandbox, &config, &greedy.config)
+            .and_then(|id| c.cri().start_container(&id).map(|()| id))
+    };
+    let error = start("big", &[("gpushare.io/memory", "4Gi")])
+        .expect_err("a container above its grant ran")
+        .to_string();
+    assert!(
+        error.contains(&grant) && error.contains("4Gi") && error.contains("2Gi"),
+        "{entry:?}: names the grant, the ask and the grant's size: {error}"
+    );
+    assert!(c.leases().is_empty(), "{:#?}", c.leases());
+    assert_eq!(c.grant(&grant)["lease"], Value::Null);
+
+    let app = start("app", &[]).unwrap_or_else(|e| panic!("{e}{}", c.logs()));
+    let lease = c.lease_of(&app);
+    let error = start("twin", &[])
+        .expect_err("two live leases on one grant")
+        .to_string();
+    assert!(
+        error.contains(&grant) && error.contains(lease["id"].as_str().unwrap()),
+        "{entry:?}: names the grant and the lease it backs: {error}"
+    );
+    assert_eq!(c.leases().len(), 1, "{:#?}", c.leases());
+    assert_eq!(c.grant(&grant)["lease"], lease["id"]);
+}
+
+#[test]
+fn through_the_shim_a_container_can_neither_exceed_nor_share_its_grant() {
+    a_container_can_neither_exceed_nor_share_its_grant(Entry::Shim);
+}
+
+#[test]
+fn through_gpushare_runc_a_container_can_neither_exceed_nor_share_its_grant() {
+    a_container_can_neither_exceed_nor_share_its_grant(Entry::RuncBinary);
+}
