@@ -133,7 +133,7 @@ const OUTPUT_ANNOTATIONS: [&str; 3] = [
 pub fn from_spec(
     spec: &Spec,
     policy: &RequestPolicy,
-    kubernetes: &KubernetesConfig,
+    kubernetes_config: &KubernetesConfig,
 ) -> Result<Option<ContainerRequest>, RequestError> {
     if let Some(key) = spec.annotation_keys().find(|key| {
         key.starts_with("gpushare.io/")
@@ -162,7 +162,10 @@ pub fn from_spec(
     if values.iter().all(Option::is_none) && grants.is_empty() {
         return Ok(None);
     }
-    if kubernetes.require_grant
+    // With gpushare-kube deployed, kube-scheduler counts only what was granted: a
+    // pod's share taken by annotations alone would land where it thinks room is free.
+    // (A pod's pause container never gets here: admission leaves it alone first.)
+    if kubernetes_config.require_grant
         && kubernetes::in_pod(spec)
         && spec.annotation(GRANT_MEMORY_ANNOTATION).is_none()
     {
