@@ -431,7 +431,10 @@ fn deleting_the_pod_releases_its_leases_and_its_grants_are_collected(entry: Entr
     let sandbox = c.run_pod(&job);
     for name in ["app-a", "app-b"] {
         let allocation = c.allocate(&job, name, 1);
-        c.start_container(&sandbox, &job, name, 0, Some(&allocation));
+        let app = c.start_container(&sandbox, &job, name, 0, Some(&allocation));
+        let grant = grant_id(&allocation);
+        assert_eq!(binding(&c.lease_of(&app)), bound_to(&job, name, &grant));
+        assert_eq!(c.grant(&grant)["lease"], c.lease_of(&app)["id"]);
     }
     assert_eq!(c.leases().len(), 2);
     assert_eq!(c.grants().len(), 2);
