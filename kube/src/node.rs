@@ -27,6 +27,8 @@ use crate::{DEVICE_PLUGIN_VERSION, KUBELET_SOCKET};
 
 /// How long a call to kubelet (Register, PodResources List) may take.
 const KUBELET_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the endpoints of a departed kubelet may take to stop.
+const SHUT_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -67,10 +69,10 @@ impl Settings {
         Settings {
             plugin_dir: k.device_plugin_dir.clone(),
             pod_resources_socket: k.pod_resources_socket.clone(),
-            arbiter: Arbiter {
-                socket: config.arbiter.control_socket(),
-                timeout: Duration::from_millis(config.arbiter.client_timeout_ms),
-            },
+            arbiter: Arbiter::new(
+                config.arbiter.control_socket(),
+                Duration::from_millis(config.arbiter.client_timeout_ms),
+            ),
             memory_unit: k.memory_unit.0,
             poll_interval: Duration::from_millis(k.poll_interval_ms),
             collect_interval: Duration::from_millis(k.collect_interval_ms),
@@ -142,10 +144,16 @@ impl Endpoints {
         Ok(Endpoints { stop, servers })
     }
 
+    /// Stops the servers: gracefully (the ListAndWatch streams end on `stop`), but
+    /// a connection a departed kubelet left half-open must not hold up the new
+    /// registration, so after [`SHUT_GRACE`] they are aborted.
     async fn shut(self) {
         let _ = self.stop.send(true);
-        for server in self.servers {
-            let _ = server.await;
+        for mut server in self.servers {
+            if tokio::time::timeout(SHUT_GRACE, &mut server).await.is_err() {
+                tracing::warn!("an endpoint did not stop within {SHUT_GRACE:?}; aborting it");
+                server.abort();
+            }
         }
     }
 }

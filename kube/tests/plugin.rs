@@ -1,103 +1,18 @@
 //! gpushare-kube end to end: the real binary between a real arbiter (declared GPUs)
 //! and the test kubelet (tests/cri), over real gRPC on unix sockets.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
-use gpushare_cri::kubelet::TestKubelet;
+use common::{plugin_dir, Node, GIB, WAIT};
 use gpushare_kube::resource::Resource;
-use gpushare_proto::grant::{Grant, GrantAmount};
-use gpushare_testkit::config::KubernetesConfig;
-use gpushare_testkit::{binaries, wait_until, Arbiter};
+use gpushare_proto::grant::GrantAmount;
+use gpushare_testkit::wait_until;
 use gpushare_types::kubernetes::{
     COMPUTE_RESOURCE, GRANT_COMPUTE_ANNOTATION, GRANT_COMPUTE_ENV, GRANT_HIGH_ANNOTATION,
     GRANT_HIGH_ENV, GRANT_MEMORY_ANNOTATION, GRANT_MEMORY_ENV, HIGH_RESOURCE, MEMORY_RESOURCE,
 };
-
-const GIB: u64 = 1 << 30;
-/// Generous: a loaded 2-core machine runs several suites at once.
-const WAIT: Duration = Duration::from_secs(20);
-
-/// An arbiter, the plugin and the test kubelet on one private directory.
-struct Node {
-    kubelet: TestKubelet,
-    plugin: Child,
-    plugin_log: PathBuf,
-    arbiter: Arbiter,
-}
-
-impl Node {
-    fn start(gpus: u32, memory: &str, edit: impl FnOnce(&mut KubernetesConfig)) -> Node {
-        binaries::cargo_build(&["gpushare-arbiter"]);
-        binaries::require(&["gpushare-arbiter", "gpushare-kube"]);
-        let arbiter = Arbiter::builder().declared_gpus(gpus, memory).start();
-        let dir = arbiter.dir().to_owned();
-        let plugin_dir = dir.join("device-plugins");
-        std::fs::create_dir_all(&plugin_dir).unwrap();
-        let mut config = arbiter.config().clone();
-        config.kubernetes.device_plugin_dir = plugin_dir.clone();
-        config.kubernetes.pod_resources_socket = dir.join("pod-resources.sock");
-        config.kubernetes.poll_interval_ms = 50;
-        // Collection only where a test asks for it.
-        config.kubernetes.collect_interval_ms = 3_600_000;
-        edit(&mut config.kubernetes);
-        let kubelet = TestKubelet::start(&plugin_dir, &config.kubernetes.pod_resources_socket);
-        let config_path = dir.join("kube.toml");
-        std::fs::write(&config_path, config.to_toml().unwrap()).unwrap();
-        let plugin_log = dir.join("gpushare-kube.log");
-        let log = std::fs::File::create(&plugin_log).unwrap();
-        let plugin = Command::new(binaries::program("gpushare-kube"))
-            .arg("--config")
-            .arg(&config_path)
-            .env("GPUSHARE_LOG", "debug,h2=info,tower=info,hyper=info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start gpushare-kube");
-        let node = Node {
-            kubelet,
-            plugin,
-            plugin_log,
-            arbiter,
-        };
-        for resource in [MEMORY_RESOURCE, HIGH_RESOURCE, COMPUTE_RESOURCE] {
-            node.kubelet
-                .wait_registered(resource, WAIT)
-                .unwrap_or_else(|e| panic!("{e}\nplugin log:\n{}", node.plugin_log()));
-        }
-        node
-    }
-
-    fn plugin_log(&self) -> String {
-        std::fs::read_to_string(&self.plugin_log).unwrap_or_default()
-    }
-
-    fn wait_healthy(&self, resource: &str, healthy: usize) {
-        self.kubelet
-            .wait_for_resource(resource, healthy, WAIT)
-            .unwrap_or_else(|e| panic!("{e}\nplugin log:\n{}", self.plugin_log()));
-    }
-
-    fn grants(&self) -> Vec<Grant> {
-        self.arbiter.client().grants().unwrap()
-    }
-
-    fn grant(&self, id: &str) -> Option<Grant> {
-        self.grants().into_iter().find(|g| g.id.0 == id)
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.plugin.kill();
-        let _ = self.plugin.wait();
-    }
-}
-
-fn plugin_dir(node: &Node) -> &Path {
-    node.kubelet.plugin_dir()
-}
 
 #[test]
 fn registers_the_three_resources_with_the_node_counts() {
