@@ -79,7 +79,8 @@ struct Args {
     #[arg(long)]
     e_duration_s: Option<f64>,
     /// Run nothing: re-write the Markdown and the charts of the results in `--out` from
-    /// their JSON, which stays as it is (after the report or the charts changed).
+    /// their JSON, which stays as it is (after the report or the charts changed); the cluster
+    /// simulation's too (in --out/cluster-issue-17, or in --out with --scenario cluster).
     #[arg(long)]
     rerender: bool,
 }
@@ -103,6 +104,16 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<(), ExperimentError> {
     if args.rerender {
         let io = |what: String| move |source| ExperimentError::Io { what, source };
+        use gpushare_bench::kube_sim;
+        if args.scenario.as_deref() == Some("cluster") {
+            return kube_sim::rerender(&args.out)
+                .map_err(io(format!("re-rendering {}", args.out.display())));
+        }
+        let cluster = args.out.join(kube_sim::RESULTS_SUBDIR);
+        if cluster.join(kube_sim::JSON_FILE).exists() {
+            kube_sim::rerender(&cluster)
+                .map_err(io(format!("re-rendering {}", cluster.display())))?;
+        }
         let path = args.out.join(report::JSON_FILE);
         let text = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
         let results: Value = serde_json::from_slice(&text).map_err(|e| {

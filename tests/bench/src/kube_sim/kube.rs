@@ -12,6 +12,8 @@
 //!   `memory`, which these pods do not ask for, so every node would tie; the model assumes the
 //!   operator lists the GPU resource (`gpushare.io/memory`, or `nvidia.com/gpu`) in
 //!   `scoringStrategy.resources`, weight 1.
+//! - MostAllocated (the other scoring strategy, which operators of GPU clusters choose to pack
+//!   nodes and keep whole ones free): `requested * 100 / allocatable`, the pod's request counted.
 //! - Select: among the nodes with the highest score, one at random (kube-scheduler's
 //!   `selectHost` keeps each of them with equal chance).
 
@@ -46,6 +48,33 @@ impl Resource {
         }
         let requested = self.requested + request;
         self.allocatable.saturating_sub(requested) * MAX_NODE_SCORE / self.allocatable
+    }
+
+    /// MostAllocated's score for one resource, the pod's request counted.
+    pub fn most_allocated_score(&self, request: u64) -> u64 {
+        if self.allocatable == 0 {
+            return 0;
+        }
+        let requested = (self.requested + request).min(self.allocatable);
+        requested * MAX_NODE_SCORE / self.allocatable
+    }
+}
+
+/// NodeResourcesFit's scoring strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scoring {
+    /// The default: spread.
+    LeastAllocated,
+    /// Pack.
+    MostAllocated,
+}
+
+impl Scoring {
+    pub fn score(self, resource: &Resource, request: u64) -> u64 {
+        match self {
+            Self::LeastAllocated => resource.least_allocated_score(request),
+            Self::MostAllocated => resource.most_allocated_score(request),
+        }
     }
 }
 
@@ -153,6 +182,25 @@ mod tests {
             requested: 7,
         };
         assert_eq!(gpus.least_allocated_score(1), 0);
+    }
+
+    #[test]
+    fn most_allocated_scores_the_fuller_node_higher() {
+        let half = Resource {
+            allocatable: 640,
+            requested: 320,
+        };
+        assert_eq!(half.most_allocated_score(40), 56); // 360 * 100 / 640 = 56.25
+        assert_eq!(Scoring::MostAllocated.score(&half, 0), 50);
+        assert_eq!(Scoring::LeastAllocated.score(&half, 0), 50);
+        let fuller = Resource {
+            allocatable: 640,
+            requested: 600,
+        };
+        assert!(Scoring::MostAllocated.score(&fuller, 8) > Scoring::MostAllocated.score(&half, 8));
+        assert!(
+            Scoring::LeastAllocated.score(&fuller, 8) < Scoring::LeastAllocated.score(&half, 8)
+        );
     }
 
     #[test]

@@ -49,13 +49,15 @@ pub struct Meter {
     area_steady: Gauges,
     steady_ms: (u64, u64),
     sample_every_ms: u64,
+    sample_until_ms: u64,
     next_sample_ms: u64,
     samples: Vec<Sample>,
 }
 
 impl Meter {
-    /// `steady_ms`: the window the steady means cover (after the warm-up, until arrivals stop).
-    pub fn new(steady_ms: (u64, u64), sample_every_ms: u64) -> Self {
+    /// `steady_ms`: the window the steady means cover (after the warm-up, until arrivals stop);
+    /// a sample every `sample_every_ms` until `sample_until_ms`.
+    pub fn new(steady_ms: (u64, u64), sample_every_ms: u64, sample_until_ms: u64) -> Self {
         Self {
             last_ms: 0,
             current: Gauges::default(),
@@ -63,6 +65,7 @@ impl Meter {
             area_steady: Gauges::default(),
             steady_ms,
             sample_every_ms: sample_every_ms.max(1),
+            sample_until_ms,
             next_sample_ms: 0,
             samples: Vec::new(),
         }
@@ -71,7 +74,7 @@ impl Meter {
     /// Time has reached `now_ms` with the gauges unchanged since the last call.
     pub fn advance(&mut self, now_ms: u64) {
         let now_ms = now_ms.max(self.last_ms);
-        while self.next_sample_ms <= now_ms {
+        while self.next_sample_ms <= now_ms.min(self.sample_until_ms) {
             self.samples.push(Sample {
                 t_h: self.next_sample_ms as f64 / 3.6e6,
                 gauges: self.current,
@@ -122,7 +125,7 @@ mod tests {
 
     #[test]
     fn means_weigh_each_value_by_how_long_it_held() {
-        let mut m = Meter::new((100, 300), 100);
+        let mut m = Meter::new((100, 300), 100, 400);
         m.advance(0);
         m.set(granted(10.0)); // 10 over [0, 200)
         m.advance(200);
@@ -138,12 +141,13 @@ mod tests {
 
     #[test]
     fn the_steady_window_ignores_the_warm_up() {
-        let mut m = Meter::new((100, 200), 1_000);
+        let mut m = Meter::new((100, 200), 1_000, 0);
         m.set(granted(100.0));
         m.advance(100);
         m.set(granted(0.0));
         m.advance(200);
         assert_eq!(m.steady_mean().granted_gib, 0.0);
         assert_eq!(m.run_mean().granted_gib, 50.0);
+        assert_eq!(m.samples().len(), 1, "sampled only until 0");
     }
 }

@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use drive::{drive, Timing};
-use kube::KubeScheduler;
+use kube::{KubeScheduler, Scoring};
 use meter::{Gauges, Meter};
 use rng::SplitMix64;
 use shared::{NodeFilter, SharedCluster};
@@ -41,6 +41,8 @@ pub const RESULTS_SUBDIR: &str = "cluster-issue-17";
 pub enum ClusterMode {
     /// kube-scheduler on node totals, the arbiter places each grant (or it waits on the node).
     Gpushare,
+    /// The same with MostAllocated scoring (nodes packed by their totals).
+    GpushareMostAllocated,
     /// `nvidia.com/gpu: 1`: a whole GPU per pod, a FIFO queue for the cluster.
     WholeGpu,
     /// A scheduler that sees each GPU's largest free hole (the upper bound).
@@ -48,11 +50,17 @@ pub enum ClusterMode {
 }
 
 impl ClusterMode {
-    pub const ALL: [ClusterMode; 3] = [Self::Gpushare, Self::GpuAware, Self::WholeGpu];
+    pub const ALL: [ClusterMode; 4] = [
+        Self::Gpushare,
+        Self::GpushareMostAllocated,
+        Self::GpuAware,
+        Self::WholeGpu,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Gpushare => "gpushare",
+            Self::GpushareMostAllocated => "gpushare-most-allocated",
             Self::WholeGpu => "whole-gpu",
             Self::GpuAware => "gpu-aware",
         }
@@ -73,7 +81,9 @@ pub struct ClusterParameters {
     pub arrival_horizon_h: f64,
     /// The steady window is [warm_up_h, arrival_horizon_h].
     pub warm_up_h: f64,
+    /// The gauges' samples (`series`): every `sample_every_min` until `sample_until_h`.
     pub sample_every_min: f64,
+    pub sample_until_h: f64,
     pub seed: u64,
 }
 
@@ -89,7 +99,8 @@ impl ClusterParameters {
             loads: vec![0.1, 0.5, 0.7, 0.9],
             arrival_horizon_h: if quick { 3.0 } else { 8.0 },
             warm_up_h: if quick { 1.0 } else { 2.0 },
-            sample_every_min: 30.0,
+            sample_every_min: 15.0,
+            sample_until_h: if quick { 4.0 } else { 12.0 },
             seed,
         }
     }
@@ -123,6 +134,7 @@ pub fn simulate(p: &ClusterParameters, mode: ClusterMode, pods: &[Pod]) -> RunOu
     let mut meter = Meter::new(
         (h_ms(p.warm_up_h), h_ms(p.arrival_horizon_h)),
         (p.sample_every_min * 60e3) as u64,
+        h_ms(p.sample_until_h),
     );
     // Tie-breaks of their own: the trace is the same whatever a mode draws.
     let kube = KubeScheduler::new(SplitMix64::new(p.seed.wrapping_add(0x6B75_6265)));
@@ -131,17 +143,20 @@ pub fn simulate(p: &ClusterParameters, mode: ClusterMode, pods: &[Pod]) -> RunOu
             let mut c = WholeGpuCluster::new(p.nodes, p.gpus_per_node, kube, pods);
             drive(&mut c, pods, &mut meter)
         }
-        ClusterMode::Gpushare | ClusterMode::GpuAware => {
-            let filter = if mode == ClusterMode::Gpushare {
-                NodeFilter::NodeTotals
-            } else {
-                NodeFilter::LargestGpuHole
+        shared => {
+            let (filter, scoring) = match shared {
+                ClusterMode::GpuAware => (NodeFilter::LargestGpuHole, Scoring::LeastAllocated),
+                ClusterMode::GpushareMostAllocated => {
+                    (NodeFilter::NodeTotals, Scoring::MostAllocated)
+                }
+                _ => (NodeFilter::NodeTotals, Scoring::LeastAllocated),
             };
             let mut c = SharedCluster::new(
                 p.nodes,
                 p.gpus_per_node,
                 p.gpu_memory_gib,
                 filter,
+                scoring,
                 kube,
                 pods,
             );
@@ -218,21 +233,38 @@ pub fn run_all(p: &ClusterParameters) -> Value {
     let mut levels = Vec::new();
     for (i, &load) in p.loads.iter().enumerate() {
         let pods = p.trace(i);
-        let mut modes = serde_json::Map::new();
-        for mode in ClusterMode::ALL {
-            let started = Instant::now();
-            let run = simulate(p, mode, &pods);
-            let mut figures = metrics(p, &pods, &run);
-            figures["simulation_wall_s"] = json!(started.elapsed().as_secs_f64());
-            eprintln!(
-                "gpushare-bench: cluster load {:.0} % {}: {} pods in {:.1} s (simulated)",
-                load * 100.0,
-                mode.name(),
-                pods.len(),
-                started.elapsed().as_secs_f64()
-            );
-            modes.insert(mode.name().into(), figures);
-        }
+        // The modes are independent runs over one trace: one thread each.
+        let figures: Vec<Value> = std::thread::scope(|scope| {
+            let runs: Vec<_> = ClusterMode::ALL
+                .iter()
+                .map(|&mode| {
+                    let pods = &pods;
+                    scope.spawn(move || {
+                        let started = Instant::now();
+                        let run = simulate(p, mode, pods);
+                        let mut figures = metrics(p, pods, &run);
+                        let wall_s = started.elapsed().as_secs_f64();
+                        figures["simulation_wall_s"] = json!(wall_s);
+                        eprintln!(
+                            "gpushare-bench: cluster load {:.0} % {}: {} pods in {wall_s:.1} s \
+                             (simulated)",
+                            load * 100.0,
+                            mode.name(),
+                            pods.len(),
+                        );
+                        figures
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().expect("a simulation thread panicked"))
+                .collect()
+        });
+        let modes: serde_json::Map<String, Value> = ClusterMode::ALL
+            .iter()
+            .map(|m| m.name().to_owned())
+            .zip(figures)
+            .collect();
         levels.push(json!({"offered_load": load, "modes": modes}));
     }
     json!({
@@ -251,6 +283,19 @@ pub fn run_and_write(dir: &Path, p: &ClusterParameters) -> std::io::Result<Value
     let results = run_all(p);
     report::write(dir, &results)?;
     Ok(results)
+}
+
+/// Re-writes `cluster.md` and `cluster.svg` in `dir` from its `cluster.json`, which stays as
+/// it was measured.
+pub fn rerender(dir: &Path) -> std::io::Result<()> {
+    let path = dir.join(JSON_FILE);
+    let results: Value = serde_json::from_slice(&std::fs::read(&path)?).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not a cluster results document: {e}", path.display()),
+        )
+    })?;
+    report::write_rendered(dir, &results)
 }
 
 #[cfg(test)]
@@ -303,7 +348,9 @@ mod tests {
             let m = metrics(&p, &pods, &run);
             let stranded = m["admitted_where_no_gpu_fits"]["pods"].as_u64().unwrap();
             match mode {
-                ClusterMode::Gpushare => assert!(stranded > 0, "80 % load fragments the GPUs"),
+                ClusterMode::Gpushare | ClusterMode::GpushareMostAllocated => {
+                    assert!(stranded > 0, "{mode:?}: 80 % load fragments the GPUs")
+                }
                 _ => assert_eq!(stranded, 0, "{mode:?}"),
             }
             let util = m["steady"]["memory_utilisation"].as_f64().unwrap();

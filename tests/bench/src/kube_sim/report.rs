@@ -6,9 +6,12 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use plotters::prelude::*;
+
 use crate::plot::{render_svg, Figure, Panel};
 
 pub const SVG_NAME: &str = "cluster";
+pub const SERIES_SVG: &str = "cluster-utilisation.svg";
 
 fn minutes(v: &Value) -> String {
     v.as_f64()
@@ -51,7 +54,8 @@ pub fn markdown(results: &Value) -> String {
         md,
         "Modes: `gpushare` (kube-scheduler counts node totals of `gpushare.io/memory` and \
          `gpushare.io/high`; the node places each grant on one GPU, worst fit, or the pod waits \
-         on the node), `gpu-aware` (an oracle scheduler that filters on a node's largest free \
+         on the node), `gpushare-most-allocated` (the same, scored MostAllocated: nodes packed by \
+         their totals), `gpu-aware` (an oracle scheduler that filters on a node's largest free \
          hole on one GPU: the upper bound), `whole-gpu` (`nvidia.com/gpu: 1`, a FIFO queue for \
          the cluster). Columns: *no GPU fits*: pods bound to a node where no single GPU could \
          hold them, and how long they waited there (minutes); *pending*: arrival to running, \
@@ -94,7 +98,10 @@ pub fn markdown(results: &Value) -> String {
         }
         md += "\n";
     }
-    let _ = writeln!(md, "![cluster](cluster.svg)");
+    let _ = writeln!(
+        md,
+        "![cluster](cluster.svg)\n\n![memory in use over time]({SERIES_SVG})"
+    );
     md
 }
 
@@ -152,12 +159,95 @@ pub fn figure(results: &Value) -> Figure {
     }
 }
 
+/// GPU memory in use over time, one panel per load level, one line per mode (the bench's bar
+/// charts have no time axis).
+pub fn utilisation_svg(results: &Value) -> Result<String, String> {
+    let levels = results["levels"].as_array().cloned().unwrap_or_default();
+    let p = &results["parameters"];
+    let until_h = p["sample_until_h"].as_f64().unwrap_or(1.0);
+    let total_gib = ["nodes", "gpus_per_node", "gpu_memory_gib"]
+        .iter()
+        .map(|k| p[*k].as_f64().unwrap_or(0.0))
+        .product::<f64>()
+        .max(1.0);
+    let (width, height) = (960u32, 320u32);
+    let mut svg = String::new();
+    {
+        let total = height * levels.len().max(1) as u32;
+        let root = SVGBackend::with_string(&mut svg, (width, total)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let areas = root.split_evenly((levels.len().max(1), 1));
+        for (level, area) in levels.iter().zip(areas) {
+            draw_series_panel(level, until_h, total_gib, &area).map_err(|e| e.to_string())?;
+        }
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+fn draw_series_panel(
+    level: &Value,
+    until_h: f64,
+    total_gib: f64,
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let offered = level["offered_load"].as_f64().unwrap_or(0.0) * 100.0;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("cluster (simulated): GPU memory in use, offered {offered:.0} %"),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..until_h, 0f64..100f64)?;
+    chart
+        .configure_mesh()
+        .x_desc("hours (arrivals stop at the steady window's end)")
+        .y_desc("% of the cluster's memory")
+        .draw()?;
+    for (index, (mode, m)) in level["modes"].as_object().into_iter().flatten().enumerate() {
+        let colour = Palette99::pick(index).to_rgba();
+        let points: Vec<(f64, f64)> = m["series"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| Some((s["t_h"].as_f64()?, s["granted_gib"].as_f64()?)))
+            .collect();
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                points
+                    .into_iter()
+                    .map(|(t, gib)| (t, gib / total_gib * 100.0))
+                    .collect::<Vec<_>>(),
+                colour.stroke_width(2),
+            )))?
+            .label(mode.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// The JSON, the Markdown and the charts.
 pub fn write(dir: &Path, results: &Value) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let text = serde_json::to_string_pretty(results).map_err(std::io::Error::other)?;
     std::fs::write(dir.join(super::JSON_FILE), text + "\n")?;
+    write_rendered(dir, results)
+}
+
+/// The Markdown and the chart of `results`.
+pub fn write_rendered(dir: &Path, results: &Value) -> std::io::Result<()> {
     std::fs::write(dir.join(super::MARKDOWN_FILE), markdown(results))?;
     let fig = figure(results);
     let svg = render_svg(&fig).map_err(std::io::Error::other)?;
-    std::fs::write(dir.join(fig.file_name()), svg)
+    std::fs::write(dir.join(fig.file_name()), svg)?;
+    let svg = utilisation_svg(results).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join(SERIES_SVG), svg)
 }

@@ -21,7 +21,7 @@ use gpushare_arbiter::grants::place_memory_grant;
 use gpushare_arbiter::placement::GpuView;
 
 use super::drive::{Changes, Model};
-use super::kube::{KubeScheduler, Resource};
+use super::kube::{KubeScheduler, Resource, Scoring};
 use super::meter::Gauges;
 use super::trace::Pod;
 
@@ -96,9 +96,9 @@ impl Node {
         }
     }
 
-    /// LeastAllocated on `gpushare.io/memory`.
-    pub fn score(&self, pod: &Pod) -> u64 {
-        self.memory.least_allocated_score(u64::from(pod.memory_gib))
+    /// The score on `gpushare.io/memory`.
+    pub fn score(&self, pod: &Pod, scoring: Scoring) -> u64 {
+        scoring.score(&self.memory, u64::from(pod.memory_gib))
     }
 
     /// The GPU the arbiter places `pod`'s memory grant on: [`place_memory_grant`] over the
@@ -128,6 +128,7 @@ impl Node {
 
 pub struct SharedCluster {
     filter: NodeFilter,
+    scoring: Scoring,
     pub nodes: Vec<Node>,
     kube: KubeScheduler,
     /// Pods kube-scheduler could bind nowhere, oldest (lowest id) first: one queue per
@@ -146,6 +147,7 @@ impl SharedCluster {
         gpus_per_node: usize,
         gpu_gib: u32,
         filter: NodeFilter,
+        scoring: Scoring,
         kube: KubeScheduler,
         pods: &[Pod],
     ) -> Self {
@@ -154,6 +156,7 @@ impl SharedCluster {
         classes.dedup();
         Self {
             filter,
+            scoring,
             nodes: vec![Node::new(gpus_per_node, gpu_gib); nodes],
             kube,
             pending: vec![VecDeque::new(); classes.len()],
@@ -206,11 +209,11 @@ impl SharedCluster {
 impl Model for SharedCluster {
     fn arrive(&mut self, id: u32, pods: &[Pod], changes: &mut Changes) {
         let pod = &pods[id as usize];
-        let (nodes, filter) = (&self.nodes, self.filter);
+        let (nodes, filter, scoring) = (&self.nodes, self.filter, self.scoring);
         let chosen = self.kube.select(
             nodes.len(),
             |n| nodes[n].fits(pod, filter),
-            |n| nodes[n].score(pod),
+            |n| nodes[n].score(pod, scoring),
         );
         match chosen {
             Some(node) => self.bind(node, id, pod, changes),
@@ -352,7 +355,12 @@ mod tests {
         let emptier = node_with(&[10, 0]);
         let fuller = node_with(&[60, 0]);
         let p = pod(8, false);
-        assert!(emptier.score(&p) > fuller.score(&p));
+        assert!(
+            emptier.score(&p, Scoring::LeastAllocated) > fuller.score(&p, Scoring::LeastAllocated)
+        );
+        assert!(
+            emptier.score(&p, Scoring::MostAllocated) < fuller.score(&p, Scoring::MostAllocated)
+        );
     }
 
     /// One node of two GPUs: 48 + 48 GiB fill both past half, so a 40 GiB pod passes the
@@ -369,8 +377,8 @@ mod tests {
 
     fn run(filter: NodeFilter, pods: &[Pod]) -> (Vec<super::super::drive::Timing>, u64) {
         let kube = KubeScheduler::new(SplitMix64::new(1));
-        let mut c = SharedCluster::new(1, 2, 80, filter, kube, pods);
-        let mut meter = super::super::meter::Meter::new((0, 1), 1_000_000);
+        let mut c = SharedCluster::new(1, 2, 80, filter, Scoring::LeastAllocated, kube, pods);
+        let mut meter = super::super::meter::Meter::new((0, 1), 1_000_000, 0);
         super::super::drive::drive(&mut c, pods, &mut meter)
     }
 
@@ -401,9 +409,13 @@ mod tests {
         let mut rng = SplitMix64::new(11);
         let rate = mix.arrival_rate_per_s(0.95, 8.0 * 4.0 * 80.0);
         let pods = crate::kube_sim::trace::generate(&mix, rate, 6.0 * 3600.0, &mut rng);
-        for filter in [NodeFilter::NodeTotals, NodeFilter::LargestGpuHole] {
+        for (filter, scoring) in [
+            (NodeFilter::NodeTotals, Scoring::LeastAllocated),
+            (NodeFilter::NodeTotals, Scoring::MostAllocated),
+            (NodeFilter::LargestGpuHole, Scoring::LeastAllocated),
+        ] {
             let kube = KubeScheduler::new(SplitMix64::new(2));
-            let mut c = SharedCluster::new(8, 4, 80, filter, kube, &pods);
+            let mut c = SharedCluster::new(8, 4, 80, filter, scoring, kube, &pods);
             let mut changes = Changes::default();
             let mut pending_seen = 0;
             let mut events: Vec<(u64, bool, u32)> = pods

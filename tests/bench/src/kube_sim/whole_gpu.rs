@@ -115,7 +115,7 @@ mod tests {
             pod(3, 2, 100),
         ];
         let mut c = WholeGpuCluster::new(2, 1, KubeScheduler::new(SplitMix64::new(1)), &pods);
-        let mut meter = Meter::new((0, 1_000), 1_000);
+        let mut meter = Meter::new((0, 1_000), 1_000, 0);
         let (t, end) = drive(&mut c, &pods, &mut meter);
         let starts: Vec<u64> = t.iter().map(|t| t.start_ms).collect();
         // Pod 2 takes pod 0's GPU at 100, pod 3 takes pod 2's at 200, though 2 GiB of 80 is
