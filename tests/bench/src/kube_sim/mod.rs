@@ -289,7 +289,9 @@ pub fn run_and_write(dir: &Path, p: &ClusterParameters) -> std::io::Result<Value
 /// it was measured.
 pub fn rerender(dir: &Path) -> std::io::Result<()> {
     let path = dir.join(JSON_FILE);
-    let results: Value = serde_json::from_slice(&std::fs::read(&path)?).map_err(|e| {
+    let text = std::fs::read(&path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", path.display())))?;
+    let results: Value = serde_json::from_slice(&text).map_err(|e| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("{} is not a cluster results document: {e}", path.display()),
