@@ -4,7 +4,8 @@
 //! `allocate` call as kubelet makes it (choosing ids, the gRPC round trip, the
 //! plugin's arbiter connection and grant). Between calls, untimed, the pod is
 //! removed and its grant released, so the GPU never fills. For comparison, the
-//! same grant asked of the arbiter directly (its own share of the time).
+//! same grant asked of the arbiter directly (its own share of the time), and what
+//! a new arbiter connection costs (the plugin keeps one).
 //!
 //! Target: p99 ≤ 5 ms (kubelet admits a pod's containers one Allocate at a time).
 //! `GPUSHARE_BENCH_RESULTS=dir` writes the figures to `dir/kube-allocate.json`;
@@ -13,10 +14,11 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::{Node, GIB};
 use gpushare_proto::grant::{GrantAmount, GrantId, GrantRequest};
+use gpushare_proto::ControlClient;
 use gpushare_testkit::results::write_results;
 use gpushare_testkit::stats::percentile;
 use gpushare_types::kubernetes::{GRANT_MEMORY_ANNOTATION, MEMORY_RESOURCE};
@@ -24,6 +26,7 @@ use gpushare_types::kubernetes::{GRANT_MEMORY_ANNOTATION, MEMORY_RESOURCE};
 /// Units per Allocate: a typical small job's memory.
 const UNITS: usize = 4;
 const TARGET_P99_MS: f64 = 5.0;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter that is not this bench skips it.
@@ -71,10 +74,20 @@ fn main() {
         assert!(arbiter.release_grant(grant.id).unwrap());
     }
     let arbiter_grant = summary(ms);
+    // What a connection per call would add: the plugin keeps one instead.
+    let mut ms = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        let client = ControlClient::connect(&node.arbiter.control_socket(), CONNECT_TIMEOUT);
+        ms.push(start.elapsed().as_secs_f64() * 1e3);
+        drop(client.unwrap());
+    }
+    let connect = summary(ms);
     println!(
         "kube allocate ({samples} × {UNITS} units of {MEMORY_RESOURCE}) through kubelet's gRPC and the plugin: {allocate}"
     );
     println!("  of which the arbiter's grant, asked directly: {arbiter_grant}");
+    println!("  a new arbiter connection (connect and hello), which the plugin avoids: {connect}");
     println!("  target: p99 ≤ {TARGET_P99_MS} ms");
     write_results(
         "kube-allocate",
@@ -89,6 +102,11 @@ fn main() {
                 "p50_ms": arbiter_grant.p50,
                 "p99_ms": arbiter_grant.p99,
                 "max_ms": arbiter_grant.max,
+            },
+            "arbiter_connect": {
+                "p50_ms": connect.p50,
+                "p99_ms": connect.p99,
+                "max_ms": connect.max,
             },
         }),
     );

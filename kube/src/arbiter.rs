@@ -2,7 +2,7 @@
 //! and the interposer), so every call runs on tokio's blocking pool.
 //!
 //! One connection is kept between calls: a fresh one costs a connect and the hello
-//! exchange, which measured about as much as the grant itself (kube/benches). A
+//! exchange on top of the request (kube/benches/allocate.rs measures both). A
 //! kept connection the arbiter has since closed (it restarted, or dropped an idle
 //! client) fails at once, and the call is made again on a fresh one; that is safe
 //! for every call made here: a repeated grant names the same device ids, so the
