@@ -88,7 +88,16 @@ fn gpushare_status(error: GpushareError) -> ttrpc::Error {
         ErrorClass::Unavailable => Code::UNAVAILABLE,
         ErrorClass::Failed => Code::FAILED_PRECONDITION,
     };
-    status(code, format!("gpushare: {error}"))
+    status(code, without_format_verbs(&format!("gpushare: {error}")))
+}
+
+/// containerd turns a classified status back into its error class with the
+/// message as a Go *format string* (errdefs.FromGRPC: `errors.Wrapf(class, msg)`
+/// in 1.6), once on `ctr`'s path and once more on the CRI plugin's, so "0% busy"
+/// reached kubelet as "0%!!(MISSING)b(MISSING)usy". No escaping is right for both
+/// paths; a message without '%' survives any number of them.
+fn without_format_verbs(message: &str) -> String {
+    message.replace('%', " percent")
 }
 
 /// Runs blocking gpushare work (files, the arbiter's socket) off the async threads.
@@ -522,6 +531,16 @@ mod tests {
             lease: lease.map(|l| LeaseId(l.into())),
             leased: lease.is_some(),
         }
+    }
+
+    #[test]
+    fn messages_reach_containerd_without_go_format_verbs() {
+        let m = without_format_verbs("GPU 0: 0% busy over the last minute (up to 80%)");
+        assert_eq!(
+            m,
+            "GPU 0: 0 percent busy over the last minute (up to 80 percent)"
+        );
+        assert!(!m.contains('%'));
     }
 
     #[test]
