@@ -37,9 +37,9 @@ use crate::watchdog::LeaseView;
 pub enum StateError {
     #[error(transparent)]
     Placement(#[from] PlacementError),
-    #[error("waited {waited_s}s in the admission queue: {reason}; the node has: {free}")]
+    #[error("waited {:.1} s in the admission queue: {reason}; the node has: {free}", *waited_ms as f64 / 1000.0)]
     QueueTimeout {
-        waited_s: u64,
+        waited_ms: u64,
         reason: String,
         free: String,
     },

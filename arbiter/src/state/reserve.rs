@@ -83,7 +83,7 @@ impl Arbiter {
         match rx.try_recv() {
             Ok(answer) => answer,
             Err(_) => Err(StateError::QueueTimeout {
-                waited_s: 0,
+                waited_ms: 0,
                 reason: "the request is waiting in the admission queue".into(),
                 free: self.free_summary(),
             }),
@@ -263,7 +263,7 @@ impl Arbiter {
                 }
             };
             let err = StateError::QueueTimeout {
-                waited_s: now.duration_since(w.arrived).as_secs(),
+                waited_ms: now.duration_since(w.arrived).as_millis() as u64,
                 reason,
                 free: self.free_summary(),
             };

@@ -308,7 +308,7 @@ fn waiting_past_the_bound_fails_naming_the_request_and_what_is_free() {
     let err = rx.try_recv().unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unplaceable);
     let text = err.to_string();
-    assert!(text.contains("waited 30s"), "{text}");
+    assert!(text.contains("waited 30.0 s"), "{text}");
     assert!(
         text.contains("low-priority request for 3Gi on count:1"),
         "{text}"
