@@ -113,6 +113,23 @@ impl ClusterParameters {
         (self.nodes * self.gpus_per_node) as f64
     }
 
+    /// The memory the trace's pods would hold in the steady window, on average, had every one
+    /// started on arrival, as a share of the cluster's: what a scheduler with no waits reaches.
+    pub fn offered_in_steady_window(&self, pods: &[Pod]) -> f64 {
+        let (from, to) = (self.warm_up_h * 3.6e6, self.arrival_horizon_h * 3.6e6);
+        let gib_ms: f64 = pods
+            .iter()
+            .map(|pod| {
+                let (start, end) = (
+                    pod.arrival_ms as f64,
+                    (pod.arrival_ms + pod.duration_ms) as f64,
+                );
+                f64::from(pod.memory_gib) * (end.min(to) - start.max(from)).max(0.0)
+            })
+            .sum();
+        gib_ms / ((to - from) * self.total_memory_gib())
+    }
+
     /// The trace of one load level: the same for every mode.
     pub fn trace(&self, load_index: usize) -> Vec<Pod> {
         let load = self.loads[load_index];
@@ -265,7 +282,11 @@ pub fn run_all(p: &ClusterParameters) -> Value {
             .map(|m| m.name().to_owned())
             .zip(figures)
             .collect();
-        levels.push(json!({"offered_load": load, "modes": modes}));
+        levels.push(json!({
+            "offered_load": load,
+            "offered_in_steady_window": p.offered_in_steady_window(&pods),
+            "modes": modes,
+        }));
     }
     json!({
         "simulated": true,
@@ -356,7 +377,23 @@ mod tests {
                 _ => assert_eq!(stranded, 0, "{mode:?}"),
             }
             let util = m["steady"]["memory_utilisation"].as_f64().unwrap();
-            assert!((0.0..=1.0).contains(&util), "{mode:?}: {util}");
+            assert!(util > 0.0 && util <= 1.0, "{mode:?}: {util}");
+            // A mode where no pod waited holds, in the window, just what the trace offers it:
+            // the meter and the offered load agree.
+            let never_waited = m["pending_s"]["max"].as_f64().unwrap() == 0.0;
+            if mode == ClusterMode::GpuAware {
+                assert!(
+                    never_waited,
+                    "12 nodes take every pod of this trace on arrival"
+                );
+            }
+            if never_waited {
+                let offered = p.offered_in_steady_window(&pods);
+                assert!(
+                    (util - offered).abs() < 1e-9,
+                    "{mode:?}: {util} != {offered}"
+                );
+            }
         }
     }
 }

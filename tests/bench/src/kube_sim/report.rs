@@ -27,20 +27,32 @@ pub fn markdown(results: &Value) -> String {
     let p = &results["parameters"];
     let mut md = String::new();
     let _ = writeln!(md, "# Cluster-scale simulation (issue 17) — simulated\n");
+    let list = |key: &str, scale: f64| {
+        p["mix"][key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| format!("{}", v.as_f64().unwrap_or(f64::NAN) * scale))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let nodes = p["nodes"].as_u64().unwrap_or(0);
     let _ = writeln!(
         md,
         "**Every figure is simulated**: a discrete-event model of kube-scheduler (NodeResourcesFit \
-         filter, LeastAllocated score, {} nodes' search as kube-scheduler sizes it) and of the \
-         arbiter's grant placement (the real `place_memory_grant`); no cluster, arbiter or GPU \
-         ran. {} nodes × {} GPUs × {} GiB; pods of {:?} GiB weighted {:?}, {:.0} % high; \
-         lognormal run time (median {:.0} min, σ {}); Poisson arrivals for {} h, steady window \
-         from {} h; seed {}. Machine: {}, commit {}.\n",
-        crate::kube_sim::kube::feasible_nodes_to_find(p["nodes"].as_u64().unwrap_or(0) as usize),
-        p["nodes"],
+         filter, LeastAllocated score, a search that stops at {} feasible nodes as kube-scheduler's \
+         does for {nodes}, ties drawn at random) and of the arbiter's grant placement (the real \
+         `place_memory_grant`, waiting grants placed oldest first); no cluster, arbiter or GPU \
+         ran. {nodes} nodes × {} GPUs × {} GiB; pods of {} GiB at {} %, {:.0} % of them high \
+         (one high pod per GPU); lognormal run time (median {:.0} min, σ {}); Poisson arrivals \
+         for {} h; the steady window runs from {} h until arrivals stop (long pods are still \
+         building up in it: each level's heading gives what the window is offered); seed {}. Machine: \
+         {}, commit {}.\n",
+        crate::kube_sim::kube::feasible_nodes_to_find(nodes as usize),
         p["gpus_per_node"],
         p["gpu_memory_gib"],
-        p["mix"]["memory_gib"].as_array().map(|a| a.iter().map(|v| v.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
-        p["mix"]["weights"].as_array().map(|a| a.iter().map(|v| v.to_string()).collect::<Vec<_>>()).unwrap_or_default(),
+        list("memory_gib", 1.0),
+        list("weights", 100.0),
         p["mix"]["high_fraction"].as_f64().unwrap_or(0.0) * 100.0,
         p["mix"]["duration_median_s"].as_f64().unwrap_or(0.0) / 60.0,
         p["mix"]["duration_sigma"],
@@ -60,13 +72,19 @@ pub fn markdown(results: &Value) -> String {
          the cluster). Columns: *no GPU fits*: pods bound to a node where no single GPU could \
          hold them, and how long they waited there (minutes); *pending*: arrival to running, \
          every pod (minutes); utilisation and occupancy are time-weighted means over the steady \
-         window; *stranded*: memory kube-scheduler counts as taken by pods waiting on a node.\n"
+         window; *stranded*: memory kube-scheduler counts as taken by pods waiting on a node; \
+         *started/h*: pods started per hour in the steady window, against the arrivals; the \
+         makespan (until the last pod ends) is mostly the longest pod's run. Whole GPUs serve at \
+         most GPUs / mean run time pods an hour, whatever memory the pods ask for: past that \
+         their queue grows as long as pods arrive, and its wait grows with the trace.\n"
     );
     for level in results["levels"].as_array().into_iter().flatten() {
-        let _ = writeln!(
+        let _ =
+            writeln!(
             md,
-            "## Offered load {:.0} % of the cluster's GPU memory\n",
-            level["offered_load"].as_f64().unwrap_or(0.0) * 100.0
+            "## Offered load {:.0} % of the cluster's GPU memory ({:.1} % in the steady window)\n",
+            level["offered_load"].as_f64().unwrap_or(0.0) * 100.0,
+            level["offered_in_steady_window"].as_f64().unwrap_or(f64::NAN) * 100.0,
         );
         md += "| mode | pods | no GPU fits | their wait mean / p50 / p95 / p99 | pending mean / p50 / p95 / p99 | memory used | GPUs occupied | stranded | started/h (arrivals/h) | makespan h |\n";
         md += "|---|---|---|---|---|---|---|---|---|---|\n";
