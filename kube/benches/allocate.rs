@@ -5,7 +5,7 @@
 //! plugin's arbiter connection and grant). Between calls, untimed, the pod is
 //! removed and its grant released, so the GPU never fills. For comparison, the
 //! same grant asked of the arbiter directly (its own share of the time), and what
-//! a new arbiter connection costs (the plugin keeps one).
+//! the new arbiter connection the plugin opens per call costs.
 //!
 //! Target: p99 ≤ 5 ms (kubelet admits a pod's containers one Allocate at a time).
 //! `GPUSHARE_BENCH_RESULTS=dir` writes the figures to `dir/kube-allocate.json`;
@@ -74,7 +74,7 @@ fn main() {
         assert!(arbiter.release_grant(grant.id).unwrap());
     }
     let arbiter_grant = summary(ms);
-    // What a connection per call would add: the plugin keeps one instead.
+    // What the plugin's connection per arbiter call adds.
     let mut ms = Vec::with_capacity(samples);
     for _ in 0..samples {
         let start = Instant::now();
@@ -87,7 +87,7 @@ fn main() {
         "kube allocate ({samples} × {UNITS} units of {MEMORY_RESOURCE}) through kubelet's gRPC and the plugin: {allocate}"
     );
     println!("  of which the arbiter's grant, asked directly: {arbiter_grant}");
-    println!("  a new arbiter connection (connect and hello), which the plugin avoids: {connect}");
+    println!("  of which a new arbiter connection (connect and hello): {connect}");
     println!("  target: p99 ≤ {TARGET_P99_MS} ms");
     write_results(
         "kube-allocate",

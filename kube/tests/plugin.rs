@@ -287,15 +287,13 @@ fn an_unreachable_arbiter_keeps_the_devices_and_makes_allocate_unavailable() {
 
 #[test]
 fn allocate_works_again_once_a_restarted_arbiter_answers() {
-    // No polls between the calls: only Allocate uses the kept connection.
+    // No polls between the calls: the first call the plugin makes after the
+    // restart is Allocate's.
     let mut node = Node::start(2, "8Gi", |k| k.poll_interval_ms = 3_600_000);
-    // The plugin now holds a connection to this arbiter.
     node.kubelet
         .allocate("uid-1", "ns", "p", "c", &[(MEMORY_RESOURCE, 1)])
         .unwrap();
     node.arbiter.restart();
-    // The kept connection is dead: the first call after the restart must not fail
-    // for it.
     let allocation = node
         .kubelet
         .allocate("uid-2", "ns", "q", "c", &[(MEMORY_RESOURCE, 1)])
