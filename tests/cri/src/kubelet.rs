@@ -8,7 +8,10 @@
 //! container) and calls `Allocate`; serves PodResources v1 with what it allocated;
 //! and a restart deletes every file in its plugin directory. What it does not: the
 //! pod lifecycle (tests call [`TestKubelet::allocate`] and
-//! [`TestKubelet::remove_pod`]), checkpoints of device health, topology.
+//! [`TestKubelet::remove_pod`]), checkpoints of device health, topology. One
+//! difference is stricter than kubelet: `Register` dials the plugin before it
+//! answers (kubelet answers, then dials), so a plugin that registers before it
+//! serves fails here at once rather than by a log line in kubelet's journal.
 //!
 //! Blocking, like [`crate::Cri`]: it runs its servers on a runtime of its own.
 
