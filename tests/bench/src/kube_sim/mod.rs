@@ -347,6 +347,41 @@ mod tests {
     }
 
     #[test]
+    fn the_files_are_written_labelled_simulated_and_rerendered_from_the_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let results = run_and_write(dir.path(), &small(1)).unwrap();
+        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        let json: Value = serde_json::from_str(&read(JSON_FILE)).unwrap();
+        // Floats may read back a last digit off: compare what is whole.
+        let pods = |v: &Value| v["levels"][0]["modes"]["gpushare"]["pods"].as_u64();
+        assert_eq!(pods(&json), pods(&results));
+        assert!(pods(&json).unwrap() > 0);
+        assert_eq!(json["modes"], results["modes"]);
+        assert_eq!(json["simulated"], true);
+        let md = read(MARKDOWN_FILE);
+        assert!(
+            md.contains("simulated") && md.contains("| gpushare |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("(cluster.svg)") && md.contains(report::SERIES_SVG),
+            "{md}"
+        );
+        for svg in ["cluster.svg", report::SERIES_SVG] {
+            let text = read(svg);
+            assert!(
+                text.contains("<svg") && text.contains("cluster (simulated)"),
+                "{svg}"
+            );
+        }
+        std::fs::remove_file(dir.path().join(MARKDOWN_FILE)).unwrap();
+        rerender(dir.path()).unwrap();
+        assert_eq!(read(MARKDOWN_FILE), md);
+        let missing = rerender(&dir.path().join("absent")).unwrap_err();
+        assert!(missing.to_string().contains("cluster.json"), "{missing}");
+    }
+
+    #[test]
     fn a_seed_names_one_result_and_another_seed_another() {
         let a = simulated_part(run_all(&small(4)));
         assert_eq!(a, simulated_part(run_all(&small(4))));
