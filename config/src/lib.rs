@@ -822,6 +822,35 @@ mod tests {
         assert_eq!(config.requests, RequestPolicy::default());
         assert_eq!(config.arbiter, ArbiterConfig::default());
         assert_eq!(config.scheduler, SchedulerConfig::default());
+        assert_eq!(config.kubernetes, KubernetesConfig::default());
+    }
+
+    #[test]
+    fn kubernetes_values_out_of_range_are_refused_by_name() {
+        for (text, key) in [
+            (
+                "[kubernetes]\nmemory_unit = \"1Ki\"\n",
+                "kubernetes.memory_unit",
+            ),
+            (
+                "[kubernetes]\ndevice_plugin_dir = \"relative\"\n",
+                "kubernetes.device_plugin_dir",
+            ),
+            (
+                "[kubernetes]\npoll_interval_ms = 0\n",
+                "kubernetes.poll_interval_ms",
+            ),
+            (
+                "[kubernetes]\ncollect_grace_ms = 18446744073709551615\n",
+                "kubernetes.collect_grace_ms",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        let ok = parse("[kubernetes]\nmemory_unit = \"512Mi\"\nrequire_grant = true\n").unwrap();
+        assert_eq!(ok.kubernetes.memory_unit, ByteSize(512 << 20));
+        assert!(ok.kubernetes.require_grant);
     }
 
     #[test]
