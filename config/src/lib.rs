@@ -35,6 +35,81 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub scheduler: SchedulerConfig,
     pub kubernetes: KubernetesConfig,
+    pub placement: PlacementConfig,
+}
+
+/// Which placement policy places a lease on a GPU.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementPolicy {
+    /// Wang et al.'s Algorithm 1 (`arbiter.gpu_util_limit`, `arbiter.low_nums_limit`):
+    /// co-locates low-priority jobs before opening an empty GPU. Kept so the paper's
+    /// behaviour can still be measured.
+    #[default]
+    Wang,
+    /// Balanced multi-resource placement (issue 18): spreads while empty GPUs exist,
+    /// weighs memory, compute and job count (Sun et al.), sees load over a short window.
+    Balanced,
+}
+
+/// The `[placement]` table (issue 18).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementConfig {
+    pub policy: PlacementPolicy,
+    /// Place several waiting requests together with a search over assignments
+    /// (bounded by `batch_budget_us`, greedy order as the fallback).
+    pub batch: bool,
+    /// Weights of the balanced score (Sun et al.'s weighted resource scores).
+    pub memory_weight: f64,
+    pub compute_weight: f64,
+    pub jobs_weight: f64,
+    /// The utilisation window the balanced policy sees load over: seconds, not
+    /// Algorithm 1's minute, so load a short run creates is visible.
+    pub utilization_window_ms: u64,
+    /// The batch search's time bound.
+    pub batch_budget_us: u64,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig {
+            policy: PlacementPolicy::Wang,
+            batch: false,
+            memory_weight: 1.0,
+            compute_weight: 1.0,
+            jobs_weight: 1.0,
+            utilization_window_ms: 5_000,
+            batch_budget_us: 10_000,
+        }
+    }
+}
+
+impl PlacementConfig {
+    fn validate(&self) -> Result<(), String> {
+        for (key, value) in [
+            ("placement.memory_weight", self.memory_weight),
+            ("placement.compute_weight", self.compute_weight),
+            ("placement.jobs_weight", self.jobs_weight),
+        ] {
+            if !(value.is_finite() && (0.0..=1000.0).contains(&value)) {
+                return Err(format!("{key} = {value}: must be a number from 0 to 1000"));
+            }
+        }
+        check_duration(
+            "placement.utilization_window_ms",
+            self.utilization_window_ms,
+            100,
+            HOUR_MS,
+        )?;
+        check_duration(
+            "placement.batch_budget_us",
+            self.batch_budget_us,
+            1,
+            10_000_000,
+        )?;
+        Ok(())
+    }
 }
 
 /// The `[kubernetes]` table: the device plugin `gpushare-kube`.
@@ -660,6 +735,7 @@ impl Config {
         }
         self.scheduler.validate()?;
         self.kubernetes.validate()?;
+        self.placement.validate()?;
         let mut reserved = std::collections::BTreeSet::new();
         for r in &a.reservations {
             if r.tenant.is_empty() {
