@@ -5,6 +5,7 @@
 //! sockets, NVML, /proc and files sit at the edges behind small traits.
 
 pub mod background;
+pub mod balance;
 pub mod connections;
 pub mod control;
 pub mod daemon;
