@@ -7,10 +7,15 @@
 //! - `exclusive`: what Kubernetes does natively. The harness's own FIFO queue hands each job a
 //!   whole GPU (at most one job per GPU; a job waits for a free one) and pins it with
 //!   `NVIDIA_VISIBLE_DEVICES`. No arbiter and no interposer: nothing of gpushare runs.
-//! - `gpushare`: each job reserves a lease through the arbiter's control socket when it arrives
-//!   (Algorithm 1 places it), runs pinned to the lease's GPU under the interposer with the
-//!   priority scheduler, and its lease is released when it ends.
-//! - `uncontrolled`: the same placement and interposer, `policy = "off"` (device time slicing).
+//! - `wang`, `balanced`, `batch` (issue 18): each job reserves a lease through the arbiter's
+//!   control socket when it arrives, runs pinned to the lease's GPU under the interposer with
+//!   the priority scheduler, and its lease is released when it ends. The lease is placed by
+//!   Algorithm 1 (`placement.policy = "wang"`, what E2 called `gpushare` before issue 18), the
+//!   balanced policy, or the balanced policy with `placement.batch = true`.
+//! - `uncontrolled`: the balanced placement and the interposer, `scheduler.policy = "off"`
+//!   (device time slicing).
+//!
+//! [`run_jobs`] runs any list of [`ArrivingJob`]s in a mode; E2-mixed (`e2_mixed`) uses it too.
 //!
 //! Every figure is simulated.
 
@@ -21,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::{ControlClient, Lease, Priority};
-use gpushare_testkit::config::SchedulingPolicy;
+use gpushare_testkit::config::{Config, PlacementPolicy, SchedulingPolicy};
 use gpushare_testkit::simgpu::{gpu_uuid, SimMachine};
 use gpushare_testkit::{stats, Arbiter};
 use serde_json::{json, Value};
@@ -183,62 +188,170 @@ impl E2Parameters {
         }
     }
 
-    /// Each job's arrival (seconds after the first) and `simgpu-workload` arguments.
-    pub fn jobs(&self) -> Vec<(f64, String, Vec<String>)> {
-        let mut rng = self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut uniform = || {
-            rng ^= rng >> 12;
-            rng ^= rng << 25;
-            rng ^= rng >> 27;
-            (rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
-        };
-        let mut at = 0.0;
-        (0..self.jobs)
-            .map(|i| {
-                if i > 0 {
-                    at += -self.mean_interarrival_s * (1.0 - uniform()).ln();
-                }
+    /// The cluster every mode runs on.
+    pub fn cluster(&self) -> ClusterSetup {
+        ClusterSetup {
+            gpus: self.gpus,
+            gpu_util_limit: self.gpu_util_limit,
+            low_nums_limit: self.low_nums_limit,
+            nvml_sample_interval_s: self.nvml_sample_interval_s,
+        }
+    }
+
+    /// Each job's arrival (seconds after the first) and `simgpu-workload` arguments; all low
+    /// priority.
+    pub fn jobs(&self) -> Vec<ArrivingJob> {
+        let arrivals = poisson_arrivals(self.seed, self.jobs, self.mean_interarrival_s);
+        arrivals
+            .into_iter()
+            .enumerate()
+            .map(|(i, arrival_s)| {
                 let shape = self.shapes[i % self.shapes.len()];
-                let iterations =
-                    ((shape.iterations as f64 * self.work_scale).round() as u64).max(1);
-                let args = [
-                    "--kernels",
-                    &shape.kernels.to_string(),
-                    "--kernel",
-                    shape.kernel,
-                    "--gap",
-                    &format!("{}us", shape.gap_us),
-                    "--sync",
-                    "event",
-                    "--seed",
-                    &(self.seed + i as u64).to_string(),
-                    "--iterations",
-                    &iterations.to_string(),
-                ]
-                .map(String::from)
-                .to_vec();
-                (at, format!("{}-{i}", shape.name), args)
+                ArrivingJob {
+                    arrival_s,
+                    name: format!("{}-{i}", shape.name),
+                    high: false,
+                    args: shape.args(self.work_scale, self.seed + i as u64),
+                }
             })
             .collect()
     }
 }
 
+impl Shape {
+    /// `simgpu-workload`'s arguments for this shape with its iterations scaled by `scale`
+    /// (at least one) and kernel durations drawn from `seed`.
+    pub fn args(&self, scale: f64, seed: u64) -> Vec<String> {
+        let iterations = ((self.iterations as f64 * scale).round() as u64).max(1);
+        [
+            "--kernels",
+            &self.kernels.to_string(),
+            "--kernel",
+            self.kernel,
+            "--gap",
+            &format!("{}us", self.gap_us),
+            "--sync",
+            "event",
+            "--seed",
+            &seed.to_string(),
+            "--iterations",
+            &iterations.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
+/// `n` arrival times (seconds) of a seeded Poisson process of mean gap `mean_gap_s`, the
+/// first at 0: the same in every mode.
+pub fn poisson_arrivals(seed: u64, n: usize, mean_gap_s: f64) -> Vec<f64> {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut uniform = || {
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        (rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut at = 0.0;
+    (0..n)
+        .map(|i| {
+            if i > 0 {
+                at += -mean_gap_s * (1.0 - uniform()).ln();
+            }
+            at
+        })
+        .collect()
+}
+
+/// One job of an arrival experiment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrivingJob {
+    /// Seconds after the run's start.
+    pub arrival_s: f64,
+    pub name: String,
+    /// High priority (else low): its lease's priority in the arbiter's modes.
+    pub high: bool,
+    pub args: Vec<String>,
+}
+
+/// The simulated cluster an arrival experiment runs on, and the arbiter's Algorithm 1 limits
+/// (used by the `wang` mode only).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct ClusterSetup {
+    pub gpus: usize,
+    pub gpu_util_limit: f64,
+    pub low_nums_limit: u32,
+    pub nvml_sample_interval_s: f64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum E2Mode {
     Exclusive,
-    Gpushare,
     Uncontrolled,
+    Wang,
+    Balanced,
+    Batch,
+}
+
+/// What an arbiter mode configures: the scheduler's policy and the placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArbiterMode {
+    pub scheduling: SchedulingPolicy,
+    pub placement: PlacementPolicy,
+    pub batch: bool,
 }
 
 impl E2Mode {
     pub fn name(self) -> &'static str {
         match self {
             E2Mode::Exclusive => "exclusive",
-            E2Mode::Gpushare => "gpushare",
             E2Mode::Uncontrolled => "uncontrolled",
+            E2Mode::Wang => "wang",
+            E2Mode::Balanced => "balanced",
+            E2Mode::Batch => "batch",
         }
     }
-    pub const ALL: [E2Mode; 3] = [E2Mode::Exclusive, E2Mode::Uncontrolled, E2Mode::Gpushare];
+    pub const ALL: [E2Mode; 5] = [
+        E2Mode::Exclusive,
+        E2Mode::Uncontrolled,
+        E2Mode::Wang,
+        E2Mode::Balanced,
+        E2Mode::Batch,
+    ];
+
+    /// The arbiter's settings in this mode; `None`: no arbiter (exclusive GPUs).
+    pub fn arbiter(self) -> Option<ArbiterMode> {
+        let priority = |placement, batch| ArbiterMode {
+            scheduling: SchedulingPolicy::Priority,
+            placement,
+            batch,
+        };
+        match self {
+            E2Mode::Exclusive => None,
+            E2Mode::Uncontrolled => Some(ArbiterMode {
+                scheduling: SchedulingPolicy::Off,
+                placement: PlacementPolicy::Balanced,
+                batch: false,
+            }),
+            E2Mode::Wang => Some(priority(PlacementPolicy::Wang, false)),
+            E2Mode::Balanced => Some(priority(PlacementPolicy::Balanced, false)),
+            E2Mode::Batch => Some(priority(PlacementPolicy::Balanced, true)),
+        }
+    }
+}
+
+/// The arbiter's configuration in an arbiter mode: Algorithm 1's limits, the mode's
+/// scheduler policy (its other settings the defaults) and placement.
+pub fn arbiter_config(config: &mut Config, cluster: &ClusterSetup, mode: ArbiterMode) {
+    let scheduler = setup::scheduler_config(mode.scheduling, None);
+    setup::multi_gpu_config(
+        config,
+        cluster.gpu_util_limit,
+        cluster.low_nums_limit,
+        scheduler,
+    );
+    config.placement.policy = mode.placement;
+    config.placement.batch = mode.batch;
 }
 
 /// Samples every GPU's NVML utilisation (busy time over the last second) each `interval`
@@ -317,16 +430,20 @@ struct Running {
     index: usize,
     gpu: String,
     started: Instant,
+    reserve_ms: Option<f64>,
     lease: Option<Lease>,
     child: Child,
 }
 
-/// Runs E2 in `mode` on a fresh simulated node; returns `{metrics, jobs, schedule}`.
-pub fn run_e2(
+/// Runs `jobs` in `mode` on a fresh simulated cluster; returns `{metrics, jobs, schedule}`.
+/// `label` names the experiment in errors.
+pub fn run_jobs(
     binaries: &Binaries,
     libs: &Path,
-    p: &E2Parameters,
+    cluster: &ClusterSetup,
     mode: E2Mode,
+    jobs: &[ArrivingJob],
+    label: &str,
 ) -> Result<Value, ExperimentError> {
     let dir = tempfile::Builder::new()
         .prefix("gsb-e2-")
@@ -335,36 +452,25 @@ pub fn run_e2(
             what: "a private directory".into(),
             source,
         })?;
-    let (machine, env) = multi_gpu_machine(dir.path(), libs, p.gpus);
-    let arbiter = match mode {
-        E2Mode::Exclusive => None,
-        E2Mode::Gpushare | E2Mode::Uncontrolled => {
-            let policy = if mode == E2Mode::Gpushare {
-                SchedulingPolicy::Priority
-            } else {
-                SchedulingPolicy::Off
-            };
-            Some(start_multi_gpu_arbiter(
-                dir.path(),
-                &machine,
-                &env,
-                p.gpu_util_limit,
-                p.low_nums_limit,
-                policy,
-            )?)
+    let (machine, env) = multi_gpu_machine(dir.path(), libs, cluster.gpus);
+    let arbiter = match mode.arbiter() {
+        None => None,
+        Some(settings) => {
+            let builder = setup::arbiter_on(dir.path(), &machine, &env)
+                .configure(|c| arbiter_config(c, cluster, settings));
+            Some(setup::start(builder)?)
         }
     };
-    let interval = Duration::from_secs_f64(p.nvml_sample_interval_s);
-    let sampler = Sampler::start(libs, &env, p.gpus, interval);
-    let jobs = p.jobs();
+    let interval = Duration::from_secs_f64(cluster.nvml_sample_interval_s);
+    let sampler = Sampler::start(libs, &env, cluster.gpus, interval);
     let failed = |job: &str, why: String| ExperimentError::Job {
         job: job.to_owned(),
-        mode: format!("e2 {}", mode.name()),
+        mode: format!("{label} {}", mode.name()),
         why,
     };
     let start = Instant::now();
     let mut queue: std::collections::VecDeque<usize> = Default::default();
-    let mut free: Vec<bool> = vec![true; p.gpus];
+    let mut free: Vec<bool> = vec![true; cluster.gpus];
     let mut running: Vec<Running> = Vec::new();
     let mut done: Vec<Option<(Value, Value)>> = vec![None; jobs.len()];
     let mut arrived = 0;
@@ -374,39 +480,47 @@ pub fn run_e2(
             for r in &mut running {
                 let _ = r.child.kill();
             }
-            return Err(failed("e2", format!("unfinished after {limit:?}")));
+            return Err(failed(label, format!("unfinished after {limit:?}")));
         }
         let now = start.elapsed().as_secs_f64();
-        while arrived < jobs.len() && jobs[arrived].0 <= now {
+        while arrived < jobs.len() && jobs[arrived].arrival_s <= now {
             queue.push_back(arrived);
             arrived += 1;
         }
         // Place what can be placed, in arrival order.
         while let Some(&index) = queue.front() {
-            let (_, name, args) = &jobs[index];
-            let (gpu, lease) = match &arbiter {
+            let job = &jobs[index];
+            let (gpu, lease, reserve_ms) = match &arbiter {
                 None => match free.iter().position(|&f| f) {
                     Some(g) => {
                         free[g] = false;
-                        (gpu_uuid(g as u32), None)
+                        (gpu_uuid(g as u32), None, None)
                     }
                     None => break,
                 },
                 Some(arbiter) => {
-                    let lease = setup::reserve(arbiter, name, Priority::Low, 0.0, 1.0)?;
+                    let priority = if job.high {
+                        Priority::High
+                    } else {
+                        Priority::Low
+                    };
+                    let asked = Instant::now();
+                    let lease = setup::reserve(arbiter, &job.name, priority, 0.0, 1.0)?;
+                    let reserve_ms = asked.elapsed().as_secs_f64() * 1e3;
                     let gpu = lease.gpus.first().cloned().ok_or_else(|| {
-                        failed(name, format!("lease {} names no GPU", lease.id.0))
+                        failed(&job.name, format!("lease {} names no GPU", lease.id.0))
                     })?;
-                    (gpu, Some(lease))
+                    (gpu, Some(lease), Some(reserve_ms))
                 }
             };
             queue.pop_front();
             let interposed = arbiter.as_ref().zip(lease.as_ref());
-            let child = spawn_pinned(binaries, &env, &gpu, interposed, args, None)?;
+            let child = spawn_pinned(binaries, &env, &gpu, interposed, &job.args, None)?;
             running.push(Running {
                 index,
                 gpu,
                 started: Instant::now(),
+                reserve_ms,
                 lease,
                 child,
             });
@@ -416,30 +530,35 @@ pub fn run_e2(
             let exited = running[i]
                 .child
                 .try_wait()
-                .map_err(|e| failed(&jobs[running[i].index].1, e.to_string()))?;
+                .map_err(|e| failed(&jobs[running[i].index].name, e.to_string()))?;
             if exited.is_none() {
                 i += 1;
                 continue;
             }
             let r = running.swap_remove(i);
             let ended = Instant::now();
-            let name = &jobs[r.index].1;
-            let report = collect(r.child).map_err(|why| failed(name, why))?;
+            let job = &jobs[r.index];
+            let report = collect(r.child).map_err(|why| failed(&job.name, why))?;
             if let Some(lease) = &r.lease {
                 if let Some(arbiter) = &arbiter {
                     release(arbiter, lease)?;
                 }
-            } else if let Some(g) = (0..p.gpus).find(|&g| gpu_uuid(g as u32) == r.gpu) {
+            } else if let Some(g) = (0..cluster.gpus).find(|&g| gpu_uuid(g as u32) == r.gpu) {
                 free[g] = true;
             }
-            let arrival = jobs[r.index].0;
+            let started_s = (r.started - start).as_secs_f64();
+            let ended_s = (ended - start).as_secs_f64();
             let entry = json!({
-                "job": name,
+                "job": job.name,
+                "priority": if job.high { "high" } else { "low" },
                 "gpu": r.gpu,
-                "arrival_s": arrival,
-                "start_s": (r.started - start).as_secs_f64(),
-                "end_s": (ended - start).as_secs_f64(),
-                "completion_s": (ended - start).as_secs_f64() - arrival,
+                "arrival_s": job.arrival_s,
+                "start_s": started_s,
+                "end_s": ended_s,
+                "queue_s": started_s - job.arrival_s,
+                "run_s": ended_s - started_s,
+                "completion_s": ended_s - job.arrival_s,
+                "reserve_ms": r.reserve_ms,
             });
             done[r.index] = Some((report, entry));
         }
@@ -450,25 +569,108 @@ pub fn run_e2(
         .finish()
         .map_err(|why| failed("NVML sampler", why))?;
     let (reports, schedule): (Vec<Value>, Vec<Value>) = done.into_iter().flatten().unzip();
-    let completions: Vec<f64> = schedule
-        .iter()
-        .filter_map(|s| s["completion_s"].as_f64())
-        .collect();
-    let mean_completion = completions.iter().sum::<f64>() / completions.len().max(1) as f64;
-    let gpus_used: std::collections::BTreeSet<&str> =
-        schedule.iter().filter_map(|s| s["gpu"].as_str()).collect();
+    let mut metrics = schedule_metrics(&schedule);
+    metrics.insert("makespan_s".into(), json!((finished - start).as_secs_f64()));
+    metrics.insert(
+        "mean_gpu_utilisation_percent".into(),
+        json!(mean_utilisation(&samples, start, finished)),
+    );
     Ok(json!({
-        "metrics": {
-            "makespan_s": (finished - start).as_secs_f64(),
-            "mean_completion_s": mean_completion,
-            "median_completion_s": stats::median(completions),
-            "mean_gpu_utilisation_percent": mean_utilisation(&samples, start, finished),
-            "gpus_used": gpus_used.len() as f64,
-        },
+        "metrics": metrics,
         "jobs": reports,
         "schedule": schedule,
         "nvml_samples": samples.len(),
     }))
+}
+
+/// The figures a run's schedule gives (every job's `completion_s`, `queue_s`, `priority`,
+/// `gpu`, `reserve_ms`): completion times overall and by priority (mean, median, p95),
+/// queueing, GPUs used, and the reserve round trip (client side: the arbiter reports no
+/// placement time of its own). A priority with no job has no keys, so every value is finite.
+pub fn schedule_metrics(schedule: &[Value]) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    let values = |key: &str, priority: Option<&str>| -> Vec<f64> {
+        schedule
+            .iter()
+            .filter(|s| priority.is_none_or(|p| s["priority"] == p))
+            .filter_map(|s| s[key].as_f64())
+            .collect()
+    };
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let p95 = |v: &[f64]| {
+        let mut sorted = v.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        stats::percentile(&sorted, 95.0)
+    };
+    let completions = values("completion_s", None);
+    if !completions.is_empty() {
+        m.insert("mean_completion_s".into(), json!(mean(&completions)));
+        m.insert(
+            "median_completion_s".into(),
+            json!(stats::median(completions.iter().copied())),
+        );
+        m.insert("p95_completion_s".into(), json!(p95(&completions)));
+    }
+    let queued = values("queue_s", None);
+    if !queued.is_empty() {
+        m.insert("mean_queue_s".into(), json!(mean(&queued)));
+    }
+    for priority in ["high", "low"] {
+        let c = values("completion_s", Some(priority));
+        if c.is_empty() {
+            continue;
+        }
+        m.insert(format!("{priority}_mean_completion_s"), json!(mean(&c)));
+        m.insert(format!("{priority}_p95_completion_s"), json!(p95(&c)));
+        let q = values("queue_s", Some(priority));
+        m.insert(format!("{priority}_mean_queue_s"), json!(mean(&q)));
+    }
+    let reserve = values("reserve_ms", None);
+    if !reserve.is_empty() {
+        m.insert("mean_reserve_ms".into(), json!(mean(&reserve)));
+        m.insert(
+            "max_reserve_ms".into(),
+            json!(reserve.iter().copied().fold(0.0, f64::max)),
+        );
+    }
+    let gpus_used: std::collections::BTreeSet<&str> =
+        schedule.iter().filter_map(|s| s["gpu"].as_str()).collect();
+    m.insert("gpus_used".into(), json!(gpus_used.len() as f64));
+    m
+}
+
+/// Adds to each mode's metrics how it compares with `exclusive`: its mean completion time's
+/// change in percent (negative: shorter) and its utilisation's in points. Nothing without an
+/// exclusive mode.
+pub fn compare_with_exclusive(by_mode: &mut serde_json::Map<String, Value>) {
+    let metric = |case: &Value, key: &str| case["metrics"][key].as_f64();
+    let Some(exclusive) = by_mode.get("exclusive").cloned() else {
+        return;
+    };
+    let (Some(jct), Some(util)) = (
+        metric(&exclusive, "mean_completion_s"),
+        metric(&exclusive, "mean_gpu_utilisation_percent"),
+    ) else {
+        return;
+    };
+    for case in by_mode.values_mut() {
+        let (Some(mode_jct), Some(mode_util)) = (
+            metric(case, "mean_completion_s"),
+            metric(case, "mean_gpu_utilisation_percent"),
+        ) else {
+            continue;
+        };
+        if let Some(m) = case["metrics"].as_object_mut() {
+            m.insert(
+                "mean_completion_vs_exclusive_percent".into(),
+                json!((mode_jct / jct - 1.0) * 100.0),
+            );
+            m.insert(
+                "utilisation_vs_exclusive_points".into(),
+                json!(mode_util - util),
+            );
+        }
+    }
 }
 
 /// Runs every E2 mode; the `scenarios.e2` object.
@@ -479,6 +681,7 @@ pub fn run_all(
     modes: &[E2Mode],
 ) -> Result<Value, ExperimentError> {
     let mut by_mode = serde_json::Map::new();
+    let jobs = p.jobs();
     for &mode in modes {
         eprintln!(
             "gpushare-bench: e2, {} jobs on {} GPUs with {} (simulated)",
@@ -486,9 +689,25 @@ pub fn run_all(
             p.gpus,
             mode.name()
         );
-        by_mode.insert(mode.name().into(), run_e2(binaries, libs, p, mode)?);
+        let case = run_jobs(binaries, libs, &p.cluster(), mode, &jobs, "e2")?;
+        by_mode.insert(mode.name().into(), case);
     }
+    compare_with_exclusive(&mut by_mode);
     Ok(json!({"parameters": p, "modes": Value::Object(by_mode)}))
+}
+
+/// A table cell: `metrics[key]` with `decimals` decimals, or a dash where it is absent.
+pub fn fixed(metrics: &Value, key: &str, decimals: usize) -> String {
+    metrics[key]
+        .as_f64()
+        .map_or("–".into(), |x| format!("{x:.decimals$}"))
+}
+
+/// A table cell: `metrics[key]` signed, one decimal, then `unit`; a dash where it is absent.
+pub fn signed(metrics: &Value, key: &str, unit: &str) -> String {
+    metrics[key]
+        .as_f64()
+        .map_or("–".into(), |x| format!("{x:+.1}{unit}"))
 }
 
 /// The Markdown table of `scenarios.e2`, or nothing.
@@ -502,22 +721,30 @@ pub fn markdown(results: &Value) -> String {
         "## Scenario `e2`: jobs arriving on a cluster (simulated)\n\n\
          {} training-like jobs of fixed work (shapes in the JSON), all low priority, arriving \
          as a seeded Poisson process (mean gap {} s) on {} simulated GPUs. `exclusive`: a FIFO \
-         queue, one job per GPU (no gpushare); `gpushare`/`uncontrolled`: a lease per job \
-         placed by Algorithm 1 (gpu_util_limit {}, low_nums_limit {}), priority scheduler or \
-         none. Utilisation: NVML, every second, mean over GPUs and the makespan.\n\n\
-         | mode | makespan s | mean JCT s | median JCT s | mean GPU util | GPUs used |\n\
-         |---|---|---|---|---|---|\n",
+         queue, one job per GPU (no gpushare); the other modes a lease per job: `wang` placed \
+         by Algorithm 1 (gpu_util_limit {}, low_nums_limit {}), `balanced` by the balanced \
+         policy, `batch` by the balanced policy with the batch search, all three under the \
+         priority scheduler; `uncontrolled` balanced placement, no scheduler. Utilisation: \
+         NVML, every second, mean over GPUs and the makespan. vs excl.: the change of mean JCT \
+         (%) and of utilisation (points) against `exclusive`.\n\n\
+         | mode | makespan s | mean JCT s | vs excl. | median JCT s | mean queue s | mean GPU \
+         util | vs excl. | GPUs used |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
         p["jobs"], p["mean_interarrival_s"], p["gpus"], p["gpu_util_limit"], p["low_nums_limit"],
     );
     for (mode, case) in modes {
         let m = &case["metrics"];
-        let f = |k: &str, d: usize| m[k].as_f64().map_or("–".into(), |x| format!("{x:.d$}"));
+        let f = |k: &str, d: usize| fixed(m, k, d);
+        let signed = |k: &str, unit: &str| signed(m, k, unit);
         md += &format!(
-            "| {mode} | {} | {} | {} | {}% | {} |\n",
+            "| {mode} | {} | {} | {} | {} | {} | {}% | {} | {} |\n",
             f("makespan_s", 2),
             f("mean_completion_s", 2),
+            signed("mean_completion_vs_exclusive_percent", "%"),
             f("median_completion_s", 2),
+            f("mean_queue_s", 2),
             f("mean_gpu_utilisation_percent", 1),
+            signed("utilisation_vs_exclusive_points", " pt"),
             f("gpus_used", 0),
         );
     }
@@ -533,19 +760,18 @@ mod tests {
         let p = E2Parameters::new(false, 3);
         let jobs = p.jobs();
         assert_eq!(jobs.len(), 12);
-        assert_eq!(jobs[0].0, 0.0);
-        assert!(jobs.windows(2).all(|w| w[1].0 >= w[0].0));
-        assert_eq!(
-            jobs.iter().map(|j| j.0).collect::<Vec<_>>(),
-            E2Parameters::new(false, 3)
-                .jobs()
-                .iter()
-                .map(|j| j.0)
-                .collect::<Vec<_>>()
+        assert_eq!(jobs[0].arrival_s, 0.0);
+        assert!(jobs.windows(2).all(|w| w[1].arrival_s >= w[0].arrival_s));
+        assert_eq!(jobs, E2Parameters::new(false, 3).jobs());
+        assert_ne!(jobs, E2Parameters::new(false, 4).jobs());
+        assert!(
+            jobs.iter().all(|j| !j.high),
+            "E2's jobs are all low priority"
         );
-        assert!(jobs[1].2.join(" ").contains("--iterations 1200"));
+        assert!(jobs[1].args.join(" ").contains("--iterations 1200"));
+        assert!(jobs[1].args.join(" ").contains("--seed 4"));
         let quick = E2Parameters::new(true, 3).jobs();
-        assert!(quick[0].2.join(" ").contains("--iterations 60"));
+        assert!(quick[0].args.join(" ").contains("--iterations 60"));
         // The schedule records GPUs by the simulated device's own UUIDs.
         assert_eq!(gpu_uuid(3), "GPU-51a6d0e0-0000-4000-8000-000000000003");
     }
@@ -564,5 +790,90 @@ mod tests {
         assert_eq!(mean_utilisation(&samples, at(5000), at(6000)), 0.0);
         // The median completion time of an even number of jobs is the mean of the middle two.
         assert_eq!(stats::median([3.0, 1.0, 2.0, 10.0]), 2.5);
+    }
+
+    #[test]
+    fn each_mode_configures_the_arbiter_it_names() {
+        use PlacementPolicy::{Balanced, Wang};
+        use SchedulingPolicy::{Off, Priority};
+        let table = [
+            (E2Mode::Exclusive, None),
+            (E2Mode::Uncontrolled, Some((Off, Balanced, false))),
+            (E2Mode::Wang, Some((Priority, Wang, false))),
+            (E2Mode::Balanced, Some((Priority, Balanced, false))),
+            (E2Mode::Batch, Some((Priority, Balanced, true))),
+        ];
+        for (mode, expected) in table {
+            let got = mode.arbiter().map(|a| (a.scheduling, a.placement, a.batch));
+            assert_eq!(got, expected, "{}", mode.name());
+        }
+        let cluster = E2Parameters::new(false, 1).cluster();
+        let mut config = Config::default();
+        arbiter_config(&mut config, &cluster, E2Mode::Batch.arbiter().unwrap());
+        assert_eq!(
+            (config.arbiter.gpu_util_limit, config.arbiter.low_nums_limit),
+            (0.8, 4)
+        );
+        let toml = config.to_toml().unwrap();
+        assert!(
+            toml.contains("policy = \"balanced\"") && toml.contains("batch = true"),
+            "{toml}"
+        );
+    }
+
+    #[test]
+    fn schedule_metrics_by_priority_and_without_a_priority() {
+        let entry = |priority: &str, gpu: &str, queue: f64, completion: f64, reserve: Value| {
+            json!({"priority": priority, "gpu": gpu, "queue_s": queue,
+                   "completion_s": completion, "reserve_ms": reserve})
+        };
+        let schedule = [
+            entry("high", "GPU-0", 0.0, 6.0, json!(1.0)),
+            entry("high", "GPU-1", 1.0, 8.0, json!(3.0)),
+            entry("low", "GPU-0", 2.0, 10.0, json!(2.0)),
+            entry("low", "GPU-0", 4.0, 20.0, json!(2.0)),
+        ];
+        let m = schedule_metrics(&schedule);
+        let f = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{k} in {m:?}"));
+        assert_eq!(f("mean_completion_s"), 11.0);
+        assert_eq!(f("median_completion_s"), 9.0);
+        assert_eq!(f("p95_completion_s"), 20.0);
+        assert_eq!(f("mean_queue_s"), 1.75);
+        assert_eq!(f("high_mean_completion_s"), 7.0);
+        assert_eq!(f("high_p95_completion_s"), 8.0);
+        assert_eq!(f("high_mean_queue_s"), 0.5);
+        assert_eq!(f("low_mean_completion_s"), 15.0);
+        assert_eq!(f("low_mean_queue_s"), 3.0);
+        assert_eq!(f("mean_reserve_ms"), 2.0);
+        assert_eq!(f("max_reserve_ms"), 3.0);
+        assert_eq!(f("gpus_used"), 2.0);
+        // Exclusive GPUs: no reserve; all low: no high keys, so every value stays finite.
+        let lows = [entry("low", "GPU-0", 0.0, 5.0, Value::Null)];
+        let m = schedule_metrics(&lows);
+        assert!(!m.contains_key("high_mean_completion_s"), "{m:?}");
+        assert!(!m.contains_key("mean_reserve_ms"), "{m:?}");
+        assert!(m.values().all(|v| v.as_f64().is_some_and(f64::is_finite)));
+    }
+
+    #[test]
+    fn comparison_with_exclusive_in_percent_and_points() {
+        let case = |jct: f64, util: f64| json!({"metrics": {"mean_completion_s": jct, "mean_gpu_utilisation_percent": util}});
+        let mut by_mode = serde_json::Map::new();
+        by_mode.insert("exclusive".into(), case(20.0, 50.0));
+        by_mode.insert("balanced".into(), case(15.0, 68.0));
+        compare_with_exclusive(&mut by_mode);
+        let m = &by_mode["balanced"]["metrics"];
+        assert_eq!(m["mean_completion_vs_exclusive_percent"], -25.0);
+        assert_eq!(m["utilisation_vs_exclusive_points"], 18.0);
+        assert_eq!(
+            by_mode["exclusive"]["metrics"]["mean_completion_vs_exclusive_percent"],
+            0.0
+        );
+        let mut alone = serde_json::Map::new();
+        alone.insert("balanced".into(), case(15.0, 68.0));
+        compare_with_exclusive(&mut alone);
+        assert!(alone["balanced"]["metrics"]
+            .get("utilisation_vs_exclusive_points")
+            .is_none());
     }
 }

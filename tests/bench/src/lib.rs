@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod control_path;
 pub mod e1;
+pub mod e2_mixed;
 pub mod e3;
 pub mod experiment;
 pub mod kube_sim;

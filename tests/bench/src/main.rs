@@ -11,8 +11,8 @@ use gpushare_bench::report;
 use gpushare_bench::setup::{self, Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
-const SCENARIOS: [&str; 8] = [
-    "priority", "shares", "kernels", "e1", "e2", "e3", "e5", "cluster",
+const SCENARIOS: [&str; 9] = [
+    "priority", "shares", "kernels", "e1", "e2", "e2-mixed", "e3", "e5", "cluster",
 ];
 /// Issue 14's sweep of what the low-priority job launches: kernels of 100 µs (what every
 /// other scenario uses), 1–20 ms (real GEMMs, convolutions and attention), and a real CUDA
@@ -52,7 +52,7 @@ struct Args {
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
     /// Only this scenario: priority, shares, kernels (low kernel lengths), e1 (training
-    /// pairs), e2 (jobs arriving on 4 GPUs), e3 (inference latency), e5 (scaling) or cluster
+    /// pairs), e2 (jobs arriving on 4 GPUs), e2-mixed (mixed priorities arriving on 4 GPUs), e3 (inference latency), e5 (scaling) or cluster
     /// (issue 17's simulation of kube-scheduler on 1,000 nodes: its files go straight into
     /// --out, or into --out/cluster-issue-17 when every scenario runs).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
@@ -300,6 +300,13 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         let p = E2Parameters::new(args.quick, args.seed);
         let e2 = cluster::run_all(&binaries, libs, &p, &E2Mode::ALL)?;
         scenarios.insert("e2".into(), e2);
+    }
+    if wanted(gpushare_bench::e2_mixed::SCENARIO) {
+        use gpushare_bench::cluster::E2Mode;
+        use gpushare_bench::e2_mixed::{self, MixedParameters};
+        let p = MixedParameters::new(args.quick, args.seed);
+        let mixed = e2_mixed::run_all(&binaries, libs, &p, &E2Mode::ALL)?;
+        scenarios.insert(e2_mixed::SCENARIO.into(), mixed);
     }
     if wanted("e5") {
         use gpushare_bench::scaling::{self, E5Parameters};

@@ -69,6 +69,7 @@ pub fn figures(results: &Value) -> Vec<Figure> {
         kernels_inference(&s["kernels"]),
         e1(&s["e1"]),
         e2(&s["e2"]),
+        e2_mixed(&s["e2-mixed"]),
         e3(&s["e3"]),
         e5(&s["e5"]),
         start_overhead(&results["control_path"]),
@@ -325,6 +326,34 @@ fn e2(s: &Value) -> Option<Figure> {
                 "12 jobs, 4 GPUs",
                 &[],
                 "E2: mean GPU utilisation, sampled every second through NVML (simulated)",
+                "utilisation %",
+            ),
+        ],
+    )
+}
+
+/// E2-mixed (issue 18): `e2-mixed.modes[mode].metrics`, mixed priorities arriving on 4 GPUs.
+fn e2_mixed(s: &Value) -> Option<Figure> {
+    let modes = &s["modes"];
+    let panel = |key: &str, title: &str, y_label: &str| {
+        by_case_and_mode(modes, key, "12 jobs, 4 GPUs", &[], title, y_label)
+    };
+    figure(
+        "e2-mixed",
+        vec![
+            panel(
+                "mean_completion_s",
+                "E2-mixed: mean job completion time, queueing included (simulated)",
+                "seconds",
+            ),
+            panel(
+                "high_mean_slowdown_percent",
+                "E2-mixed: high-priority jobs' mean slowdown against alone (simulated)",
+                "slowdown %",
+            ),
+            panel(
+                "mean_gpu_utilisation_percent",
+                "E2-mixed: mean GPU utilisation, sampled every second through NVML (simulated)",
                 "utilisation %",
             ),
         ],

@@ -183,6 +183,7 @@ pub fn markdown(results: &Value) -> String {
     md += &crate::control_path::markdown(results);
     md += &crate::plot::markdown_links(results);
     md += &crate::cluster::markdown(results);
+    md += &crate::e2_mixed::markdown(results);
     md += &crate::scaling::markdown(results);
     md
 }

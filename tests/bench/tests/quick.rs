@@ -156,11 +156,11 @@ fn assert_kernels(kernels: &Value, modes: &[&str]) {
 }
 
 /// E2: every mode finished every job with finite makespan, completion times and NVML
-/// utilisation; E5: every case of both parts.
+/// utilisation; E2-mixed likewise, with its slowdowns; E5: every case of both parts.
 fn assert_e2_e5(results: &Value) {
     let e2 = &results["scenarios"]["e2"];
     let jobs = e2["parameters"]["jobs"].as_u64().expect("e2 parameters");
-    for mode in ["exclusive", "uncontrolled", "gpushare"] {
+    for mode in ["exclusive", "uncontrolled", "wang", "balanced", "batch"] {
         let case = &e2["modes"][mode];
         assert_case("e2", mode, "run", case);
         assert_eq!(
@@ -177,6 +177,35 @@ fn assert_e2_e5(results: &Value) {
             (0.0..=100.0).contains(&util) && util > 0.0,
             "e2 {mode}: {util}"
         );
+    }
+    // E2-mixed: the same modes, every job finished, the high jobs' slowdown against their
+    // runs alone, each mode set against exclusive GPUs.
+    let mixed = &results["scenarios"]["e2-mixed"];
+    let jobs = mixed["parameters"]["jobs"]
+        .as_u64()
+        .expect("e2-mixed parameters");
+    assert_eq!(
+        mixed["alone"].as_object().map(|a| a.len()),
+        Some(2),
+        "{}",
+        mixed["alone"]
+    );
+    for mode in ["exclusive", "uncontrolled", "wang", "balanced", "batch"] {
+        let case = &mixed["modes"][mode];
+        assert_case("e2-mixed", mode, "run", case);
+        assert_eq!(
+            case["schedule"].as_array().unwrap().len() as u64,
+            jobs,
+            "{case}"
+        );
+        for key in [
+            "high_mean_slowdown_percent",
+            "high_p95_completion_s",
+            "low_mean_completion_s",
+            "mean_completion_vs_exclusive_percent",
+        ] {
+            assert!(case["metrics"][key].is_number(), "e2-mixed {mode}: {key}");
+        }
     }
     let e5 = &results["scenarios"]["e5"];
     assert_case("e5", "gpushare", "alone", &e5["alone"]);
@@ -218,7 +247,9 @@ fn quick_run_covers_every_mode() {
     let results = run_quick(out.path(), &[]);
     let md = std::fs::read_to_string(out.path().join("compute-isolation.md")).unwrap();
     assert!(
-        md.contains("Scenario `e2`") && md.contains("Scenario `e5`"),
+        md.contains("Scenario `e2`")
+            && md.contains("Scenario `e2-mixed`")
+            && md.contains("Scenario `e5`"),
         "{md}"
     );
     assert_results(
