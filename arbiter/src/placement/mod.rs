@@ -1,4 +1,5 @@
-//! Which GPU(s) a request lands on: Wang et al., Algorithm 1.
+//! Which GPU(s) a request lands on: Wang et al., Algorithm 1 (`place`,
+//! `[placement] policy = "wang"`), or the balanced policy (`balanced`).
 //!
 //! A pure function over a snapshot of the GPUs (`GpuView`), so every rule is
 //! table-tested without a daemon, a driver or a clock.
@@ -28,6 +29,9 @@ use std::cmp::Reverse;
 use std::fmt;
 
 use gpushare_proto::{ByteSize, GpuSelector, MemoryRequest, Priority};
+
+pub mod balanced;
+pub use balanced::{place_balanced, Balanced};
 
 /// One GPU as placement sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,6 +182,34 @@ pub fn skip_reason(
     wanted: u64,
     policy: &Policy,
 ) -> Option<Skip> {
+    if let Some(skip) = hard_skip_reason(gpu, priority, spans, wanted) {
+        return Some(skip);
+    }
+    match priority {
+        Priority::High => None,
+        Priority::Low if gpu.utilization > policy.gpu_util_limit => Some(Skip::Busy {
+            utilization: gpu.utilization,
+            limit: policy.gpu_util_limit,
+        }),
+        Priority::Low if gpu.low_leases >= policy.low_nums_limit => {
+            Some(Skip::TooManyLowPriorityLeases {
+                leases: gpu.low_leases,
+                limit: policy.low_nums_limit,
+            })
+        }
+        Priority::Low => None,
+    }
+}
+
+/// The rules every policy keeps: drained GPUs, room for the quota, one
+/// high-priority lease per GPU, and no ungated multi-GPU lease beside a
+/// high-priority job (either way round).
+pub fn hard_skip_reason(
+    gpu: &GpuView,
+    priority: Priority,
+    spans: usize,
+    wanted: u64,
+) -> Option<Skip> {
     if gpu.drained {
         return Some(Skip::Drained);
     }
@@ -193,21 +225,10 @@ pub fn skip_reason(
             free: gpu.memory_free(),
         });
     }
-    match priority {
-        Priority::High if gpu.high_leases > 0 => Some(Skip::HasHighPriorityLease),
-        Priority::High => None,
-        Priority::Low if gpu.utilization > policy.gpu_util_limit => Some(Skip::Busy {
-            utilization: gpu.utilization,
-            limit: policy.gpu_util_limit,
-        }),
-        Priority::Low if gpu.low_leases >= policy.low_nums_limit => {
-            Some(Skip::TooManyLowPriorityLeases {
-                leases: gpu.low_leases,
-                limit: policy.low_nums_limit,
-            })
-        }
-        Priority::Low => None,
+    if priority == Priority::High && gpu.high_leases > 0 {
+        return Some(Skip::HasHighPriorityLease);
     }
+    None
 }
 
 /// Worst-fit preference among GPUs in use: smaller sorts first.
@@ -255,6 +276,82 @@ pub fn place(
     gpus: &[GpuView],
     policy: &Policy,
 ) -> Result<Placement, PlacementError> {
+    let screened = screen(request, gpus, |gpu, spans, wanted| {
+        skip_reason(gpu, request.priority, spans, wanted, policy)
+    })?;
+    let chosen = match screened.named() {
+        Some(named) => named,
+        None => {
+            let (mut in_use, mut unused): (Vec<usize>, Vec<usize>) =
+                screened.eligible.iter().partition(|&&i| gpus[i].in_use());
+            in_use.sort_by_key(|&i| worst_fit_key(&gpus[i], request.priority));
+            // The pool fallback: an unused GPU, the roomiest first.
+            unused.sort_by_key(|&i| (Reverse(gpus[i].memory_free()), gpus[i].index));
+            in_use
+                .into_iter()
+                .chain(unused)
+                .take(screened.wanted_count)
+                .collect()
+        }
+    };
+    screened.finish(request, gpus, chosen)
+}
+
+/// The candidates of a request after every policy's common narrowing: the GPUs
+/// the selector and tenant allow, and which of them pass the policy's skip rules.
+pub(crate) struct Screened {
+    candidates: Vec<usize>,
+    /// Candidates no skip rule excluded, in candidate order.
+    pub(crate) eligible: Vec<usize>,
+    reasons: Vec<String>,
+    explicit: bool,
+    pub(crate) wanted_count: usize,
+}
+
+impl Screened {
+    /// For `index:`/`uuid:`: all-or-nothing, the named GPUs in the order named
+    /// (empty when one is excluded). None for `count:`, which the policy orders.
+    pub(crate) fn named(&self) -> Option<Vec<usize>> {
+        self.explicit.then(|| {
+            if self.eligible.len() == self.candidates.len() {
+                self.candidates.clone()
+            } else {
+                Vec::new()
+            }
+        })
+    }
+
+    pub(crate) fn finish(
+        self,
+        request: &Request,
+        gpus: &[GpuView],
+        chosen: Vec<usize>,
+    ) -> Result<Placement, PlacementError> {
+        if chosen.len() < self.wanted_count {
+            return Err(PlacementError::NoFit {
+                request: describe(request),
+                reasons: self.reasons,
+            });
+        }
+        let memory_bytes = chosen
+            .iter()
+            .map(|&i| request.memory.resolve(gpus[i].memory_total))
+            .min()
+            .unwrap_or(0);
+        Ok(Placement {
+            gpus: chosen,
+            memory_bytes,
+        })
+    }
+}
+
+/// Narrows by selector and tenant, refuses what can never fit, and applies
+/// `skip(gpu, spans, wanted bytes)` to each candidate.
+pub(crate) fn screen(
+    request: &Request,
+    gpus: &[GpuView],
+    skip: impl Fn(&GpuView, usize, u64) -> Option<Skip>,
+) -> Result<Screened, PlacementError> {
     let candidates = candidates(request, gpus)?;
     let wanted_count = request.gpu.gpu_count();
     let bytes_on = |i: usize| request.memory.resolve(gpus[i].memory_total);
@@ -285,47 +382,17 @@ pub fn place(
     let mut reasons = Vec::new();
     let mut eligible = Vec::new();
     for &i in &candidates {
-        match skip_reason(
-            &gpus[i],
-            request.priority,
-            wanted_count,
-            bytes_on(i),
-            policy,
-        ) {
+        match skip(&gpus[i], wanted_count, bytes_on(i)) {
             None => eligible.push(i),
             Some(skip) => reasons.push(format!("GPU {} ({}): {skip}", gpus[i].index, gpus[i].uuid)),
         }
     }
-
-    let chosen: Vec<usize> = if explicit {
-        // All-or-nothing: the named GPUs, in the order named.
-        if eligible.len() == candidates.len() {
-            candidates
-        } else {
-            Vec::new()
-        }
-    } else {
-        let (mut in_use, mut unused): (Vec<usize>, Vec<usize>) =
-            eligible.into_iter().partition(|&i| gpus[i].in_use());
-        in_use.sort_by_key(|&i| worst_fit_key(&gpus[i], request.priority));
-        // The pool fallback: an unused GPU, the roomiest first.
-        unused.sort_by_key(|&i| (Reverse(gpus[i].memory_free()), gpus[i].index));
-        in_use
-            .into_iter()
-            .chain(unused)
-            .take(wanted_count)
-            .collect()
-    };
-    if chosen.len() < wanted_count {
-        return Err(PlacementError::NoFit {
-            request: describe(request),
-            reasons,
-        });
-    }
-    let memory_bytes = chosen.iter().map(|&i| bytes_on(i)).min().unwrap_or(0);
-    Ok(Placement {
-        gpus: chosen,
-        memory_bytes,
+    Ok(Screened {
+        candidates,
+        eligible,
+        reasons,
+        explicit,
+        wanted_count,
     })
 }
 
