@@ -6,6 +6,7 @@
 
 pub mod background;
 pub mod balance;
+pub mod batch;
 pub mod connections;
 pub mod control;
 pub mod daemon;

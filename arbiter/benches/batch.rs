@@ -1,0 +1,207 @@
+//! The batch placement search (issue 18) on the admission queue's worst case: 64
+//! waiting single-GPU requests on 16 GPUs of 80 GiB (sizes 1-40 GiB, expected
+//! demand 0.05-0.95 GPU, a quarter high-priority, half the GPUs partly loaded and
+//! a few already running a high-priority lease), many instances from fixed seeds.
+//!
+//! For each instance: greedy (a spent budget returns it), the local search alone
+//! (no kicks), and the default search (kicks, `placement.batch_budget_us`' default
+//! 10 ms), on a tight mix (1-40 GiB: more than fits) and a light one (1-16 GiB:
+//! everything fits, so only the cost differs). Reports the time per call (median, p99, max) and the objective reached
+//! against greedy: extra requests placed, and, over the instances where the
+//! search placed as many as greedy, how much lower its balanced cost is.
+//!
+//! `GPUSHARE_BENCH_RESULTS=dir` writes the figures to `dir/batch.json`;
+//! `GPUSHARE_BENCH_N` overrides the number of instances (default 200).
+
+use std::time::{Duration, Instant};
+
+use gpushare_arbiter::balance::{Demand, Load, Weights};
+use gpushare_arbiter::batch::{place_batch, Batch, BatchGpu, BatchRequest, SearchLimits};
+use gpushare_proto::Priority;
+use gpushare_testkit::results::write_results;
+use gpushare_testkit::stats::percentile;
+
+const GIB: u64 = 1 << 30;
+const GPUS: usize = 16;
+const REQUESTS: usize = 64;
+const BUDGET: Duration = Duration::from_millis(10);
+const WEIGHTS: Weights = Weights {
+    memory: 1.0,
+    compute: 1.0,
+    jobs: 1.0,
+};
+
+/// Park and Miller's minimal standard generator: the instances only need to be
+/// varied and the same on every run.
+struct Lehmer(u64);
+
+impl Lehmer {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0 * 48_271 % 0x7fff_ffff;
+        self.0 % n
+    }
+}
+
+fn instance(seed: u64, largest_gib: u64) -> (Vec<BatchGpu<'static>>, Vec<BatchRequest<'static>>) {
+    let mut rng = Lehmer(seed + 1);
+    let gpus = (0..GPUS)
+        .map(|i| {
+            let loaded = i % 2 == 0;
+            BatchGpu {
+                load: Load {
+                    memory_total: 80 * GIB,
+                    memory_leased: if loaded { rng.below(40) * GIB } else { 0 },
+                    compute: if loaded {
+                        rng.below(60) as f64 / 100.0
+                    } else {
+                        0.0
+                    },
+                    jobs: if loaded { 1 + rng.below(2) as u32 } else { 0 },
+                },
+                has_high_lease: loaded && rng.below(4) == 0,
+                ..BatchGpu::default()
+            }
+        })
+        .collect();
+    let requests = (0..REQUESTS)
+        .map(|i| BatchRequest {
+            // Queue order: the first quarter is high-priority.
+            priority: if i < REQUESTS / 4 {
+                Priority::High
+            } else {
+                Priority::Low
+            },
+            demand: Demand {
+                memory: (1 + rng.below(largest_gib)) * GIB,
+                compute: 0.05 + rng.below(90) as f64 / 100.0,
+            },
+            tenant: None,
+            any_gpu: true,
+        })
+        .collect();
+    (gpus, requests)
+}
+
+struct Figures {
+    micros: Vec<f64>,
+    placed_over_greedy: Vec<f64>,
+    cost_reduction_percent: Vec<f64>,
+    budget_spent: usize,
+}
+
+fn run(n: u64, largest_gib: u64, limits: SearchLimits) -> Figures {
+    let mut figures = Figures {
+        micros: Vec::new(),
+        placed_over_greedy: Vec::new(),
+        cost_reduction_percent: Vec::new(),
+        budget_spent: 0,
+    };
+    for seed in 0..n {
+        let (gpus, requests) = instance(seed, largest_gib);
+        let start = Instant::now();
+        let batch: Batch = place_batch(&gpus, &requests, &WEIGHTS, &limits);
+        figures.micros.push(start.elapsed().as_secs_f64() * 1e6);
+        figures
+            .placed_over_greedy
+            .push(batch.objective.placed as f64 - batch.greedy.placed as f64);
+        // Placing more requests adds cost: the costs compare only where both
+        // placed as many.
+        if batch.objective.placed == batch.greedy.placed {
+            figures
+                .cost_reduction_percent
+                .push(100.0 * (batch.greedy.cost - batch.objective.cost) / batch.greedy.cost);
+        }
+        figures.budget_spent += usize::from(batch.budget_spent);
+        assert!(batch.objective.high_placed >= batch.greedy.high_placed);
+    }
+    for v in [
+        &mut figures.micros,
+        &mut figures.placed_over_greedy,
+        &mut figures.cost_reduction_percent,
+    ] {
+        v.sort_by(f64::total_cmp);
+    }
+    figures
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+fn main() {
+    let n: u64 = std::env::var("GPUSHARE_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let default = SearchLimits::with_budget(BUDGET);
+    let patient = |patience| SearchLimits {
+        patience,
+        ..default
+    };
+    // The local search alone, and kicks with growing patience: how much the kicks
+    // add, and for how much time.
+    let modes = [
+        ("local_search", patient(0)),
+        ("patience_20", patient(20)),
+        ("default", default),
+        ("patience_200", patient(200)),
+    ];
+    println!("batch search, {REQUESTS} requests on {GPUS} GPUs, {n} instances, budget {BUDGET:?}");
+    println!(
+        "{:<22} {:>9} {:>9} {:>9} {:>14} {:>6} {:>14} {:>14} {:>7}",
+        "mode",
+        "p50 µs",
+        "p99 µs",
+        "max µs",
+        "+placed mean",
+        "same",
+        "cost -% mean",
+        "cost -% min",
+        "spent"
+    );
+    let mut json = serde_json::Map::new();
+    // Tight: requests of 1-40 GiB overfill the GPUs' memory, so not all fit.
+    // Light: 1-16 GiB, everything fits and only the cost differs.
+    let cases = [("tight", 40), ("light", 16)]
+        .into_iter()
+        .flat_map(|case| modes.iter().map(move |mode| (case, *mode)));
+    for ((case, largest_gib), (mode, limits)) in cases {
+        let name = format!("{case}/{mode}");
+        let f = run(n, largest_gib, limits);
+        let (p50, p99, max) = (
+            percentile(&f.micros, 50.0),
+            percentile(&f.micros, 99.0),
+            *f.micros.last().unwrap(),
+        );
+        let placed = mean(&f.placed_over_greedy);
+        let same_count = f.cost_reduction_percent.len();
+        let reduction = mean(&f.cost_reduction_percent);
+        let worst = f
+            .cost_reduction_percent
+            .first()
+            .copied()
+            .unwrap_or(f64::NAN);
+        println!(
+            "{name:<22} {p50:>9.0} {p99:>9.0} {max:>9.0} {placed:>14.2} {same_count:>6} {reduction:>14.2} {worst:>14.2} {:>7}",
+            f.budget_spent
+        );
+        json.insert(
+            name.clone(),
+            serde_json::json!({
+                "instances": n,
+                "largest_request_gib": largest_gib,
+                "patience": limits.patience,
+                "budget_us": BUDGET.as_micros() as u64,
+                "p50_us": p50,
+                "p99_us": p99,
+                "max_us": max,
+                "placed_over_greedy_mean": placed,
+                "instances_placing_as_many_as_greedy": same_count,
+                "cost_reduction_percent_mean": reduction,
+                "cost_reduction_percent_min": worst,
+                "budget_spent": f.budget_spent,
+            }),
+        );
+    }
+    write_results("batch", serde_json::Value::Object(json));
+}

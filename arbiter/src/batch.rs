@@ -1,0 +1,856 @@
+//! The batch placement search (issue 18): places several waiting single-GPU
+//! requests together, minimising the balanced score (`balance::cost` summed over
+//! GPUs) that the balanced policy minimises one request at a time.
+//!
+//! # Objective
+//!
+//! Lexicographic, best first: (1) high-priority requests placed, (2) requests
+//! placed, (3) the total of `balance::cost` over all GPUs after the assignment
+//! (lower is better). A placed request is worth more than any cost difference, and
+//! a placed high-priority request more than any number of low-priority ones.
+//!
+//! # Priority order
+//!
+//! The greedy order (queue order, each request to the GPU where it adds the least
+//! cost) is computed first. Every high-priority request it places is *pinned*: the
+//! search may move it to another GPU but never leaves it waiting, so no low-priority
+//! request can take the room a high-priority one had under greedy. On top of that,
+//! objective (1) ranks any extra high-priority placement above every low one.
+//!
+//! # Method, and why not a genetic algorithm
+//!
+//! Greedy, then iterated local search: best-improvement local search over
+//! insertions (place a waiting request), promotions (a waiting high-priority
+//! request takes a low-priority one's place), ejection chains (move a placed request
+//! away so a waiting one fits) and cost moves (relocate one request, swap two), each
+//! evaluated in O(1) from the two GPUs it touches; then seeded random kicks
+//! (relocate a few placed requests) followed by local search again, keeping the
+//! best assignment seen. Sun et al. used a genetic algorithm; here every hard rule
+//! (memory, one high-priority lease per GPU, reservations, the pinned requests)
+//! would need a repair step after each crossover, and each child costs a full
+//! O(requests) evaluation, where a local move costs two GPUs' costs, so local
+//! search evaluates far more candidates per millisecond (a reasoned choice: no
+//! genetic algorithm was built here to measure against). The
+//! score is convex and separable per GPU, so relocations and swaps reach a good
+//! optimum quickly; the kicks get out of some of the remaining local optima.
+//!
+//! Measured (`cargo bench -p gpushare-arbiter --bench batch`, release, 200
+//! instances of 64 requests on 16 GPUs, 10 ms budget, a 2-core machine shared with
+//! other builds), against greedy: on a tight mix (1-40 GiB, more than fits) the
+//! local search alone places 1.32 more requests per call on average (p50 0.47 ms,
+//! p99 0.72 ms); with kicks, patience 20: +1.43 (p99 1.9 ms); 50 (the default):
+//! +1.50 (p99 4.5 ms); 200: +1.59 (p99 10.0 ms, budget spent in a quarter of
+//! calls). Where both placed as many, the cost is 2.2-2.3 % below greedy's. On a
+//! light mix (1-16 GiB, everything fits) the cost is 1.13 % below greedy's with the
+//! local search alone and 1.16 % with kicks: greedy on a convex score is already
+//! close, and most of the search's value is in placing more requests.
+//!
+//! # Bounds
+//!
+//! Greedy is the starting point and the fallback: the search only ever replaces
+//! its best assignment with a better one, so the result is never worse than
+//! greedy. The clock is checked before every kick, every local-search pass and
+//! every row of the move scans, and the best so far is returned once the budget is
+//! spent, so a call overruns the budget by at most one row (microseconds at
+//! 64 × 16), preemption aside. Given a seed and a budget that is not reached
+//! (kicks stop after `patience` in a row found nothing better), the result is
+//! deterministic; under a tight budget it depends on how far the search got.
+
+use std::time::{Duration, Instant};
+
+use gpushare_proto::Priority;
+
+use crate::balance::{cost, Demand, Load, Weights};
+
+/// What the search needs to know about one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BatchGpu<'a> {
+    pub load: Load,
+    pub drained: bool,
+    /// Only this tenant's requests may go here.
+    pub reserved_for: Option<&'a str>,
+    /// It already runs a high-priority lease (at most one per GPU).
+    pub has_high_lease: bool,
+    /// It runs a multi-GPU lease, which is not time-sliced: nothing would protect
+    /// a high-priority job placed beside it.
+    pub runs_multi_gpu_lease: bool,
+}
+
+/// One waiting request, in queue order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchRequest<'a> {
+    pub priority: Priority,
+    /// Its memory quota (bytes) and expected compute demand.
+    pub demand: Demand,
+    pub tenant: Option<&'a str>,
+    /// A single-GPU `count:1` request that may go on any GPU. Others (explicit
+    /// GPUs, several GPUs) are left to the greedy path: the search never places
+    /// them.
+    pub any_gpu: bool,
+}
+
+/// How long, and how, to search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SearchLimits {
+    /// `placement.batch_budget_us`.
+    pub budget: Duration,
+    pub seed: u64,
+    /// Stop after this many kicks in a row that found nothing better (0: the
+    /// local search alone).
+    pub patience: u32,
+}
+
+/// Measured on the bench (64 × 16): 50 keeps the tight mix's p99 near 4.5 ms and
+/// most of what 200 reaches; the light mix reaches the 10 ms budget in about a
+/// third of calls and then returns its best so far.
+pub const DEFAULT_PATIENCE: u32 = 50;
+const DEFAULT_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl SearchLimits {
+    pub fn with_budget(budget: Duration) -> SearchLimits {
+        SearchLimits {
+            budget,
+            seed: DEFAULT_SEED,
+            patience: DEFAULT_PATIENCE,
+        }
+    }
+}
+
+/// The lexicographic objective (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Objective {
+    pub high_placed: usize,
+    pub placed: usize,
+    /// The total of `balance::cost` over every GPU, batch included.
+    pub cost: f64,
+}
+
+/// Cost differences below this are rounding, not improvement: without it two
+/// assignments of equal cost could swap forever.
+const COST_EPSILON: f64 = 1e-9;
+
+impl Objective {
+    pub fn better_than(&self, other: &Objective) -> bool {
+        let counts = (self.high_placed, self.placed);
+        let others = (other.high_placed, other.placed);
+        counts > others || (counts == others && self.cost < other.cost - COST_EPSILON)
+    }
+}
+
+/// The search's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    /// For each request, in the order given, its GPU's index, or `None` (it waits).
+    pub assignment: Vec<Option<usize>>,
+    pub objective: Objective,
+    /// What the greedy order reached, for comparison.
+    pub greedy: Objective,
+    /// The budget ran out before the search finished its kicks.
+    pub budget_spent: bool,
+}
+
+/// Places `requests` on `gpus` within `limits.budget` (see the module comment).
+pub fn place_batch(
+    gpus: &[BatchGpu],
+    requests: &[BatchRequest],
+    weights: &Weights,
+    limits: &SearchLimits,
+) -> Batch {
+    let deadline = Instant::now() + limits.budget;
+    let mut state = State::new(gpus, requests, *weights);
+    state.greedy();
+    let greedy = state.objective();
+    for (request, at) in state.at.iter().enumerate() {
+        state.pinned[request] = at.is_some() && requests[request].priority == Priority::High;
+    }
+    let greedy_state = state.clone();
+    let mut budget_spent = !state.local_search(deadline);
+    if !state.keeps_pinned() || greedy.better_than(&state.objective()) {
+        state.clone_from(&greedy_state);
+    }
+    let mut best = state.clone();
+    let mut rng = SplitMix64(limits.seed);
+    let mut fruitless = 0;
+    while fruitless < limits.patience {
+        if budget_spent || Instant::now() >= deadline {
+            budget_spent = true;
+            break;
+        }
+        state.kick(&mut rng);
+        budget_spent = !state.local_search(deadline);
+        if state.keeps_pinned() && state.objective().better_than(&best.objective()) {
+            best = state.clone();
+            fruitless = 0;
+        } else {
+            state.clone_from(&best);
+            fruitless += 1;
+        }
+    }
+    Batch {
+        objective: best.objective(),
+        assignment: best.at,
+        greedy,
+        budget_spent,
+    }
+}
+
+#[derive(Clone)]
+struct State<'s> {
+    gpus: &'s [BatchGpu<'s>],
+    requests: &'s [BatchRequest<'s>],
+    weights: Weights,
+    at: Vec<Option<usize>>,
+    /// Greedy placed it and it is high-priority: it may move, never wait.
+    pinned: Vec<bool>,
+    loads: Vec<Load>,
+    /// High-priority requests of this batch on each GPU.
+    highs: Vec<u32>,
+    costs: Vec<f64>,
+}
+
+/// A GPU's load and batch high-priority count without one of its requests.
+struct Without {
+    load: Load,
+    highs: u32,
+}
+
+impl<'s> State<'s> {
+    fn new(gpus: &'s [BatchGpu<'s>], requests: &'s [BatchRequest<'s>], weights: Weights) -> Self {
+        let loads: Vec<Load> = gpus.iter().map(|g| g.load).collect();
+        let costs = loads.iter().map(|l| cost(l, &weights)).collect();
+        State {
+            gpus,
+            requests,
+            weights,
+            at: vec![None; requests.len()],
+            pinned: vec![false; requests.len()],
+            loads,
+            highs: vec![0; gpus.len()],
+            costs,
+        }
+    }
+
+    fn objective(&self) -> Objective {
+        let mut objective = Objective {
+            high_placed: 0,
+            placed: 0,
+            cost: self.costs.iter().sum(),
+        };
+        for (request, at) in self.requests.iter().zip(&self.at) {
+            if at.is_some() {
+                objective.placed += 1;
+                if request.priority == Priority::High {
+                    objective.high_placed += 1;
+                }
+            }
+        }
+        objective
+    }
+
+    /// Every request greedy placed with high priority is still placed.
+    fn keeps_pinned(&self) -> bool {
+        self.pinned
+            .iter()
+            .zip(&self.at)
+            .all(|(pinned, at)| !pinned || at.is_some())
+    }
+
+    fn is_high(&self, request: usize) -> bool {
+        self.requests[request].priority == Priority::High
+    }
+
+    /// Whether `request` may go on `gpu` whose load (batch included) is `load`
+    /// with `highs` of this batch's high-priority requests.
+    fn fits(&self, request: usize, gpu: usize, load: &Load, highs: u32) -> bool {
+        let r = &self.requests[request];
+        let g = &self.gpus[gpu];
+        if !r.any_gpu || g.drained {
+            return false;
+        }
+        if g.reserved_for.is_some() && g.reserved_for != r.tenant {
+            return false;
+        }
+        if r.priority == Priority::High && (g.has_high_lease || g.runs_multi_gpu_lease || highs > 0)
+        {
+            return false;
+        }
+        load.memory_leased
+            .checked_add(r.demand.memory)
+            .is_some_and(|m| m <= load.memory_total)
+    }
+
+    fn fits_now(&self, request: usize, gpu: usize) -> bool {
+        self.fits(request, gpu, &self.loads[gpu], self.highs[gpu])
+    }
+
+    fn without(&self, request: usize, gpu: usize) -> Without {
+        let load = self.loads[gpu];
+        let demand = self.requests[request].demand;
+        Without {
+            load: Load {
+                memory_total: load.memory_total,
+                memory_leased: load.memory_leased.saturating_sub(demand.memory),
+                compute: load.compute - demand.compute,
+                jobs: load.jobs.saturating_sub(1),
+            },
+            highs: self.highs[gpu] - u32::from(self.is_high(request)),
+        }
+    }
+
+    fn cost_with(&self, request: usize, load: &Load) -> f64 {
+        cost(&load.with(self.requests[request].demand), &self.weights)
+    }
+
+    /// Recomputes `gpu`'s load from scratch, so moves never accumulate rounding.
+    fn refresh(&mut self, gpu: usize) {
+        let mut load = self.gpus[gpu].load;
+        let mut highs = 0;
+        for (request, at) in self.at.iter().enumerate() {
+            if *at == Some(gpu) {
+                load = load.with(self.requests[request].demand);
+                highs += u32::from(self.is_high(request));
+            }
+        }
+        self.loads[gpu] = load;
+        self.highs[gpu] = highs;
+        self.costs[gpu] = cost(&load, &self.weights);
+    }
+
+    fn assign(&mut self, request: usize, to: Option<usize>) {
+        let from = std::mem::replace(&mut self.at[request], to);
+        for gpu in [from, to].into_iter().flatten() {
+            self.refresh(gpu);
+        }
+    }
+
+    /// The GPU where `request` adds the least cost now (lowest index on ties).
+    fn cheapest_gpu(&self, request: usize) -> Option<usize> {
+        let mut best: Option<(usize, f64)> = None;
+        for gpu in 0..self.gpus.len() {
+            if !self.fits_now(request, gpu) {
+                continue;
+            }
+            let added = self.cost_with(request, &self.loads[gpu]) - self.costs[gpu];
+            if best.is_none_or(|(_, b)| added < b) {
+                best = Some((gpu, added));
+            }
+        }
+        best.map(|(gpu, _)| gpu)
+    }
+
+    /// Queue order, each request to its lowest-added-cost GPU.
+    fn greedy(&mut self) {
+        for request in 0..self.requests.len() {
+            if let Some(gpu) = self.cheapest_gpu(request) {
+                self.assign(request, Some(gpu));
+            }
+        }
+    }
+
+    /// Improves until no move helps; false if the deadline stopped it first.
+    fn local_search(&mut self, deadline: Instant) -> bool {
+        loop {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            let improved = self.insert_waiting()
+                || self.promote_high()
+                || self.eject_to_insert(deadline)
+                || self.best_cost_move(deadline);
+            if !improved {
+                return true;
+            }
+        }
+    }
+
+    /// A waiting request that fits somewhere now goes there (high first: queue
+    /// order within the batch).
+    fn insert_waiting(&mut self) -> bool {
+        let mut order: Vec<usize> = (0..self.requests.len())
+            .filter(|&r| self.at[r].is_none())
+            .collect();
+        order.sort_by_key(|&r| !self.is_high(r));
+        for request in order {
+            if let Some(gpu) = self.cheapest_gpu(request) {
+                self.assign(request, Some(gpu));
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A waiting high-priority request takes a placed low-priority one's place.
+    fn promote_high(&mut self) -> bool {
+        for high in 0..self.requests.len() {
+            if self.at[high].is_some() || !self.is_high(high) {
+                continue;
+            }
+            for low in 0..self.requests.len() {
+                let Some(gpu) = self.at[low] else { continue };
+                if self.is_high(low) {
+                    continue;
+                }
+                let without = self.without(low, gpu);
+                if self.fits(high, gpu, &without.load, without.highs) {
+                    self.assign(low, None);
+                    self.assign(high, Some(gpu));
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// A waiting request fits on `gpu` once a placed one moves from there to
+    /// another GPU: one more placed request.
+    fn eject_to_insert(&mut self, deadline: Instant) -> bool {
+        for waiting in 0..self.requests.len() {
+            if self.at[waiting].is_some() || !self.requests[waiting].any_gpu {
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            for moved in 0..self.requests.len() {
+                let Some(gpu) = self.at[moved] else { continue };
+                let without = self.without(moved, gpu);
+                if !self.fits(waiting, gpu, &without.load, without.highs) {
+                    continue;
+                }
+                let target = (0..self.gpus.len())
+                    .filter(|&other| other != gpu && self.fits_now(moved, other))
+                    .min_by(|&a, &b| {
+                        let added =
+                            |g: usize| self.cost_with(moved, &self.loads[g]) - self.costs[g];
+                        added(a).total_cmp(&added(b))
+                    });
+                if let Some(target) = target {
+                    self.assign(moved, Some(target));
+                    self.assign(waiting, Some(gpu));
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// The relocation or swap of placed requests that lowers the cost most (of
+    /// those seen before the deadline).
+    fn best_cost_move(&mut self, deadline: Instant) -> bool {
+        enum Move {
+            Relocate(usize, usize),
+            Swap(usize, usize),
+        }
+        let mut best: Option<(Move, f64)> = None;
+        let n = self.requests.len();
+        for request in 0..n {
+            // A row is at most requests + GPUs evaluations (a few microseconds at
+            // 64 × 16): the finest check that costs nothing measurable.
+            if Instant::now() >= deadline {
+                break;
+            }
+            let Some(from) = self.at[request] else {
+                continue;
+            };
+            let without = self.without(request, from);
+            let freed = cost(&without.load, &self.weights) - self.costs[from];
+            for to in 0..self.gpus.len() {
+                if to == from || !self.fits_now(request, to) {
+                    continue;
+                }
+                let delta = freed + self.cost_with(request, &self.loads[to]) - self.costs[to];
+                if delta < -COST_EPSILON && best.as_ref().is_none_or(|(_, b)| delta < *b) {
+                    best = Some((Move::Relocate(request, to), delta));
+                }
+            }
+            for other in request + 1..n {
+                let Some(other_gpu) = self.at[other] else {
+                    continue;
+                };
+                if other_gpu == from {
+                    continue;
+                }
+                let other_without = self.without(other, other_gpu);
+                if !self.fits(request, other_gpu, &other_without.load, other_without.highs)
+                    || !self.fits(other, from, &without.load, without.highs)
+                {
+                    continue;
+                }
+                let delta = self.cost_with(other, &without.load) - self.costs[from]
+                    + self.cost_with(request, &other_without.load)
+                    - self.costs[other_gpu];
+                if delta < -COST_EPSILON && best.as_ref().is_none_or(|(_, b)| delta < *b) {
+                    best = Some((Move::Swap(request, other), delta));
+                }
+            }
+        }
+        match best {
+            Some((Move::Relocate(request, to), _)) => self.assign(request, Some(to)),
+            Some((Move::Swap(a, b), _)) => {
+                let (gpu_a, gpu_b) = (self.at[a], self.at[b]);
+                self.at[a] = gpu_b;
+                self.at[b] = gpu_a;
+                for gpu in [gpu_a, gpu_b].into_iter().flatten() {
+                    self.refresh(gpu);
+                }
+            }
+            None => return false,
+        }
+        true
+    }
+
+    /// Moves one to three placed requests to random GPUs that take them.
+    fn kick(&mut self, rng: &mut SplitMix64) {
+        let placed: Vec<usize> = (0..self.requests.len())
+            .filter(|&r| self.at[r].is_some())
+            .collect();
+        if placed.is_empty() {
+            return;
+        }
+        for _ in 0..1 + rng.below(3) {
+            let request = placed[rng.below(placed.len())];
+            let from = self.at[request];
+            let targets: Vec<usize> = (0..self.gpus.len())
+                .filter(|&g| Some(g) != from && self.fits_now(request, g))
+                .collect();
+            if !targets.is_empty() {
+                self.assign(request, Some(targets[rng.below(targets.len())]));
+            }
+        }
+    }
+}
+
+/// A small seeded generator (Steele, Lea and Flood's SplitMix64): the kicks only
+/// need to be varied and reproducible, not strong.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const GIB: u64 = 1 << 30;
+    const EVEN: Weights = Weights {
+        memory: 1.0,
+        compute: 1.0,
+        jobs: 1.0,
+    };
+    const COMPUTE_ONLY: Weights = Weights {
+        memory: 0.0,
+        compute: 1.0,
+        jobs: 0.0,
+    };
+    const AMPLE: Duration = Duration::from_secs(30);
+
+    fn gpu(leased_gib: u64, compute: f64, jobs: u32) -> BatchGpu<'static> {
+        BatchGpu {
+            load: Load {
+                memory_total: 80 * GIB,
+                memory_leased: leased_gib * GIB,
+                compute,
+                jobs,
+            },
+            ..BatchGpu::default()
+        }
+    }
+
+    fn empty() -> BatchGpu<'static> {
+        gpu(0, 0.0, 0)
+    }
+
+    fn request(priority: Priority, gib: u64, compute: f64) -> BatchRequest<'static> {
+        BatchRequest {
+            priority,
+            demand: Demand {
+                memory: gib * GIB,
+                compute,
+            },
+            tenant: None,
+            any_gpu: true,
+        }
+    }
+
+    fn high(gib: u64) -> BatchRequest<'static> {
+        request(Priority::High, gib, 0.5)
+    }
+
+    fn low(gib: u64) -> BatchRequest<'static> {
+        request(Priority::Low, gib, 0.5)
+    }
+
+    fn place(gpus: &[BatchGpu], requests: &[BatchRequest], weights: &Weights) -> Batch {
+        let batch = place_batch(gpus, requests, weights, &SearchLimits::with_budget(AMPLE));
+        assert_eq!(rule_broken(gpus, requests, &batch.assignment), None);
+        batch
+    }
+
+    /// The first hard rule `assignment` breaks, independently of the search's code.
+    fn rule_broken(
+        gpus: &[BatchGpu],
+        requests: &[BatchRequest],
+        assignment: &[Option<usize>],
+    ) -> Option<String> {
+        for (i, g) in gpus.iter().enumerate() {
+            let on: Vec<&BatchRequest> = requests
+                .iter()
+                .zip(assignment)
+                .filter(|(_, at)| **at == Some(i))
+                .map(|(r, _)| r)
+                .collect();
+            let memory: u64 = on.iter().map(|r| r.demand.memory).sum();
+            let highs = on.iter().filter(|r| r.priority == Priority::High).count();
+            if g.load.memory_leased + memory > g.load.memory_total {
+                return Some(format!("gpu {i}: memory over"));
+            }
+            if g.drained && !on.is_empty() {
+                return Some(format!("gpu {i}: drained but given work"));
+            }
+            if highs + usize::from(g.has_high_lease) > 1 && highs > 0 {
+                return Some(format!("gpu {i}: two high-priority leases"));
+            }
+            if g.runs_multi_gpu_lease && highs > 0 {
+                return Some(format!("gpu {i}: high beside a multi-GPU lease"));
+            }
+            if g.reserved_for.is_some() && on.iter().any(|r| r.tenant != g.reserved_for) {
+                return Some(format!("gpu {i}: another tenant on a reserved GPU"));
+            }
+            if on.iter().any(|r| !r.any_gpu) {
+                return Some(format!("gpu {i}: a request not for the batch placed"));
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_request_goes_only_where_its_memory_fits() {
+        let gpus = [gpu(70, 0.0, 1), gpu(50, 0.9, 3), gpu(79, 0.0, 0)];
+        let batch = place(&gpus, &[low(20), low(81)], &EVEN);
+        assert_eq!(batch.assignment, [Some(1), None]);
+    }
+
+    #[test]
+    fn a_gpu_takes_at_most_one_high_priority_lease_counting_existing_ones() {
+        let mut busy = empty();
+        busy.has_high_lease = true;
+        let batch = place(&[busy, empty()], &[high(1), high(1), low(1)], &EVEN);
+        assert_eq!(batch.assignment[0], Some(1));
+        assert_eq!(batch.assignment[1], None, "the second high waits");
+        assert!(batch.assignment[2].is_some(), "a low may join either GPU");
+    }
+
+    #[test]
+    fn no_high_priority_request_goes_beside_a_multi_gpu_lease() {
+        let mut ungated = empty();
+        ungated.runs_multi_gpu_lease = true;
+        let mut loaded = gpu(60, 0.9, 3);
+        loaded.has_high_lease = false;
+        let batch = place(&[ungated, loaded], &[high(10), low(1)], &EVEN);
+        assert_eq!(batch.assignment[0], Some(1), "high goes to the loaded GPU");
+        assert_eq!(
+            batch.assignment[1],
+            Some(0),
+            "low may share the ungated one"
+        );
+    }
+
+    #[test]
+    fn a_reserved_gpu_takes_only_its_tenants_requests() {
+        let mut reserved = empty();
+        reserved.reserved_for = Some("alice");
+        let busy = gpu(10, 0.9, 2);
+        let mut alices = low(5);
+        alices.tenant = Some("alice");
+        let mut bobs = low(5);
+        bobs.tenant = Some("bob");
+        let anyones = low(5);
+        let batch = place(&[reserved, busy], &[alices, bobs, anyones], &EVEN);
+        assert_eq!(batch.assignment, [Some(0), Some(1), Some(1)]);
+    }
+
+    #[test]
+    fn a_drained_gpu_takes_nothing() {
+        let mut drained = empty();
+        drained.drained = true;
+        let batch = place(&[drained, gpu(75, 0.9, 3)], &[low(4), low(4)], &EVEN);
+        assert_eq!(batch.assignment, [Some(1), None]);
+    }
+
+    #[test]
+    fn requests_not_for_any_gpu_are_left_to_the_greedy_path() {
+        let mut explicit = low(1);
+        explicit.any_gpu = false;
+        let batch = place(&[empty()], &[explicit, low(1)], &EVEN);
+        assert_eq!(batch.assignment, [None, Some(0)]);
+    }
+
+    #[test]
+    fn a_high_priority_request_greedy_placed_is_never_traded_for_more_low_ones() {
+        // Two lows would be more requests placed than one high, but the high came
+        // first in the queue and greedy placed it.
+        let batch = place(&[empty()], &[high(60), low(30), low(30)], &EVEN);
+        assert_eq!(batch.assignment, [Some(0), None, None]);
+        assert_eq!(batch.objective.high_placed, 1);
+    }
+
+    #[test]
+    fn a_high_priority_request_greedy_left_waiting_takes_a_low_ones_place() {
+        // Adversarial queue order (a low ahead of a high): greedy fills the only
+        // GPU with the low; the search must not let that delay the high.
+        let batch = place(&[empty()], &[low(50), high(50)], &EVEN);
+        assert_eq!(batch.greedy.high_placed, 0);
+        assert_eq!(batch.assignment, [None, Some(0)]);
+    }
+
+    #[test]
+    fn lows_never_crowd_out_a_high_even_when_moving_them_would_fit_more() {
+        // Greedy spreads the two highs over the empty GPUs; one low fits on the
+        // third. Dropping the second high would let two lows share its GPU (four
+        // placed instead of three): the search must not.
+        let gpus = [empty(), empty(), gpu(40, 0.2, 1)];
+        let requests = [high(50), high(50), low(40), low(40), low(40)];
+        let batch = place(&gpus, &requests, &EVEN);
+        assert!(batch.assignment[0].is_some() && batch.assignment[1].is_some());
+        assert_eq!(batch.objective.placed, 3);
+        assert_eq!(
+            batch.assignment.iter().filter(|at| **at == Some(2)).count(),
+            1
+        );
+    }
+
+    #[test]
+    fn moving_a_placed_request_lets_a_waiting_one_fit() {
+        // Greedy puts the 30 GiB job on the empty GPU, then the 60 GiB job fits
+        // nowhere; moving the first to the half-full GPU makes room.
+        let gpus = [gpu(50, 0.0, 0), empty()];
+        let batch = place(&gpus, &[low(30), low(60)], &EVEN);
+        assert_eq!(batch.greedy.placed, 1);
+        assert_eq!(batch.assignment, [Some(0), Some(1)]);
+    }
+
+    #[test]
+    fn the_search_lowers_the_cost_greedy_leaves() {
+        // Greedy spreads the two small jobs, then the big one joins a small one:
+        // compute 0.9 + 0.1 (cost 0.82); the big one alone and the small ones
+        // together: 0.8 + 0.2 (cost 0.68).
+        let requests = [
+            request(Priority::Low, 1, 0.1),
+            request(Priority::Low, 1, 0.1),
+            request(Priority::Low, 1, 0.8),
+        ];
+        let batch = place(&[empty(), empty()], &requests, &COMPUTE_ONLY);
+        assert!(
+            (batch.greedy.cost - 0.82).abs() < 1e-9,
+            "{:?}",
+            batch.greedy
+        );
+        assert!(
+            (batch.objective.cost - 0.68).abs() < 1e-9,
+            "{:?}",
+            batch.objective
+        );
+        assert_eq!(batch.assignment[0], batch.assignment[1]);
+        assert_ne!(batch.assignment[0], batch.assignment[2]);
+    }
+
+    #[test]
+    fn a_spent_budget_still_returns_the_greedy_assignment() {
+        let gpus = [gpu(10, 0.2, 1), empty(), gpu(70, 0.5, 2)];
+        let requests = [high(20), low(5), low(30), low(8), high(9)];
+        let batch = place_batch(
+            &gpus,
+            &requests,
+            &EVEN,
+            &SearchLimits::with_budget(Duration::ZERO),
+        );
+        assert!(batch.budget_spent);
+        assert_eq!(batch.objective, batch.greedy);
+        assert_eq!(rule_broken(&gpus, &requests, &batch.assignment), None);
+        assert_eq!(batch.objective.placed, 5);
+    }
+
+    /// The bench's kind of instance, smaller: mixed sizes, some GPUs loaded.
+    fn instance(
+        seed: u64,
+        gpus: usize,
+        requests: usize,
+    ) -> (Vec<BatchGpu<'static>>, Vec<BatchRequest<'static>>) {
+        let mut rng = SplitMix64(seed);
+        let gpus = (0..gpus)
+            .map(|_| {
+                let mut g = gpu(
+                    rng.below(50) as u64,
+                    rng.below(80) as f64 / 100.0,
+                    rng.below(3) as u32,
+                );
+                g.has_high_lease = rng.below(4) == 0;
+                g.runs_multi_gpu_lease = rng.below(10) == 0;
+                g.drained = rng.below(16) == 0;
+                g
+            })
+            .collect();
+        let mut requests: Vec<BatchRequest> = (0..requests)
+            .map(|_| {
+                let priority = if rng.below(4) == 0 {
+                    Priority::High
+                } else {
+                    Priority::Low
+                };
+                request(
+                    priority,
+                    1 + rng.below(40) as u64,
+                    rng.below(90) as f64 / 100.0 + 0.05,
+                )
+            })
+            .collect();
+        requests.sort_by_key(|r| r.priority != Priority::High);
+        (gpus, requests)
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_assignment() {
+        let (gpus, requests) = instance(7, 8, 24);
+        let limits = SearchLimits {
+            budget: AMPLE,
+            seed: 42,
+            patience: 50,
+        };
+        let first = place_batch(&gpus, &requests, &EVEN, &limits);
+        let second = place_batch(&gpus, &requests, &EVEN, &limits);
+        assert!(!first.budget_spent);
+        assert_eq!(first, second);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn the_search_keeps_every_rule_and_never_loses_to_greedy(seed in any::<u64>(), gpus in 1usize..6, requests in 0usize..14) {
+            let (gpus, requests) = instance(seed, gpus, requests);
+            let limits = SearchLimits { budget: AMPLE, seed, patience: 20 };
+            let batch = place_batch(&gpus, &requests, &EVEN, &limits);
+            prop_assert_eq!(rule_broken(&gpus, &requests, &batch.assignment), None);
+            prop_assert!(!batch.greedy.better_than(&batch.objective));
+            // Greedy's placed highs are all placed by the search too.
+            let mut greedy = State::new(&gpus, &requests, EVEN);
+            greedy.greedy();
+            for (r, at) in greedy.at.iter().enumerate() {
+                if at.is_some() && requests[r].priority == Priority::High {
+                    prop_assert!(batch.assignment[r].is_some(), "high {} dropped", r);
+                }
+            }
+        }
+    }
+}
