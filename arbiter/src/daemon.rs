@@ -6,7 +6,7 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpushare_config::{ArbiterConfig, SchedulerConfig};
+use gpushare_config::{ArbiterConfig, PlacementConfig, SchedulerConfig};
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::inventory::{self, GpuBackend};
@@ -84,10 +84,21 @@ impl Running {
 }
 
 /// Loads the lease table, re-creates every lease socket (served at once) and
-/// reconciles once. Must run inside the tokio runtime.
+/// reconciles once, placing with the default `[placement]`. Must run inside the
+/// tokio runtime.
 pub fn recover(
     config: &ArbiterConfig,
     scheduler: &SchedulerConfig,
+    backend: &dyn GpuBackend,
+) -> Result<Running, DaemonError> {
+    recover_placing(config, scheduler, &PlacementConfig::default(), backend)
+}
+
+/// `recover`, placing with `placement` (the `[placement]` table).
+pub fn recover_placing(
+    config: &ArbiterConfig,
+    scheduler: &SchedulerConfig,
+    placement: &PlacementConfig,
     backend: &dyn GpuBackend,
 ) -> Result<Running, DaemonError> {
     let survey = inventory::survey(
@@ -121,6 +132,7 @@ pub fn recover(
         Box::new(ProcFs),
     )?;
     arbiter.set_tokens(tokens.clone());
+    arbiter.set_placement(placement.clone());
     arbiter.set_unshareable(survey.unshareable);
     let arbiter = ArbiterHandle::new(arbiter);
     let tasks = Tasks::default();

@@ -111,6 +111,7 @@ impl StateError {
 }
 
 mod clients;
+mod demand;
 mod drain;
 mod endpoints;
 #[cfg(test)]
@@ -119,6 +120,8 @@ mod grants;
 mod handle;
 mod lifecycle;
 mod memory;
+#[cfg(test)]
+mod placement_tests;
 mod recovery;
 mod reserve;
 mod status;
@@ -178,6 +181,11 @@ pub struct Arbiter {
     config: ArbiterConfig,
     inventory: Inventory,
     utilization: Vec<UtilizationWindow>,
+    /// Utilisation over `placement.utilization_window_ms`: the balanced policy's view.
+    recent_utilization: Vec<UtilizationWindow>,
+    placement: gpushare_config::PlacementConfig,
+    /// Each lease's held token time, read with each sample (`demand.rs`).
+    held: HashMap<LeaseId, demand::HeldReadings>,
     memory_used: Vec<Option<u64>>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     by_container: HashMap<ContainerKey, LeaseId>,
@@ -241,6 +249,14 @@ impl Arbiter {
         let n = inventory.gpus.len();
         let mut arbiter = Arbiter {
             utilization: vec![UtilizationWindow::new(UtilizationWindow::LAST_MINUTE); n],
+            recent_utilization: vec![
+                UtilizationWindow::new(Duration::from_millis(
+                    gpushare_config::PlacementConfig::default().utilization_window_ms
+                ));
+                n
+            ],
+            placement: gpushare_config::PlacementConfig::default(),
+            held: HashMap::new(),
             memory_used: vec![None; n],
             by_container: table
                 .leases
@@ -358,6 +374,7 @@ impl Arbiter {
         }
         self.ledger.close(id);
         self.measured_at.remove(id);
+        self.held.remove(id);
         self.suspects.remove(id);
         self.endpoints.close(id);
         self.unbind_grants(id);

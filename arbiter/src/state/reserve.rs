@@ -167,14 +167,13 @@ impl Arbiter {
                 memory_bytes: bytes,
             }
         } else {
-            let views = self.views();
             let r = placement::Request {
                 priority: request.priority,
                 memory,
                 gpu: &request.gpu,
                 tenant: request.tenant.as_deref(),
             };
-            let p = placement::place(&r, &views, &self.policy())?;
+            let p = self.decide(&r, request.compute_request.get())?;
             placement::holds_a_process(p.memory_bytes, self.overhead_estimate())?;
             placement::Placement {
                 gpus: p.gpus,
@@ -247,14 +246,13 @@ impl Arbiter {
             };
             let r = &w.item.request;
             let reason = {
-                let views = self.views();
                 let req = placement::Request {
                     priority: r.priority,
                     memory,
                     gpu: &r.gpu,
                     tenant: r.tenant.as_deref(),
                 };
-                match placement::place(&req, &views, &self.policy()) {
+                match self.decide(&req, r.compute_request.get()) {
                     Err(e) => e.to_string(),
                     Ok(_) => format!(
                         "{} was held back behind a waiting high-priority request",

@@ -8,9 +8,11 @@ impl Arbiter {
         for (uuid, sample) in samples {
             if let Some(i) = self.inventory.gpus.iter().position(|g| &g.uuid == uuid) {
                 self.utilization[i].record(now, sample.utilization);
+                self.recent_utilization[i].record(now, sample.utilization);
                 self.memory_used[i] = Some(sample.memory_used);
             }
         }
+        self.record_held_time(now);
         // Utilisation falling may open a GPU to a waiting low-priority request.
         self.run_admission();
     }

@@ -1,0 +1,129 @@
+//! What the balanced policy sees (issue 18): each GPU's utilisation over the
+//! short window `placement.utilization_window_ms`, and each lease's expected
+//! demand, learnt from the time its clients held the time-slice token. The
+//! decision itself is `placement::place_balanced` (pure); this gathers its input.
+
+use std::collections::VecDeque;
+
+use gpushare_config::{PlacementConfig, PlacementPolicy};
+
+use super::*;
+use crate::balance::Weights;
+use crate::placement::balanced::{self, Balanced};
+
+/// A lease's held time must have been watched for this share of the window
+/// before it counts as measured: a share over a second or two of a 5 s window
+/// says more about when the job started than about what it needs.
+const MEASURED_AFTER_WINDOW_SHARE: f64 = 0.5;
+
+/// Readings of one lease's cumulative held token time, within the window.
+#[derive(Debug, Default)]
+pub(super) struct HeldReadings(VecDeque<(Instant, u64)>);
+
+impl Arbiter {
+    /// Which placement policy decides, with its weights and window.
+    pub fn set_placement(&mut self, placement: PlacementConfig) {
+        let window = Duration::from_millis(placement.utilization_window_ms);
+        self.recent_utilization = vec![UtilizationWindow::new(window); self.inventory.gpus.len()];
+        tracing::info!(policy = ?placement.policy, batch = placement.batch, window_ms = placement.utilization_window_ms, "placement");
+        self.placement = placement;
+    }
+
+    pub fn placement(&self) -> &PlacementConfig {
+        &self.placement
+    }
+
+    fn window(&self) -> Duration {
+        Duration::from_millis(self.placement.utilization_window_ms)
+    }
+
+    /// Reads every lease's held token time (called with each NVML sample).
+    pub(super) fn record_held_time(&mut self, now: Instant) {
+        let Some(tokens) = &self.tokens else {
+            return;
+        };
+        let mut held: HashMap<LeaseId, u64> = HashMap::new();
+        for h in tokens.holdings() {
+            *held.entry(h.lease).or_default() += h.held_ns;
+        }
+        let window = self.window();
+        self.held.retain(|id, _| held.contains_key(id));
+        for (id, ns) in held {
+            let readings = &mut self.held.entry(id).or_default().0;
+            readings.push_back((now, ns));
+            // Keep one reading at or beyond the window's start, so the share spans it.
+            while readings.len() > 2 && now.duration_since(readings[1].0) >= window {
+                readings.pop_front();
+            }
+        }
+    }
+
+    /// The lease's share of a GPU's time over the window, once watched long enough.
+    fn measured_share(&self, lease: &Lease) -> Option<f64> {
+        let readings = &self.held.get(&lease.id)?.0;
+        let (first, last) = (readings.front()?, readings.back()?);
+        let min_span = self.window().as_secs_f64() * MEASURED_AFTER_WINDOW_SHARE;
+        // Held time summed over the lease's GPUs: per GPU, as placement counts it.
+        let gpus = lease.gpus.len().max(1) as u64;
+        balanced::held_share(
+            (0.0, first.1 / gpus),
+            (last.0.duration_since(first.0).as_secs_f64(), last.1 / gpus),
+            min_span,
+        )
+    }
+
+    /// The lease's expected demand, in GPUs (see `balanced::expected_demand`).
+    pub(super) fn expected_demand(&self, lease: &Lease) -> f64 {
+        balanced::expected_demand(
+            lease.priority,
+            lease.compute_request.get(),
+            self.measured_share(lease),
+        )
+    }
+
+    /// Expected demand of the leases on each GPU, in inventory order.
+    pub(super) fn expected_per_gpu(&self) -> Vec<f64> {
+        let mut expected = vec![0.0; self.inventory.gpus.len()];
+        for record in self.leases.values() {
+            let demand = self.expected_demand(&record.lease);
+            for uuid in &record.lease.gpus {
+                if let Some(i) = self.inventory.gpus.iter().position(|g| &g.uuid == uuid) {
+                    expected[i] += demand;
+                }
+            }
+        }
+        expected
+    }
+
+    /// Places one request with the configured policy.
+    pub(super) fn decide(
+        &self,
+        request: &placement::Request,
+        compute_request: f64,
+    ) -> Result<placement::Placement, PlacementError> {
+        let mut views = self.views();
+        match self.placement.policy {
+            PlacementPolicy::Wang => placement::place(request, &views, &self.policy()),
+            PlacementPolicy::Balanced => {
+                let now = Instant::now();
+                for (view, window) in views.iter_mut().zip(&self.recent_utilization) {
+                    view.utilization = window.mean(now).unwrap_or(0.0);
+                }
+                let demand = balanced::expected_demand(request.priority, compute_request, None);
+                placement::place_balanced(
+                    request,
+                    &views,
+                    &self.expected_per_gpu(),
+                    demand,
+                    &Balanced {
+                        weights: Weights {
+                            memory: self.placement.memory_weight,
+                            compute: self.placement.compute_weight,
+                            jobs: self.placement.jobs_weight,
+                        },
+                    },
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The configured placement policy as the state applies it (issue 18).
+
+use super::tests::{config, open_with_probe, request};
+use super::*;
+use crate::process::tests::FakeProcs;
+use gpushare_config::{PlacementConfig, PlacementPolicy};
+use gpushare_proto::Fraction;
+
+fn arbiter(dir: &std::path::Path, gpus: usize, policy: PlacementPolicy) -> Arbiter {
+    let mut arbiter = open_with_probe(config(dir), gpus, Box::new(FakeProcs::default()));
+    arbiter.set_placement(PlacementConfig {
+        policy,
+        ..Default::default()
+    });
+    arbiter
+}
+
+fn gpu_of(arbiter: &mut Arbiter, name: &str, request: ReserveRequest) -> String {
+    let mut r = request;
+    r.container_id = name.into();
+    arbiter.reserve_now(r).unwrap().lease.gpus[0].clone()
+}
+
+#[test]
+fn wang_co_locates_two_low_jobs_and_balanced_spreads_them() {
+    for (policy, second_on) in [
+        (PlacementPolicy::Wang, "GPU-0"),
+        (PlacementPolicy::Balanced, "GPU-1"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = arbiter(dir.path(), 2, policy);
+        let low = request("x", "2Gi", Priority::Low);
+        assert_eq!(gpu_of(&mut a, "a", low.clone()), "GPU-0", "{policy:?}");
+        assert_eq!(gpu_of(&mut a, "b", low), second_on, "{policy:?}");
+    }
+}
+
+#[test]
+fn balanced_sees_utilisation_over_the_short_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = arbiter(dir.path(), 2, PlacementPolicy::Balanced);
+    let busy = GpuSample {
+        utilization: 0.95,
+        memory_used: 0,
+    };
+    a.record_samples(Instant::now(), &[("GPU-0".into(), busy)]);
+    let low = request("x", "2Gi", Priority::Low);
+    assert_eq!(gpu_of(&mut a, "a", low), "GPU-1");
+}
+
+#[test]
+fn balanced_counts_an_unmeasured_lease_by_its_compute_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = arbiter(dir.path(), 2, PlacementPolicy::Balanced);
+    let mut heavy = request("x", "2Gi", Priority::Low);
+    heavy.compute_request = Fraction::new(0.9).unwrap();
+    heavy.gpu = gpushare_proto::GpuSelector::Index(vec![0]);
+    let mut light = request("x", "2Gi", Priority::Low);
+    light.compute_request = Fraction::new(0.1).unwrap();
+    light.gpu = gpushare_proto::GpuSelector::Index(vec![1]);
+    assert_eq!(gpu_of(&mut a, "heavy", heavy), "GPU-0");
+    assert_eq!(gpu_of(&mut a, "light", light), "GPU-1");
+    // Both unmeasured: without the requests each would count 0.5, and the tie go to GPU 0.
+    let low = request("x", "2Gi", Priority::Low);
+    assert_eq!(gpu_of(&mut a, "next", low), "GPU-1");
+}
