@@ -85,6 +85,45 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     }
     family(
         &mut out,
+        "gpushare_gpu_expected_demand",
+        "gauge",
+        "Expected GPU demand of the leases on the GPU, in GPUs (measured token time, else the requests, else an assumption by priority).",
+    );
+    for h in &report.placement {
+        let _ = writeln!(
+            out,
+            "gpushare_gpu_expected_demand{{gpu=\"{}\"}} {}",
+            escape(&h.uuid),
+            h.expected_demand
+        );
+    }
+    family(
+        &mut out,
+        "gpushare_gpu_largest_free_hole_bytes",
+        "gauge",
+        "The largest quota a new lease could get on the GPU now: memory neither promised nor in use.",
+    );
+    for h in &report.placement {
+        let _ = writeln!(
+            out,
+            "gpushare_gpu_largest_free_hole_bytes{{gpu=\"{}\"}} {}",
+            escape(&h.uuid),
+            h.largest_free_hole
+        );
+    }
+    family(
+        &mut out,
+        "gpushare_placement_waits_fragmented_total",
+        "counter",
+        "Reserves that waited although the free memory of the open GPUs, added up, would have held them.",
+    );
+    let _ = writeln!(
+        out,
+        "gpushare_placement_waits_fragmented_total {}",
+        report.placement_waits_fragmented
+    );
+    family(
+        &mut out,
         "gpushare_gpu_drained",
         "gauge",
         "1 when no new leases are placed on the GPU.",
@@ -628,6 +667,12 @@ mod tests {
             },
             store_failure: None,
             grants: Vec::new(),
+            placement: vec![gpushare_proto::message::GpuPlacementHint {
+                uuid: "GPU-0".into(),
+                expected_demand: 0.75,
+                largest_free_hole: 60,
+            }],
+            placement_waits_fragmented: 4,
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);
@@ -661,6 +706,9 @@ mod tests {
             "gpushare_lease_connections_refused_total{reason=\"lease_limit\"} 9744",
             "gpushare_lease_connections_refused_total{reason=\"total_limit\"} 0",
             "gpushare_lease_connections_refused_total{reason=\"peer\"} 2",
+            "gpushare_gpu_expected_demand{gpu=\"GPU-0\"} 0.75",
+            "gpushare_gpu_largest_free_hole_bytes{gpu=\"GPU-0\"} 60",
+            "gpushare_placement_waits_fragmented_total 4",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -290,6 +290,26 @@ pub struct StatusReport {
     /// The device plugin's grants (Kubernetes), placed and waiting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<Grant>,
+    /// Rebalancing hints, one per GPU of `gpus` (issue 18). Beside `GpuStatus`
+    /// rather than in it: other crates build `GpuStatus` field by field.
+    #[serde(default)]
+    pub placement: Vec<GpuPlacementHint>,
+    /// Reserves that had to wait although the node's free memory, added over its
+    /// open GPUs, would have held them: memory split into holes too small.
+    #[serde(default)]
+    pub placement_waits_fragmented: u64,
+}
+
+/// What placement sees of one GPU, to tell where load could be moved.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuPlacementHint {
+    pub uuid: String,
+    /// The expected demand of its leases, in GPUs (1.0 = one GPU's whole time):
+    /// measured token time, else the requests, else an assumption by priority.
+    pub expected_demand: f64,
+    /// The largest quota a new lease could be given on it now: memory not
+    /// promised to a lease or grant, and (where NVML reports it) not in use.
+    pub largest_free_hole: u64,
 }
 
 /// The lease sockets' connections (token connections included): how many are open,

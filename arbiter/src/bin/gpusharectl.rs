@@ -203,8 +203,21 @@ fn render_status(report: &StatusReport) -> String {
         if let Some(t) = &g.reserved_for {
             flags += &format!(" reserved-for={t}");
         }
+        // Rebalancing hints (issue 18): absent from an older arbiter's report.
+        let hint = report
+            .placement
+            .iter()
+            .find(|h| h.uuid == g.uuid)
+            .map(|h| {
+                format!(
+                    "  demand {:.2} GPU  largest hole {}",
+                    h.expected_demand,
+                    ByteSize(h.largest_free_hole)
+                )
+            })
+            .unwrap_or_default();
         out += &format!(
-            "  {} {} {}  leased {} of {}  used {}  util(1m) {}{}\n",
+            "  {} {} {}  leased {} of {}  used {}  util(1m) {}{}{}\n",
             g.index,
             g.uuid,
             g.name,
@@ -214,7 +227,14 @@ fn render_status(report: &StatusReport) -> String {
                 .map(|b| ByteSize(b).to_string())
                 .unwrap_or_else(|| "-".into()),
             percent(g.utilization_last_minute),
+            hint,
             flags
+        );
+    }
+    if report.placement_waits_fragmented > 0 {
+        out += &format!(
+            "  {} reserve(s) waited although the GPUs' free memory added up would have held them (fragmented: moving a lease would open a hole)\n",
+            report.placement_waits_fragmented
         );
     }
     if !report.unshareable.is_empty() {
@@ -463,6 +483,38 @@ mod tests {
             assert!(text.contains(line), "{line:?} in\n{text}");
         }
         assert!(!render_status(&StatusReport::default()).contains("GRANTS"));
+    }
+
+    #[test]
+    fn status_shows_each_gpus_expected_demand_largest_hole_and_fragmented_waits() {
+        let gpu = |i: u32| gpushare_proto::GpuStatus {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            memory_total: 16 << 30,
+            ..Default::default()
+        };
+        let report = StatusReport {
+            gpus: vec![gpu(0), gpu(1)],
+            placement: vec![gpushare_proto::message::GpuPlacementHint {
+                uuid: "GPU-1".into(),
+                expected_demand: 1.25,
+                largest_free_hole: 3 << 30,
+            }],
+            placement_waits_fragmented: 2,
+            ..Default::default()
+        };
+        let text = render_status(&report);
+        let line = |uuid: &str| text.lines().find(|l| l.contains(uuid)).unwrap().to_owned();
+        assert!(
+            line("GPU-1").contains("demand 1.25 GPU  largest hole 3Gi"),
+            "{text}"
+        );
+        assert!(
+            !line("GPU-0").contains("demand"),
+            "no hint, none shown: {text}"
+        );
+        assert!(text.contains("2 reserve(s) waited"), "{text}");
+        assert!(!render_status(&StatusReport::default()).contains("fragmented"));
     }
 
     #[test]

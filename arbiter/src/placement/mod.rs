@@ -396,6 +396,15 @@ pub(crate) fn screen(
     })
 }
 
+/// Memory fragmentation kept a request of `count` GPUs × `wanted` bytes out:
+/// fewer than `count` of the open GPUs (`free`: each one's free memory) have
+/// `wanted` free, yet their free memory added up would hold all of it.
+pub fn memory_fragmented(free: &[u64], wanted: u64, count: usize) -> bool {
+    let roomy = free.iter().filter(|&&f| f >= wanted).count();
+    let total: u128 = free.iter().map(|&f| u128::from(f)).sum();
+    roomy < count && total >= u128::from(wanted) * count as u128
+}
+
 /// "a high-priority request for 4Gi on count:1".
 pub fn describe(request: &Request) -> String {
     format!(
@@ -953,6 +962,28 @@ mod tests {
         let both = GpuSelector::Count(2);
         let r = Request { gpu: &both, ..r };
         assert_eq!(place(&r, &views, &POLICY).unwrap().memory_bytes, 2 * GI);
+    }
+
+    #[test]
+    fn fragmentation_is_enough_free_memory_in_holes_too_small() {
+        // (free per open GPU in GiB, wanted GiB, count, fragmented)
+        let table: &[(&[u64], u64, usize, bool)] = &[
+            (&[3, 3], 4, 1, true),
+            (&[3, 3], 7, 1, false),
+            (&[4, 1], 4, 1, false),
+            (&[4, 3, 2], 4, 2, true),
+            (&[4, 4], 4, 2, false),
+            (&[2, 1], 4, 1, false),
+            (&[], 1, 1, false),
+        ];
+        for &(free, wanted, count, want) in table {
+            let free: Vec<u64> = free.iter().map(|g| g * GI).collect();
+            assert_eq!(
+                memory_fragmented(&free, wanted * GI, count),
+                want,
+                "{free:?} {wanted} x{count}"
+            );
+        }
     }
 
     #[test]

@@ -95,6 +95,49 @@ impl Arbiter {
         expected
     }
 
+    /// Whether `request`, which cannot be placed now, waits for memory that is
+    /// free on the node but split across GPUs (the fragmentation metric).
+    pub(super) fn waits_for_fragmented_memory(&self, request: &ReserveRequest) -> bool {
+        let memory = match self.granted_memory(request) {
+            Some(bytes) => MemoryRequest::Bytes(bytes),
+            None => self.memory_request(request),
+        };
+        let views = self.views();
+        let open: Vec<&GpuView> = views
+            .iter()
+            .filter(|v| {
+                !v.drained
+                    && (v.reserved_for.is_none() || v.reserved_for == request.tenant.as_deref())
+            })
+            .collect();
+        let Some(smallest) = open.iter().map(|v| v.memory_total).min() else {
+            return false;
+        };
+        let free: Vec<u64> = open.iter().map(|v| v.memory_free()).collect();
+        placement::memory_fragmented(&free, memory.resolve(smallest), request.gpu.gpu_count())
+    }
+
+    pub fn waits_fragmented(&self) -> u64 {
+        self.waits_fragmented
+    }
+
+    /// Rebalancing hints for status: each GPU's expected demand and largest hole.
+    pub(super) fn placement_hints(&self) -> Vec<gpushare_proto::message::GpuPlacementHint> {
+        let expected = self.expected_per_gpu();
+        self.views()
+            .iter()
+            .zip(expected)
+            .zip(&self.memory_used)
+            .map(
+                |((v, expected_demand), used)| gpushare_proto::message::GpuPlacementHint {
+                    uuid: v.uuid.to_owned(),
+                    expected_demand,
+                    largest_free_hole: largest_free_hole(v.memory_total, v.memory_leased, *used),
+                },
+            )
+            .collect()
+    }
+
     /// Places one request with the configured policy.
     pub(super) fn decide(
         &self,
@@ -124,6 +167,41 @@ impl Arbiter {
                     },
                 )
             }
+        }
+    }
+}
+
+/// The largest quota a new lease could get on a GPU: memory no lease or grant
+/// was promised, less anything NVML sees in use beyond the promises (processes
+/// outside gpushare, or a driver's own reservation).
+fn largest_free_hole(total: u64, leased: u64, used: Option<u64>) -> u64 {
+    let unpromised = total.saturating_sub(leased);
+    match used {
+        Some(used) => unpromised.min(total.saturating_sub(used)),
+        None => unpromised,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::largest_free_hole;
+
+    #[test]
+    fn the_largest_hole_is_unpromised_and_unused() {
+        // (total, leased, used, hole)
+        let table: &[(u64, u64, Option<u64>, u64)] = &[
+            (16, 4, None, 12),
+            (16, 4, Some(2), 12),
+            (16, 4, Some(10), 6),
+            (16, 20, Some(1), 0),
+            (16, 0, Some(17), 0),
+        ];
+        for &(total, leased, used, want) in table {
+            assert_eq!(
+                largest_free_hole(total, leased, used),
+                want,
+                "{total} {leased} {used:?}"
+            );
         }
     }
 }

@@ -148,6 +148,8 @@ pub type ReserveReply = oneshot::Receiver<Result<Granted, StateError>>;
 pub struct Waiter {
     request: ReserveRequest,
     reply: oneshot::Sender<Result<Granted, StateError>>,
+    /// Already counted in `waits_fragmented` (a request counts once however often it waits).
+    counted_fragmented: std::cell::Cell<bool>,
 }
 
 /// What the watchdog needs from the state, copied out so NVML is called without the lock.
@@ -186,6 +188,9 @@ pub struct Arbiter {
     placement: gpushare_config::PlacementConfig,
     /// Each lease's held token time, read with each sample (`demand.rs`).
     held: HashMap<LeaseId, demand::HeldReadings>,
+    /// Reserves that waited although the open GPUs' free memory added up would
+    /// have held them (`placement::memory_fragmented`).
+    waits_fragmented: u64,
     memory_used: Vec<Option<u64>>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     by_container: HashMap<ContainerKey, LeaseId>,
@@ -257,6 +262,7 @@ impl Arbiter {
             ],
             placement: gpushare_config::PlacementConfig::default(),
             held: HashMap::new(),
+            waits_fragmented: 0,
             memory_used: vec![None; n],
             by_container: table
                 .leases

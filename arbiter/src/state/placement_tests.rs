@@ -64,3 +64,38 @@ fn balanced_counts_an_unmeasured_lease_by_its_compute_request() {
     let low = request("x", "2Gi", Priority::Low);
     assert_eq!(gpu_of(&mut a, "next", low), "GPU-1");
 }
+
+#[test]
+fn a_wait_for_memory_split_across_gpus_is_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = arbiter(dir.path(), 2, PlacementPolicy::Balanced);
+    for (name, gpu) in [("a", 0), ("b", 1)] {
+        let mut r = request(name, "5Gi", Priority::Low);
+        r.gpu = gpushare_proto::GpuSelector::Index(vec![gpu]);
+        a.reserve_now(r).unwrap();
+    }
+    // 3 GiB free on each GPU: 4 GiB waits although 6 GiB are free in all.
+    let _fragmented = a.submit(request("c", "4Gi", Priority::Low), Instant::now());
+    assert_eq!(a.waits_fragmented(), 1);
+    a.record_samples(Instant::now(), &[]);
+    assert_eq!(a.waits_fragmented(), 1, "a request counts once");
+    // 7 GiB would not fit even in one hole of all the free memory: not fragmentation.
+    let _too_big = a.submit(request("d", "7Gi", Priority::Low), Instant::now());
+    assert_eq!(a.waits_fragmented(), 1);
+    let status = a.status();
+    assert_eq!(status.placement_waits_fragmented, 1);
+    let holes: Vec<u64> = status
+        .placement
+        .iter()
+        .map(|h| h.largest_free_hole)
+        .collect();
+    assert_eq!(holes, vec![3 << 30, 3 << 30]);
+    let demand: Vec<f64> = status.placement.iter().map(|h| h.expected_demand).collect();
+    assert_eq!(
+        demand,
+        vec![
+            crate::placement::balanced::UNMEASURED_LOW_DEMAND,
+            crate::placement::balanced::UNMEASURED_LOW_DEMAND
+        ]
+    );
+}

@@ -70,8 +70,16 @@ impl Arbiter {
         }
         let priority = request.priority;
         let bound = self.config.admission_wait();
-        self.queue
-            .push(priority, now, bound, Waiter { request, reply: tx });
+        self.queue.push(
+            priority,
+            now,
+            bound,
+            Waiter {
+                request,
+                reply: tx,
+                counted_fragmented: Default::default(),
+            },
+        );
         self.run_admission();
         rx
     }
@@ -105,7 +113,15 @@ impl Arbiter {
                 }
                 match self.try_grant(&w.request) {
                     Ok(granted) => Attempt::Admitted(granted),
-                    Err(StateError::Placement(e)) if e.is_transient() => Attempt::Wait,
+                    Err(StateError::Placement(e)) if e.is_transient() => {
+                        if !w.counted_fragmented.get()
+                            && self.waits_for_fragmented_memory(&w.request)
+                        {
+                            w.counted_fragmented.set(true);
+                            self.waits_fragmented += 1;
+                        }
+                        Attempt::Wait
+                    }
                     Err(e) => Attempt::Failed(e),
                 }
             });

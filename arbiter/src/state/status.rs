@@ -139,6 +139,8 @@ impl Arbiter {
                 .unwrap_or_default(),
             store_failure: self.store.failure().map(|f| f.to_string()),
             grants: self.grants(),
+            placement: self.placement_hints(),
+            placement_waits_fragmented: self.waits_fragmented,
         }
     }
 }
