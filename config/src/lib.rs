@@ -74,7 +74,7 @@ pub struct PlacementConfig {
 impl Default for PlacementConfig {
     fn default() -> Self {
         PlacementConfig {
-            policy: PlacementPolicy::Wang,
+            policy: PlacementPolicy::Balanced,
             batch: false,
             memory_weight: 1.0,
             compute_weight: 1.0,
