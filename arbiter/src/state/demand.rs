@@ -144,29 +144,35 @@ impl Arbiter {
         request: &placement::Request,
         compute_request: f64,
     ) -> Result<placement::Placement, PlacementError> {
-        let mut views = self.views();
         match self.placement.policy {
-            PlacementPolicy::Wang => placement::place(request, &views, &self.policy()),
-            PlacementPolicy::Balanced => {
-                let now = Instant::now();
-                for (view, window) in views.iter_mut().zip(&self.recent_utilization) {
-                    view.utilization = window.mean(now).unwrap_or(0.0);
-                }
-                let demand = balanced::expected_demand(request.priority, compute_request, None);
-                placement::place_balanced(
-                    request,
-                    &views,
-                    &self.expected_per_gpu(),
-                    demand,
-                    &Balanced {
-                        weights: Weights {
-                            memory: self.placement.memory_weight,
-                            compute: self.placement.compute_weight,
-                            jobs: self.placement.jobs_weight,
-                        },
-                    },
-                )
-            }
+            PlacementPolicy::Wang => placement::place(request, &self.views(), &self.policy()),
+            PlacementPolicy::Balanced => placement::place_balanced(
+                request,
+                &self.balanced_views(),
+                &self.expected_per_gpu(),
+                balanced::expected_demand(request.priority, compute_request, None),
+                &Balanced {
+                    weights: self.weights(),
+                },
+            ),
+        }
+    }
+
+    /// The GPUs as the balanced policy sees them: utilisation over the short window.
+    pub(super) fn balanced_views(&self) -> Vec<GpuView<'_>> {
+        let now = Instant::now();
+        let mut views = self.views();
+        for (view, window) in views.iter_mut().zip(&self.recent_utilization) {
+            view.utilization = window.mean(now).unwrap_or(0.0);
+        }
+        views
+    }
+
+    pub(super) fn weights(&self) -> Weights {
+        Weights {
+            memory: self.placement.memory_weight,
+            compute: self.placement.compute_weight,
+            jobs: self.placement.jobs_weight,
         }
     }
 }

@@ -110,6 +110,7 @@ impl StateError {
     }
 }
 
+mod batch_admission;
 mod clients;
 mod demand;
 mod drain;
@@ -150,6 +151,8 @@ pub struct Waiter {
     reply: oneshot::Sender<Result<Granted, StateError>>,
     /// Already counted in `waits_fragmented` (a request counts once however often it waits).
     counted_fragmented: std::cell::Cell<bool>,
+    /// What the batch search planned for it in this admission pass.
+    batch: std::cell::Cell<batch_admission::BatchPlan>,
 }
 
 /// What the watchdog needs from the state, copied out so NVML is called without the lock.

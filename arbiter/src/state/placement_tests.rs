@@ -99,3 +99,36 @@ fn a_wait_for_memory_split_across_gpus_is_counted_once() {
         ]
     );
 }
+
+/// One 8 GiB GPU filled, then 5, 4 and 4 GiB waiting; the filler released.
+/// Returns which of the three were granted in the admission pass that followed.
+fn after_release(batch: bool) -> Vec<bool> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = open_with_probe(config(dir.path()), 1, Box::new(FakeProcs::default()));
+    a.set_placement(PlacementConfig {
+        batch,
+        ..Default::default()
+    });
+    let filler = a
+        .reserve_now(request("filler", "8Gi", Priority::Low))
+        .unwrap();
+    let mut replies: Vec<_> = [("five", "5Gi"), ("four", "4Gi"), ("four-too", "4Gi")]
+        .into_iter()
+        .map(|(name, memory)| a.submit(request(name, memory, Priority::Low), Instant::now()))
+        .collect();
+    assert!(
+        replies.iter_mut().all(|r| r.try_recv().is_err()),
+        "all wait"
+    );
+    a.release(&filler.lease.id).unwrap();
+    replies
+        .iter_mut()
+        .map(|r| matches!(r.try_recv(), Ok(Ok(_))))
+        .collect()
+}
+
+#[test]
+fn the_batch_search_places_two_waiters_where_one_at_a_time_places_one() {
+    assert_eq!(after_release(false), vec![true, false, false]);
+    assert_eq!(after_release(true), vec![false, true, true]);
+}

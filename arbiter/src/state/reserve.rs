@@ -1,6 +1,7 @@
 //! Reserving: the admission queue, placement and granting, and the requesters
 //! that went away while they waited.
 
+use super::batch_admission::BatchPlan;
 use super::*;
 
 impl Arbiter {
@@ -78,6 +79,7 @@ impl Arbiter {
                 request,
                 reply: tx,
                 counted_fragmented: Default::default(),
+                batch: Default::default(),
             },
         );
         self.run_admission();
@@ -105,13 +107,31 @@ impl Arbiter {
             if self.queue.is_empty() {
                 return;
             }
+            if self.placement.batch && self.queue.len() > 1 {
+                self.plan_batch();
+            }
             let mut queue = std::mem::take(&mut self.queue);
             let left = queue.admit(|w: &Waiter| {
                 if w.reply.is_closed() {
                     // Its requester is gone: nobody would be told of a lease.
                     return Attempt::Failed(StateError::RequesterGone);
                 }
-                match self.try_grant(&w.request) {
+                let plan = w.batch.replace(BatchPlan::Alone);
+                if plan == BatchPlan::Waits {
+                    return Attempt::Wait;
+                }
+                let on = match plan {
+                    BatchPlan::On(gpu) => Some(gpu),
+                    _ => None,
+                };
+                let granted = match self.try_grant(&w.request, on) {
+                    // The planned GPU no longer takes it: one at a time, as without the batch.
+                    Err(StateError::Placement(e)) if e.is_transient() && on.is_some() => {
+                        self.try_grant(&w.request, None)
+                    }
+                    other => other,
+                };
+                match granted {
                     Ok(granted) => Attempt::Admitted(granted),
                     Err(StateError::Placement(e)) if e.is_transient() => {
                         if !w.counted_fragmented.get()
@@ -157,7 +177,12 @@ impl Arbiter {
         }
     }
     /// Places and records one lease (not yet durable: see `Granted::ticket`).
-    fn try_grant(&mut self, request: &ReserveRequest) -> Result<Granted, StateError> {
+    /// `on`: the inventory GPU the batch search chose for it (None: the policy decides).
+    fn try_grant(
+        &mut self,
+        request: &ReserveRequest,
+        on: Option<usize>,
+    ) -> Result<Granted, StateError> {
         // A retried reserve for the same container (a wrapper that timed out after
         // the arbiter answered) gets its existing lease, not a second one.
         let key = (request.namespace.clone(), request.container_id.clone());
@@ -189,7 +214,10 @@ impl Arbiter {
                 gpu: &request.gpu,
                 tenant: request.tenant.as_deref(),
             };
-            let p = self.decide(&r, request.compute_request.get())?;
+            let p = match on {
+                Some(gpu) => self.decide_on(&r, gpu)?,
+                None => self.decide(&r, request.compute_request.get())?,
+            };
             placement::holds_a_process(p.memory_bytes, self.overhead_estimate())?;
             placement::Placement {
                 gpus: p.gpus,
