@@ -1,7 +1,8 @@
 //! `cargo bench -p gpushare-arbiter`: prints medians; asserts nothing about speed.
 //!
 //! - placement: one decision over 16 GPUs carrying 64 leases (views rebuilt from
-//!   the lease table each time, as the daemon does);
+//!   the lease table each time, as the daemon does), Algorithm 1 and the balanced
+//!   policy (with each GPU's expected demand summed from its leases, as the state does);
 //! - commit: one durable lease change, append-only log vs rewriting the table;
 //! - reserve+release round trips per second over the control socket of the real
 //!   daemon (spawned binary, declared devices), 1 and 32 concurrent clients;
@@ -11,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpushare_arbiter::balance::Weights;
 use gpushare_arbiter::inventory::DeclaredBackend;
+use gpushare_arbiter::placement::balanced::{expected_demand, Balanced};
 use gpushare_arbiter::placement::{self, GpuView, Policy};
 use gpushare_arbiter::store::{LeaseRecord, LeaseStore, Record, StoreOptions};
 use gpushare_config::{ArbiterConfig, DeclaredDevice};
@@ -24,6 +27,13 @@ use gpushare_testkit::stats::median;
 use gpushare_testkit::{layout, Arbiter};
 
 const GI: u64 = 1 << 30;
+const BALANCED: Balanced = Balanced {
+    weights: Weights {
+        memory: 1.0,
+        compute: 1.0,
+        jobs: 1.0,
+    },
+};
 
 fn lease(i: usize, gpus: usize) -> Lease {
     Lease {
@@ -48,7 +58,8 @@ fn lease(i: usize, gpus: usize) -> Lease {
     }
 }
 
-fn bench_placement() -> serde_json::Value {
+/// Median µs per decision of `policy` (Algorithm 1 or the balanced policy).
+fn bench_placement_with(balanced: bool) -> f64 {
     const GPUS: usize = 16;
     let uuids: Vec<String> = (0..GPUS).map(|i| format!("GPU-{i}")).collect();
     let leases: Vec<Lease> = (0..64).map(|i| lease(i, GPUS)).collect();
@@ -91,7 +102,21 @@ fn bench_placement() -> serde_json::Value {
             gpu: &selector,
             tenant: None,
         };
-        placement::place(&r, &views, &policy).map(|p| p.gpus[0])
+        if balanced {
+            // As the state does: each GPU's expected demand summed from its leases.
+            let mut expected = vec![0.0; GPUS];
+            for l in &leases {
+                let demand = expected_demand(l.priority, l.compute_request.get(), None);
+                for g in &l.gpus {
+                    if let Some(i) = uuids.iter().position(|u| u == g) {
+                        expected[i] += demand;
+                    }
+                }
+            }
+            placement::place_balanced(&r, &views, &expected, 0.5, &BALANCED).map(|p| p.gpus[0])
+        } else {
+            placement::place(&r, &views, &policy).map(|p| p.gpus[0])
+        }
     };
     assert!(decide().is_ok());
     let mut samples = Vec::new();
@@ -102,9 +127,15 @@ fn bench_placement() -> serde_json::Value {
         }
         samples.push(start.elapsed().as_secs_f64() / 100.0 * 1e6);
     }
-    let m = median(samples);
-    println!("placement, 16 GPUs x 64 leases: median {m:.2} us per decision (target <= 100 us)");
-    serde_json::json!({"gpus": GPUS, "leases": 64, "median_us": m})
+    median(samples)
+}
+
+fn bench_placement() -> serde_json::Value {
+    let wang = bench_placement_with(false);
+    println!("placement (wang), 16 GPUs x 64 leases: median {wang:.2} us per decision (target <= 100 us)");
+    let balanced = bench_placement_with(true);
+    println!("placement (balanced), 16 GPUs x 64 leases: median {balanced:.2} us per decision (target <= 100 us)");
+    serde_json::json!({"gpus": 16, "leases": 64, "median_us": wang, "balanced_median_us": balanced})
 }
 
 fn bench_commit() -> serde_json::Value {
