@@ -39,11 +39,16 @@ impl Arbiter {
 
     /// Reads every lease's held token time (called with each NVML sample).
     pub(super) fn record_held_time(&mut self, now: Instant) {
-        let Some(tokens) = &self.tokens else {
-            return;
-        };
+        if let Some(tokens) = self.tokens.clone() {
+            self.record_holdings(now, tokens.holdings());
+        }
+    }
+
+    /// Takes one reading of each lease's held time, summed over its clients;
+    /// leases with no token client any more are forgotten.
+    pub(super) fn record_holdings(&mut self, now: Instant, holdings: Vec<crate::tokens::Holding>) {
         let mut held: HashMap<LeaseId, u64> = HashMap::new();
-        for h in tokens.holdings() {
+        for h in holdings {
             *held.entry(h.lease).or_default() += h.held_ns;
         }
         let window = self.window();

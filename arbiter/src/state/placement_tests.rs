@@ -132,3 +132,53 @@ fn the_batch_search_places_two_waiters_where_one_at_a_time_places_one() {
     assert_eq!(after_release(false), vec![true, false, false]);
     assert_eq!(after_release(true), vec![false, true, true]);
 }
+
+#[test]
+fn balanced_learns_each_leases_demand_from_its_held_token_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = arbiter(dir.path(), 2, PlacementPolicy::Balanced);
+    let mut ids = Vec::new();
+    for gpu in [0, 1] {
+        let mut r = request(&format!("on-{gpu}"), "2Gi", Priority::Low);
+        r.gpu = gpushare_proto::GpuSelector::Index(vec![gpu]);
+        ids.push(a.reserve_now(r).unwrap().lease);
+    }
+    let holding = |lease: &Lease, held_ns: u64| crate::tokens::Holding {
+        gpu: lease.gpus[0].clone(),
+        lease: lease.id.clone(),
+        pid: Some(1),
+        priority: Priority::Low,
+        held_ns,
+    };
+    let t = Instant::now();
+    a.record_holdings(t, vec![holding(&ids[0], 0), holding(&ids[1], 0)]);
+    // Not watched for half the window yet: both still count the 0.5 assumed.
+    let early = t + Duration::from_secs(1);
+    a.record_holdings(
+        early,
+        vec![holding(&ids[0], 900_000_000), holding(&ids[1], 0)],
+    );
+    assert_eq!(a.status().placement[0].expected_demand, 0.5);
+    // Over 3 s of a 5 s window: GPU 0's lease held the token 90 % of the time, GPU 1's 10 %.
+    let later = t + Duration::from_secs(3);
+    a.record_holdings(
+        later,
+        vec![
+            holding(&ids[0], 2_700_000_000),
+            holding(&ids[1], 300_000_000),
+        ],
+    );
+    let demand: Vec<f64> = a
+        .status()
+        .placement
+        .iter()
+        .map(|h| h.expected_demand)
+        .collect();
+    assert!(
+        (demand[0] - 0.9).abs() < 1e-9 && (demand[1] - 0.1).abs() < 1e-9,
+        "{demand:?}"
+    );
+    // Unmeasured, the two would tie and GPU 0 (the lower index) win.
+    let low = request("x", "2Gi", Priority::Low);
+    assert_eq!(gpu_of(&mut a, "next", low), "GPU-1");
+}
