@@ -317,8 +317,13 @@ fn bench_recovery() -> serde_json::Value {
     for _ in 0..5 {
         let elapsed = runtime.block_on(async {
             let start = Instant::now();
-            let shared =
-                gpushare_arbiter::daemon::recover(&config, &Default::default(), &backend).unwrap();
+            let shared = gpushare_arbiter::daemon::recover(
+                &config,
+                &Default::default(),
+                &Default::default(),
+                &backend,
+            )
+            .unwrap();
             let elapsed = start.elapsed();
             assert_eq!(shared.handle().lease_count(), 1000);
             assert!(layout::lease_socket(run.path(), &format!("{:016x}", 999)).exists());

@@ -84,18 +84,9 @@ impl Running {
 }
 
 /// Loads the lease table, re-creates every lease socket (served at once) and
-/// reconciles once, placing with the default `[placement]`. Must run inside the
-/// tokio runtime.
+/// reconciles once; new leases are placed by `placement` (the `[placement]`
+/// table). Must run inside the tokio runtime.
 pub fn recover(
-    config: &ArbiterConfig,
-    scheduler: &SchedulerConfig,
-    backend: &dyn GpuBackend,
-) -> Result<Running, DaemonError> {
-    recover_placing(config, scheduler, &PlacementConfig::default(), backend)
-}
-
-/// `recover`, placing with `placement` (the `[placement]` table).
-pub fn recover_placing(
     config: &ArbiterConfig,
     scheduler: &SchedulerConfig,
     placement: &PlacementConfig,

@@ -45,10 +45,10 @@ pub enum PlacementPolicy {
     /// Wang et al.'s Algorithm 1 (`arbiter.gpu_util_limit`, `arbiter.low_nums_limit`):
     /// co-locates low-priority jobs before opening an empty GPU. Kept so the paper's
     /// behaviour can still be measured.
-    #[default]
     Wang,
     /// Balanced multi-resource placement (issue 18): spreads while empty GPUs exist,
     /// weighs memory, compute and job count (Sun et al.), sees load over a short window.
+    #[default]
     Balanced,
 }
 
@@ -899,6 +899,7 @@ mod tests {
         assert_eq!(config.arbiter, ArbiterConfig::default());
         assert_eq!(config.scheduler, SchedulerConfig::default());
         assert_eq!(config.kubernetes, KubernetesConfig::default());
+        assert_eq!(config.placement, PlacementConfig::default());
     }
 
     #[test]

@@ -47,6 +47,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         None => tracing::info!("no configuration file; using defaults"),
     }
     let scheduler = config.scheduler;
+    let placement = config.placement;
     let config = config.arbiter;
     let _lock = daemon::lock_state_dir(&config)?;
     daemon::raise_open_files_limit();
@@ -70,7 +71,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         // socket is touched. Connections wait in the backlog until recovery is done.
         let listener = server::bind_control_socket(&socket)?;
         let started = std::time::Instant::now();
-        let running = daemon::recover(&config, &scheduler, backend.as_ref())
+        let running = daemon::recover(&config, &scheduler, &placement, backend.as_ref())
             .context("recovering the lease table")?;
         let arbiter = running.handle().clone();
         tracing::info!(
