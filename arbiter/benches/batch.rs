@@ -5,8 +5,10 @@
 //!
 //! For each instance: greedy (a spent budget returns it), the local search alone
 //! (no kicks), and the default search (kicks, `placement.batch_budget_us`' default
-//! 10 ms), on a tight mix (1-40 GiB: more than fits) and a light one (1-16 GiB:
-//! everything fits, so only the cost differs). Reports the time per call (median, p99, max) and the objective reached
+//! 10 ms), on a tight mix (1-40 GiB: more than fits), a light one (1-16 GiB:
+//! everything fits, so only the cost differs) and a small batch (8 requests on 4
+//! GPUs, where the exact search runs). Reports the time per call (median, p99,
+//! max; wall and this thread's CPU time) and the objective reached
 //! against greedy: extra requests placed, and, over the instances where the
 //! search placed as many as greedy, how much lower its balanced cost is.
 //!
@@ -23,8 +25,39 @@ use gpushare_testkit::stats::percentile;
 use nix::time::{clock_gettime, ClockId};
 
 const GIB: u64 = 1 << 30;
-const GPUS: usize = 16;
-const REQUESTS: usize = 64;
+
+/// One kind of instance: GPUs, waiting requests, the largest request.
+#[derive(Clone, Copy)]
+struct Case {
+    name: &'static str,
+    gpus: usize,
+    requests: usize,
+    largest_gib: u64,
+}
+
+const CASES: [Case; 3] = [
+    // 1-40 GiB overfills the GPUs' memory: not all fit.
+    Case {
+        name: "tight",
+        gpus: 16,
+        requests: 64,
+        largest_gib: 40,
+    },
+    // 1-16 GiB: everything fits, only the cost differs.
+    Case {
+        name: "light",
+        gpus: 16,
+        requests: 64,
+        largest_gib: 16,
+    },
+    // Small enough (5^8 assignments) for the exact search after the local one.
+    Case {
+        name: "small",
+        gpus: 4,
+        requests: 8,
+        largest_gib: 40,
+    },
+];
 const BUDGET: Duration = Duration::from_millis(10);
 const WEIGHTS: Weights = Weights {
     memory: 1.0,
@@ -43,9 +76,9 @@ impl Lehmer {
     }
 }
 
-fn instance(seed: u64, largest_gib: u64) -> (Vec<BatchGpu<'static>>, Vec<BatchRequest<'static>>) {
+fn instance(seed: u64, case: Case) -> (Vec<BatchGpu<'static>>, Vec<BatchRequest<'static>>) {
     let mut rng = Lehmer(seed + 1);
-    let gpus = (0..GPUS)
+    let gpus = (0..case.gpus)
         .map(|i| {
             let loaded = i % 2 == 0;
             BatchGpu {
@@ -64,16 +97,16 @@ fn instance(seed: u64, largest_gib: u64) -> (Vec<BatchGpu<'static>>, Vec<BatchRe
             }
         })
         .collect();
-    let requests = (0..REQUESTS)
+    let requests = (0..case.requests)
         .map(|i| BatchRequest {
             // Queue order: the first quarter is high-priority.
-            priority: if i < REQUESTS / 4 {
+            priority: if i < case.requests / 4 {
                 Priority::High
             } else {
                 Priority::Low
             },
             demand: Demand {
-                memory: (1 + rng.below(largest_gib)) * GIB,
+                memory: (1 + rng.below(case.largest_gib)) * GIB,
                 compute: 0.05 + rng.below(90) as f64 / 100.0,
             },
             tenant: None,
@@ -93,7 +126,7 @@ struct Figures {
     budget_spent: usize,
 }
 
-fn run(n: u64, largest_gib: u64, limits: SearchLimits) -> Figures {
+fn run(n: u64, case: Case, limits: SearchLimits) -> Figures {
     let mut figures = Figures {
         micros: Vec::new(),
         cpu_micros: Vec::new(),
@@ -102,7 +135,7 @@ fn run(n: u64, largest_gib: u64, limits: SearchLimits) -> Figures {
         budget_spent: 0,
     };
     for seed in 0..n {
-        let (gpus, requests) = instance(seed, largest_gib);
+        let (gpus, requests) = instance(seed, case);
         let cpu_start = thread_cpu();
         let start = Instant::now();
         let batch: Batch = place_batch(&gpus, &requests, &WEIGHTS, &limits);
@@ -161,7 +194,7 @@ fn main() {
         ("patience_50", patient(50)),
         ("patience_200", patient(200)),
     ];
-    println!("batch search, {REQUESTS} requests on {GPUS} GPUs, {n} instances, budget {BUDGET:?}");
+    println!("batch search, {n} instances a case, budget {BUDGET:?}");
     println!(
         "{:<22} {:>9} {:>9} {:>9} {:>9} {:>9} {:>14} {:>6} {:>14} {:>14} {:>7}",
         "mode",
@@ -177,14 +210,12 @@ fn main() {
         "spent"
     );
     let mut json = serde_json::Map::new();
-    // Tight: requests of 1-40 GiB overfill the GPUs' memory, so not all fit.
-    // Light: 1-16 GiB, everything fits and only the cost differs.
-    let cases = [("tight", 40), ("light", 16)]
+    let runs = CASES
         .into_iter()
         .flat_map(|case| modes.iter().map(move |mode| (case, *mode)));
-    for ((case, largest_gib), (mode, limits)) in cases {
-        let name = format!("{case}/{mode}");
-        let f = run(n, largest_gib, limits);
+    for (case, (mode, limits)) in runs {
+        let name = format!("{}/{mode}", case.name);
+        let f = run(n, case, limits);
         let (p50, p99, max) = (
             percentile(&f.micros, 50.0),
             percentile(&f.micros, 99.0),
@@ -210,7 +241,9 @@ fn main() {
             name.clone(),
             serde_json::json!({
                 "instances": n,
-                "largest_request_gib": largest_gib,
+                "gpus": case.gpus,
+                "requests": case.requests,
+                "largest_request_gib": case.largest_gib,
                 "patience": limits.patience,
                 "budget_us": BUDGET.as_micros() as u64,
                 "p50_us": p50,
