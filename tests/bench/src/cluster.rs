@@ -569,6 +569,15 @@ pub fn run_jobs(
         .finish()
         .map_err(|why| failed("NVML sampler", why))?;
     let (reports, schedule): (Vec<Value>, Vec<Value>) = done.into_iter().flatten().unzip();
+    // What the arbiter says it placed with, beside what the mode configured: a run whose
+    // arbiter ignored its [placement] table must not pass for the policy it names.
+    let placement = arbiter.as_ref().zip(mode.arbiter()).map(|(arbiter, asked)| {
+        let logged = placement_logged(&arbiter.log());
+        json!({
+            "logged": logged.as_ref().map(|(policy, batch)| json!({"policy": policy, "batch": batch})),
+            "as_configured": logged == Some((policy_name(asked.placement).to_owned(), asked.batch)),
+        })
+    });
     let mut metrics = schedule_metrics(&schedule);
     metrics.insert("makespan_s".into(), json!((finished - start).as_secs_f64()));
     metrics.insert(
@@ -580,7 +589,56 @@ pub fn run_jobs(
         "jobs": reports,
         "schedule": schedule,
         "nvml_samples": samples.len(),
+        "placement": placement,
     }))
+}
+
+/// The placement policy's name as the configuration writes it.
+pub fn policy_name(policy: PlacementPolicy) -> &'static str {
+    match policy {
+        PlacementPolicy::Wang => "wang",
+        PlacementPolicy::Balanced => "balanced",
+    }
+}
+
+/// The placement the arbiter logged at start (`placement policy=Balanced batch=false ...`),
+/// as `(policy in lower case, batch)`; `None` when its log has no such line.
+pub fn placement_logged(log: &str) -> Option<(String, bool)> {
+    let line = log
+        .lines()
+        .find(|l| l.contains(": placement ") && l.contains("policy="))?;
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(key))
+            .map(str::to_owned)
+    };
+    let policy = field("policy=")?.to_lowercase();
+    let batch = field("batch=")?.parse().ok()?;
+    Some((policy, batch))
+}
+
+/// A Markdown warning naming the modes whose arbiter logged another placement than the
+/// mode configured (or none), or nothing when every mode ran what it names.
+pub fn placement_warning(modes: &serde_json::Map<String, Value>) -> String {
+    let off: Vec<String> = modes
+        .iter()
+        .filter(|(_, case)| case["placement"]["as_configured"] == false)
+        .map(|(mode, case)| {
+            let logged = &case["placement"]["logged"];
+            match logged["policy"].as_str() {
+                Some(policy) => format!("`{mode}` ran `{policy}` (batch {})", logged["batch"]),
+                None => format!("`{mode}` logged no placement"),
+            }
+        })
+        .collect();
+    if off.is_empty() {
+        return String::new();
+    }
+    format!(
+        "**Not the placement these modes name**: the arbiter did not run the configured \
+         `[placement]` table: {}.\n\n",
+        off.join(", ")
+    )
 }
 
 /// The figures a run's schedule gives (every job's `completion_s`, `queue_s`, `priority`,
@@ -717,6 +775,7 @@ pub fn markdown(results: &Value) -> String {
         return String::new();
     };
     let p = &e2["parameters"];
+    let warning = placement_warning(modes);
     let mut md = format!(
         "## Scenario `e2`: jobs arriving on a cluster (simulated)\n\n\
          {} training-like jobs of fixed work (shapes in the JSON), all low priority, arriving \
@@ -748,7 +807,7 @@ pub fn markdown(results: &Value) -> String {
             f("gpus_used", 0),
         );
     }
-    md + "\n"
+    md + "\n" + &warning
 }
 
 #[cfg(test)]
@@ -875,5 +934,32 @@ mod tests {
         assert!(alone["balanced"]["metrics"]
             .get("utilisation_vs_exclusive_points")
             .is_none());
+    }
+
+    #[test]
+    fn the_placement_the_arbiter_logged_and_a_warning_when_it_is_not_the_mode_s() {
+        let log = "2026-11-24T09:00:00.1Z  INFO gpushare_arbiter::state::demand: placement \
+                   policy=Balanced batch=false window_ms=5000\n\
+                   2026-11-24T09:00:00.2Z  INFO gpushare_arbiter: lease table recovered";
+        assert_eq!(placement_logged(log), Some(("balanced".into(), false)));
+        assert_eq!(placement_logged("INFO lease table recovered"), None);
+        let mut modes = serde_json::Map::new();
+        modes.insert("exclusive".into(), json!({"placement": null}));
+        modes.insert(
+            "balanced".into(),
+            json!({"placement": {"as_configured": true, "logged": {"policy": "balanced", "batch": false}}}),
+        );
+        assert_eq!(placement_warning(&modes), "");
+        modes.insert(
+            "wang".into(),
+            json!({"placement": {"as_configured": false, "logged": {"policy": "balanced", "batch": false}}}),
+        );
+        let warning = placement_warning(&modes);
+        assert!(
+            warning.contains("`wang` ran `balanced` (batch false)")
+                && !warning.contains("exclusive"),
+            "{warning}"
+        );
+        assert_eq!(policy_name(PlacementPolicy::Wang), "wang");
     }
 }

@@ -170,6 +170,7 @@ pub fn markdown(results: &Value) -> String {
         return String::new();
     };
     let p = &s["parameters"];
+    let warning = crate::cluster::placement_warning(modes);
     let mut md = format!(
         "## Scenario `e2-mixed`: mixed-priority jobs arriving on a cluster (simulated)\n\n\
          {} jobs (one in {} high priority, the first included) of E2's shapes at lengths \
@@ -207,7 +208,7 @@ pub fn markdown(results: &Value) -> String {
             f("max_reserve_ms", 2),
         );
     }
-    md + "\n"
+    md + "\n" + &warning
 }
 
 #[cfg(test)]
