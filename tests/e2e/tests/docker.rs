@@ -315,11 +315,27 @@ fn place(docker: &Dockerd, arbiter: &Arbiter, requests: &[&str]) -> (String, Str
     (id, gpu)
 }
 
+/// An arbiter placing with `policy`.
+fn placing_with(
+    dir: &std::path::Path,
+    policy: gpushare_testkit::config::PlacementPolicy,
+) -> Arbiter {
+    Arbiter::start(
+        dir,
+        ArbiterOptions {
+            configure: Some(Box::new(move |config: &mut Config| {
+                config.placement.policy = policy;
+            })),
+            ..Default::default()
+        },
+    )
+}
+
 #[test]
 fn high_and_low_priority_containers_land_where_algorithm_1_says() {
     require_root();
     let dir = scratch();
-    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let arbiter = placing_with(dir.path(), gpushare_testkit::config::PlacementPolicy::Wang);
     let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     let (_, high_a) = place(
@@ -349,6 +365,39 @@ fn high_and_low_priority_containers_land_where_algorithm_1_says() {
     );
     assert_eq!(low_d, high_c);
     assert_eq!(arbiter.leases().len(), 4);
+}
+
+#[test]
+fn the_balanced_policy_spreads_jobs_while_a_gpu_is_unused() {
+    require_root();
+    let dir = scratch();
+    let arbiter = placing_with(
+        dir.path(),
+        gpushare_testkit::config::PlacementPolicy::Balanced,
+    );
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
+
+    let (_, high_a) = place(
+        &docker,
+        &arbiter,
+        &["GPUSHARE_PRIORITY=high", "GPUSHARE_MEMORY=4Gi"],
+    );
+    // Where Algorithm 1 packs the low job beside the high one, the balanced policy
+    // opens the unused GPU: a job alone on a GPU costs less than beside another.
+    let (_, low_b) = place(
+        &docker,
+        &arbiter,
+        &["GPUSHARE_PRIORITY=low", "GPUSHARE_MEMORY=4Gi"],
+    );
+    assert_ne!(low_b, high_a);
+    // Still at most one high-priority job per GPU.
+    let (_, high_c) = place(
+        &docker,
+        &arbiter,
+        &["GPUSHARE_PRIORITY=high", "GPUSHARE_MEMORY=4Gi"],
+    );
+    assert_ne!(high_c, high_a);
+    assert_eq!(arbiter.leases().len(), 3);
 }
 
 #[test]
