@@ -75,6 +75,18 @@ pub struct ArbiterOptions {
     pub configure: Option<ConfigEdit>,
 }
 
+impl ArbiterOptions {
+    /// Two GPUs, placing with `policy` (the `[placement]` table's).
+    pub fn placing(policy: gpushare_testkit::config::PlacementPolicy) -> Self {
+        ArbiterOptions {
+            configure: Some(Box::new(move |config: &mut Config| {
+                config.placement.policy = policy;
+            })),
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for ArbiterOptions {
     fn default() -> Self {
         ArbiterOptions {

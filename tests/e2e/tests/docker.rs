@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use gpushare_e2e::*;
+use gpushare_testkit::config::PlacementPolicy;
 
 #[test]
 fn docker_run_gets_lease_environment_and_releases_on_exit() {
@@ -315,27 +316,11 @@ fn place(docker: &Dockerd, arbiter: &Arbiter, requests: &[&str]) -> (String, Str
     (id, gpu)
 }
 
-/// An arbiter placing with `policy`.
-fn placing_with(
-    dir: &std::path::Path,
-    policy: gpushare_testkit::config::PlacementPolicy,
-) -> Arbiter {
-    Arbiter::start(
-        dir,
-        ArbiterOptions {
-            configure: Some(Box::new(move |config: &mut Config| {
-                config.placement.policy = policy;
-            })),
-            ..Default::default()
-        },
-    )
-}
-
 #[test]
 fn high_and_low_priority_containers_land_where_algorithm_1_says() {
     require_root();
     let dir = scratch();
-    let arbiter = placing_with(dir.path(), gpushare_testkit::config::PlacementPolicy::Wang);
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::placing(PlacementPolicy::Wang));
     let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     let (_, high_a) = place(
@@ -371,9 +356,9 @@ fn high_and_low_priority_containers_land_where_algorithm_1_says() {
 fn the_balanced_policy_spreads_jobs_while_a_gpu_is_unused() {
     require_root();
     let dir = scratch();
-    let arbiter = placing_with(
+    let arbiter = Arbiter::start(
         dir.path(),
-        gpushare_testkit::config::PlacementPolicy::Balanced,
+        ArbiterOptions::placing(PlacementPolicy::Balanced),
     );
     let docker = Dockerd::start(dir.path(), arbiter.config_path());
 

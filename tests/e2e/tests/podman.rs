@@ -147,7 +147,11 @@ fn podman_crashed_container_releases_its_lease() {
 fn podman_high_and_low_priority_containers_land_where_algorithm_1_says() {
     require_root();
     let dir = scratch();
-    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    // Algorithm 1's rules, so the policy that has them (balanced is the default).
+    let arbiter = Arbiter::start(
+        dir.path(),
+        ArbiterOptions::placing(gpushare_testkit::config::PlacementPolicy::Wang),
+    );
     let podman = Podman::start(dir.path(), arbiter.config_path());
 
     let place = |priority: &str| -> String {
