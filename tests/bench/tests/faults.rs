@@ -467,12 +467,24 @@ fn a_waiting_low_priority_job_gets_the_token_within_10_ms_of_the_holder_dying() 
 fn a_lost_arbiter_lets_high_run_and_holds_low() {
     let _turn = serial();
     let mut rig = Rig::new(scheduler_config(PriorityPolicy, None));
-    let duration = Duration::from_secs(5);
+    // Long enough to outlast a slow start on a loaded 2-core machine, the outage and the
+    // reconnection.
+    let duration = Duration::from_secs(8);
     let mut jobs = rig.start(&[high_job(duration), saturating_low_job("low", duration)]);
     let began = Instant::now();
     let (high_pid, low_pid) = (jobs[0].pid, jobs[1].pid);
 
-    std::thread::sleep(Duration::from_millis(500));
+    // On a loaded CI machine both jobs may take a while to launch their first kernel (one CI
+    // run saw the low job idle for the whole first second): measure only once both run.
+    let started = wait_for(Duration::from_secs(5), Duration::from_millis(5), || {
+        rig.gpu_time_ns(high_pid) > 1_000_000 && rig.gpu_time_ns(low_pid) > 1_000_000
+    });
+    assert!(
+        started.is_some(),
+        "the jobs did not both run within 5 s: {:?}",
+        rig.token()
+    );
+    std::thread::sleep(Duration::from_millis(200));
     let (t0, u0) = (Instant::now(), rig.usage());
     std::thread::sleep(Duration::from_millis(500));
     let (t1, u1) = (Instant::now(), rig.usage());
@@ -505,7 +517,8 @@ fn a_lost_arbiter_lets_high_run_and_holds_low() {
     let low_first_100ms_ns = u2[&low_pid].gpu_time_ns - u1[&low_pid].gpu_time_ns;
     let max_start_us = number(&high, "/start_latency_us/max");
     eprintln!(
-        "GPU share before the kill: high {high_before:.3}, low {low_before:.3}; during the \
+        "both jobs ran {started:?} after the start; GPU share before the kill: high \
+         {high_before:.3}, low {low_before:.3}; during the \
          {outage:?} outage: high {high_outage:.3}, low {:.3} ms in its first 100 ms, {:.3} ms \
          in the {:?} after; restarted arbiter up \
          {:?} after the start; low resumed {low_resumed:?} after the restart, both clients \
@@ -518,9 +531,14 @@ fn a_lost_arbiter_lets_high_run_and_holds_low() {
         number(&high, "/iterations"),
         number(&low, "/period_ms/max"),
     );
+    // Under CPU contention the low job's share falls to a few per cent (measured 0.04–0.10
+    // with three spinning processes on 2 cores); what matters is that it ran, so that its
+    // silence during the outage is the arbiter's doing.
+    let low_before_ns = u1[&low_pid].gpu_time_ns - u0[&low_pid].gpu_time_ns;
     assert!(
-        low_before > 0.1,
-        "the low job did not run before the kill ({low_before:.3})"
+        low_before_ns >= 5_000_000,
+        "the low job ran only {low_before_ns} ns in the {:?} before the kill ({low_before:.3})",
+        t1 - t0
     );
     assert!(
         high_outage >= 0.8 * high_before,
