@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use gpushare_proto::grant::{Grant, GrantAmount, PodBinding};
+use gpushare_proto::timing::{DurationHistogram, BUCKET_BOUNDS_US};
 use gpushare_proto::{LeaseId, LeaseState, Priority, StatusReport, ViolationKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -121,6 +122,18 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         out,
         "gpushare_placement_waits_fragmented_total {}",
         report.placement_waits_fragmented
+    );
+    render_histogram(
+        &mut out,
+        "gpushare_placement_decision_seconds",
+        "Time to place one request with the configured policy (issue 18's bound: 100 µs).",
+        &report.placement_times.decisions,
+    );
+    render_histogram(
+        &mut out,
+        "gpushare_placement_batch_search_seconds",
+        "Time of one batch search over the waiting requests (placement.batch).",
+        &report.placement_times.batch_searches,
     );
     family(
         &mut out,
@@ -270,6 +283,24 @@ fn lease_labels(report: &StatusReport, lease: &LeaseId) -> String {
 /// Grants by state and resource: placed (holding room, no lease yet), bound (a
 /// live lease uses it) and waiting (a memory grant no GPU could hold yet), and
 /// the bytes the waiting ones ask for: a node whose pods wait on fragmentation.
+/// A Prometheus histogram: cumulative buckets by upper bound in seconds, `+Inf`,
+/// sum and count.
+fn render_histogram(out: &mut String, name: &str, help: &str, h: &DurationHistogram) {
+    family(out, name, "histogram", help);
+    let mut cumulative = 0;
+    for (i, bound_us) in BUCKET_BOUNDS_US.iter().enumerate() {
+        cumulative += h.counts.get(i).copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"{}\"}} {cumulative}",
+            *bound_us as f64 / 1e6
+        );
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum_ns as f64 / 1e9);
+    let _ = writeln!(out, "{name}_count {}", h.count);
+}
+
 fn render_grants(out: &mut String, report: &StatusReport) {
     family(
         out,
@@ -673,6 +704,12 @@ mod tests {
                 largest_free_hole: 60,
             }],
             placement_waits_fragmented: 4,
+            placement_times: {
+                let mut times = gpushare_proto::timing::PlacementTimes::default();
+                times.decisions.record(std::time::Duration::from_micros(3));
+                times.decisions.record(std::time::Duration::from_micros(40));
+                times
+            },
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);
@@ -709,6 +746,14 @@ mod tests {
             "gpushare_gpu_expected_demand{gpu=\"GPU-0\"} 0.75",
             "gpushare_gpu_largest_free_hole_bytes{gpu=\"GPU-0\"} 60",
             "gpushare_placement_waits_fragmented_total 4",
+            "gpushare_placement_decision_seconds_bucket{le=\"0.000005\"} 1",
+            "gpushare_placement_decision_seconds_bucket{le=\"0.000025\"} 1",
+            "gpushare_placement_decision_seconds_bucket{le=\"0.00005\"} 2",
+            "gpushare_placement_decision_seconds_bucket{le=\"+Inf\"} 2",
+            "gpushare_placement_decision_seconds_sum 0.000043",
+            "gpushare_placement_decision_seconds_count 2",
+            "gpushare_placement_batch_search_seconds_bucket{le=\"+Inf\"} 0",
+            "gpushare_placement_batch_search_seconds_count 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -11,6 +11,7 @@ pub mod lease;
 pub mod lease_socket;
 pub mod message;
 pub mod quantity;
+pub mod timing;
 pub mod token;
 pub mod token_client;
 

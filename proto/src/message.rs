@@ -298,6 +298,9 @@ pub struct StatusReport {
     /// open GPUs, would have held them: memory split into holes too small.
     #[serde(default)]
     pub placement_waits_fragmented: u64,
+    /// How long placement decisions and batch searches took.
+    #[serde(default)]
+    pub placement_times: crate::timing::PlacementTimes,
 }
 
 /// What placement sees of one GPU, to tell where load could be moved.

@@ -237,6 +237,18 @@ fn render_status(report: &StatusReport) -> String {
             report.placement_waits_fragmented
         );
     }
+    for (what, h) in [
+        ("decisions", &report.placement_times.decisions),
+        ("batch searches", &report.placement_times.batch_searches),
+    ] {
+        if let (Some(mean), Some(p99)) = (h.mean(), h.quantile_bound(0.99)) {
+            out += &format!(
+                "  placement: {} {what}, mean {mean:.1?}, p99 ≤ {p99:.1?}, max {:.1?}\n",
+                h.count,
+                std::time::Duration::from_nanos(h.max_ns)
+            );
+        }
+    }
     if !report.unshareable.is_empty() {
         out += &format!(
             "UNSHAREABLE ({}): no leases are placed on these GPUs\n",
@@ -515,6 +527,22 @@ mod tests {
         );
         assert!(text.contains("2 reserve(s) waited"), "{text}");
         assert!(!render_status(&StatusReport::default()).contains("fragmented"));
+        assert!(!render_status(&StatusReport::default()).contains("placement:"));
+        let mut timed = StatusReport::default();
+        timed
+            .placement_times
+            .decisions
+            .record(std::time::Duration::from_micros(4));
+        timed
+            .placement_times
+            .decisions
+            .record(std::time::Duration::from_micros(8));
+        let text = render_status(&timed);
+        assert!(
+            text.contains("placement: 2 decisions, mean 6.0µs, p99 ≤ 8.0µs, max 8.0µs"),
+            "{text}"
+        );
+        assert!(!text.contains("batch searches"), "{text}");
     }
 
     #[test]

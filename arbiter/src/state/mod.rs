@@ -194,6 +194,8 @@ pub struct Arbiter {
     /// Reserves that waited although the open GPUs' free memory added up would
     /// have held them (`placement::memory_fragmented`).
     waits_fragmented: u64,
+    /// How long placement took, for status and metrics.
+    placement_times: gpushare_proto::timing::PlacementTimes,
     memory_used: Vec<Option<u64>>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     by_container: HashMap<ContainerKey, LeaseId>,
@@ -266,6 +268,7 @@ impl Arbiter {
             placement: gpushare_config::PlacementConfig::default(),
             held: HashMap::new(),
             waits_fragmented: 0,
+            placement_times: Default::default(),
             memory_used: vec![None; n],
             by_container: table
                 .leases

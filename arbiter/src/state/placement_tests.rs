@@ -182,3 +182,45 @@ fn balanced_learns_each_leases_demand_from_its_held_token_time() {
     let low = request("x", "2Gi", Priority::Low);
     assert_eq!(gpu_of(&mut a, "next", low), "GPU-1");
 }
+
+#[test]
+fn each_placement_decision_and_batch_search_is_timed_in_the_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = arbiter(dir.path(), 2, PlacementPolicy::Balanced);
+    gpu_of(&mut a, "a", request("x", "2Gi", Priority::Low));
+    // 7 GiB fits nowhere (8 GiB GPUs less 2 GiB and 5 GiB): decided, and it waits.
+    let mut held = request("x", "5Gi", Priority::Low);
+    held.gpu = gpushare_proto::GpuSelector::Index(vec![1]);
+    a.reserve_now(held).unwrap();
+    let _waits = a.submit(request("big", "7Gi", Priority::Low), Instant::now());
+    let times = a.status().placement_times;
+    assert_eq!(times.decisions.count, 3, "{times:?}");
+    assert!(times.decisions.max_ns > 0, "{times:?}");
+    assert_eq!(
+        times.decisions.counts.iter().sum::<u64>(),
+        3,
+        "every decision lands in a bucket: {times:?}"
+    );
+    assert_eq!(times.batch_searches.count, 0, "batch is off: {times:?}");
+}
+
+#[test]
+fn a_batch_search_over_two_waiting_requests_is_timed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = open_with_probe(config(dir.path()), 1, Box::new(FakeProcs::default()));
+    a.set_placement(PlacementConfig {
+        batch: true,
+        ..Default::default()
+    });
+    a.reserve_now(request("a", "6Gi", Priority::Low)).unwrap();
+    let _first = a.submit(request("b", "4Gi", Priority::Low), Instant::now());
+    assert_eq!(
+        a.status().placement_times.batch_searches.count,
+        0,
+        "one waiter: no search"
+    );
+    let _second = a.submit(request("c", "4Gi", Priority::Low), Instant::now());
+    let times = a.status().placement_times;
+    assert!(times.batch_searches.count >= 1, "{times:?}");
+    assert!(times.batch_searches.max_ns > 0, "{times:?}");
+}

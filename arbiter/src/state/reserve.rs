@@ -108,7 +108,11 @@ impl Arbiter {
                 return;
             }
             if self.placement.batch && self.queue.len() > 1 {
+                let started = Instant::now();
                 self.plan_batch();
+                self.placement_times
+                    .batch_searches
+                    .record(started.elapsed());
             }
             let mut queue = std::mem::take(&mut self.queue);
             let left = queue.admit(|w: &Waiter| {
@@ -214,10 +218,13 @@ impl Arbiter {
                 gpu: &request.gpu,
                 tenant: request.tenant.as_deref(),
             };
-            let p = match on {
-                Some(gpu) => self.decide_on(&r, gpu)?,
-                None => self.decide(&r, request.compute_request.get())?,
+            let started = Instant::now();
+            let decided = match on {
+                Some(gpu) => self.decide_on(&r, gpu),
+                None => self.decide(&r, request.compute_request.get()),
             };
+            self.placement_times.decisions.record(started.elapsed());
+            let p = decided?;
             placement::holds_a_process(p.memory_bytes, self.overhead_estimate())?;
             placement::Placement {
                 gpus: p.gpus,

@@ -141,6 +141,7 @@ impl Arbiter {
             grants: self.grants(),
             placement: self.placement_hints(),
             placement_waits_fragmented: self.waits_fragmented,
+            placement_times: self.placement_times.clone(),
         }
     }
 }
