@@ -18,7 +18,13 @@
 use std::time::{Duration, Instant};
 
 use gpushare_arbiter::balance::{Demand, Load, Weights};
-use gpushare_arbiter::batch::{place_batch, Batch, BatchGpu, BatchRequest, SearchLimits};
+mod batch_ga;
+
+use batch_ga::{place_batch_ga, GaLimits};
+use gpushare_arbiter::batch::{
+    greedy, may_take, place_batch, Batch, BatchGpu, BatchRequest, Objective, SearchLimits,
+    DEFAULT_PATIENCE,
+};
 use gpushare_proto::Priority;
 use gpushare_testkit::results::write_results;
 use gpushare_testkit::stats::percentile;
@@ -124,37 +130,108 @@ struct Figures {
     placed_over_greedy: Vec<f64>,
     cost_reduction_percent: Vec<f64>,
     budget_spent: usize,
+    generations: Vec<f64>,
+    /// Each instance's result, in seed order, for the head-to-head.
+    objectives: Vec<Objective>,
 }
 
-fn run(n: u64, case: Case, limits: SearchLimits) -> Figures {
+/// What one call of a search reached.
+struct Outcome {
+    objective: Objective,
+    greedy: Objective,
+    budget_spent: bool,
+    /// The GA's generations (0 for the shipped search).
+    generations: u32,
+}
+
+fn shipped(limits: SearchLimits) -> impl Fn(&[BatchGpu], &[BatchRequest]) -> Outcome {
+    move |gpus, requests| {
+        let batch: Batch = place_batch(gpus, requests, &WEIGHTS, &limits);
+        Outcome {
+            objective: batch.objective,
+            greedy: batch.greedy,
+            budget_spent: batch.budget_spent,
+            generations: 0,
+        }
+    }
+}
+
+fn genetic(limits: GaLimits) -> impl Fn(&[BatchGpu], &[BatchRequest]) -> Outcome {
+    move |gpus, requests| {
+        let start = Instant::now();
+        let ga = place_batch_ga(gpus, requests, &WEIGHTS, &limits);
+        let budget_spent = start.elapsed() >= limits.budget;
+        assert_keeps_every_rule(gpus, requests, &ga.assignment);
+        Outcome {
+            objective: ga.objective,
+            greedy: ga.greedy,
+            budget_spent,
+            generations: ga.generations,
+        }
+    }
+}
+
+/// Replays `assignment` in queue order through the shipped hard rules (memory
+/// fits at every step iff it fits at the end; a second high-priority request on
+/// a GPU is refused when it comes), and checks greedy's placed high-priority
+/// requests are still placed.
+fn assert_keeps_every_rule(
+    gpus: &[BatchGpu],
+    requests: &[BatchRequest],
+    assignment: &[Option<usize>],
+) {
+    let mut loads: Vec<Load> = gpus.iter().map(|g| g.load).collect();
+    let mut highs = vec![0; gpus.len()];
+    for (request, at) in requests.iter().zip(assignment) {
+        if let Some(gpu) = *at {
+            assert!(may_take(&gpus[gpu], &loads[gpu], highs[gpu], request));
+            loads[gpu] = loads[gpu].with(request.demand);
+            highs[gpu] += u32::from(request.priority == Priority::High);
+        }
+    }
+    let greedy = greedy(gpus, requests, &WEIGHTS);
+    for ((request, greedy), at) in requests.iter().zip(&greedy).zip(assignment) {
+        if request.priority == Priority::High && greedy.is_some() {
+            assert!(at.is_some(), "a high-priority request greedy placed waits");
+        }
+    }
+}
+
+fn run(n: u64, case: Case, search: &dyn Fn(&[BatchGpu], &[BatchRequest]) -> Outcome) -> Figures {
     let mut figures = Figures {
         micros: Vec::new(),
         cpu_micros: Vec::new(),
         placed_over_greedy: Vec::new(),
         cost_reduction_percent: Vec::new(),
         budget_spent: 0,
+        objectives: Vec::new(),
+        generations: Vec::new(),
     };
     for seed in 0..n {
         let (gpus, requests) = instance(seed, case);
         let cpu_start = thread_cpu();
         let start = Instant::now();
-        let batch: Batch = place_batch(&gpus, &requests, &WEIGHTS, &limits);
+        let outcome = search(&gpus, &requests);
         figures.micros.push(start.elapsed().as_secs_f64() * 1e6);
         figures
             .cpu_micros
             .push((thread_cpu() - cpu_start).as_secs_f64() * 1e6);
+        let (found, greedy) = (&outcome.objective, &outcome.greedy);
         figures
             .placed_over_greedy
-            .push(batch.objective.placed as f64 - batch.greedy.placed as f64);
+            .push(found.placed as f64 - greedy.placed as f64);
         // Placing more requests adds cost: the costs compare only where both
         // placed as many.
-        if batch.objective.placed == batch.greedy.placed {
+        if found.placed == greedy.placed {
             figures
                 .cost_reduction_percent
-                .push(100.0 * (batch.greedy.cost - batch.objective.cost) / batch.greedy.cost);
+                .push(100.0 * (greedy.cost - found.cost) / greedy.cost);
         }
-        figures.budget_spent += usize::from(batch.budget_spent);
-        assert!(batch.objective.high_placed >= batch.greedy.high_placed);
+        figures.budget_spent += usize::from(outcome.budget_spent);
+        assert!(found.high_placed >= greedy.high_placed);
+        assert!(!greedy.better_than(found), "seed {seed}: lost to greedy");
+        figures.generations.push(f64::from(outcome.generations));
+        figures.objectives.push(outcome.objective);
     }
     for v in [
         &mut figures.micros,
@@ -167,6 +244,36 @@ fn run(n: u64, case: Case, limits: SearchLimits) -> Figures {
     figures
 }
 
+/// Per instance, by the search's own order: how often `a` is better than, as
+/// good as, or worse than `b`, and by how much where the counts differ or only
+/// the cost does.
+fn head_to_head(a: &[Objective], b: &[Objective]) -> serde_json::Value {
+    let (mut better, mut equal, mut worse) = (0, 0, 0);
+    let mut placed_difference = Vec::new();
+    let mut cost_below_percent = Vec::new();
+    for (a, b) in a.iter().zip(b) {
+        if a.better_than(b) {
+            better += 1;
+        } else if b.better_than(a) {
+            worse += 1;
+        } else {
+            equal += 1;
+        }
+        placed_difference.push(a.placed as f64 - b.placed as f64);
+        if (a.high_placed, a.placed, &a.served) == (b.high_placed, b.placed, &b.served) {
+            cost_below_percent.push(100.0 * (b.cost - a.cost) / b.cost);
+        }
+    }
+    serde_json::json!({
+        "shipped_better": better,
+        "equal": equal,
+        "shipped_worse": worse,
+        "placed_over_ga_mean": mean(&placed_difference),
+        "instances_placing_the_same_requests": cost_below_percent.len(),
+        "cost_below_ga_percent_mean": mean(&cost_below_percent),
+    })
+}
+
 fn thread_cpu() -> Duration {
     let now = clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).expect("thread CPU clock");
     Duration::from(now)
@@ -175,6 +282,9 @@ fn thread_cpu() -> Duration {
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
+
+/// The GA's population sizes tried (each for the whole budget).
+const GA_POPULATIONS: [usize; 3] = [16, 32, 64];
 
 fn main() {
     let n: u64 = std::env::var("GPUSHARE_BENCH_N")
@@ -186,21 +296,43 @@ fn main() {
         patience,
         ..default
     };
+    type Search = Box<dyn Fn(&[BatchGpu], &[BatchRequest]) -> Outcome>;
     // The local search alone, and kicks with growing patience: how much the kicks
-    // add, and for how much time.
-    let modes = [
-        ("local_search", patient(0)),
-        ("default", default),
-        ("patience_50", patient(50)),
-        ("patience_200", patient(200)),
-    ];
+    // add, and for how much time; then the genetic algorithm on the same
+    // instances and budget.
+    let mut modes: Vec<(String, serde_json::Value, Search)> = [0, DEFAULT_PATIENCE, 50, 200]
+        .into_iter()
+        .map(|patience| {
+            let name = match patience {
+                0 => "local_search".to_string(),
+                DEFAULT_PATIENCE => "default".to_string(),
+                p => format!("patience_{p}"),
+            };
+            let search: Search = Box::new(shipped(patient(patience)));
+            (name, serde_json::json!({ "patience": patience }), search)
+        })
+        .collect();
+    for population in GA_POPULATIONS {
+        let limits = GaLimits {
+            budget: BUDGET,
+            population,
+            seed: 0x2545_f491_4f6c_dd1d,
+        };
+        let search: Search = Box::new(genetic(limits));
+        modes.push((
+            format!("ga_population_{population}"),
+            serde_json::json!({ "population": population }),
+            search,
+        ));
+    }
     println!("batch search, {n} instances a case, budget {BUDGET:?}");
     println!(
-        "{:<22} {:>9} {:>9} {:>9} {:>9} {:>9} {:>14} {:>6} {:>14} {:>14} {:>7}",
+        "{:<26} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>13} {:>5} {:>13} {:>12} {:>6}",
         "mode",
         "p50 µs",
         "p99 µs",
         "max µs",
+        "cpu p50",
         "cpu p99",
         "cpu max",
         "+placed mean",
@@ -210,45 +342,43 @@ fn main() {
         "spent"
     );
     let mut json = serde_json::Map::new();
-    let runs = CASES
-        .into_iter()
-        .flat_map(|case| modes.iter().map(move |mode| (case, *mode)));
-    for (case, (mode, limits)) in runs {
-        let name = format!("{}/{mode}", case.name);
-        let f = run(n, case, limits);
-        let (p50, p99, max) = (
-            percentile(&f.micros, 50.0),
-            percentile(&f.micros, 99.0),
-            *f.micros.last().unwrap(),
-        );
-        let (cpu_p99, cpu_max) = (
-            percentile(&f.cpu_micros, 99.0),
-            *f.cpu_micros.last().unwrap(),
-        );
-        let placed = mean(&f.placed_over_greedy);
-        let same_count = f.cost_reduction_percent.len();
-        let reduction = mean(&f.cost_reduction_percent);
-        let worst = f
-            .cost_reduction_percent
-            .first()
-            .copied()
-            .unwrap_or(f64::NAN);
-        println!(
-            "{name:<22} {p50:>9.0} {p99:>9.0} {max:>9.0} {cpu_p99:>9.0} {cpu_max:>9.0} {placed:>14.2} {same_count:>6} {reduction:>14.2} {worst:>14.2} {:>7}",
-            f.budget_spent
-        );
-        json.insert(
-            name.clone(),
-            serde_json::json!({
+    for case in CASES {
+        let mut reached: Vec<(String, Vec<Objective>)> = Vec::new();
+        for (mode, parameters, search) in &modes {
+            let name = format!("{}/{mode}", case.name);
+            let f = run(n, case, search.as_ref());
+            let (p50, p99, max) = (
+                percentile(&f.micros, 50.0),
+                percentile(&f.micros, 99.0),
+                *f.micros.last().unwrap(),
+            );
+            let (cpu_p50, cpu_p99, cpu_max) = (
+                percentile(&f.cpu_micros, 50.0),
+                percentile(&f.cpu_micros, 99.0),
+                *f.cpu_micros.last().unwrap(),
+            );
+            let placed = mean(&f.placed_over_greedy);
+            let same_count = f.cost_reduction_percent.len();
+            let reduction = mean(&f.cost_reduction_percent);
+            let worst = f
+                .cost_reduction_percent
+                .first()
+                .copied()
+                .unwrap_or(f64::NAN);
+            println!(
+                "{name:<26} {p50:>8.0} {p99:>8.0} {max:>8.0} {cpu_p50:>8.0} {cpu_p99:>8.0} {cpu_max:>8.0} {placed:>13.2} {same_count:>5} {reduction:>13.2} {worst:>12.2} {:>6}",
+                f.budget_spent
+            );
+            let mut figures = serde_json::json!({
                 "instances": n,
                 "gpus": case.gpus,
                 "requests": case.requests,
                 "largest_request_gib": case.largest_gib,
-                "patience": limits.patience,
                 "budget_us": BUDGET.as_micros() as u64,
                 "p50_us": p50,
                 "p99_us": p99,
                 "max_us": max,
+                "cpu_p50_us": cpu_p50,
                 "cpu_p99_us": cpu_p99,
                 "cpu_max_us": cpu_max,
                 "placed_over_greedy_mean": placed,
@@ -256,8 +386,24 @@ fn main() {
                 "cost_reduction_percent_mean": reduction,
                 "cost_reduction_percent_min": worst,
                 "budget_spent": f.budget_spent,
-            }),
-        );
+            });
+            if mode.starts_with("ga_") {
+                figures["generations_mean"] = mean(&f.generations).into();
+            }
+            if let (Some(figures), Some(parameters)) =
+                (figures.as_object_mut(), parameters.as_object())
+            {
+                figures.extend(parameters.clone());
+            }
+            json.insert(name, figures);
+            reached.push((mode.clone(), f.objectives));
+        }
+        let default = &reached[1].1;
+        for (mode, objectives) in reached.iter().filter(|(m, _)| m.starts_with("ga_")) {
+            let duel = head_to_head(default, objectives);
+            println!("{}/default_vs_{mode}: {duel}", case.name);
+            json.insert(format!("{}/default_vs_{mode}", case.name), duel);
+        }
     }
     write_results("batch", serde_json::Value::Object(json));
 }

@@ -10,9 +10,9 @@
 //! waits only so that a later one runs more cheaply, (4) the total of
 //! `balance::cost` over all GPUs after the assignment (lower is better). A placed
 //! request is worth more than any cost difference, and a placed high-priority
-//! request more than any number of low-priority ones. (`Objective` holds (1), (2)
-//! and (4); the local search's moves never change the placed set without changing
-//! the counts, so only the exhaustive search needs (3).)
+//! request more than any number of low-priority ones. `Objective::better_than` is
+//! this order, and the only one: the search, its never-worse-than-greedy guard
+//! and the bench's comparison with a genetic algorithm all rank by it.
 //!
 //! # Priority order
 //!
@@ -131,11 +131,17 @@ impl SearchLimits {
     }
 }
 
-/// The lexicographic objective (see the module comment).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The lexicographic objective (see the module comment), with all it needs to
+/// rank two assignments of the same batch: `better_than` is the search's one
+/// order.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Objective {
     pub high_placed: usize,
     pub placed: usize,
+    /// For each request in queue order, whether it is placed: between equal
+    /// counts, the assignment placing the first request the other leaves waiting
+    /// wins, whatever the cost.
+    pub served: Vec<bool>,
     /// The total of `balance::cost` over every GPU, batch included.
     pub cost: f64,
 }
@@ -145,11 +151,80 @@ pub struct Objective {
 const COST_EPSILON: f64 = 1e-9;
 
 impl Objective {
+    /// Counts (high-priority placed, then placed), then queue order (`served`),
+    /// then cost. Only objectives of the same batch compare meaningfully.
     pub fn better_than(&self, other: &Objective) -> bool {
         let counts = (self.high_placed, self.placed);
         let others = (other.high_placed, other.placed);
-        counts > others || (counts == others && self.cost < other.cost - COST_EPSILON)
+        match counts
+            .cmp(&others)
+            .then_with(|| self.served.cmp(&other.served))
+        {
+            Ordering::Greater => true,
+            Ordering::Less => false,
+            Ordering::Equal => self.cost < other.cost - COST_EPSILON,
+        }
     }
+}
+
+/// The objective of any assignment of `requests` (for each, in queue order, its
+/// GPU's index or `None`), without checking the hard rules (`may_take` does):
+/// for comparing another search with this one.
+pub fn objective_of(
+    gpus: &[BatchGpu],
+    requests: &[BatchRequest],
+    weights: &Weights,
+    assignment: &[Option<usize>],
+) -> Objective {
+    let mut loads: Vec<Load> = gpus.iter().map(|g| g.load).collect();
+    let mut objective = Objective {
+        high_placed: 0,
+        placed: 0,
+        served: assignment.iter().map(Option::is_some).collect(),
+        cost: 0.0,
+    };
+    for (request, at) in requests.iter().zip(assignment) {
+        if let Some(gpu) = *at {
+            loads[gpu] = loads[gpu].with(request.demand);
+            objective.placed += 1;
+            objective.high_placed += usize::from(request.priority == Priority::High);
+        }
+    }
+    objective.cost = loads.iter().map(|l| cost(l, weights)).sum();
+    objective
+}
+
+/// The greedy order's assignment (queue order, each request to the GPU where it
+/// adds the least cost): where `place_batch` starts and what it never does worse
+/// than. Its placed high-priority requests are the ones the search never leaves
+/// waiting.
+pub fn greedy(
+    gpus: &[BatchGpu],
+    requests: &[BatchRequest],
+    weights: &Weights,
+) -> Vec<Option<usize>> {
+    let mut state = State::new(gpus, requests, *weights);
+    state.greedy();
+    state.at
+}
+
+/// The hard rules: whether `gpu`, whose load (batch included) is `load` with
+/// `batch_highs` of the batch's high-priority requests on it, may take `request`.
+pub fn may_take(gpu: &BatchGpu, load: &Load, batch_highs: u32, request: &BatchRequest) -> bool {
+    if !request.any_gpu || gpu.drained {
+        return false;
+    }
+    if gpu.reserved_for.is_some() && gpu.reserved_for != request.tenant {
+        return false;
+    }
+    if request.priority == Priority::High
+        && (gpu.has_high_lease || gpu.runs_multi_gpu_lease || batch_highs > 0)
+    {
+        return false;
+    }
+    load.memory_leased
+        .checked_add(request.demand.memory)
+        .is_some_and(|m| m <= load.memory_total)
 }
 
 /// The search's answer.
@@ -247,6 +322,14 @@ struct State<'s> {
     costs: Vec<f64>,
 }
 
+/// `Objective` without `served`.
+#[derive(Clone, Copy)]
+struct Tally {
+    high_placed: usize,
+    placed: usize,
+    cost: f64,
+}
+
 /// A GPU's load and batch high-priority count without one of its requests.
 struct Without {
     load: Load,
@@ -270,20 +353,24 @@ impl<'s> State<'s> {
     }
 
     fn objective(&self) -> Objective {
-        let mut objective = Objective {
+        objective_of(self.gpus, self.requests, &self.weights, &self.at)
+    }
+
+    /// The objective's counts and cost, without the allocation `served` needs:
+    /// for the exhaustive search's every node and the trades' every trial.
+    fn tally(&self) -> Tally {
+        let mut tally = Tally {
             high_placed: 0,
             placed: 0,
             cost: self.costs.iter().sum(),
         };
-        for (request, at) in self.requests.iter().zip(&self.at) {
+        for (request, at) in self.at.iter().enumerate() {
             if at.is_some() {
-                objective.placed += 1;
-                if request.priority == Priority::High {
-                    objective.high_placed += 1;
-                }
+                tally.placed += 1;
+                tally.high_placed += usize::from(self.is_high(request));
             }
         }
-        objective
+        tally
     }
 
     /// Which of two assignments serves the queue first among the first `upto`
@@ -295,19 +382,8 @@ impl<'s> State<'s> {
         placed(&self.at).cmp(&placed(&other.at))
     }
 
-    /// The full order of the objective: counts, then queue order, then cost.
     fn beats(&self, other: &State) -> bool {
-        let (mine, theirs) = (self.objective(), other.objective());
-        let counts = |o: &Objective| (o.high_placed, o.placed);
-        match counts(&mine).cmp(&counts(&theirs)) {
-            Ordering::Greater => true,
-            Ordering::Less => false,
-            Ordering::Equal => match self.queue_order(other, self.at.len()) {
-                Ordering::Greater => true,
-                Ordering::Less => false,
-                Ordering::Equal => mine.cost < theirs.cost - COST_EPSILON,
-            },
-        }
+        self.objective().better_than(&other.objective())
     }
 
     /// Every request greedy placed with high priority is still placed.
@@ -325,21 +401,7 @@ impl<'s> State<'s> {
     /// Whether `request` may go on `gpu` whose load (batch included) is `load`
     /// with `highs` of this batch's high-priority requests.
     fn fits(&self, request: usize, gpu: usize, load: &Load, highs: u32) -> bool {
-        let r = &self.requests[request];
-        let g = &self.gpus[gpu];
-        if !r.any_gpu || g.drained {
-            return false;
-        }
-        if g.reserved_for.is_some() && g.reserved_for != r.tenant {
-            return false;
-        }
-        if r.priority == Priority::High && (g.has_high_lease || g.runs_multi_gpu_lease || highs > 0)
-        {
-            return false;
-        }
-        load.memory_leased
-            .checked_add(r.demand.memory)
-            .is_some_and(|m| m <= load.memory_total)
+        may_take(&self.gpus[gpu], load, highs, &self.requests[request])
     }
 
     fn fits_now(&self, request: usize, gpu: usize) -> bool {
@@ -416,7 +478,7 @@ impl<'s> State<'s> {
         if nodes.is_multiple_of(256) && Instant::now() >= deadline {
             return false;
         }
-        let now = self.objective();
+        let now = self.tally();
         let rest = &self.requests[from..];
         let could_place = rest.iter().filter(|r| r.any_gpu).count();
         let could_place_high = rest
@@ -424,7 +486,7 @@ impl<'s> State<'s> {
             .filter(|r| r.any_gpu && r.priority == Priority::High)
             .count();
         let ceiling = (now.high_placed + could_place_high, now.placed + could_place);
-        let to_beat = best.objective();
+        let to_beat = best.tally();
         let best_counts = (to_beat.high_placed, to_beat.placed);
         // At the ceiling every remaining request is placed, so a prefix equal to
         // the best's means the same placed set, where only the cost can differ.
@@ -573,8 +635,8 @@ impl<'s> State<'s> {
         if waiting.is_empty() {
             return false;
         }
-        let now = self.objective();
-        let counts = |o: &Objective| (o.high_placed, o.placed);
+        let now = self.tally();
+        let counts = |t: &Tally| (t.high_placed, t.placed);
         for dropped in 0..self.requests.len() {
             let Some(gpu) = self.at[dropped] else {
                 continue;
@@ -600,7 +662,7 @@ impl<'s> State<'s> {
                     trial.assign(request, Some(gpu));
                 }
             }
-            if counts(&trial.objective()) > counts(&now) {
+            if counts(&trial.tally()) > counts(&now) {
                 *self = trial;
                 return true;
             }
@@ -1073,8 +1135,8 @@ mod tests {
             prop_assert_eq!(rule_broken(&gpus, &requests, &batch.assignment), None);
             // Never worse than greedy by the search's whole order: counts, then
             // queue order, then cost (a result may cost more than greedy's where
-            // it serves earlier requests: `Objective::better_than` alone, which
-            // has no queue order, said it lost; seed 18301406361728218447).
+            // it serves earlier requests: an order without the queue said it
+            // lost; seed 18301406361728218447).
             let mut greedy = State::new(&gpus, &requests, EVEN);
             greedy.greedy();
             let mut found = State::new(&gpus, &requests, EVEN);
