@@ -1022,6 +1022,154 @@ mod tests {
         assert_ne!(batch.assignment[0], batch.assignment[2]);
     }
 
+    fn objective(high_placed: usize, served: &[bool], cost: f64) -> Objective {
+        Objective {
+            high_placed,
+            placed: served.iter().filter(|s| **s).count(),
+            served: served.to_vec(),
+            cost,
+        }
+    }
+
+    #[test]
+    fn better_than_ranks_high_placed_then_placed_then_queue_order_then_cost() {
+        let rows = [
+            (
+                "one more high beats any number of lows, at any cost",
+                objective(1, &[true, false, false, false], 9.0),
+                objective(0, &[false, true, true, true], 0.1),
+            ),
+            (
+                "one more placed beats a lower cost",
+                objective(0, &[true, true, false], 2.0),
+                objective(0, &[true, false, false], 1.0),
+            ),
+            (
+                "an earlier request placed beats a later one placed more cheaply",
+                objective(0, &[true, false], 2.0),
+                objective(0, &[false, true], 1.0),
+            ),
+            (
+                "the same requests placed: the lower cost wins",
+                objective(0, &[true, false], 1.0),
+                objective(0, &[true, false], 2.0),
+            ),
+        ];
+        for (rule, better, worse) in rows {
+            assert!(better.better_than(&worse), "{rule}");
+            assert!(!worse.better_than(&better), "{rule} (reversed)");
+        }
+        let same = objective(0, &[true, false], 1.0);
+        let rounding = objective(0, &[true, false], 1.0 + COST_EPSILON / 2.0);
+        assert!(!same.better_than(&rounding) && !rounding.better_than(&same));
+        assert!(!same.better_than(&same), "strict: nothing beats itself");
+    }
+
+    #[test]
+    fn may_take_refuses_what_each_hard_rule_forbids() {
+        let mut drained = empty();
+        drained.drained = true;
+        let mut alices = empty();
+        alices.reserved_for = Some("alice");
+        let mut with_high = empty();
+        with_high.has_high_lease = true;
+        let mut ungated = empty();
+        ungated.runs_multi_gpu_lease = true;
+        let mut not_for_the_batch = low(1);
+        not_for_the_batch.any_gpu = false;
+        let mut alices_request = low(1);
+        alices_request.tenant = Some("alice");
+        let rows: [(&str, BatchGpu, u32, BatchRequest, bool); 13] = [
+            ("an empty GPU takes a low", empty(), 0, low(1), true),
+            ("an empty GPU takes a high", empty(), 0, high(1), true),
+            ("memory exactly full", gpu(40, 0.0, 1), 0, low(40), true),
+            ("memory one GiB over", gpu(41, 0.0, 1), 0, low(40), false),
+            ("drained", drained, 0, low(1), false),
+            ("reserved for another tenant", alices, 0, low(1), false),
+            ("reserved for its tenant", alices, 0, alices_request, true),
+            ("a high beside a high lease", with_high, 0, high(1), false),
+            ("a low beside a high lease", with_high, 0, low(1), true),
+            ("a high beside the batch's high", empty(), 1, high(1), false),
+            (
+                "a high beside a multi-GPU lease",
+                ungated,
+                0,
+                high(1),
+                false,
+            ),
+            ("a low beside a multi-GPU lease", ungated, 0, low(1), true),
+            (
+                "a request not for the batch",
+                empty(),
+                0,
+                not_for_the_batch,
+                false,
+            ),
+        ];
+        for (rule, gpu, batch_highs, request, takes) in rows {
+            assert_eq!(
+                may_take(&gpu, &gpu.load, batch_highs, &request),
+                takes,
+                "{rule}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_extra_high_placement_beats_any_number_of_lows() {
+        // Greedy fills the GPU with two lows queued first; the high behind them
+        // fits only alone: one high placed beats two lows.
+        let batch = place(&[empty()], &[low(30), low(30), high(60)], &EVEN);
+        assert_eq!(batch.greedy.placed, 2);
+        assert_eq!(batch.greedy.high_placed, 0);
+        assert_eq!(batch.assignment, [None, None, Some(0)]);
+    }
+
+    #[test]
+    fn an_earlier_request_never_waits_so_that_a_later_one_runs_more_cheaply() {
+        // Either request fits alone on the loaded GPU's free room; the later one
+        // is lighter (cheaper), but the earlier one is served.
+        let gpus = [gpu(40, 0.5, 2)];
+        let requests = [
+            request(Priority::Low, 30, 0.9),
+            request(Priority::Low, 30, 0.05),
+        ];
+        let batch = place(&gpus, &requests, &EVEN);
+        assert_eq!(batch.assignment, [Some(0), None]);
+        let later = objective_of(&gpus, &requests, &EVEN, &[None, Some(0)]);
+        assert!(
+            later.cost < batch.objective.cost,
+            "the later one is cheaper"
+        );
+        assert!(batch.objective.better_than(&later));
+    }
+
+    #[test]
+    fn the_result_is_never_worse_than_greedy_by_the_one_order() {
+        // Fixed instances of the bench's kind, each small and large, tight and
+        // not: greedy's assignment, ranked by `better_than`, never beats the
+        // search's.
+        for (seed, gpus, requests) in [(1, 1, 4), (2, 2, 8), (3, 3, 6), (4, 4, 12), (5, 8, 24)] {
+            let (gpus, requests) = instance(seed, gpus, requests);
+            let batch = place(&gpus, &requests, &EVEN);
+            let greedy = greedy(&gpus, &requests, &EVEN);
+            let greedy = objective_of(&gpus, &requests, &EVEN, &greedy);
+            assert_eq!(greedy, batch.greedy, "seed {seed}");
+            assert!(!greedy.better_than(&batch.objective), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn a_low_never_takes_the_room_a_high_had_under_greedy_even_for_a_lower_cost() {
+        // The big low fits only where greedy put the high, and the high has
+        // nowhere else to go (the other GPU runs a high lease): two placed would
+        // need the high to wait, so the low waits instead.
+        let mut loaded = gpu(10, 0.5, 1);
+        loaded.has_high_lease = true;
+        let batch = place(&[empty(), loaded], &[high(50), low(75)], &EVEN);
+        assert_eq!(batch.assignment, [Some(0), None]);
+    }
+
     #[test]
     fn a_spent_budget_still_returns_the_greedy_assignment() {
         let gpus = [gpu(10, 0.2, 1), empty(), gpu(70, 0.5, 2)];
