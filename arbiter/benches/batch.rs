@@ -12,6 +12,12 @@
 //! against greedy: extra requests placed, and, over the instances where the
 //! search placed as many as greedy, how much lower its balanced cost is.
 //!
+//! The same instances go to a genetic algorithm after Sun et al. (`batch_ga`,
+//! bench-only) with the same objective, rules and budget, at several population
+//! sizes; `<case>/default_vs_ga_population_<n>` counts, instance by instance and
+//! by the search's own order (`Objective::better_than`), how often the shipped
+//! default is better, as good or worse.
+//!
 //! `GPUSHARE_BENCH_RESULTS=dir` writes the figures to `dir/batch.json`;
 //! `GPUSHARE_BENCH_N` overrides the number of instances (default 200).
 
@@ -279,12 +285,19 @@ fn thread_cpu() -> Duration {
     Duration::from(now)
 }
 
+/// The 1-, 5- and 15-minute load averages, as /proc/loadavg has them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
 
 /// The GA's population sizes tried (each for the whole budget).
-const GA_POPULATIONS: [usize; 3] = [16, 32, 64];
+const GA_POPULATIONS: [usize; 4] = [8, 16, 32, 64];
 
 fn main() {
     let n: u64 = std::env::var("GPUSHARE_BENCH_N")
@@ -342,6 +355,8 @@ fn main() {
         "spent"
     );
     let mut json = serde_json::Map::new();
+    // The machine is shared: the load says how much of the wall time is others'.
+    json.insert("load_average_at_start".into(), load_average().into());
     for case in CASES {
         let mut reached: Vec<(String, Vec<Objective>)> = Vec::new();
         for (mode, parameters, search) in &modes {
@@ -405,5 +420,6 @@ fn main() {
             json.insert(format!("{}/default_vs_{mode}", case.name), duel);
         }
     }
+    json.insert("load_average_at_end".into(), load_average().into());
     write_results("batch", serde_json::Value::Object(json));
 }

@@ -268,13 +268,31 @@ pub fn place_batch(
         }
         state.kick(&mut rng);
         budget_spent = !state.local_search(deadline);
-        if state.keeps_pinned() && state.objective().better_than(&best.objective()) {
-            best = state.clone();
+        let mut improved = state.keeps_pinned() && state.objective().better_than(&best.objective());
+        if improved {
+            best.clone_from(&state);
+        }
+        for _ in 0..ROOM_TRIES {
+            if budget_spent || Instant::now() >= deadline {
+                budget_spent = true;
+                break;
+            }
+            state.clone_from(&best);
+            if state.make_room(&mut rng) && state.objective().better_than(&best.objective()) {
+                budget_spent = !state.local_search(deadline);
+                if state.keeps_pinned() {
+                    best.clone_from(&state);
+                    improved = true;
+                }
+                break;
+            }
+        }
+        if improved {
             fruitless = 0;
         } else {
-            state.clone_from(&best);
             fruitless += 1;
         }
+        state.clone_from(&best);
     }
     if !budget_spent && is_small(gpus.len(), requests) {
         let mut exact = State::new(gpus, requests, *weights);
@@ -302,6 +320,11 @@ pub fn place_batch(
 /// optimum in 8 and missed its cost in 74 more (2.1 % above it on average over
 /// the instances where it placed as many); with this, none.
 const EXACT_ASSIGNMENTS: f64 = 1e6;
+
+/// Make-room attempts after each kick (until one finds something better).
+/// Measured on the bench's tight mix (30 instances): 16 placed +2.23 over
+/// greedy, 64 +2.13 (fewer kicks in the budget).
+const ROOM_TRIES: usize = 16;
 
 fn is_small(gpus: usize, requests: &[BatchRequest]) -> bool {
     let free = requests.iter().filter(|r| r.any_gpu).count();
@@ -735,6 +758,42 @@ impl<'s> State<'s> {
         true
     }
 
+    /// A random waiting request goes on a random GPU, evicting unpinned
+    /// requests there (in a random order) until it fits; then the evicted and
+    /// every other waiting request, in a random order, go where they add the
+    /// least cost, if anywhere. False if the GPU could not be made to take it.
+    fn make_room(&mut self, rng: &mut SplitMix64) -> bool {
+        let waiting: Vec<usize> = (0..self.requests.len())
+            .filter(|&r| self.at[r].is_none() && self.requests[r].any_gpu)
+            .collect();
+        if waiting.is_empty() || self.gpus.is_empty() {
+            return false;
+        }
+        let request = waiting[rng.below(waiting.len())];
+        let gpu = rng.below(self.gpus.len());
+        let mut there: Vec<usize> = (0..self.requests.len())
+            .filter(|&r| self.at[r] == Some(gpu) && !self.pinned[r])
+            .collect();
+        shuffle(&mut there, rng);
+        while !self.fits_now(request, gpu) {
+            let Some(evicted) = there.pop() else {
+                return false;
+            };
+            self.assign(evicted, None);
+        }
+        self.assign(request, Some(gpu));
+        let mut waiting: Vec<usize> = (0..self.requests.len())
+            .filter(|&r| self.at[r].is_none() && self.requests[r].any_gpu)
+            .collect();
+        shuffle(&mut waiting, rng);
+        for request in waiting {
+            if let Some(gpu) = self.cheapest_gpu(request) {
+                self.assign(request, Some(gpu));
+            }
+        }
+        true
+    }
+
     /// Moves one to three placed requests to random GPUs that take them.
     fn kick(&mut self, rng: &mut SplitMix64) {
         let placed: Vec<usize> = (0..self.requests.len())
@@ -753,6 +812,12 @@ impl<'s> State<'s> {
                 self.assign(request, Some(targets[rng.below(targets.len())]));
             }
         }
+    }
+}
+
+fn shuffle(items: &mut [usize], rng: &mut SplitMix64) {
+    for i in (1..items.len()).rev() {
+        items.swap(i, rng.below(i + 1));
     }
 }
 
