@@ -579,6 +579,20 @@ pub fn run_jobs(
         })
     });
     let mut metrics = schedule_metrics(&schedule);
+    if let Some(arbiter) = &arbiter {
+        let times = setup::placement_times(arbiter)
+            .map_err(|why| failed("the arbiter's status", why.to_string()))?;
+        for (key, h) in [
+            ("placement_decision", &times.decisions),
+            ("batch_search", &times.batch_searches),
+        ] {
+            metrics.insert(format!("{key}s"), json!(h.count));
+            if let Some(mean) = h.mean() {
+                metrics.insert(format!("{key}_mean_us"), json!(mean.as_secs_f64() * 1e6));
+                metrics.insert(format!("{key}_max_us"), json!(h.max_ns as f64 / 1e3));
+            }
+        }
+    }
     metrics.insert("makespan_s".into(), json!((finished - start).as_secs_f64()));
     metrics.insert(
         "mean_gpu_utilisation_percent".into(),
@@ -643,8 +657,9 @@ pub fn placement_warning(modes: &serde_json::Map<String, Value>) -> String {
 
 /// The figures a run's schedule gives (every job's `completion_s`, `queue_s`, `priority`,
 /// `gpu`, `reserve_ms`): completion times overall and by priority (mean, median, p95),
-/// queueing, GPUs used, and the reserve round trip (client side: the arbiter reports no
-/// placement time of its own). A priority with no job has no keys, so every value is finite.
+/// queueing, GPUs used, and the reserve round trip the harness saw (connect, reserve,
+/// confirm; the arbiter's own decision time is read from its status, see `run_jobs`). A
+/// priority with no job has no keys, so every value is finite.
 pub fn schedule_metrics(schedule: &[Value]) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
     let values = |key: &str, priority: Option<&str>| -> Vec<f64> {
@@ -785,10 +800,11 @@ pub fn markdown(results: &Value) -> String {
          policy, `batch` by the balanced policy with the batch search, all three under the \
          priority scheduler; `uncontrolled` balanced placement, no scheduler. Utilisation: \
          NVML, every second, mean over GPUs and the makespan. vs excl.: the change of mean JCT \
-         (%) and of utilisation (points) against `exclusive`.\n\n\
-         | mode | makespan s | mean JCT s | vs excl. | median JCT s | mean queue s | mean GPU \
-         util | vs excl. | GPUs used |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+         (%) and of utilisation (points) against `exclusive`. Placement: the time the arbiter \
+         took to place each request (its own clock, from its status).\n\n\
+         | mode | makespan s | mean JCT s | vs excl. | median / p95 JCT s | mean queue s | \
+         mean GPU util | vs excl. | GPUs used | placement µs mean / max |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
         p["jobs"], p["mean_interarrival_s"], p["gpus"], p["gpu_util_limit"], p["low_nums_limit"],
     );
     for (mode, case) in modes {
@@ -796,15 +812,18 @@ pub fn markdown(results: &Value) -> String {
         let f = |k: &str, d: usize| fixed(m, k, d);
         let signed = |k: &str, unit: &str| signed(m, k, unit);
         md += &format!(
-            "| {mode} | {} | {} | {} | {} | {} | {}% | {} | {} |\n",
+            "| {mode} | {} | {} | {} | {} / {} | {} | {}% | {} | {} | {} / {} |\n",
             f("makespan_s", 2),
             f("mean_completion_s", 2),
             signed("mean_completion_vs_exclusive_percent", "%"),
             f("median_completion_s", 2),
+            f("p95_completion_s", 2),
             f("mean_queue_s", 2),
             f("mean_gpu_utilisation_percent", 1),
             signed("utilisation_vs_exclusive_points", " pt"),
             f("gpus_used", 0),
+            f("placement_decision_mean_us", 1),
+            f("placement_decision_max_us", 1),
         );
     }
     md + "\n" + &warning

@@ -176,13 +176,13 @@ pub fn markdown(results: &Value) -> String {
          {} jobs (one in {} high priority, the first included) of E2's shapes at lengths \
          {} of E2's, arriving as a seeded Poisson process (mean gap {} s) on {} simulated \
          GPUs; modes as in `e2`. JCT: completion time from arrival (queueing counts); \
-         slowdown: a high job's JCT over its run time alone on a GPU of its own. Reserve: the \
-         control socket's round trip seen by the harness (the arbiter reports no placement \
-         time of its own). vs excl.: the change of mean JCT (%) and of utilisation (points) \
+         slowdown: a high job's JCT over its run time alone on a GPU of its own. Placement: \
+         the time the arbiter took to place each request (its own clock, from its status). \
+         vs excl.: the change of mean JCT (%) and of utilisation (points) \
          against `exclusive`.\n\n\
          | mode | makespan s | mean JCT s | vs excl. | high mean / p95 JCT s | low mean / p95 \
-         JCT s | mean queue s | high slowdown mean / max | GPU util | vs excl. | reserve ms \
-         mean / max |\n\
+         JCT s | mean queue s | high slowdown mean / max | GPU util | vs excl. | placement \
+         µs mean / max |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
         p["jobs"], p["high_every"], p["length_scales"], p["mean_interarrival_s"], p["gpus"],
     );
@@ -204,8 +204,8 @@ pub fn markdown(results: &Value) -> String {
             f("high_max_slowdown_percent", 1),
             f("mean_gpu_utilisation_percent", 1),
             signed("utilisation_vs_exclusive_points", " pt"),
-            f("mean_reserve_ms", 2),
-            f("max_reserve_ms", 2),
+            f("placement_decision_mean_us", 1),
+            f("placement_decision_max_us", 1),
         );
     }
     md + "\n" + &warning

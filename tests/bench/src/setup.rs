@@ -224,6 +224,15 @@ pub fn reserve(
     })
 }
 
+/// The arbiter's own timing of its placement decisions and batch searches.
+pub fn placement_times(
+    arbiter: &Arbiter,
+) -> Result<gpushare_proto::timing::PlacementTimes, gpushare_proto::ClientError> {
+    let mut client =
+        ControlClient::connect(&arbiter.control_socket(), std::time::Duration::from_secs(5))?;
+    Ok(client.status()?.placement_times)
+}
+
 /// The socket a lease's interposer talks to (what the runtime mounts in a container).
 pub fn lease_socket(arbiter: &Arbiter, lease: &Lease) -> PathBuf {
     arbiter.lease_socket(&lease.id.0)
