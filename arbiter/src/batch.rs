@@ -112,12 +112,15 @@
 //! (kicks stop after `patience` in a row found nothing better), the result is
 //! deterministic; under a tight budget it depends on how far the search got.
 
+mod genetic;
+
 use std::cmp::Ordering;
 use std::time::{Duration, Instant};
 
 use gpushare_proto::Priority;
 
 use crate::balance::{cost, Demand, Load, Weights};
+pub use genetic::{Evolved, POPULATION, STALE_GENERATIONS};
 
 /// What the search needs to know about one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -155,6 +158,10 @@ pub struct SearchLimits {
     /// Stop after this many kicks in a row that found nothing better (0: the
     /// local search alone).
     pub patience: u32,
+    /// Run the genetic algorithm when requests are left waiting after the
+    /// local search (the default; false: the local search with kicks alone,
+    /// the search before the hybrid, kept for the bench's comparison).
+    pub genetic: bool,
 }
 
 /// Measured on the bench (64 × 16): 20 reaches nearly all that 50 or 200 do
@@ -169,6 +176,7 @@ impl SearchLimits {
             budget,
             seed: DEFAULT_SEED,
             patience: DEFAULT_PATIENCE,
+            genetic: true,
         }
     }
 }
@@ -288,7 +296,11 @@ pub fn place_batch(
     weights: &Weights,
     limits: &SearchLimits,
 ) -> Batch {
-    let deadline = Instant::now() + limits.budget;
+    let start = Instant::now();
+    let deadline = start
+        + limits
+            .budget
+            .saturating_sub(limits.budget / DEADLINE_MARGIN);
     let mut state = State::new(gpus, requests, *weights);
     state.greedy();
     let greedy = state.objective();
@@ -302,39 +314,42 @@ pub fn place_batch(
     }
     let mut best = state.clone();
     let mut rng = SplitMix64(limits.seed);
-    let mut fruitless = 0;
-    while fruitless < limits.patience {
-        if budget_spent || Instant::now() >= deadline {
-            budget_spent = true;
-            break;
+    // Small batches get the exact search below; where no count can improve,
+    // the genetic algorithm measurably loses to the kicks on cost.
+    if limits.genetic
+        && !budget_spent
+        && !is_small(gpus.len(), requests)
+        && best.counts_may_improve()
+    {
+        let polish_from = deadline
+            .checked_sub(limits.budget / POLISH_SHARE)
+            .unwrap_or(deadline);
+        let evolved = genetic::Genetic {
+            gpus,
+            requests,
+            weights: *weights,
+            greedy: &greedy_state.at,
+            pinned: &greedy_state.pinned,
         }
-        state.kick(&mut rng);
+        .evolve(
+            &[&greedy_state.at, &best.at],
+            POPULATION,
+            STALE_GENERATIONS,
+            polish_from,
+            &mut SplitMix64(limits.seed ^ GENETIC_SEED),
+        );
+        state.clone_from(&greedy_state);
+        for (request, at) in evolved.assignment.iter().enumerate() {
+            state.assign(request, *at);
+        }
         budget_spent = !state.local_search(deadline);
-        let mut improved = state.keeps_pinned() && state.objective().better_than(&best.objective());
-        if improved {
+        if state.keeps_pinned() && state.beats(&best) {
             best.clone_from(&state);
         }
-        for _ in 0..ROOM_TRIES {
-            if budget_spent || Instant::now() >= deadline {
-                budget_spent = true;
-                break;
-            }
-            state.clone_from(&best);
-            if state.make_room(&mut rng) && state.objective().better_than(&best.objective()) {
-                budget_spent = !state.local_search(deadline);
-                if state.keeps_pinned() {
-                    best.clone_from(&state);
-                    improved = true;
-                }
-                break;
-            }
-        }
-        if improved {
-            fruitless = 0;
-        } else {
-            fruitless += 1;
-        }
         state.clone_from(&best);
+    }
+    if !budget_spent {
+        budget_spent = kick_until(&mut state, &mut best, &mut rng, limits.patience, deadline);
     }
     if !budget_spent && is_small(gpus.len(), requests) {
         let mut exact = State::new(gpus, requests, *weights);
@@ -354,6 +369,103 @@ pub fn place_batch(
         budget_spent,
     }
 }
+
+/// The genetic algorithm alone, as Sun et al. use it: greedy's assignment and
+/// random ones to start, `population` individuals, evolving until `budget` is
+/// spent (no stop on stale generations). Not what `place_batch` runs: the
+/// bench's baseline.
+pub fn place_batch_genetic(
+    gpus: &[BatchGpu],
+    requests: &[BatchRequest],
+    weights: &Weights,
+    budget: Duration,
+    population: usize,
+    seed: u64,
+) -> Evolved {
+    let deadline = Instant::now() + budget;
+    let greedy = greedy(gpus, requests, weights);
+    let pinned: Vec<bool> = requests
+        .iter()
+        .zip(&greedy)
+        .map(|(r, at)| at.is_some() && r.priority == Priority::High)
+        .collect();
+    genetic::Genetic {
+        gpus,
+        requests,
+        weights: *weights,
+        greedy: &greedy,
+        pinned: &pinned,
+    }
+    .evolve(
+        &[&greedy],
+        population,
+        u32::MAX,
+        deadline,
+        &mut SplitMix64(seed),
+    )
+}
+
+/// Seeded random kicks, each followed by local search and make-room moves,
+/// from `best`, until `patience` kicks in a row found nothing better or `until`;
+/// `best` is the best assignment seen. True if the clock stopped it.
+fn kick_until<'s>(
+    state: &mut State<'s>,
+    best: &mut State<'s>,
+    rng: &mut SplitMix64,
+    patience: u32,
+    until: Instant,
+) -> bool {
+    let mut fruitless = 0;
+    while fruitless < patience {
+        if Instant::now() >= until {
+            return true;
+        }
+        state.kick(rng);
+        let mut spent = !state.local_search(until);
+        let mut improved = state.keeps_pinned() && state.beats(best);
+        if improved {
+            best.clone_from(state);
+        }
+        for _ in 0..ROOM_TRIES {
+            if spent || Instant::now() >= until {
+                spent = true;
+                break;
+            }
+            state.clone_from(best);
+            if state.make_room(rng) && state.beats(best) {
+                spent = !state.local_search(until);
+                if state.keeps_pinned() {
+                    best.clone_from(state);
+                    improved = true;
+                }
+                break;
+            }
+        }
+        state.clone_from(best);
+        if spent {
+            return true;
+        }
+        if improved {
+            fruitless = 0;
+        } else {
+            fruitless += 1;
+        }
+    }
+    false
+}
+
+/// The search stops this share of the budget early (a fiftieth: 200 µs of
+/// 10 ms), so that the last clock check's row, the exact search's last 256
+/// nodes and the guard after it end inside the budget.
+const DEADLINE_MARGIN: u32 = 50;
+
+/// The genetic algorithm stops this share of the budget (a twentieth) before the
+/// search's deadline, leaving it to the local search that polishes its best.
+const POLISH_SHARE: u32 = 20;
+
+/// Mixed into `SearchLimits::seed` for the genetic algorithm's own generator,
+/// so its draws differ from the kicks'.
+const GENETIC_SEED: u64 = 0x2545_f491_4f6c_dd1d;
 
 /// Batches whose every assignment (each request on a GPU or waiting) number at
 /// most this are searched exhaustively after the local search, with its result as
@@ -449,6 +561,29 @@ impl<'s> State<'s> {
 
     fn beats(&self, other: &State) -> bool {
         self.objective().better_than(&other.objective())
+    }
+
+    /// Whether another assignment might place more: a waiting low-priority
+    /// request that some GPU would take if it ran nothing of the batch, or a
+    /// waiting high-priority one while fewer of the batch's highs are placed
+    /// than there are GPUs that may take one. Without it, a batch where every
+    /// GPU already holds a high (the bench's light mix) would run the genetic
+    /// algorithm for nothing.
+    fn counts_may_improve(&self) -> bool {
+        let high_gpus = (0..self.gpus.len())
+            .filter(|&g| {
+                self.requests.iter().any(|r| {
+                    r.priority == Priority::High
+                        && may_take(&self.gpus[g], &self.gpus[g].load, 0, r)
+                })
+            })
+            .count();
+        let high_placed = self.tally().high_placed;
+        self.requests.iter().zip(&self.at).any(|(r, at)| {
+            at.is_none()
+                && (0..self.gpus.len()).any(|g| may_take(&self.gpus[g], &self.gpus[g].load, 0, r))
+                && (r.priority == Priority::Low || high_placed < high_gpus)
+        })
     }
 
     /// Every request greedy placed with high priority is still placed.
@@ -878,6 +1013,11 @@ impl SplitMix64 {
 
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
+    }
+
+    /// True with probability `p`.
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
     }
 }
 
@@ -1338,11 +1478,164 @@ mod tests {
             budget: AMPLE,
             seed: 42,
             patience: 50,
+            genetic: true,
         };
         let first = place_batch(&gpus, &requests, &EVEN, &limits);
         let second = place_batch(&gpus, &requests, &EVEN, &limits);
         assert!(!first.budget_spent);
         assert_eq!(first, second);
+    }
+
+    /// The genetic algorithm of `greedy`'s batch: greedy's assignment and pins.
+    fn genetic_of<'s>(
+        gpus: &'s [BatchGpu<'s>],
+        requests: &'s [BatchRequest<'s>],
+        greedy: &'s [Option<usize>],
+        pinned: &'s [bool],
+    ) -> genetic::Genetic<'s> {
+        genetic::Genetic {
+            gpus,
+            requests,
+            weights: EVEN,
+            greedy,
+            pinned,
+        }
+    }
+
+    fn pins(requests: &[BatchRequest], greedy: &[Option<usize>]) -> Vec<bool> {
+        requests
+            .iter()
+            .zip(greedy)
+            .map(|(r, at)| at.is_some() && r.priority == Priority::High)
+            .collect()
+    }
+
+    #[test]
+    fn the_repair_keeps_every_hard_rule_and_the_pins_and_fills_what_fits() {
+        // Genes of every kind the operators make: all on one GPU (far over its
+        // memory and its one high), all waiting, random GPUs or waiting.
+        for (seed, gpus, requests) in [(1, 2, 8), (2, 4, 16), (3, 8, 32), (4, 16, 64)] {
+            let (gpus, requests) = instance(seed, gpus, requests);
+            let greedy = greedy(&gpus, &requests, &EVEN);
+            let pinned = pins(&requests, &greedy);
+            let ga = genetic_of(&gpus, &requests, &greedy, &pinned);
+            let mut rng = SplitMix64(seed);
+            let mut fill = genetic::Fill::new();
+            let mut waiting = Vec::new();
+            let n = requests.len();
+            let rows: [(&str, Vec<Option<usize>>); 3] = [
+                ("all on GPU 0", vec![Some(0); n]),
+                ("all waiting", vec![None; n]),
+                (
+                    "random",
+                    (0..n)
+                        .map(|_| rng.below(gpus.len() + 1).checked_sub(1))
+                        .collect(),
+                ),
+            ];
+            for (genes_are, mut genes) in rows {
+                ga.repair(&mut genes, &mut fill, &mut waiting, &mut rng);
+                let case = format!("seed {seed}, {genes_are}");
+                assert_eq!(rule_broken(&gpus, &requests, &genes), None, "{case}");
+                for r in 0..n {
+                    assert!(!pinned[r] || genes[r].is_some(), "{case}: pinned {r} waits");
+                }
+                let mut state = State::new(&gpus, &requests, EVEN);
+                for (r, at) in genes.iter().enumerate() {
+                    state.assign(r, *at);
+                }
+                for r in (0..n).filter(|&r| genes[r].is_none()) {
+                    assert_eq!(state.cheapest_gpu(r), None, "{case}: {r} waits but fits");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_repair_puts_the_pinned_back_where_greedy_had_them_when_one_fits_nowhere_else() {
+        // Greedy: the small high on the half-full idle GPU, the big one on the
+        // busy empty GPU. Genes putting both on the busy GPU leave the big high
+        // nowhere (one high a GPU, no memory on the other): greedy's places.
+        let gpus = [gpu(0, 0.9, 3), gpu(60, 0.0, 0)];
+        let requests = [high(10), high(70)];
+        let greedy = greedy(&gpus, &requests, &EVEN);
+        assert_eq!(greedy, [Some(1), Some(0)], "the case's premise");
+        let pinned = pins(&requests, &greedy);
+        let ga = genetic_of(&gpus, &requests, &greedy, &pinned);
+        let mut genes = vec![Some(0), Some(0)];
+        ga.repair(
+            &mut genes,
+            &mut genetic::Fill::new(),
+            &mut Vec::new(),
+            &mut SplitMix64(1),
+        );
+        assert_eq!(genes, greedy);
+    }
+
+    #[test]
+    fn evolution_keeps_every_rule_never_loses_to_its_seeds_and_repeats_given_a_seed() {
+        for (seed, gpus, requests) in [(5, 3, 10), (6, 8, 32), (7, 16, 64)] {
+            let (gpus, requests) = instance(seed, gpus, requests);
+            let greedy = greedy(&gpus, &requests, &EVEN);
+            let pinned = pins(&requests, &greedy);
+            let ga = genetic_of(&gpus, &requests, &greedy, &pinned);
+            // Greedy as the one seed, 20 stale generations: ends before the
+            // ample deadline, so the result depends on the seed alone.
+            let evolve = || {
+                ga.evolve(
+                    &[&greedy],
+                    POPULATION,
+                    20,
+                    Instant::now() + AMPLE,
+                    &mut SplitMix64(seed),
+                )
+            };
+            let evolved = evolve();
+            assert!(!evolved.budget_spent, "seed {seed}");
+            assert_eq!(
+                rule_broken(&gpus, &requests, &evolved.assignment),
+                None,
+                "seed {seed}"
+            );
+            for (pinned, at) in pinned.iter().zip(&evolved.assignment) {
+                assert!(!pinned || at.is_some(), "seed {seed}");
+            }
+            let greedy_objective = objective_of(&gpus, &requests, &EVEN, &greedy);
+            assert!(
+                !greedy_objective.better_than(&evolved.objective),
+                "seed {seed}"
+            );
+            assert_eq!(
+                evolved.objective,
+                objective_of(&gpus, &requests, &EVEN, &evolved.assignment),
+                "seed {seed}: the reported objective is the assignment's"
+            );
+            assert_eq!(evolve(), evolved, "seed {seed}: same seed, same result");
+        }
+    }
+
+    #[test]
+    fn a_child_never_beats_greedy_by_breaking_a_rule() {
+        // Everything on the first GPU places all requests if no rule is
+        // checked; repaired, the child holds only what the rules let it.
+        let (gpus, requests) = instance(8, 4, 16);
+        let greedy = greedy(&gpus, &requests, &EVEN);
+        let pinned = pins(&requests, &greedy);
+        let ga = genetic_of(&gpus, &requests, &greedy, &pinned);
+        let mut genes = vec![Some(0); requests.len()];
+        assert!(
+            rule_broken(&gpus, &requests, &genes).is_some(),
+            "the premise"
+        );
+        ga.repair(
+            &mut genes,
+            &mut genetic::Fill::new(),
+            &mut Vec::new(),
+            &mut SplitMix64(8),
+        );
+        assert_eq!(rule_broken(&gpus, &requests, &genes), None);
+        let child = objective_of(&gpus, &requests, &EVEN, &genes);
+        assert!(child.placed < requests.len());
     }
 
     /// The best assignment by exhaustive search, under the same rules and pins.
@@ -1385,7 +1678,7 @@ mod tests {
         #[test]
         fn the_search_keeps_every_rule_and_never_loses_to_greedy(seed in any::<u64>(), gpus in 1usize..6, requests in 0usize..14) {
             let (gpus, requests) = instance(seed, gpus, requests);
-            let limits = SearchLimits { budget: AMPLE, seed, patience: 20 };
+            let limits = SearchLimits { budget: AMPLE, seed, patience: 20, genetic: true };
             let batch = place_batch(&gpus, &requests, &EVEN, &limits);
             prop_assert_eq!(rule_broken(&gpus, &requests, &batch.assignment), None);
             // Never worse than greedy by the search's whole order: counts, then
