@@ -37,11 +37,16 @@ pub struct MixedParameters {
     /// (1 full, 0.1 quick): shapes and lengths cross, so high and low jobs both get several.
     pub length_scales: Vec<f64>,
     pub work_scale: f64,
+    /// Each shape's CPU gap between iterations is multiplied by this: 1 runs E2's shapes
+    /// (0.33-0.8 busy alone), 3 lighter jobs (about 0.15-0.6), the small jobs that waste most
+    /// of a GPU of their own. How much sharing can gain depends on it most (see
+    /// `tests/bench/results/e2-issue-18/README.md`).
+    pub gap_scale: f64,
     pub shapes: Vec<Shape>,
 }
 
 impl MixedParameters {
-    pub fn new(quick: bool, seed: u64) -> Self {
+    pub fn new(quick: bool, seed: u64, gap_scale: f64) -> Self {
         MixedParameters {
             jobs: if quick { 4 } else { 12 },
             cluster: ClusterSetup {
@@ -51,13 +56,21 @@ impl MixedParameters {
                 nvml_sample_interval_s: 1.0,
             },
             high_every: 3,
-            // Full: twelve jobs of 3-9 s alone within about 6 s on 4 GPUs, so exclusive GPUs
-            // queue from the fifth arrival on.
-            mean_interarrival_s: if quick { 0.1 } else { 0.5 },
+            // A burst: twelve jobs of 3-9 s alone (E2's shapes) within about a second on 4
+            // GPUs, so exclusive GPUs queue two jobs deep. A mean gap of 0.5 s queued them 2.4 s
+            // on average: too little queueing for sharing to win much (measured at 4a7aa19).
+            mean_interarrival_s: 0.1,
             seed,
             length_scales: vec![0.5, 1.0, 1.5],
             work_scale: if quick { 0.1 } else { 1.0 },
-            shapes: SHAPES.to_vec(),
+            gap_scale,
+            shapes: SHAPES
+                .iter()
+                .map(|shape| Shape {
+                    gap_us: (shape.gap_us as f64 * gap_scale).round() as u64,
+                    ..*shape
+                })
+                .collect(),
         }
     }
 
@@ -173,8 +186,8 @@ pub fn markdown(results: &Value) -> String {
     let warning = crate::cluster::placement_warning(modes);
     let mut md = format!(
         "## Scenario `e2-mixed`: mixed-priority jobs arriving on a cluster (simulated)\n\n\
-         {} jobs (one in {} high priority, the first included) of E2's shapes at lengths \
-         {} of E2's, arriving as a seeded Poisson process (mean gap {} s) on {} simulated \
+         {} jobs (one in {} high priority, the first included) of E2's shapes (their CPU \
+         gaps × {}) at lengths {} of E2's, arriving as a seeded Poisson process (mean gap {} s) on {} simulated \
          GPUs; modes as in `e2`. JCT: completion time from arrival (queueing counts); \
          slowdown: a high job's JCT over its run time alone on a GPU of its own. Placement: \
          the time the arbiter took to place each request (its own clock, from its status). \
@@ -184,7 +197,12 @@ pub fn markdown(results: &Value) -> String {
          JCT s | mean queue s | high slowdown mean / max | GPU util | vs excl. | placement \
          µs mean / max |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
-        p["jobs"], p["high_every"], p["length_scales"], p["mean_interarrival_s"], p["gpus"],
+        p["jobs"],
+        p["high_every"],
+        p["gap_scale"],
+        p["length_scales"],
+        p["mean_interarrival_s"],
+        p["gpus"],
     );
     for (mode, case) in modes {
         let m = &case["metrics"];
@@ -217,12 +235,12 @@ mod tests {
 
     #[test]
     fn a_third_high_several_lengths_and_arrivals_that_queue_exclusive_gpus() {
-        let p = MixedParameters::new(false, 1);
+        let p = MixedParameters::new(false, 1, 1.0);
         let jobs = p.jobs();
         assert_eq!(jobs.len(), 12);
         let high: Vec<usize> = (0..12).filter(|&i| jobs[i].high).collect();
         assert_eq!(high, [0, 3, 6, 9]);
-        assert_eq!(jobs, MixedParameters::new(false, 1).jobs(), "seeded");
+        assert_eq!(jobs, MixedParameters::new(false, 1, 1.0).jobs(), "seeded");
         // Job 9: the small-kernels shape (1,200 iterations in E2) at 1.5 times E2's length.
         assert!(jobs[9].args.join(" ").contains("--iterations 1800"));
         assert!(jobs[0].args.join(" ").contains("--iterations 300"));
@@ -231,9 +249,20 @@ mod tests {
             "{}",
             jobs[9].name
         );
-        // All twelve arrive within a few mean run times: more jobs than GPUs at once.
-        assert!(jobs[11].arrival_s < 12.0, "{}", jobs[11].arrival_s);
-        let quick = MixedParameters::new(true, 1).jobs();
+        // All twelve arrive within about a second: three jobs for each GPU at once.
+        assert!(jobs[11].arrival_s < 3.0, "{}", jobs[11].arrival_s);
+        assert!(
+            jobs[0].args.join(" ").contains("--gap 2000us"),
+            "E2's gaps at scale 1"
+        );
+        let light = MixedParameters::new(false, 1, 3.0).jobs();
+        assert!(
+            light[0].args.join(" ").contains("--gap 6000us"),
+            "{:?}",
+            light[0].args
+        );
+        assert_eq!(light[5].arrival_s, jobs[5].arrival_s, "the same arrivals");
+        let quick = MixedParameters::new(true, 1, 1.0).jobs();
         assert_eq!(quick.iter().filter(|j| j.high).count(), 2);
     }
 
@@ -256,7 +285,7 @@ mod tests {
     #[test]
     fn markdown_has_a_row_per_mode_and_says_simulated() {
         let results = json!({"scenarios": {"e2-mixed": {
-            "parameters": {"jobs": 12, "high_every": 3, "length_scales": [0.5, 1.0, 1.5],
+            "parameters": {"jobs": 12, "high_every": 3, "gap_scale": 3.0, "length_scales": [0.5, 1.0, 1.5],
                            "mean_interarrival_s": 0.5, "gpus": 4},
             "modes": {
                 "exclusive": {"metrics": {"makespan_s": 30.0, "high_mean_slowdown_percent": 40.0}},
@@ -265,6 +294,7 @@ mod tests {
         }}});
         let md = markdown(&results);
         assert!(md.contains("(simulated)"), "{md}");
+        assert!(md.contains("CPU gaps × 3.0"), "{md}");
         assert!(md.contains("| exclusive | 30.00 |"), "{md}");
         assert!(md.contains("| balanced | 22.00 | – | -26.0% |"), "{md}");
         assert!(md.contains("40.0% / –%"), "{md}");

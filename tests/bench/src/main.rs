@@ -83,6 +83,9 @@ struct Args {
     /// simulation's too (in --out/cluster-issue-17, or in --out with --scenario cluster).
     #[arg(long)]
     rerender: bool,
+    /// e2-mixed: multiply each job shape's CPU gap by this (1: E2's shapes; 3: lighter jobs).
+    #[arg(long, default_value_t = 1.0)]
+    e2_mixed_gap_scale: f64,
 }
 
 fn main() -> ExitCode {
@@ -304,7 +307,7 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
     if wanted(gpushare_bench::e2_mixed::SCENARIO) {
         use gpushare_bench::cluster::E2Mode;
         use gpushare_bench::e2_mixed::{self, MixedParameters};
-        let p = MixedParameters::new(args.quick, args.seed);
+        let p = MixedParameters::new(args.quick, args.seed, args.e2_mixed_gap_scale);
         let mixed = e2_mixed::run_all(&binaries, libs, &p, &E2Mode::ALL)?;
         scenarios.insert(e2_mixed::SCENARIO.into(), mixed);
     }
