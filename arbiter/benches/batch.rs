@@ -4,19 +4,22 @@
 //! a few already running a high-priority lease), many instances from fixed seeds.
 //!
 //! For each instance: greedy (a spent budget returns it), the local search alone
-//! (no kicks), and the default search (kicks, `placement.batch_budget_us`' default
-//! 10 ms), on a tight mix (1-40 GiB: more than fits), a light one (1-16 GiB:
-//! everything fits, so only the cost differs) and a small batch (8 requests on 4
-//! GPUs, where the exact search runs). Reports the time per call (median, p99,
-//! max; wall and this thread's CPU time) and the objective reached
-//! against greedy: extra requests placed, and, over the instances where the
-//! search placed as many as greedy, how much lower its balanced cost is.
+//! (no kicks), the search before the hybrid (`kicks_only`: kicks and make-room
+//! moves, no genetic algorithm) and the shipped default (the hybrid,
+//! `placement.batch_budget_us`' default 10 ms), on a tight mix (1-40 GiB: more
+//! than fits), a light one (1-16 GiB: everything fits, so only the cost differs)
+//! and a small batch (8 requests on 4 GPUs, where the exact search runs).
+//! Reports the time per call (median, p99, max; wall and this thread's CPU
+//! time) and the objective reached against greedy: extra requests placed, and,
+//! over the instances where the search placed as many as greedy, how much lower
+//! its balanced cost is.
 //!
-//! The same instances go to a genetic algorithm after Sun et al. (`batch_ga`,
-//! bench-only) with the same objective, rules and budget, at several population
-//! sizes; `<case>/default_vs_ga_population_<n>` counts, instance by instance and
-//! by the search's own order (`Objective::better_than`), how often the shipped
-//! default is better, as good or worse.
+//! The same instances go to the genetic algorithm alone (`batch_ga`, the
+//! library's `place_batch_genetic`: Sun et al.'s method, the whole budget) at
+//! populations 8 and 16; `<case>/default_vs_<mode>` counts, instance by instance
+//! and by the search's own order (`Objective::better_than`), how often the
+//! shipped default is better, as good or worse than the GA alone and than
+//! `kicks_only`.
 //!
 //! `GPUSHARE_BENCH_RESULTS=dir` writes the figures to `dir/batch.json`;
 //! `GPUSHARE_BENCH_N` overrides the number of instances (default 200).
