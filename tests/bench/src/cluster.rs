@@ -582,11 +582,15 @@ pub fn run_jobs(
     if let Some(arbiter) = &arbiter {
         let times = setup::placement_times(arbiter)
             .map_err(|why| failed("the arbiter's status", why.to_string()))?;
-        for (key, h) in [
-            ("placement_decision", &times.decisions),
-            ("batch_search", &times.batch_searches),
+        for (count_key, key, h) in [
+            (
+                "placement_decisions",
+                "placement_decision",
+                &times.decisions,
+            ),
+            ("batch_searches", "batch_search", &times.batch_searches),
         ] {
-            metrics.insert(format!("{key}s"), json!(h.count));
+            metrics.insert(count_key.into(), json!(h.count));
             if let Some(mean) = h.mean() {
                 metrics.insert(format!("{key}_mean_us"), json!(mean.as_secs_f64() * 1e6));
                 metrics.insert(format!("{key}_max_us"), json!(h.max_ns as f64 / 1e3));
