@@ -61,7 +61,8 @@ test: deps lint build
 # The compute-isolation experiments (tests/bench, simulated GPU) write their results under
 # tests/bench/results/; each benchmark writes its figures there as <bench>.json
 # (GPUSHARE_BENCH_RESULTS), which gpushare-bench, run last, gathers into its control-path
-# section (E4) and charts.
+# section (E4) and charts. The last run is E2-mixed with lighter jobs (every shape's CPU gap
+# tripled), issue 18's second setting, in tests/bench/results/e2-mixed-light/.
 BENCH_RESULTS := $(CURDIR)/tests/bench/results
 BENCH_ENV := GPUSHARE_BIN_DIR=$(RELEASE_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so GPUSHARE_BENCH_RESULTS=$(BENCH_RESULTS)
 bench: deps
@@ -69,6 +70,8 @@ bench: deps
 	$(MAKE) --no-print-directory preload-baseline-release
 	$(BENCH_ENV) $(CARGO) bench --workspace
 	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench
+	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench --scenario e2-mixed --e2-mixed-gap-scale 3 \
+		--out $(BENCH_RESULTS)/e2-mixed-light
 
 # On a machine with an NVIDIA driver: the probe, the memory quota, graph capture, long
 # kernels and the priority pair on the real GPU (tests/bench/results/gpu-check.md); on a
