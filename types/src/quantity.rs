@@ -23,7 +23,7 @@ impl std::error::Error for QuantityError {}
 
 pub const PRIORITY_FORMS: &str = "`high` or `low`";
 pub const BYTES_FORMS: &str =
-    "a byte count with an optional unit: 1073741824, 512Mi, 8Gi, 8G, 1.5Gi (units Ki Mi Gi Ti, K M G T, case-sensitive)";
+    "a byte count with an optional unit: 1073741824, 512Mi, 8Gi, 8G, 1.5Gi (binary Ki Mi Gi Ti in any case, 8GiB too; decimal K M G T, upper case)";
 pub const MEMORY_FORMS: &str =
     "bytes with a unit (512Mi, 8Gi, 8G, 1073741824) or a fraction of the GPU greater than 0 and at most 1 (0.4, 40%)";
 pub const FRACTION_FORMS: &str = "a fraction from 0 to 1 (0.25, 0.5, 1) or a percentage (25%)";
@@ -74,23 +74,64 @@ impl FromStr for ByteSize {
     }
 }
 
-fn parse_bytes(s: &str) -> Option<u64> {
+/// What a unit after a byte count means.
+///
+/// Which spellings are read, and why: the `i` of `Ki Mi Gi Ti` exists only in the
+/// binary (IEC) prefixes, so `8gi`, `8GI`, `8GiB` and `8gib` can only mean 8 × 2^30
+/// and are read so. `K M G T` in upper case alone are Kubernetes' decimal units
+/// (`8G` = 8 × 10^9), as before. Everything else of that family reads two ways and
+/// is refused with both readings (`ambiguous_bytes`): `8g`/`8m`/`8k` are binary to
+/// docker's `--memory` but decimal (or, `m`, milli) to Kubernetes, and `8GB`/`8Gb`
+/// are 8 × 10^9 in SI and 8 × 2^30 in JEDEC's (and most tools') usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Exact(u64),
+    /// (binary multiplier, decimal multiplier, the prefix letter in upper case).
+    Ambiguous(u64, u64, char),
+    Unknown,
+}
+
+fn read_unit(unit: &str) -> Unit {
+    let mut chars = unit.chars();
+    let Some(letter) = chars.next() else {
+        return Unit::Exact(1);
+    };
+    let upper = letter.to_ascii_uppercase();
+    let Some(power) = "KMGT".find(upper) else {
+        return Unit::Unknown;
+    };
+    let power = power as u32 + 1;
+    let binary = 1u64 << (10 * power);
+    let decimal = 1000u64.pow(power);
+    let rest = chars.as_str();
+    if rest.eq_ignore_ascii_case("i") || rest.eq_ignore_ascii_case("ib") {
+        return Unit::Exact(binary);
+    }
+    match rest {
+        "" if letter.is_ascii_uppercase() => Unit::Exact(decimal),
+        "" | "B" | "b" => Unit::Ambiguous(binary, decimal, upper),
+        _ => Unit::Unknown,
+    }
+}
+
+/// The number and the unit after it (`"1.5Gi"` → `("1.5", "Gi")`).
+fn split_unit(s: &str) -> (&str, &str) {
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let multiplier: u64 = match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => return None,
-    };
+    s.split_at(split)
+}
+
+fn parse_bytes(s: &str) -> Option<u64> {
+    let (number, unit) = split_unit(s);
+    match read_unit(unit) {
+        Unit::Exact(multiplier) => amount(number, multiplier, !unit.is_empty()),
+        Unit::Ambiguous(..) | Unit::Unknown => None,
+    }
+}
+
+/// `number` × `multiplier`, in whole bytes.
+fn amount(number: &str, multiplier: u64, has_unit: bool) -> Option<u64> {
     if number.is_empty() || number.starts_with('.') || number.ends_with('.') {
         return None;
     }
@@ -99,11 +140,29 @@ fn parse_bytes(s: &str) -> Option<u64> {
     }
     // Fractional amounts (1.5Gi) only make sense with a unit, and must come out whole.
     let value: f64 = number.parse().ok()?;
-    if unit.is_empty() || !value.is_finite() {
+    if !has_unit || !value.is_finite() {
         return None;
     }
     let bytes = value * multiplier as f64;
     (bytes >= 0.0 && bytes < u64::MAX as f64 && bytes.fract() == 0.0).then_some(bytes as u64)
+}
+
+/// For a byte count whose unit reads two ways (`4GB`, `4g`: see `Unit`): each
+/// reading that is a whole number of bytes, as its unambiguous spelling and the
+/// bytes it means (`[("4Gi", 4294967296), ("4G", 4000000000)]`), for an error to
+/// offer. Empty for anything else, read or refused.
+pub fn ambiguous_bytes(s: &str) -> Vec<(String, u64)> {
+    let (number, unit) = split_unit(s);
+    let Unit::Ambiguous(binary, decimal, letter) = read_unit(unit) else {
+        return Vec::new();
+    };
+    [
+        (binary, format!("{number}{letter}i")),
+        (decimal, format!("{number}{letter}")),
+    ]
+    .into_iter()
+    .filter_map(|(multiplier, spelling)| Some((spelling, amount(number, multiplier, true)?)))
+    .collect()
 }
 
 impl fmt::Display for ByteSize {
@@ -378,7 +437,40 @@ mod tests {
             ("1Ti", Some(1 << 40)),
             ("0", Some(0)),
             ("lots", None),
-            ("8gi", None),
+            // Binary units in any case, with or without B: the `i` says binary.
+            ("8gi", Some(8 << 30)),
+            ("8GI", Some(8 << 30)),
+            ("8gI", Some(8 << 30)),
+            ("8GiB", Some(8 << 30)),
+            ("8gib", Some(8 << 30)),
+            ("8GIB", Some(8 << 30)),
+            ("512mi", Some(512 << 20)),
+            ("4KiB", Some(4 << 10)),
+            ("1tib", Some(1 << 40)),
+            ("1.5gib", Some(3 << 29)),
+            ("2T", Some(2_000_000_000_000)),
+            ("3M", Some(3_000_000)),
+            ("3K", Some(3_000)),
+            // Two readings (`ambiguous_bytes` offers both): refused.
+            ("8g", None),
+            ("8m", None),
+            ("8k", None),
+            ("8t", None),
+            ("8GB", None),
+            ("8gb", None),
+            ("8Gb", None),
+            ("8gB", None),
+            ("8KB", None),
+            ("8kB", None),
+            ("8MB", None),
+            ("8TB", None),
+            // Not units at all.
+            ("8B", None),
+            ("8iB", None),
+            ("8Gx", None),
+            ("8GiBs", None),
+            ("8Gii", None),
+            ("8Pi", None),
             ("8 Gi", None),
             ("-1Gi", None),
             ("1.5", None),
@@ -395,6 +487,45 @@ mod tests {
                 *want,
                 "input {input:?}"
             );
+        }
+    }
+
+    #[test]
+    fn ambiguous_units_offer_both_readings_in_whole_bytes() {
+        let cases: &[(&str, &[(&str, u64)])] = &[
+            ("4GB", &[("4Gi", 4 << 30), ("4G", 4_000_000_000)]),
+            ("4gb", &[("4Gi", 4 << 30), ("4G", 4_000_000_000)]),
+            ("4Gb", &[("4Gi", 4 << 30), ("4G", 4_000_000_000)]),
+            ("4g", &[("4Gi", 4 << 30), ("4G", 4_000_000_000)]),
+            ("512mb", &[("512Mi", 512 << 20), ("512M", 512_000_000)]),
+            ("512m", &[("512Mi", 512 << 20), ("512M", 512_000_000)]),
+            ("1k", &[("1Ki", 1024), ("1K", 1000)]),
+            ("2TB", &[("2Ti", 2 << 40), ("2T", 2_000_000_000_000)]),
+            ("1.5GB", &[("1.5Gi", 3 << 29), ("1.5G", 1_500_000_000)]),
+            // 1.1Ki is not a whole number of bytes: only the decimal reading is offered.
+            ("1.1kb", &[("1.1K", 1100)]),
+            // Read, or refused for another reason: nothing to offer.
+            ("4Gi", &[]),
+            ("4gib", &[]),
+            ("4G", &[]),
+            ("4", &[]),
+            ("lots", &[]),
+            ("GB", &[]),
+            ("4Gx", &[]),
+            ("99999999999999999999GB", &[]),
+        ];
+        for (input, want) in cases {
+            let got = ambiguous_bytes(input);
+            let want: Vec<(String, u64)> = want.iter().map(|(s, b)| (s.to_string(), *b)).collect();
+            assert_eq!(got, want, "input {input:?}");
+            // What is offered is itself read, to the bytes it names.
+            for (spelling, bytes) in got {
+                assert_eq!(
+                    spelling.parse::<ByteSize>(),
+                    Ok(ByteSize(bytes)),
+                    "{spelling}"
+                );
+            }
         }
     }
 
@@ -417,6 +548,11 @@ mod tests {
             ("NaN", None),
             ("inf", None),
             ("1e3", None),
+            ("4gi", Some(MemoryRequest::Bytes(4 << 30))),
+            ("4GiB", Some(MemoryRequest::Bytes(4 << 30))),
+            ("4G", Some(MemoryRequest::Bytes(4_000_000_000))),
+            ("4GB", None),
+            ("4g", None),
         ];
         for (input, want) in cases {
             assert_eq!(
