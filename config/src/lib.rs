@@ -381,7 +381,46 @@ pub struct RequestPolicy {
     pub high_priority_tenants: Option<Vec<String>>,
     /// Where the tenant comes from; see [`TenantSource`].
     pub tenant_from: TenantSource,
+    /// `GPUSHARE_*` variables other tools put in containers, which the runtime would
+    /// otherwise refuse as misspelt requests (with `accept_env`): names, or prefixes
+    /// ending in `*` (`"GPUSHARE_MYTOOL_*"`; `"GPUSHARE_*"` lets every name through).
+    pub allowed_env: Vec<String>,
 }
+
+/// What an `allowed_env` entry may be, for its error.
+pub const ALLOWED_ENV_FORMS: &str =
+    "a GPUSHARE_* variable name (letters, digits, _), or a prefix of one ending in * (\"GPUSHARE_MYTOOL_*\")";
+
+impl RequestPolicy {
+    /// Whether `requests.allowed_env` lets the variable `name` through.
+    pub fn allows_env(&self, name: &str) -> bool {
+        self.allowed_env
+            .iter()
+            .any(|entry| match entry.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == entry,
+            })
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        for entry in &self.allowed_env {
+            let name = entry.strip_suffix('*').unwrap_or(entry);
+            let is_ours = name
+                .get(..ENV_PREFIX.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX));
+            let well_formed = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !is_ours || !well_formed {
+                return Err(format!(
+                    "requests.allowed_env entry {entry:?}: expected {ALLOWED_ENV_FORMS}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The prefix of the variables gpushare reads from a container's environment.
+pub const ENV_PREFIX: &str = "GPUSHARE_";
 
 impl Default for RequestPolicy {
     fn default() -> Self {
@@ -390,6 +429,7 @@ impl Default for RequestPolicy {
             unrequested: Unrequested::Untouched,
             high_priority_tenants: None,
             tenant_from: TenantSource::Auto,
+            allowed_env: Vec::new(),
         }
     }
 }
@@ -733,6 +773,7 @@ impl Config {
                 ));
             }
         }
+        self.requests.validate()?;
         self.scheduler.validate()?;
         self.kubernetes.validate()?;
         self.placement.validate()?;
@@ -844,6 +885,7 @@ mod tests {
             unrequested: Unrequested::Void,
             high_priority_tenants: Some(vec!["team-a".into(), String::new()]),
             tenant_from: TenantSource::KubernetesNamespace,
+            allowed_env: vec!["GPUSHARE_MYTOOL_*".into(), "GPUSHARE_OTHER".into()],
         };
         config.runtime = RuntimeConfig {
             runtimes: vec!["runc".into()],
@@ -1171,6 +1213,55 @@ mod tests {
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(key), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn allowed_env_takes_names_and_prefixes_and_refuses_anything_else_by_name() {
+        assert!(Config::default().requests.allowed_env.is_empty());
+        let c = parse(
+            "[requests]\nallowed_env = [\"GPUSHARE_MYTOOL_*\", \"GPUSHARE_OTHER\", \"gpushare_lower\"]\n",
+        )
+        .unwrap();
+        let r = &c.requests;
+        for (name, allowed) in [
+            ("GPUSHARE_MYTOOL_", true),
+            ("GPUSHARE_MYTOOL_X", true),
+            ("GPUSHARE_OTHER", true),
+            ("gpushare_lower", true),
+            // Names match exactly, case included: the environment is case-sensitive.
+            ("GPUSHARE_OTHER_X", false),
+            ("GPUSHARE_OTHE", false),
+            ("GPUSHARE_mytool_x", false),
+            ("GPUSHARE_LOWER", false),
+            ("GPUSHARE_MEMORY", false),
+        ] {
+            assert_eq!(r.allows_env(name), allowed, "{name}");
+        }
+        let everything = parse("[requests]\nallowed_env = [\"GPUSHARE_*\"]\n").unwrap();
+        assert!(everything.requests.allows_env("GPUSHARE_ANYTHING"));
+        assert!(!RequestPolicy::default().allows_env("GPUSHARE_ANYTHING"));
+        for bad in [
+            "MYTOOL_X",
+            "",
+            "*",
+            "GPUSHARE",
+            "GPUSHARE_A-B",
+            "GPUSHARE_A*B",
+            "GPUSHARE_**",
+            "GPUSHARE_A B",
+            "GPUSHARE_A=1",
+            "XGPUSHARE_A",
+            "GPUSHARE_É",
+        ] {
+            let text = format!("[requests]\nallowed_env = [{bad:?}]\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(
+                err.contains("requests.allowed_env")
+                    && err.contains(&format!("{bad:?}"))
+                    && err.contains(ALLOWED_ENV_FORMS),
+                "{bad:?}: {err}"
+            );
         }
     }
 
