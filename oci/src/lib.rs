@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod bundle;
 pub mod cuda_compat;
+pub mod env_keys;
 pub mod kubernetes;
 pub mod mutate;
 pub mod request;

@@ -2,7 +2,9 @@
 //!
 //! Annotations first (`gpushare.io/*`), then `GPUSHARE_*` environment variables
 //! when the policy accepts them (docker 20.10 has no annotations). Every error
-//! names the key, the value and the accepted forms.
+//! names the key, the value and the accepted forms. An unknown key is refused, in
+//! either place: a misspelt one would otherwise leave the container without its
+//! share and without an error (`env_keys` says which variables are known).
 //!
 //! Kubernetes: the grants gpushare-kube's `Allocate` answers name
 //! (`grant.gpushare.io/*`) are read from the spec's annotations only, never from
@@ -12,13 +14,16 @@
 //! CRI runtime's own annotations.
 
 use gpushare_config::{KubernetesConfig, RequestPolicy, TenantSource};
-use gpushare_proto::quantity::{FRACTION_FORMS, GPU_FORMS, MEMORY_FORMS, PRIORITY_FORMS};
+use gpushare_proto::quantity::{
+    ambiguous_bytes, FRACTION_FORMS, GPU_FORMS, MEMORY_FORMS, PRIORITY_FORMS,
+};
 use gpushare_proto::{Fraction, GpuSelector, MemoryRequest, PodBinding, Priority, ReserveRequest};
 use gpushare_types::kubernetes::{
     GrantId, GRANT_ANNOTATION_PREFIX, GRANT_COMPUTE_ANNOTATION, GRANT_HIGH_ANNOTATION,
     GRANT_ID_FORM, GRANT_MEMORY_ANNOTATION, MEMORY_RESOURCE,
 };
 
+use crate::env_keys::{self, OWN_VARIABLES};
 use crate::kubernetes;
 use crate::spec::Spec;
 use crate::{ANNOTATION_ASSIGNED_GPUS, ANNOTATION_LEASE, ANNOTATION_MARKER};
@@ -70,6 +75,28 @@ pub enum RequestError {
     },
     #[error("unknown gpushare annotation {key:?}: accepted keys are {}", ANNOTATION_KEYS.join(", "))]
     UnknownKey { key: String },
+    #[error(
+        "unknown gpushare variable {key}={value:?}{}: accepted keys are {}; gpushare's own {} and \
+         the names in requests.allowed_env ({}) are let through too",
+        did_you_mean(.suggestion),
+        ENV_KEYS.join(", "),
+        OWN_VARIABLES.join(", "),
+        listed(.allowed)
+    )]
+    UnknownEnvKey {
+        key: String,
+        value: String,
+        suggestion: Option<&'static str>,
+        /// The node's `requests.allowed_env`.
+        allowed: Vec<String>,
+    },
+    #[error("invalid gpushare request {key}={value:?}: the unit reads two ways, did you mean {}? Expected {MEMORY_FORMS}", .readings.join(" or "))]
+    AmbiguousMemoryUnit {
+        key: String,
+        value: String,
+        /// Each reading as its unambiguous spelling and its bytes: `4Gi (4294967296 bytes)`.
+        readings: Vec<String>,
+    },
     #[error("invalid gpushare request: compute-request {request} is above compute-limit {limit}")]
     RequestAboveLimit { request: String, limit: String },
     #[error("invalid gpushare request {key}={value:?}: this node takes a pod's tenant from its Kubernetes namespace (requests.tenant_from), not from the request; remove {key}")]
@@ -86,6 +113,18 @@ pub enum RequestError {
     UnknownGrantKey { key: String },
     #[error("this pod's container asks for a GPU share without a memory grant ({GRANT_MEMORY_ANNOTATION}) from gpushare-kube, and this node sets kubernetes.require_grant = true: ask for {MEMORY_RESOURCE} in the container's resources.limits")]
     GrantRequired,
+}
+
+fn did_you_mean(suggestion: &Option<&str>) -> String {
+    suggestion.map_or_else(String::new, |s| format!(" (did you mean {s}?)"))
+}
+
+fn listed(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
 }
 
 /// The grant annotations, in `PodBinding::grants` order: memory (which decides
@@ -121,6 +160,14 @@ const ANNOTATION_KEYS: [&str; 6] = [
     GPU.0,
     TENANT.0,
 ];
+const ENV_KEYS: [&str; 6] = [
+    PRIORITY.1,
+    MEMORY.1,
+    COMPUTE_REQUEST.1,
+    COMPUTE_LIMIT.1,
+    GPU.1,
+    TENANT.1,
+];
 /// Written by gpushare itself; not requests.
 const OUTPUT_ANNOTATIONS: [&str; 3] = [
     ANNOTATION_LEASE,
@@ -145,6 +192,19 @@ pub fn from_spec(
         });
     }
     let env = spec.env();
+    // Without accept_env no GPUSHARE_* variable is read, spelt right or not.
+    if policy.accept_env {
+        if let Some(unknown) =
+            env_keys::first_unknown(env.entries(), &ENV_KEYS, policy, kubernetes::in_pod(spec))
+        {
+            return Err(RequestError::UnknownEnvKey {
+                key: unknown.name.to_owned(),
+                value: unknown.value.to_owned(),
+                suggestion: unknown.suggestion,
+                allowed: policy.allowed_env.clone(),
+            });
+        }
+    }
     // (key as the user wrote it, value) per field, annotation winning over env.
     let lookup = |(annotation, variable): (&str, &str)| -> Option<(String, String)> {
         if let Some(v) = spec.annotation(annotation) {
@@ -175,7 +235,7 @@ pub fn from_spec(
         <[Option<(String, String)>; 6]>::try_from(values).expect("six fields");
 
     let priority = parse(priority, PRIORITY_FORMS)?.unwrap_or_default();
-    let memory = parse(memory, MEMORY_FORMS)?;
+    let memory = parse_memory(memory)?;
     let compute_request_value =
         parse::<Fraction>(compute_request, FRACTION_FORMS)?.unwrap_or(Fraction::ZERO);
     let compute_limit_value =
@@ -301,6 +361,24 @@ fn parse<T: std::str::FromStr>(
                 accepted,
             }),
     }
+}
+
+/// As `parse`, but a unit that reads two ways (`4GB`) is answered with both readings.
+fn parse_memory(entry: Option<(String, String)>) -> Result<Option<MemoryRequest>, RequestError> {
+    parse(entry, MEMORY_FORMS).map_err(|error| match error {
+        RequestError::InvalidValue { key, value, .. } if !ambiguous_bytes(&value).is_empty() => {
+            let readings = ambiguous_bytes(&value)
+                .into_iter()
+                .map(|(spelling, bytes)| format!("{spelling} ({bytes} bytes)"))
+                .collect();
+            RequestError::AmbiguousMemoryUnit {
+                key,
+                value,
+                readings,
+            }
+        }
+        other => other,
+    })
 }
 
 fn is_tenant_name(s: &str) -> bool {
@@ -797,6 +875,224 @@ mod tests {
         // Off (the default): the same pod container is admitted on its annotation.
         let pod = spec(in_pod(json!({"gpushare.io/memory": "1Gi"})), &[]);
         assert!(request_of(&pod, &policy()).unwrap().is_some());
+    }
+
+    /// Issue 19: a misspelt variable used to be ignored, leaving the container
+    /// without its share (`GPUSHARE_MEMROY`) or at low priority (`GPUSHARE_PRIORTY`).
+    #[test]
+    fn an_unknown_variable_is_refused_naming_it_its_value_and_the_accepted_keys() {
+        for (entry, key, value, suggestion) in [
+            (
+                "GPUSHARE_MEMROY=4Gi",
+                "GPUSHARE_MEMROY",
+                "4Gi",
+                Some("GPUSHARE_MEMORY"),
+            ),
+            (
+                "GPUSHARE_PRIORTY=high",
+                "GPUSHARE_PRIORTY",
+                "high",
+                Some("GPUSHARE_PRIORITY"),
+            ),
+            (
+                "gpushare_memory=4Gi",
+                "gpushare_memory",
+                "4Gi",
+                Some("GPUSHARE_MEMORY"),
+            ),
+            ("GPUSHARE_COLOUR=red", "GPUSHARE_COLOUR", "red", None),
+        ] {
+            // Alone (it used to mean no request at all), and beside a good request.
+            for env in [vec![entry], vec!["GPUSHARE_GPU=count:1", entry]] {
+                let error = request_of(&spec(json!({}), &env), &policy()).unwrap_err();
+                assert_eq!(
+                    error,
+                    RequestError::UnknownEnvKey {
+                        key: key.into(),
+                        value: value.into(),
+                        suggestion,
+                        allowed: vec![],
+                    }
+                );
+                let msg = error.to_string();
+                assert!(msg.contains(&format!("{key}={value:?}")), "{msg}");
+                for accepted in ENV_KEYS.iter().chain(&OWN_VARIABLES) {
+                    assert!(msg.contains(accepted), "{msg}");
+                }
+                assert!(msg.contains("requests.allowed_env (none)"), "{msg}");
+                match suggestion {
+                    Some(s) => assert!(msg.contains(&format!("(did you mean {s}?)")), "{msg}"),
+                    None => assert!(!msg.contains("did you mean"), "{msg}"),
+                }
+            }
+        }
+        // Annotations are checked first, as before.
+        let both = spec(
+            json!({"gpushare.io/colour": "red"}),
+            &["GPUSHARE_COLOUR=red"],
+        );
+        assert!(matches!(
+            request_of(&both, &policy()),
+            Err(RequestError::UnknownKey { .. })
+        ));
+    }
+
+    #[test]
+    fn allowed_env_lets_other_tools_variables_through_and_names_itself_when_they_are_not() {
+        let p = RequestPolicy {
+            allowed_env: vec!["GPUSHARE_MYTOOL_*".into(), "GPUSHARE_BUILD".into()],
+            ..policy()
+        };
+        let s = spec(
+            json!({}),
+            &[
+                "GPUSHARE_MYTOOL_MODE=fast",
+                "GPUSHARE_BUILD=7",
+                "GPUSHARE_MEMORY=1Gi",
+            ],
+        );
+        let r = request_of(&s, &p).unwrap().unwrap();
+        assert_eq!(r.memory, Some(MemoryRequest::Bytes(1 << 30)));
+        let alone = spec(json!({}), &["GPUSHARE_MYTOOL_MODE=fast"]);
+        assert_eq!(request_of(&alone, &p), Ok(None));
+        let other = spec(json!({}), &["GPUSHARE_BUILD_ID=7"]);
+        let msg = request_of(&other, &p).unwrap_err().to_string();
+        assert!(
+            msg.contains("requests.allowed_env (GPUSHARE_MYTOOL_*, GPUSHARE_BUILD)"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn without_accept_env_no_variable_is_read_or_refused() {
+        let p = RequestPolicy {
+            accept_env: false,
+            ..policy()
+        };
+        let s = spec(json!({}), &["GPUSHARE_MEMROY=4Gi"]);
+        assert_eq!(request_of(&s, &p), Ok(None));
+    }
+
+    /// A spec that already carries what the runtime writes into a sharing container
+    /// (an image committed from one keeps its environment, without the marker) and
+    /// what gpushare-kube and the test suites set, is read as any other.
+    #[test]
+    fn gpushares_own_variables_are_never_refused() {
+        use gpushare_config::{ArbiterConfig, RuntimeConfig};
+        use gpushare_proto::{Lease, LeaseId, LeaseState};
+        let lease = Lease {
+            id: LeaseId("00000000000000ab".into()),
+            container_id: "c1".into(),
+            namespace: None,
+            sandbox_id: None,
+            gpus: vec!["GPU-51a6d0e0-0000-4000-8000-000000000000".into()],
+            priority: Priority::High,
+            memory_bytes: 1 << 30,
+            compute_request: Fraction::ZERO,
+            compute_limit: Fraction::ONE,
+            tenant: None,
+            state: LeaseState::Reserved,
+            pid: None,
+            created_unix_ms: 0,
+            pod: None,
+        };
+        let paths = crate::mutate::HostPaths::new(
+            &RuntimeConfig::default(),
+            &ArbiterConfig::default(),
+            &lease,
+        );
+        let mut edited = spec(json!({}), &["PATH=/bin", "GPUSHARE_MEMORY=1Gi"]);
+        crate::mutate::apply_lease(&mut edited, &lease, &paths).unwrap();
+        let written: Vec<String> = edited.env().entries().map(str::to_owned).collect();
+        let ours = written
+            .iter()
+            .filter(|e| e.starts_with("GPUSHARE_"))
+            .count();
+        assert!(
+            ours >= 5,
+            "the edit wrote gpushare's variables: {written:?}"
+        );
+        let mut env: Vec<&str> = written.iter().map(String::as_str).collect();
+        env.extend([
+            "GPUSHARE_GRANT=g-1",
+            "GPUSHARE_GRANT_HIGH=g-2",
+            "GPUSHARE_GRANT_COMPUTE=g-3",
+            "GPUSHARE_LOG=info",
+            "GPUSHARE_CONFIG=/etc/gpushare/config.toml",
+        ]);
+        let committed = spec(json!({}), &env);
+        let r = request_of(&committed, &policy()).unwrap().unwrap();
+        assert_eq!(r.memory, Some(MemoryRequest::Bytes(1 << 30)));
+        // Without the request, nothing is asked for.
+        let env: Vec<&str> = env
+            .into_iter()
+            .filter(|e| !e.starts_with("GPUSHARE_MEMORY="))
+            .collect();
+        assert_eq!(request_of(&spec(json!({}), &env), &policy()), Ok(None));
+    }
+
+    /// kubelet's service links for a Service named `gpushare-metrics`, in a pod.
+    #[test]
+    fn service_links_in_a_pod_are_not_refused() {
+        let env = [
+            "GPUSHARE_METRICS_SERVICE_HOST=10.0.0.1",
+            "GPUSHARE_METRICS_PORT_9400_TCP=tcp://10.0.0.1:9400",
+        ];
+        assert_eq!(
+            request_of(&spec(in_pod(json!({})), &env), &policy()),
+            Ok(None)
+        );
+        assert!(request_of(&spec(json!({}), &env), &policy()).is_err());
+    }
+
+    #[test]
+    fn memory_spellings_table() {
+        let gi = |n: u64| Some(MemoryRequest::Bytes(n << 30));
+        for (value, want) in [
+            ("4Gi", gi(4)),
+            ("4gi", gi(4)),
+            ("4GI", gi(4)),
+            ("4GiB", gi(4)),
+            ("4gib", gi(4)),
+            ("4G", Some(MemoryRequest::Bytes(4_000_000_000))),
+            ("4096Mi", gi(4)),
+            ("4096mib", gi(4)),
+        ] {
+            for s in [
+                spec(json!({}), &[format!("GPUSHARE_MEMORY={value}").as_str()]),
+                spec(json!({"gpushare.io/memory": value}), &[]),
+            ] {
+                let r = request_of(&s, &policy()).unwrap().unwrap();
+                assert_eq!(r.memory, want, "{value}");
+            }
+        }
+        for (value, readings) in [
+            ("4GB", "4Gi (4294967296 bytes) or 4G (4000000000 bytes)"),
+            ("4gb", "4Gi (4294967296 bytes) or 4G (4000000000 bytes)"),
+            ("4g", "4Gi (4294967296 bytes) or 4G (4000000000 bytes)"),
+            ("512MB", "512Mi (536870912 bytes) or 512M (512000000 bytes)"),
+            ("512m", "512Mi (536870912 bytes) or 512M (512000000 bytes)"),
+        ] {
+            let s = spec(json!({}), &[format!("GPUSHARE_MEMORY={value}").as_str()]);
+            let error = request_of(&s, &policy()).unwrap_err();
+            assert!(
+                matches!(&error, RequestError::AmbiguousMemoryUnit { key, .. } if key == "GPUSHARE_MEMORY"),
+                "{error:?}"
+            );
+            let msg = error.to_string();
+            assert!(
+                msg.contains(&format!("GPUSHARE_MEMORY={value:?}"))
+                    && msg.contains(&format!("did you mean {readings}?"))
+                    && msg.contains(MEMORY_FORMS),
+                "{msg}"
+            );
+        }
+        // Not a unit at all: the plain error, as before.
+        let s = spec(json!({}), &["GPUSHARE_MEMORY=4Gx"]);
+        assert!(matches!(
+            request_of(&s, &policy()),
+            Err(RequestError::InvalidValue { .. })
+        ));
     }
 
     proptest::proptest! {
