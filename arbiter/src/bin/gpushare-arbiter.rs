@@ -5,19 +5,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use gpushare_arbiter::cli::ArbiterArgs;
 use gpushare_arbiter::{daemon, inventory, metrics, server};
 use gpushare_config::Config;
-
-#[derive(Parser)]
-#[command(
-    version,
-    about = "gpushare node daemon: places containers on GPUs and owns their leases"
-)]
-struct Args {
-    /// Configuration file (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
-}
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -28,7 +18,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(Args::parse()) {
+    match run(ArbiterArgs::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpushare-arbiter: {e:#}");
@@ -37,7 +27,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+fn run(args: ArbiterArgs) -> anyhow::Result<()> {
     let (config, source) = match args.config {
         Some(path) => (Config::load(&path)?, Some(path)),
         None => Config::load_default()?,

@@ -2,51 +2,17 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use gpushare_arbiter::cli::{CtlArgs, CtlCommand as Command};
 use gpushare_config::Config;
 use gpushare_proto::grant::{Grant, GrantAmount};
 use gpushare_proto::{ByteSize, ControlClient, Lease, LeaseId, Priority, StatusReport};
 
-#[derive(Parser)]
-#[command(version, about = "Inspect and manage the gpushare arbiter")]
-struct Args {
-    /// Configuration file (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).
-    #[arg(long, global = true)]
-    config: Option<PathBuf>,
-    /// Control socket (default: from the configuration).
-    #[arg(long, global = true)]
-    socket: Option<PathBuf>,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// GPUs, utilisation, leases by priority, memory used/quota, the queue and the watchdog's findings.
-    Status {
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
-    },
-    /// The leases alone.
-    List {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Release a lease by id (idempotent).
-    Release { lease: String },
-    /// Place no new leases on a GPU (UUID or index); its leases stay.
-    Drain { gpu: String },
-    /// Place leases on a drained GPU again.
-    Undrain { gpu: String },
-}
-
 fn main() -> ExitCode {
-    let result = run(Args::parse()).and_then(|out| emit(&out));
+    let result = run(CtlArgs::parse()).and_then(|out| emit(&out));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
@@ -79,7 +45,7 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 /// Runs the command; returns what to print.
-fn run(args: Args) -> anyhow::Result<String> {
+fn run(args: CtlArgs) -> anyhow::Result<String> {
     let config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::load_default()?.0,
@@ -88,48 +54,48 @@ fn run(args: Args) -> anyhow::Result<String> {
         .socket
         .unwrap_or_else(|| config.arbiter.control_socket());
     let mut client = ControlClient::connect(&socket, config.arbiter.client_timeout())?;
-    let mut out = String::new();
-    match args.command {
-        Command::Status { json } => {
-            let report = client.status()?;
-            if json {
-                out = serde_json::to_string_pretty(&report).context("encoding status")? + "\n";
-            } else {
-                out = render_status(&report);
-            }
+    Ok(match args.command {
+        Command::Status { json: true } => {
+            serde_json::to_string_pretty(&client.status()?).context("encoding status")? + "\n"
         }
-        Command::List { json } => {
-            let leases = client.list()?;
-            if json {
-                out = serde_json::to_string_pretty(&leases).context("encoding leases")? + "\n";
-            } else {
-                for l in leases {
-                    let _ = writeln!(
-                        out,
-                        "{} container={} gpus={} priority={} memory={} state={:?}{}",
-                        l.id,
-                        l.container_id,
-                        l.gpus.join(","),
-                        l.priority,
-                        ByteSize(l.memory_bytes),
-                        l.state,
-                        pod_of(&l)
-                    );
-                }
-            }
+        Command::Status { json: false } => render_status(&client.status()?),
+        Command::List { json: true } => {
+            serde_json::to_string_pretty(&client.list()?).context("encoding leases")? + "\n"
         }
+        Command::List { json: false } => render_list(&client.list()?),
         Command::Release { lease } => {
-            let existed = client.release(LeaseId(lease.clone()))?;
-            out = if existed {
+            if client.release(LeaseId(lease.clone()))? {
                 format!("released {lease}\n")
             } else {
                 format!("no lease {lease}\n")
-            };
+            }
         }
-        Command::Drain { gpu } => out = format!("drained {}\n", client.drain(gpu, true)?),
-        Command::Undrain { gpu } => out = format!("undrained {}\n", client.drain(gpu, false)?),
+        Command::Drain { gpu } => format!("drained {}\n", client.drain(gpu, true)?),
+        Command::Undrain { gpu } => format!("undrained {}\n", client.drain(gpu, false)?),
+    })
+}
+
+/// One line a lease; an empty table says so, since a blank answer reads as a
+/// hung or broken command.
+fn render_list(leases: &[Lease]) -> String {
+    if leases.is_empty() {
+        return "no leases\n".into();
     }
-    Ok(out)
+    let mut out = String::new();
+    for l in leases {
+        let _ = writeln!(
+            out,
+            "{} container={} gpus={} priority={} memory={} state={:?}{}",
+            l.id,
+            l.container_id,
+            l.gpus.join(","),
+            l.priority,
+            ByteSize(l.memory_bytes),
+            l.state,
+            pod_of(l)
+        );
+    }
+    out
 }
 
 /// " pod=namespace/name/container grants=…" for a Kubernetes container's lease;
@@ -543,6 +509,37 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("batch searches"), "{text}");
+    }
+
+    #[test]
+    fn list_says_when_there_are_no_leases_and_else_one_line_a_lease() {
+        use gpushare_proto::{Fraction, LeaseState};
+        assert_eq!(render_list(&[]), "no leases\n");
+        let lease = |id: &str| Lease {
+            id: LeaseId(id.into()),
+            container_id: format!("c-{id}"),
+            namespace: None,
+            sandbox_id: None,
+            gpus: vec!["GPU-0".into()],
+            priority: Priority::High,
+            memory_bytes: 1 << 30,
+            compute_request: Fraction::ZERO,
+            compute_limit: Fraction::ONE,
+            tenant: None,
+            state: LeaseState::Confirmed,
+            pid: None,
+            created_unix_ms: 0,
+            pod: None,
+        };
+        let text = render_list(&[lease("l1"), lease("l2")]);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(
+            text.starts_with(
+                "l1 container=c-l1 gpus=GPU-0 priority=high memory=1Gi state=Confirmed\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("no leases"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,99 @@
+//! The command lines of `gpushare-arbiter` and `gpusharectl`, in the library so that
+//! gpushare-docgen renders their man pages and shell completions from the very
+//! definitions the binaries parse with.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// `--help` opens with `<name> <version>`, as every gpushare binary's does (clap's
+/// default help names neither).
+pub const HELP_TEMPLATE: &str =
+    "{name} {version}\n{about-with-newline}\n{usage-heading} {usage}\n\n{all-args}{after-help}";
+
+/// `gpushare-arbiter`'s arguments.
+#[derive(Parser, Debug)]
+#[command(
+    // Without a name clap shows the package's (`gpushare-arbiter` for gpusharectl too).
+    name = "gpushare-arbiter",
+    version,
+    help_template = HELP_TEMPLATE,
+    about = "gpushare node daemon: places containers on GPUs and owns their leases"
+)]
+pub struct ArbiterArgs {
+    /// Configuration file (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// `gpusharectl`'s arguments.
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpusharectl",
+    version,
+    help_template = HELP_TEMPLATE,
+    about = "Inspect and manage the gpushare arbiter"
+)]
+pub struct CtlArgs {
+    /// Configuration file (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Control socket (default: from the configuration).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// GPUs, utilisation, leases by priority, memory used/quota, the queue and the watchdog's findings.
+    Status {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The leases alone.
+    List {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release a lease by id (idempotent).
+    Release { lease: String },
+    /// Place no new leases on a GPU (UUID or index); its leases stay.
+    Drain { gpu: String },
+    /// Place leases on a drained GPU again.
+    Undrain { gpu: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn definitions_are_consistent() {
+        ArbiterArgs::command().debug_assert();
+        CtlArgs::command().debug_assert();
+    }
+
+    #[test]
+    fn each_binary_is_named_as_itself() {
+        for (command, name) in [
+            (ArbiterArgs::command(), "gpushare-arbiter"),
+            (CtlArgs::command(), "gpusharectl"),
+        ] {
+            assert_eq!(command.get_name(), name);
+            let help = command.clone().render_help().to_string();
+            assert!(
+                help.starts_with(&format!("{name} {}\n", env!("CARGO_PKG_VERSION"))),
+                "{help}"
+            );
+            assert_eq!(
+                command.render_version(),
+                format!("{name} {}\n", env!("CARGO_PKG_VERSION"))
+            );
+        }
+    }
+}
