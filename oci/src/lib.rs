@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod bundle;
+pub mod cli;
 pub mod cuda_compat;
 pub mod env_keys;
 pub mod kubernetes;

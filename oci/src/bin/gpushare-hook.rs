@@ -15,13 +15,13 @@
 //! pending lease) only works for a lease that is still pending.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use gpushare_config::Config;
 use gpushare_oci::admission::{self, Admitted, ControlSocket, Identity};
+use gpushare_oci::cli::{HookCli, Stage};
 use gpushare_oci::mutate;
 use gpushare_oci::spec::Spec;
 use gpushare_proto::{ClientError, ContainerRef, ErrorKind, LeaseId};
@@ -30,39 +30,8 @@ use serde_json::Value;
 /// An OCI spec or state is a few KiB; anything near this is not one.
 const MAX_INPUT: u64 = 16 << 20;
 
-#[derive(Parser)]
-#[command(
-    name = "gpushare-hook",
-    about = "gpushare's OCI hooks: the spec or the container's state on stdin"
-)]
-struct Cli {
-    /// gpushare's configuration (default: /etc/gpushare/config.toml, if present).
-    #[arg(long, global = true, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// The arbiter's control socket (default: the configuration's).
-    #[arg(long, global = true, value_name = "PATH")]
-    control_socket: Option<PathBuf>,
-    #[command(subcommand)]
-    stage: Stage,
-}
-
-#[derive(Subcommand)]
-enum Stage {
-    /// podman's precreate: the spec on stdin, the edited spec on stdout.
-    Precreate,
-    /// Confirms the container's lease with its pid (the OCI state on stdin).
-    CreateRuntime,
-    /// Releases the container's lease (the OCI state on stdin).
-    Poststop,
-    /// Fails with the message: how precreate reports an error through runc.
-    Fail {
-        #[arg(long)]
-        message: Option<String>,
-    },
-}
-
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    match run(HookCli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("gpushare-hook: {}", gpushare_oci::describe(error.as_ref()));
@@ -71,7 +40,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: HookCli) -> anyhow::Result<()> {
     if let Stage::Fail { message } = cli.stage {
         bail!(message.unwrap_or_else(|| "container creation refused".into()));
     }

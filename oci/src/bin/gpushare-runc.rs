@@ -4,6 +4,8 @@
 //! On `create` (and `run`) it reads the request from the bundle's config.json,
 //! reserves a lease, edits the spec, and runs the next runtime with the very same
 //! arguments. Every other subcommand is handed over untouched with `exec`.
+//! `--version` and `--help` print gpushare's line, then hand over for the
+//! runtime's own answer.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -14,6 +16,7 @@ use anyhow::{anyhow, bail, Context};
 use gpushare_config::Config;
 use gpushare_oci::admission::{self, Admitted, ControlSocket, Identity};
 use gpushare_oci::bundle::BundleSpec;
+use gpushare_oci::cli::{self, WrapperQuery};
 use gpushare_oci::mutate;
 use gpushare_oci::runc_args::{self, Invocation};
 use gpushare_oci::spec::{Process, Spec};
@@ -33,16 +36,53 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &[OsString], inv: &Invocation) -> anyhow::Result<ExitCode> {
-    let config = match &inv.gpushare_config {
-        Some(path) => Config::load(path)?,
-        None => Config::load_default()?.0,
+    let query = cli::wrapper_query(args);
+    // Our own line first: it must be out before the runtime replaces this process.
+    match query {
+        Some(WrapperQuery::Version) => say(&format!("{}\n", cli::runc_wrapper_version_line()))?,
+        Some(WrapperQuery::Help) => say(&format!("{}\n", cli::runc_wrapper_help()))?,
+        None => {}
+    }
+    let found = load_config(inv).and_then(|config| {
+        let runtime = next_runtime(&config.runtime.runtimes)?;
+        Ok((config, runtime))
+    });
+    let (config, runtime) = match found {
+        Ok(found) => found,
+        Err(e) if query == Some(WrapperQuery::Help) => {
+            // The wrapper's part is told; the runtime's help is runc(8)'s to give.
+            say(&format!(
+                "The runtime's own help is not shown ({}): see runc --help.\n",
+                gpushare_oci::describe(e.as_ref())
+            ))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e),
     };
-    let runtime = next_runtime(&config.runtime.runtimes)?;
+    if query.is_some() {
+        return Err(hand_over(&runtime, args));
+    }
     match inv.subcommand.as_deref() {
         Some("create") | Some("run") => create(args, inv, &config, &runtime),
         Some("exec") => exec(args, inv, &runtime),
         _ => Err(hand_over(&runtime, args)),
     }
+}
+
+fn load_config(inv: &Invocation) -> anyhow::Result<Config> {
+    Ok(match &inv.gpushare_config {
+        Some(path) => Config::load(path)?,
+        None => Config::load_default()?.0,
+    })
+}
+
+/// Writes and flushes `text` to stdout: before an `exec`, nothing may stay buffered.
+fn say(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
 }
 
 /// Admits the container (its lease and its spec edits), then runs the next
