@@ -18,6 +18,7 @@
 //! - [`api`]: the generated Kubernetes APIs (both halves, for the test kubelet too).
 
 pub mod arbiter;
+pub mod cli;
 pub mod collect;
 pub mod devices;
 pub mod node;

@@ -4,18 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use gpushare_config::Config;
+use gpushare_kube::cli::KubeArgs;
 use gpushare_kube::node::{self, Settings};
-
-#[derive(Parser)]
-#[command(
-    version,
-    about = "gpushare's Kubernetes device plugin: advertises gpushare.io/memory, gpushare.io/high and gpushare.io/compute, and turns Allocate into arbiter grants"
-)]
-struct Args {
-    /// Configuration file (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
-}
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -26,7 +16,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let args = Args::parse();
+    let args = KubeArgs::parse();
     let loaded = match args.config {
         Some(path) => Config::load(&path).map(|c| (c, Some(path))),
         None => Config::load_default(),
