@@ -1,14 +1,14 @@
-//! `-v` and `-info`, which the crate's bootstrap leaves to the shim.
+//! `-v`, `-info` and `-h`, which the crate's bootstrap leaves to the shim.
 
 use std::io::Read;
 
 use containerd_shim::protos::protobuf::{Message, MessageField};
 use containerd_shim::protos::types::introspection::{RuntimeInfo, RuntimeVersion};
 
+pub use crate::cli::BINARY;
 use crate::inner::{self, RuncShim};
 use crate::RUNTIME_ID;
 
-pub const BINARY: &str = "containerd-shim-gpushare-v2";
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Annotation naming the runc shim in `-info`'s answer.
 const RUNC_SHIM_ANNOTATION: &str = "io.containerd.gpushare.v2.runc-shim";
@@ -19,6 +19,11 @@ pub enum AboutError {
     Stdin(std::io::Error),
     #[error("encode RuntimeInfo: {0}")]
     Encode(containerd_shim::protos::protobuf::Error),
+}
+
+/// The text `-h` prints.
+pub fn help_text() -> String {
+    crate::cli::usage(VERSION)
 }
 
 /// The text `-v` prints, in the layout of containerd's shims.

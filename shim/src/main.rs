@@ -8,10 +8,12 @@
 //! Modules: `bootstrap` (the process: start / serve / delete), `service` (the
 //! task API), `forward` (the ttrpc client to the runc shim), `inner` (running
 //! the runc shim's command line), `gpushare` (admission's inputs, releases), `layout`
-//! (grouping; which files and sockets are whose), `about` (`-v`, `-info`).
+//! (grouping; which files and sockets are whose), `about` (`-v`, `-info`, `-h`),
+//! `cli` (the flags, as data).
 
 mod about;
 mod bootstrap;
+mod cli;
 mod failed_create;
 mod forward;
 mod gpushare;
@@ -28,6 +30,12 @@ pub const RUNTIME_ID: &str = "io.containerd.gpushare.v2";
 
 fn main() -> ExitCode {
     let args: Vec<_> = std::env::args_os().collect();
+    // Go's flag package, whose conventions containerd_shim::parse follows, answers
+    // -h with the usage; that parser rejects it as an unknown flag.
+    if cli::asks_for_help(&args[1..]) {
+        print!("{}", about::help_text());
+        return ExitCode::SUCCESS;
+    }
     let flags = match containerd_shim::parse(&args[1..]) {
         Ok(flags) => flags,
         Err(e) => {
@@ -73,4 +81,33 @@ fn main() -> ExitCode {
         containerd_shim::asynchronous::run::<bootstrap::GpushareShim>(RUNTIME_ID, Some(config)),
     );
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    /// The help and the man page list only flags the parser accepts, with or
+    /// without a value as it expects.
+    #[test]
+    fn every_documented_flag_is_one_the_parser_accepts() {
+        for flag in crate::cli::FLAGS {
+            let mut args = vec![OsString::from(format!("-{}", flag.name))];
+            if flag.value.is_some() {
+                args.push("x".into());
+            }
+            args.push("start".into());
+            let parsed =
+                containerd_shim::parse(&args).unwrap_or_else(|e| panic!("-{}: {e}", flag.name));
+            assert_eq!(
+                parsed.action, "start",
+                "-{} took the action as its value",
+                flag.name
+            );
+        }
+        assert!(
+            containerd_shim::parse(&["-h"]).is_err(),
+            "-h is the shim's to answer"
+        );
+    }
 }
