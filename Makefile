@@ -98,5 +98,11 @@ uninstall:
 	rm -rf $(DESTDIR)$(PREFIX)/lib/gpushare
 	rm -f $(DESTDIR)/etc/systemd/system/gpushare-arbiter.service
 
+# Man pages (target/man) and bash/zsh/fish completions (target/completions), from the
+# binaries' own command-line definitions.
+.PHONY: man
+man:
+	$(CARGO) run -q -p gpushare-docgen -- --man-dir target/man --completions-dir target/completions
+
 clean:
 	$(CARGO) clean
