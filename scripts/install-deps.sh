@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need, from the distribution's packages,
 # when it is missing: containerd, runc, docker.io (dockerd 20.10 on Debian 12),
-# podman, busybox-static (the root filesystem of every test container), faketime.
+# podman, busybox-static (the root filesystem of every test container), faketime, groff.
 set -euo pipefail
 # --build: only what building needs (make install): the glibc-baseline linker and objdump.
 build_only=${1:-}
@@ -20,6 +20,8 @@ if ! [ -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need_packages
 have tar || need_packages+=(tar)
 # faketime: the arbiter's wall clock jumps in arbiter/tests/clock.rs.
 have /usr/bin/faketime || need_packages+=(faketime)
+# groff: tools/docgen's test renders every generated man page and fails on warnings.
+have groff || need_packages+=(groff-base)
 fi
 # readelf: the simulated driver's tests check its soname and -Bsymbolic linking; objdump:
 # the GLIBC_ versions libgpushare.so needs.
