@@ -64,9 +64,12 @@ pub fn next_overhead(previous: Option<u64>, measured: u64) -> u64 {
 pub struct LeaseLedger {
     pub quota: u64,
     pub clients: BTreeMap<ConnectionId, Client>,
-    /// NVML's usage, at the last measurement, of the lease's container's processes
-    /// that have not attached.
-    pub unattached: u64,
+    /// NVML's usage (pid → bytes), at the last measurement, of the lease's
+    /// container's processes that had not attached then. Kept per pid so that a
+    /// process attaching before the next measurement stops counting here at once:
+    /// it is charged on its own lease from then on, and a stale sum would charge it
+    /// twice (once here, once there) until the watchdog looks again.
+    pub unattached: BTreeMap<u32, u64>,
 }
 
 impl LeaseLedger {
@@ -74,9 +77,13 @@ impl LeaseLedger {
     /// restart), so a hostile claim must make its lease look full, never wrap
     /// around to look empty (or panic the daemon in a debug build).
     pub fn used(&self) -> u64 {
+        let unattached = self
+            .unattached
+            .values()
+            .fold(0u64, |sum, &bytes| sum.saturating_add(bytes));
         self.clients
             .values()
-            .fold(self.unattached, |sum, c| sum.saturating_add(c.used()))
+            .fold(unattached, |sum, c| sum.saturating_add(c.used()))
     }
 
     /// The part of `used` that is overhead (measured or estimated).
@@ -194,6 +201,13 @@ impl Ledger {
         if l.clients.contains_key(&connection) {
             return Err(LedgerError::AlreadyAttached);
         }
+        // From now on the process is counted on this lease; wherever the last
+        // measurement counted it as unattached (this lease, or, for host processes
+        // no container check tells apart, another), it no longer is.
+        for other in self.leases.values_mut() {
+            other.unattached.remove(&pid);
+        }
+        let l = self.lease_mut(lease)?;
         l.clients.insert(
             connection,
             Client {
@@ -214,8 +228,8 @@ impl Ledger {
     }
 
     /// Records what the lease's container's unattached processes use (NVML's
-    /// figure for them, summed: a complete listing replaces the last one).
-    pub fn record_unattached(&mut self, lease: &LeaseId, bytes: u64) {
+    /// figure per pid: a complete listing replaces the last one).
+    pub fn record_unattached(&mut self, lease: &LeaseId, bytes: BTreeMap<u32, u64>) {
         if let Some(l) = self.leases.get_mut(lease) {
             l.unattached = bytes;
         }
@@ -499,15 +513,35 @@ mod tests {
         ledger.open(&id, 1_000);
         ledger.attach(&id, 1, 10, 0, 0).unwrap();
         // After a restart: a sibling holding 800 has not re-attached yet.
-        ledger.record_unattached(&id, 800);
+        ledger.record_unattached(&id, BTreeMap::from([(11, 800)]));
         let refused = ledger.charge(&id, 1, 300).unwrap();
         assert!(!refused.granted, "{refused:?}");
         assert_eq!(refused.used, 800);
         assert!(ledger.charge(&id, 1, 200).unwrap().granted);
-        // It re-attached with its holdings: the next listing no longer counts it apart.
+        // It re-attached with its holdings: counted once, as attached, at once
+        // (before the next listing).
         ledger.attach(&id, 2, 11, 800, 0).unwrap();
-        ledger.record_unattached(&id, 0);
+        assert_eq!(ledger.get(&id).unwrap().used(), 1_000);
+        ledger.record_unattached(&id, BTreeMap::new());
         assert_eq!(ledger.get(&id).unwrap().used(), 1_000);
         assert!(ledger.is_attached(11) && !ledger.is_attached(12));
+    }
+
+    /// The CI flake of `exported_memory_stays_charged_to_the_exporter…`: a listing
+    /// taken while a process had a context but had not attached counted it as
+    /// unattached on another lease (host processes pass every container check);
+    /// once it attached to its own lease the stale figure charged the other lease
+    /// a whole context until the next listing.
+    #[test]
+    fn attaching_ends_an_unattached_charge_on_every_lease() {
+        let mut ledger = Ledger::default();
+        let (a, b) = (LeaseId("a".into()), LeaseId("b".into()));
+        ledger.open(&a, 1_000);
+        ledger.open(&b, 1_000);
+        ledger.record_unattached(&a, BTreeMap::from([(20, 256), (21, 100)]));
+        assert_eq!(ledger.get(&a).unwrap().used(), 356);
+        ledger.attach(&b, 1, 20, 0, 256).unwrap();
+        assert_eq!(ledger.get(&a).unwrap().used(), 100, "pid 21 still counts");
+        assert_eq!(ledger.get(&b).unwrap().used(), 256);
     }
 }

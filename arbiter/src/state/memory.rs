@@ -73,7 +73,8 @@ impl Arbiter {
                     check_peer(self.probe.as_ref(), pid, l.pid, record.cgroup.as_deref())
                         == PeerCheck::Accepted
                 })
-                .fold(0u64, |sum, (_, &bytes)| sum.saturating_add(bytes));
+                .map(|(&pid, &bytes)| (pid, bytes))
+                .collect();
             self.ledger.record_unattached(&l.id, unattached);
             self.measured_at.insert(l.id.clone(), now);
         }
