@@ -13,7 +13,7 @@ GLIBC_BASELINE := 2.28
 BASELINE_TARGET := x86_64-unknown-linux-gnu.$(GLIBC_BASELINE)
 BASELINE_DIR := $(CURDIR)/target/x86_64-unknown-linux-gnu
 
-.PHONY: all build deps lint test bench demo gpu-check install uninstall clean preload-baseline preload-baseline-release check-glibc
+.PHONY: all build deps lint test bench demo gpu-check install install-build uninstall deb clean preload-baseline preload-baseline-release check-glibc
 
 all: build
 
@@ -82,21 +82,34 @@ gpu-check:
 demo: deps build
 	@GPUSHARE_BIN_DIR=$(BIN_DIR) scripts/demo.sh
 
-install:
-	@scripts/install-deps.sh --build
-	$(CARGO) build --workspace --release
-	$(MAKE) --no-print-directory preload-baseline-release
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/gpushare $(DESTDIR)/etc/gpushare
-	for b in $(BINARIES); do install -m 0755 $(RELEASE_DIR)/$$b $(DESTDIR)$(PREFIX)/bin/$$b; done
-	install -m 0644 $(BASELINE_DIR)/release/libgpushare.so $(DESTDIR)$(PREFIX)/lib/gpushare/libgpushare.so
-	[ -e $(DESTDIR)/etc/gpushare/config.toml ] || install -m 0644 config/config.toml $(DESTDIR)/etc/gpushare/config.toml
-	install -D -m 0644 config/systemd/gpushare-arbiter.service $(DESTDIR)/etc/systemd/system/gpushare-arbiter.service
-	@if [ "$(PREFIX)" != /usr/local ]; then echo "note: set runtime.library and runtime.hook in /etc/gpushare/config.toml to $(PREFIX)/lib/gpushare/libgpushare.so and $(PREFIX)/bin/gpushare-hook"; fi
+# make install PREFIX=… SYSCONFDIR=… UNITDIR=… DESTDIR=…: builds the shipped crates only
+# (release), the glibc-2.28 libgpushare.so and the man pages, then scripts/install-files.sh
+# installs them stripped, with the configuration's and the unit's paths written for PREFIX.
+# An existing $(SYSCONFDIR)/gpushare/config.toml is kept (upgrades: README's Install).
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(SYSCONFDIR)/systemd/system
+SHIPPED_PACKAGES := gpushare-arbiter gpushare-oci containerd-shim-gpushare-v2 gpushare-kube
+INSTALL_ENV = PREFIX=$(PREFIX) SYSCONFDIR=$(SYSCONFDIR) UNITDIR=$(UNITDIR) DESTDIR=$(DESTDIR)
 
+install: install-build
+	$(INSTALL_ENV) scripts/install-files.sh
+
+install-build:
+	@scripts/install-deps.sh --build
+	$(CARGO) build --release $(addprefix -p ,$(SHIPPED_PACKAGES))
+	$(MAKE) --no-print-directory preload-baseline-release
+	$(MAKE) --no-print-directory man
+
+# Stops the arbiter and removes what install put; refuses while docker, containerd or
+# podman still names gpushare (gpusharectl setup --undo <engine> first; FORCE=1 anyway).
 uninstall:
-	for b in $(BINARIES); do rm -f $(DESTDIR)$(PREFIX)/bin/$$b; done
-	rm -rf $(DESTDIR)$(PREFIX)/lib/gpushare
-	rm -f $(DESTDIR)/etc/systemd/system/gpushare-arbiter.service
+	$(INSTALL_ENV) FORCE=$(FORCE) scripts/uninstall.sh
+
+# The Debian package (target/debian/gpushare_<version>_<arch>.deb), built by cargo-deb
+# (pinned, installed under target/tools by scripts/install-cargo-deb.sh) from the tree
+# scripts/install-files.sh stages with PREFIX=/usr: the same files as make install.
+deb: install-build
+	scripts/build-deb.sh
 
 # Man pages (target/man) and bash/zsh/fish completions (target/completions), from the
 # binaries' own command-line definitions.

@@ -1,0 +1,1 @@
+// Nothing to compile: see Cargo.toml.
