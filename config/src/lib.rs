@@ -11,6 +11,12 @@ use gpushare_types::layout::{CONTROL_SOCKET, LEASES_DIR};
 use gpushare_types::{ByteSize, LossPolicy};
 use serde::{Deserialize, Serialize};
 
+pub mod check;
+pub mod keys;
+pub mod problems;
+
+pub use problems::Problem;
+
 pub const DEFAULT_PATH: &str = "/etc/gpushare/config.toml";
 /// Read from the environment of the *runtime* process (dockerd, containerd, the
 /// test harness), never from a container's spec.
@@ -23,8 +29,21 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid gpushare configuration {path}: {message}")]
-    Invalid { path: PathBuf, message: String },
+    /// Every problem the file has, each naming its key, value and fix.
+    #[error("invalid gpushare configuration {path}: {}", problems::joined(.problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+}
+
+impl ConfigError {
+    /// The file that could not be read or was refused.
+    pub fn path(&self) -> &Path {
+        match self {
+            ConfigError::Read { path, .. } | ConfigError::Invalid { path, .. } => path,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -86,29 +105,30 @@ impl Default for PlacementConfig {
 }
 
 impl PlacementConfig {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self, problems: &mut Vec<Problem>) {
         for (key, value) in [
             ("placement.memory_weight", self.memory_weight),
             ("placement.compute_weight", self.compute_weight),
             ("placement.jobs_weight", self.jobs_weight),
         ] {
             if !(value.is_finite() && (0.0..=1000.0).contains(&value)) {
-                return Err(format!("{key} = {value}: must be a number from 0 to 1000"));
+                problems.push(Problem::at(key, value, "must be a number from 0 to 1000"));
             }
         }
         check_duration(
+            problems,
             "placement.utilization_window_ms",
             self.utilization_window_ms,
             100,
             HOUR_MS,
-        )?;
+        );
         check_duration(
+            problems,
             "placement.batch_budget_us",
             self.batch_budget_us,
             1,
             10_000_000,
-        )?;
-        Ok(())
+        );
     }
 }
 
@@ -157,11 +177,12 @@ impl Default for KubernetesConfig {
 }
 
 impl KubernetesConfig {
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self, problems: &mut Vec<Problem>) {
         if self.memory_unit.0 < (1 << 20) {
-            return Err(format!(
-                "kubernetes.memory_unit = {}: must be at least 1 MiB (each unit is a device kubelet tracks)",
-                self.memory_unit
+            problems.push(Problem::at(
+                "kubernetes.memory_unit",
+                self.memory_unit,
+                "must be at least 1 MiB (each unit is a device kubelet tracks)",
             ));
         }
         for (key, path) in [
@@ -172,7 +193,11 @@ impl KubernetesConfig {
             ),
         ] {
             if !path.is_absolute() {
-                return Err(format!("{key} = {path:?}: must be an absolute path"));
+                problems.push(Problem::at(
+                    key,
+                    format!("{path:?}"),
+                    "must be an absolute path",
+                ));
             }
         }
         for (key, value, min) in [
@@ -184,9 +209,8 @@ impl KubernetesConfig {
             ),
             ("kubernetes.collect_grace_ms", self.collect_grace_ms, 0),
         ] {
-            check_duration(key, value, min, HOUR_MS)?;
+            check_duration(problems, key, value, min, HOUR_MS);
         }
-        Ok(())
     }
 }
 
@@ -402,7 +426,7 @@ impl RequestPolicy {
             })
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self, problems: &mut Vec<Problem>) {
         for entry in &self.allowed_env {
             let name = entry.strip_suffix('*').unwrap_or(entry);
             let is_ours = name
@@ -410,12 +434,12 @@ impl RequestPolicy {
                 .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX));
             let well_formed = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
             if !is_ours || !well_formed {
-                return Err(format!(
-                    "requests.allowed_env entry {entry:?}: expected {ALLOWED_ENV_FORMS}"
+                problems.push(Problem::about(
+                    "requests.allowed_env",
+                    format!("entry {entry:?}: expected {ALLOWED_ENV_FORMS}"),
                 ));
             }
         }
-        Ok(())
     }
 }
 
@@ -592,7 +616,7 @@ impl SchedulerConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self, problems: &mut Vec<Problem>) {
         for (key, value, max) in [
             ("scheduler.slice_ms", self.slice_ms, HOUR_MS),
             ("scheduler.min_slice_ms", self.min_slice_ms, HOUR_MS),
@@ -602,33 +626,42 @@ impl SchedulerConfig {
             ("scheduler.revoke_grace_ms", self.revoke_grace_ms, HOUR_MS),
             ("scheduler.high_active_ms", self.high_active_ms, HOUR_MS),
         ] {
-            check_duration(key, value, 1, max)?;
+            check_duration(problems, key, value, 1, max);
         }
         if !(1..=100).contains(&self.high_return_risk_percent) {
-            return Err(format!(
-                "scheduler.high_return_risk_percent = {}: must be 1 to 100",
-                self.high_return_risk_percent
+            problems.push(Problem::at(
+                "scheduler.high_return_risk_percent",
+                self.high_return_risk_percent,
+                "must be 1 to 100",
             ));
         }
         if self.min_slice_ms > self.slice_ms {
-            return Err(format!(
-                "scheduler.min_slice_ms = {}: must not exceed scheduler.slice_ms = {}",
-                self.min_slice_ms, self.slice_ms
+            problems.push(Problem::at(
+                "scheduler.min_slice_ms",
+                self.min_slice_ms,
+                format!("must not exceed scheduler.slice_ms = {}", self.slice_ms),
             ));
         }
         if self.slice_ms > self.max_slice_ms {
-            return Err(format!(
-                "scheduler.slice_ms = {}: must not exceed scheduler.max_slice_ms = {}",
-                self.slice_ms, self.max_slice_ms
+            problems.push(Problem::at(
+                "scheduler.slice_ms",
+                self.slice_ms,
+                format!(
+                    "must not exceed scheduler.max_slice_ms = {}",
+                    self.max_slice_ms
+                ),
             ));
         }
         if self.max_slice_ms > self.window_ms {
-            return Err(format!(
-                "scheduler.max_slice_ms = {}: must not exceed scheduler.window_ms = {} (a slice longer than the usage window defeats request/limit)",
-                self.max_slice_ms, self.window_ms
+            problems.push(Problem::at(
+                "scheduler.max_slice_ms",
+                self.max_slice_ms,
+                format!(
+                    "must not exceed scheduler.window_ms = {} (a slice longer than the usage window defeats request/limit)",
+                    self.window_ms
+                ),
             ));
         }
-        Ok(())
     }
 }
 
@@ -639,9 +672,9 @@ const DAY_MS: u64 = 24 * HOUR_MS;
 /// value like 18446744073709551615 must be refused here, naming the key, rather
 /// than crash the arbiter at its first reserve. The bounds are far beyond any
 /// sensible setting, so they only catch mistakes.
-fn check_duration(key: &str, value: u64, min: u64, max: u64) -> Result<(), String> {
+fn check_duration(problems: &mut Vec<Problem>, key: &str, value: u64, min: u64, max: u64) {
     if (min..=max).contains(&value) {
-        return Ok(());
+        return;
     }
     let human = |v: u64| {
         let unit_ms = if key.ends_with("_us") { 1000 } else { 1 };
@@ -655,10 +688,11 @@ fn check_duration(key: &str, value: u64, min: u64, max: u64) -> Result<(), Strin
     } else {
         format!("at least {min}")
     };
-    Err(format!(
-        "{key} = {value}: must be {low} and at most {max} ({})",
-        human(max)
-    ))
+    problems.push(Problem::at(
+        key,
+        value,
+        format!("must be {low} and at most {max} ({})", human(max)),
+    ));
 }
 
 impl Config {
@@ -699,19 +733,19 @@ impl Config {
         toml::to_string(self)
     }
 
+    /// Reads a configuration file's text: every component reads its file through
+    /// here, and so does `check-config`, so the two cannot disagree. A file that is
+    /// refused is refused with every problem found (`problems::read`).
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
+        problems::read(text).map_err(|problems| ConfigError::Invalid {
             path: path.to_owned(),
-            message: e.to_string(),
-        })?;
-        config.validate().map_err(|message| ConfigError::Invalid {
-            path: path.to_owned(),
-            message,
-        })?;
-        Ok(config)
+            problems,
+        })
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// Every problem of a well-typed configuration, in the file's order of tables.
+    fn validate(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
         for (key, path) in [
             ("runtime.library", &self.runtime.library),
             ("runtime.container_library", &self.runtime.container_library),
@@ -720,26 +754,41 @@ impl Config {
             ("arbiter.state_dir", &self.arbiter.state_dir),
         ] {
             if !path.is_absolute() {
-                return Err(format!("{key} = {path:?}: must be an absolute path"));
+                problems.push(Problem::at(
+                    key,
+                    format!("{path:?}"),
+                    "must be an absolute path",
+                ));
             }
         }
         if self.runtime.runtimes.is_empty() {
-            return Err(
-                "runtime.runtimes = []: name at least one OCI runtime (e.g. \"runc\")".into(),
-            );
+            problems.push(Problem::at(
+                "runtime.runtimes",
+                "[]",
+                "name at least one OCI runtime (e.g. \"runc\")",
+            ));
         }
         if self.runtime.hook_timeout_seconds == 0 {
-            return Err("runtime.hook_timeout_seconds = 0: must be at least 1 (runc would otherwise wait forever)".into());
+            problems.push(Problem::at(
+                "runtime.hook_timeout_seconds",
+                0,
+                "must be at least 1 (runc would otherwise wait forever)",
+            ));
         }
         let a = &self.arbiter;
         if !(a.gpu_util_limit.is_finite() && (0.0..=1.0).contains(&a.gpu_util_limit)) {
-            return Err(format!(
-                "arbiter.gpu_util_limit = {}: must be a fraction from 0 to 1",
-                a.gpu_util_limit
+            problems.push(Problem::at(
+                "arbiter.gpu_util_limit",
+                a.gpu_util_limit,
+                "must be a fraction from 0 to 1",
             ));
         }
         if a.low_nums_limit == 0 {
-            return Err("arbiter.low_nums_limit = 0: must be at least 1 (0 would refuse every low-priority request)".into());
+            problems.push(Problem::at(
+                "arbiter.low_nums_limit",
+                0,
+                "must be at least 1 (0 would refuse every low-priority request)",
+            ));
         }
         for (key, value, min, max) in [
             (
@@ -764,28 +813,34 @@ impl Config {
                 7 * DAY_MS,
             ),
         ] {
-            check_duration(key, value, min, max)?;
+            check_duration(&mut problems, key, value, min, max);
         }
         if let Some(address) = &a.metrics_address {
             if address.parse::<std::net::SocketAddr>().is_err() {
-                return Err(format!(
-                    "arbiter.metrics_address = {address:?}: expected host:port, e.g. \"127.0.0.1:9400\""
+                problems.push(Problem::at(
+                    "arbiter.metrics_address",
+                    format!("{address:?}"),
+                    "expected host:port, e.g. \"127.0.0.1:9400\"",
                 ));
             }
         }
-        self.requests.validate()?;
-        self.scheduler.validate()?;
-        self.kubernetes.validate()?;
-        self.placement.validate()?;
+        self.requests.validate(&mut problems);
+        self.scheduler.validate(&mut problems);
+        self.kubernetes.validate(&mut problems);
+        self.placement.validate(&mut problems);
         let mut reserved = std::collections::BTreeSet::new();
         for r in &a.reservations {
             if r.tenant.is_empty() {
-                return Err("arbiter.reservations: tenant must not be empty".into());
+                problems.push(Problem::about(
+                    "arbiter.reservations",
+                    "tenant must not be empty",
+                ));
             }
             for gpu in &r.gpus {
                 if !reserved.insert(gpu) {
-                    return Err(format!(
-                        "arbiter.reservations: GPU {gpu:?} is reserved twice"
+                    problems.push(Problem::about(
+                        "arbiter.reservations",
+                        format!("GPU {gpu:?} is reserved twice"),
                     ));
                 }
             }
@@ -793,19 +848,19 @@ impl Config {
         let mut seen = std::collections::BTreeSet::new();
         for d in &self.arbiter.devices {
             if !seen.insert(&d.uuid) {
-                return Err(format!(
-                    "arbiter.devices: uuid {:?} is declared twice",
-                    d.uuid
+                problems.push(Problem::about(
+                    "arbiter.devices",
+                    format!("uuid {:?} is declared twice", d.uuid),
                 ));
             }
             if d.memory.0 == 0 {
-                return Err(format!(
-                    "arbiter.devices: device {:?} has memory = 0",
-                    d.uuid
+                problems.push(Problem::about(
+                    "arbiter.devices",
+                    format!("device {:?} has memory = 0", d.uuid),
                 ));
             }
         }
-        Ok(())
+        problems
     }
 }
 
