@@ -65,6 +65,28 @@ pub enum CtlCommand {
     Drain { gpu: String },
     /// Place leases on a drained GPU again.
     Undrain { gpu: String },
+    /// Live view per GPU: memory used/quota, GPU-time share per lease, priority, the
+    /// token's holder and the queue, redrawn every second (one frame when stdout is
+    /// not a terminal).
+    Top {
+        /// Print one frame, without terminal control codes, and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Who held each GPU's time-slice token when: a text strip per GPU (a letter per
+    /// container), an SVG chart, or JSON.
+    Timeline {
+        /// Only holds that ended within the last SECS seconds (default: all kept,
+        /// up to 10 minutes).
+        #[arg(long, value_name = "SECS")]
+        since: Option<u64>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Also write the chart as SVG to FILE.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+    },
 }
 
 #[cfg(test)]

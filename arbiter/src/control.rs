@@ -308,6 +308,9 @@ async fn dispatch(
             .grant(request)
             .await
             .map(|grant| ControlResponse::Granted { grant }),
+        ControlRequest::Timeline { since_ms } => {
+            Ok(ControlResponse::Timeline(arbiter.timeline(since_ms)))
+        }
         ControlRequest::Grants => Ok(ControlResponse::Grants {
             grants: arbiter.grants(),
         }),

@@ -571,6 +571,10 @@ mod tests {
                 memory_quota: gib,
                 clients: vec![],
                 cgroup: None,
+                container: String::new(),
+                gpu_time_ms: 0,
+                gpu_share_10s: None,
+                gpu_share_1m: None,
             }],
             grants: vec![
                 grant(
@@ -648,6 +652,10 @@ mod tests {
                 memory_quota: 40,
                 clients: vec![],
                 cgroup: None,
+                container: String::new(),
+                gpu_time_ms: 0,
+                gpu_share_10s: None,
+                gpu_share_1m: None,
             }],
             queue: vec![],
             violations: vec![Violation {
@@ -710,6 +718,7 @@ mod tests {
                 times.decisions.record(std::time::Duration::from_micros(40));
                 times
             },
+            gpu_utilization: Vec::new(),
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);

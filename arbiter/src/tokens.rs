@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use gpushare_config::{SchedulerConfig, SchedulingPolicy};
@@ -26,11 +26,13 @@ use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::token::{FLAG_CUT_OFF, NOT_HELD, TOKEN_PAGE_SIZE};
 use gpushare_proto::token_client::futex_wake;
 use gpushare_proto::{
-    AdmissionStatus, ErrorKind, FitCounts, LeaseId, LeaseResponse, Priority, ScheduleTerms,
-    TokenHolder, TokenPage, TokenRequest, TokenStatus, WindowWaiter,
+    AdmissionStatus, ErrorKind, FitCounts, GpuTimeline, LeaseGpuTime, LeaseId, LeaseResponse,
+    Priority, ScheduleTerms, TimelineReport, TokenHold, TokenHolder, TokenPage, TokenRequest,
+    TokenStatus, WindowWaiter,
 };
 
 use crate::connections::{ConnectionBudget, Permit};
+use crate::gpu_time::{HeldWindow, Hold, HoldRing};
 use crate::timeslice::{Action, ClientId, Event, TokenPolicy};
 
 /// Longest frame a token connection may send: `{"op":"release","again":false}` is 31
@@ -194,6 +196,8 @@ struct Registered {
     /// held it before: the watchdog compares this with the GPU time NVML saw it use.
     held_since: Option<u64>,
     held_ns: u64,
+    /// Its lease's account on this GPU (`GpuState::accounts`).
+    account: u64,
 }
 
 impl Registered {
@@ -202,9 +206,34 @@ impl Registered {
     }
 }
 
+/// One lease's GPU time on one GPU, kept while the lease lives and, after it ended,
+/// while the timeline still shows one of its holds.
+struct LeaseAccount {
+    lease: LeaseId,
+    container: String,
+    priority: Priority,
+    /// Every ended hold of every client it had, gone ones included.
+    held_ns: u64,
+    recent: HeldWindow,
+    /// Its clients connected now.
+    clients: usize,
+    /// The lease ended (`close_lease`).
+    closed: bool,
+}
+
+/// Holds the timeline keeps per GPU, at most: at a hold every 10 ms (a tight
+/// time-slicing rhythm, merged where one lease holds back to back) about 10 minutes.
+pub const TIMELINE_HOLDS: usize = 65_536;
+/// And none that ended longer ago than this.
+pub const TIMELINE_KEEP_NS: u64 = 10 * 60 * 1_000_000_000;
+
 struct GpuState {
     policy: TokenPolicy,
     clients: HashMap<ClientId, Registered>,
+    /// Per-lease GPU time, by account number (never reused).
+    accounts: HashMap<u64, LeaseAccount>,
+    /// Who held the token when, recently.
+    timeline: HoldRing,
     /// Every client's admission reports summed, gone clients included (monotonic).
     fit_totals: FitCounts,
     /// What the timer thread sleeps until (None: until notified).
@@ -217,6 +246,38 @@ struct GpuToken {
     timer: Condvar,
     /// Hands new connections to the GPU's I/O thread.
     io: IoHandoff,
+}
+
+impl GpuState {
+    /// A client's hold ended at `now`: its lease's account and the timeline learn it.
+    /// No allocation: the account exists since the client joined, the ring is sized.
+    fn end_hold(&mut self, client: ClientId, now: u64) {
+        let Some(registered) = self.clients.get_mut(&client) else {
+            return;
+        };
+        let Some(since) = registered.held_since.take() else {
+            return;
+        };
+        registered.held_ns += now.saturating_sub(since);
+        let account = registered.account;
+        if let Some(a) = self.accounts.get_mut(&account) {
+            a.held_ns += now.saturating_sub(since);
+            a.recent.add(since, now);
+        }
+        self.timeline.push(Hold {
+            account,
+            start_ns: since,
+            end_ns: now,
+        });
+    }
+
+    /// Forgets ended leases the timeline no longer shows (on a join: rare, and the
+    /// only time an account is added).
+    fn prune_accounts(&mut self) {
+        let timeline = &self.timeline;
+        self.accounts
+            .retain(|id, a| !a.closed || a.clients > 0 || timeline.references(*id));
+    }
 }
 
 impl GpuToken {
@@ -238,12 +299,11 @@ impl GpuToken {
                 // The page must not go on saying "held" after the client gave it back,
                 // or its next launch would pass the check; a grant in this same step
                 // (again = true) overwrites it. Nobody waits on it: no bump.
-                if let Some(registered) = state.clients.get_mut(&client) {
+                if let Some(registered) = state.clients.get(&client) {
                     let page = registered.page.page();
                     page.deadline_ns.store(NOT_HELD, Ordering::Release);
-                    registered.held_ns = registered.held_ns_at(now);
-                    registered.held_since = None;
                 }
+                state.end_hold(client, now);
             }
             let actions = state.policy.handle(now, event);
             for action in &actions {
@@ -582,7 +642,18 @@ impl GpuToken {
     /// EOF, a protocol error, or the arbiter closed it: the token is lost at once.
     fn leave(&self, client: ClientId, why: Option<TokenError>) {
         self.handle(Event::Leave { client });
-        let gone = self.lock().clients.remove(&client);
+        let gone = {
+            let mut state = self.lock();
+            // A client that goes while holding loses the token now: its hold ends.
+            state.end_hold(client, monotonic_ns());
+            let gone = state.clients.remove(&client);
+            if let Some(r) = &gone {
+                if let Some(a) = state.accounts.get_mut(&r.account) {
+                    a.clients = a.clients.saturating_sub(1);
+                }
+            }
+            gone
+        };
         if let Some(r) = gone {
             match why {
                 None | Some(TokenError::Frame(FrameError::Closed)) => {
@@ -614,8 +685,47 @@ pub struct TokenService {
     config: SchedulerConfig,
     gpus: Mutex<HashMap<String, Arc<GpuToken>>>,
     next_client: AtomicU64,
+    next_account: AtomicU64,
+    /// A lease's display name, asked once when its first client joins a GPU.
+    namer: OnceLock<Namer>,
     /// Every lease-socket connection's place, token connections included.
     budget: Arc<ConnectionBudget>,
+}
+
+/// Names a lease for people (its container's display name); None: the lease is gone.
+pub type Namer = Box<dyn Fn(&LeaseId) -> Option<String> + Send + Sync>;
+
+/// The short and the long window of [`LeaseTime`]'s recent shares.
+pub const SHARE_SHORT_NS: u64 = 10 * 1_000_000_000;
+pub const SHARE_LONG_NS: u64 = 60 * 1_000_000_000;
+
+/// A lease's GPU time from the token service's accounting, summed over its GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseTime {
+    pub lease: LeaseId,
+    pub container: String,
+    pub priority: Priority,
+    /// Every hold of every client it had (gone ones included), the ones going
+    /// on now counted up to now.
+    pub held_ns: u64,
+    /// Held within the last [`SHARE_SHORT_NS`] and [`SHARE_LONG_NS`].
+    pub held_short_ns: u64,
+    pub held_long_ns: u64,
+    /// Token clients connected now.
+    pub clients: usize,
+    /// Whether the lease has ended (kept for the timeline).
+    pub closed: bool,
+}
+
+impl LeaseTime {
+    /// Share (0–1) of one GPU's time over the short window.
+    pub fn share_short(&self) -> f64 {
+        self.held_short_ns as f64 / SHARE_SHORT_NS as f64
+    }
+
+    pub fn share_long(&self) -> f64 {
+        self.held_long_ns as f64 / SHARE_LONG_NS as f64
+    }
 }
 
 /// How long one token client has held its GPU's token, for the watchdog.
@@ -642,6 +752,8 @@ impl TokenService {
             config,
             gpus: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
+            next_account: AtomicU64::new(1),
+            namer: OnceLock::new(),
             budget,
         })
     }
@@ -682,6 +794,121 @@ impl TokenService {
         self.config.policy
     }
 
+    /// Sets how leases are named for people (once; later calls are ignored).
+    pub fn set_namer(&self, namer: Namer) {
+        let _ = self.namer.set(namer);
+    }
+
+    /// Every lease's GPU time (leases that had a token client and are still live,
+    /// or ended but still on the timeline), by lease id.
+    pub fn lease_times(&self) -> Vec<LeaseTime> {
+        let now = monotonic_ns();
+        let mut times: Vec<LeaseTime> = Vec::new();
+        for gpu in self.all_gpus() {
+            let state = gpu.lock();
+            for (id, a) in &state.accounts {
+                // A lease rarely has more than one client holding at once (several
+                // high-priority processes of one container); each counts.
+                let open: Vec<u64> = state
+                    .clients
+                    .values()
+                    .filter(|r| r.account == *id)
+                    .filter_map(|r| r.held_since)
+                    .collect();
+                let open_ns: u64 = open.iter().map(|&since| now.saturating_sub(since)).sum();
+                let recent = |window| -> u64 {
+                    let closed = a.recent.held_in_last(now, window, None);
+                    closed
+                        + open
+                            .iter()
+                            .map(|&since| now.saturating_sub(since.max(now.saturating_sub(window))))
+                            .sum::<u64>()
+                };
+                let time = LeaseTime {
+                    lease: a.lease.clone(),
+                    container: a.container.clone(),
+                    priority: a.priority,
+                    held_ns: a.held_ns + open_ns,
+                    held_short_ns: recent(SHARE_SHORT_NS),
+                    held_long_ns: recent(SHARE_LONG_NS),
+                    clients: a.clients,
+                    closed: a.closed,
+                };
+                match times.iter_mut().find(|t| t.lease == time.lease) {
+                    Some(t) => {
+                        t.held_ns += time.held_ns;
+                        t.held_short_ns += time.held_short_ns;
+                        t.held_long_ns += time.held_long_ns;
+                        t.clients += time.clients;
+                        t.closed &= time.closed;
+                    }
+                    None => times.push(time),
+                }
+            }
+        }
+        times.sort_by(|a, b| a.lease.cmp(&b.lease));
+        times
+    }
+
+    /// Who held each GPU's token when, holds that ended within `since_ns` of now
+    /// (None: every one kept); a hold going on now ends now.
+    pub fn timeline(&self, since_ns: Option<u64>) -> TimelineReport {
+        let now = monotonic_ns();
+        let unix_now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let to_unix_ms = |ns: u64| unix_now_ms.saturating_sub(now.saturating_sub(ns) / 1_000_000);
+        let from = since_ns.map_or(0, |since| now.saturating_sub(since));
+        let mut gpus = Vec::new();
+        for gpu in self.all_gpus() {
+            let state = gpu.lock();
+            let mut ongoing: Vec<Hold> = state
+                .clients
+                .values()
+                .filter_map(|r| {
+                    r.held_since.map(|since| Hold {
+                        account: r.account,
+                        start_ns: since,
+                        end_ns: now,
+                    })
+                })
+                .collect();
+            ongoing.sort_by_key(|h| h.start_ns);
+            let holds = state
+                .timeline
+                .iter()
+                .chain(&ongoing)
+                .filter(|h| h.end_ns >= from)
+                .filter_map(|h| {
+                    let a = state.accounts.get(&h.account)?;
+                    Some(TokenHold {
+                        lease: a.lease.clone(),
+                        container: a.container.clone(),
+                        priority: a.priority,
+                        start_unix_ms: to_unix_ms(h.start_ns),
+                        end_unix_ms: to_unix_ms(h.end_ns),
+                    })
+                })
+                .collect();
+            gpus.push(GpuTimeline {
+                gpu: gpu.gpu.clone(),
+                holds,
+            });
+        }
+        gpus.sort_by(|a, b| a.gpu.cmp(&b.gpu));
+        let leases = self
+            .lease_times()
+            .into_iter()
+            .map(|t| LeaseGpuTime {
+                lease: t.lease,
+                container: t.container,
+                priority: t.priority,
+                gpu_time_ms: t.held_ns / 1_000_000,
+            })
+            .collect();
+        TimelineReport { gpus, leases }
+    }
+
     /// The scheduler's configuration (the watchdog reads its policy and grace).
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
@@ -700,6 +927,8 @@ impl TokenService {
                 clients: HashMap::new(),
                 fit_totals: FitCounts::default(),
                 timer_at: None,
+                accounts: HashMap::new(),
+                timeline: HoldRing::new(TIMELINE_HOLDS, TIMELINE_KEEP_NS),
             }),
             timer: Condvar::new(),
             io,
@@ -768,7 +997,41 @@ impl TokenService {
         // terms never holds the token.
         send_scheduled(&stream, &terms, &fd)?;
         drop(fd);
-        gpu.lock().clients.insert(
+        // Named before the GPU's lock is taken: the namer takes the arbiter's.
+        let container = self
+            .namer
+            .get()
+            .and_then(|name| name(&lease.lease))
+            .unwrap_or_else(|| lease.lease.to_string());
+        let mut state = gpu.lock();
+        let account = match state
+            .accounts
+            .iter()
+            .find(|(_, a)| a.lease == lease.lease && !a.closed)
+        {
+            Some((&id, _)) => id,
+            None => {
+                state.prune_accounts();
+                let id = self.next_account.fetch_add(1, Ordering::Relaxed);
+                state.accounts.insert(
+                    id,
+                    LeaseAccount {
+                        lease: lease.lease.clone(),
+                        container,
+                        priority: lease.priority,
+                        held_ns: 0,
+                        recent: HeldWindow::default(),
+                        clients: 0,
+                        closed: false,
+                    },
+                );
+                id
+            }
+        };
+        if let Some(a) = state.accounts.get_mut(&account) {
+            a.clients += 1;
+        }
+        state.clients.insert(
             client,
             Registered {
                 page: Arc::new(page),
@@ -779,8 +1042,10 @@ impl TokenService {
                 fit: FitCounts::default(),
                 held_since: None,
                 held_ns: 0,
+                account,
             },
         );
+        drop(state);
         gpu.handle(Event::Join {
             client,
             priority: lease.priority,
@@ -802,7 +1067,10 @@ impl TokenService {
     pub fn close_lease(&self, lease: &LeaseId) {
         let gpus = self.all_gpus();
         for gpu in gpus {
-            let state = gpu.lock();
+            let mut state = gpu.lock();
+            for a in state.accounts.values_mut().filter(|a| &a.lease == lease) {
+                a.closed = true;
+            }
             for registered in state.clients.values().filter(|r| &r.lease == lease) {
                 registered.page.cut_off();
                 registered.page.bump();

@@ -246,6 +246,17 @@ impl ControlClient {
         }
     }
 
+    /// Holds that ended within `since_ms` (None: every hold the arbiter kept).
+    pub fn timeline(
+        &mut self,
+        since_ms: Option<u64>,
+    ) -> Result<crate::message::TimelineReport, ClientError> {
+        match self.call(&ControlRequest::Timeline { since_ms })? {
+            ControlResponse::Timeline(report) => Ok(report),
+            other => Err(unexpected(other)),
+        }
+    }
+
     pub fn list(&mut self) -> Result<Vec<Lease>, ClientError> {
         match self.call(&ControlRequest::List)? {
             ControlResponse::Leases { leases } => Ok(leases),

@@ -21,7 +21,8 @@ pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{
     AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest, ControlResponse, ErrorKind,
-    GpuStatus, LeaseUsage, QueuedRequest, ReserveRequest, StatusReport, TokenHolder, TokenStatus,
+    GpuStatus, GpuTimeline, GpuUtilization, LeaseGpuTime, LeaseUsage, QueuedRequest,
+    ReserveRequest, StatusReport, TimelineReport, TokenHold, TokenHolder, TokenStatus,
     UnshareableGpuStatus, Violation, ViolationKind, WindowWaiter,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};

@@ -98,6 +98,13 @@ pub enum ControlRequest {
     Grant(GrantRequest),
     /// Every grant the arbiter holds.
     Grants,
+    /// Who held each GPU's time-slice token when: the token service's recent holds
+    /// (bounded; see `TimelineReport`) and each lease's GPU time.
+    Timeline {
+        /// Only holds that ended within this many ms before now (None: all kept).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since_ms: Option<u64>,
+    },
     /// Idempotent: an unknown grant is not an error. A lease reserved against it
     /// keeps running; only a new reserve can no longer use it.
     ReleaseGrant {
@@ -140,6 +147,7 @@ pub enum ControlResponse {
     GrantReleased {
         existed: bool,
     },
+    Timeline(TimelineReport),
     Error {
         kind: ErrorKind,
         message: String,
@@ -211,6 +219,20 @@ pub struct LeaseUsage {
     pub clients: Vec<ClientStatus>,
     /// The container's cgroup, recorded at confirmation.
     pub cgroup: Option<String>,
+    /// What a person calls the container (see [`Lease::display_name`]); empty from
+    /// an older arbiter.
+    #[serde(default)]
+    pub container: String,
+    /// GPU time the lease's token clients held the token, summed over its GPUs and
+    /// every client it ever had (gone ones included), in ms.
+    #[serde(default)]
+    pub gpu_time_ms: u64,
+    /// Its share of one GPU's time (0–1) over the last 10 s and the last minute:
+    /// time held in the window over the window's length. None without token clients.
+    #[serde(default)]
+    pub gpu_share_10s: Option<f64>,
+    #[serde(default)]
+    pub gpu_share_1m: Option<f64>,
 }
 
 /// A request waiting in the admission queue.
@@ -301,6 +323,19 @@ pub struct StatusReport {
     /// How long placement decisions and batch searches took.
     #[serde(default)]
     pub placement_times: crate::timing::PlacementTimes,
+    /// The short utilisation window of each GPU of `gpus`. Beside `GpuStatus`
+    /// for the reason `placement` is.
+    #[serde(default)]
+    pub gpu_utilization: Vec<GpuUtilization>,
+}
+
+/// A GPU's utilisation over the short window, which follows a change within
+/// seconds where `GpuStatus::utilization_last_minute` takes a minute.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuUtilization {
+    pub uuid: String,
+    /// Mean NVML utilisation (0–1) over the last 10 s; None until sampled.
+    pub last_10s: Option<f64>,
 }
 
 /// What placement sees of one GPU, to tell where load could be moved.
@@ -406,4 +441,41 @@ pub struct TokenHolder {
     pub lease: LeaseId,
     pub pid: Option<u32>,
     pub priority: Priority,
+}
+
+/// `ControlResponse::Timeline`: which lease held each GPU's token when. The shape
+/// is a script's interface (`gpusharectl timeline --json`): fields are only added.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimelineReport {
+    pub gpus: Vec<GpuTimeline>,
+    /// Every lease that appears in a hold or still has token clients.
+    pub leases: Vec<LeaseGpuTime>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuTimeline {
+    /// The GPU's UUID.
+    pub gpu: String,
+    /// Oldest first; a hold still going ends now.
+    pub holds: Vec<TokenHold>,
+}
+
+/// One client's hold of a GPU's token, from its grant to its release.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenHold {
+    pub lease: LeaseId,
+    /// The container's display name (see [`Lease::display_name`]).
+    pub container: String,
+    pub priority: Priority,
+    pub start_unix_ms: u64,
+    pub end_unix_ms: u64,
+}
+
+/// A lease's GPU time, summed over its GPUs and clients (gone ones included).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseGpuTime {
+    pub lease: LeaseId,
+    pub container: String,
+    pub priority: Priority,
+    pub gpu_time_ms: u64,
 }

@@ -72,6 +72,36 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
         }
         Command::Drain { gpu } => format!("drained {}\n", client.drain(gpu, true)?),
         Command::Undrain { gpu } => format!("undrained {}\n", client.drain(gpu, false)?),
+        Command::Timeline { since, json, svg } => {
+            let report = client.timeline(since.map(|s| s.saturating_mul(1000)))?;
+            let mut out = if json {
+                serde_json::to_string_pretty(&report).context("encoding the timeline")? + "\n"
+            } else {
+                gpushare_arbiter::timeline::render_text(&report)
+            };
+            if let Some(path) = svg {
+                let chart = gpushare_arbiter::timeline::render_svg(&report)?;
+                std::fs::write(&path, chart)
+                    .with_context(|| format!("writing the timeline chart to {}", path.display()))?;
+                if !json {
+                    out += &format!("chart written to {}\n", path.display());
+                }
+            }
+            out
+        }
+        Command::Top { once } => {
+            // Not a terminal (a pipe, a file, a test): one frame, no control codes.
+            if once || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                gpushare_arbiter::top::render_frame(&client.status()?)
+            } else {
+                loop {
+                    let frame = gpushare_arbiter::top::render_frame(&client.status()?);
+                    // Home the cursor and clear the screen, then the frame.
+                    emit(&format!("\x1b[H\x1b[2J{frame}"))?;
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            }
+        }
     })
 }
 
@@ -87,7 +117,7 @@ fn render_list(leases: &[Lease]) -> String {
             out,
             "{} container={} gpus={} priority={} memory={} state={:?}{}",
             l.id,
-            l.container_id,
+            l.display_name(),
             l.gpus.join(","),
             l.priority,
             ByteSize(l.memory_bytes),
@@ -116,6 +146,20 @@ fn pod_of(lease: &Lease) -> String {
         out += &format!(" grants={}", ids.join(","));
     }
     out
+}
+
+/// ", GPU time 12.3 s, 10 s share 61 %, 1 min 48 %" for a lease that had token
+/// clients; nothing for one that never had (or an older arbiter's report).
+fn gpu_time_of(usage: &gpushare_proto::LeaseUsage) -> String {
+    let (Some(short), Some(long)) = (usage.gpu_share_10s, usage.gpu_share_1m) else {
+        return String::new();
+    };
+    format!(
+        ", GPU time {}, 10 s share {:.0} %, 1 min {:.0} %",
+        gpushare_arbiter::top::gpu_time(usage.gpu_time_ms),
+        short * 100.0,
+        long * 100.0
+    )
 }
 
 fn render_grant(g: &Grant) -> String {
@@ -183,7 +227,7 @@ fn render_status(report: &StatusReport) -> String {
             })
             .unwrap_or_default();
         out += &format!(
-            "  {} {} {}  leased {} of {}  used {}  util(1m) {}{}{}\n",
+            "  {} {} {}  leased {} of {}  used {}  util(10s) {} util(1m) {}{}{}\n",
             g.index,
             g.uuid,
             g.name,
@@ -192,6 +236,13 @@ fn render_status(report: &StatusReport) -> String {
             g.memory_used
                 .map(|b| ByteSize(b).to_string())
                 .unwrap_or_else(|| "-".into()),
+            percent(
+                report
+                    .gpu_utilization
+                    .iter()
+                    .find(|u| u.uuid == g.uuid)
+                    .and_then(|u| u.last_10s)
+            ),
             percent(g.utilization_last_minute),
             hint,
             flags
@@ -241,9 +292,9 @@ fn render_status(report: &StatusReport) -> String {
         for l in leases {
             let usage = report.usage.iter().find(|u| u.lease == l.id);
             out += &format!(
-                "  {} container={} gpus={} memory used {} of {} state={:?} pid={} clients={}{}\n",
+                "  {} container={} gpus={} memory used {} of {} state={:?} pid={} clients={}{}{}\n",
                 l.id,
-                l.container_id,
+                gpushare_arbiter::top::container_of(l, usage),
                 l.gpus.join(","),
                 ByteSize(usage.map(|u| u.memory_used).unwrap_or(0)),
                 ByteSize(usage.map(|u| u.memory_quota).unwrap_or(l.memory_bytes)),
@@ -259,6 +310,7 @@ fn render_status(report: &StatusReport) -> String {
                     .filter(|s| !s.is_empty())
                     .unwrap_or_else(|| "-".into()),
                 pod_of(l),
+                usage.map(gpu_time_of).unwrap_or_default(),
             );
         }
     }

@@ -34,9 +34,28 @@ pub struct ArbiterHandle {
 
 impl ArbiterHandle {
     pub fn new(arbiter: Arbiter) -> ArbiterHandle {
-        ArbiterHandle {
+        let tokens = arbiter.tokens();
+        let handle = ArbiterHandle {
             state: Arc::new(Mutex::new(arbiter)),
+        };
+        if let Some(tokens) = tokens {
+            // Weak: the token service lives inside the state it would keep alive.
+            let state = Arc::downgrade(&handle.state);
+            tokens.set_namer(Box::new(move |lease| {
+                let state = state.upgrade()?;
+                let arbiter = state.lock().unwrap_or_else(|p| p.into_inner());
+                arbiter.lease(lease).map(|l| l.display_name())
+            }));
         }
+        handle
+    }
+
+    /// Who held each GPU's token when (empty without time-slice tokens).
+    pub fn timeline(&self, since_ms: Option<u64>) -> gpushare_proto::TimelineReport {
+        let tokens = self.lock().tokens();
+        tokens
+            .map(|t| t.timeline(since_ms.map(|ms| ms.saturating_mul(1_000_000))))
+            .unwrap_or_default()
     }
 
     fn lock(&self) -> MutexGuard<'_, Arbiter> {

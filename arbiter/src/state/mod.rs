@@ -18,9 +18,9 @@ use gpushare_config::ArbiterConfig;
 use gpushare_proto::lease::BadLeaseId;
 use gpushare_proto::message::PENDING_PREFIX;
 use gpushare_proto::{
-    ByteSize, ClientStatus, ContainerRef, ErrorKind, GpuStatus, Lease, LeaseId, LeaseState,
-    LeaseUsage, MemoryRequest, Priority, QueuedRequest, Quota, ReserveRequest, StatusReport,
-    Violation, ViolationKind,
+    ByteSize, ClientStatus, ContainerRef, ErrorKind, GpuStatus, GpuUtilization, Lease, LeaseId,
+    LeaseState, LeaseUsage, MemoryRequest, Priority, QueuedRequest, Quota, ReserveRequest,
+    StatusReport, Violation, ViolationKind,
 };
 use tokio::sync::oneshot;
 
@@ -186,6 +186,8 @@ pub struct Arbiter {
     config: ArbiterConfig,
     inventory: Inventory,
     utilization: Vec<UtilizationWindow>,
+    /// Utilisation over the last 10 s, shown beside the minute's, which lags.
+    short_utilization: Vec<UtilizationWindow>,
     /// Utilisation over `placement.utilization_window_ms`: the balanced policy's view.
     recent_utilization: Vec<UtilizationWindow>,
     placement: gpushare_config::PlacementConfig,
@@ -259,6 +261,7 @@ impl Arbiter {
         let n = inventory.gpus.len();
         let mut arbiter = Arbiter {
             utilization: vec![UtilizationWindow::new(UtilizationWindow::LAST_MINUTE); n],
+            short_utilization: vec![UtilizationWindow::new(Duration::from_secs(10)); n],
             recent_utilization: vec![
                 UtilizationWindow::new(Duration::from_millis(
                     gpushare_config::PlacementConfig::default().utilization_window_ms

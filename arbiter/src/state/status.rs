@@ -9,6 +9,7 @@ impl Arbiter {
             if let Some(i) = self.inventory.gpus.iter().position(|g| &g.uuid == uuid) {
                 self.utilization[i].record(now, sample.utilization);
                 self.recent_utilization[i].record(now, sample.utilization);
+                self.short_utilization[i].record(now, sample.utilization);
                 self.memory_used[i] = Some(sample.memory_used);
             }
         }
@@ -68,6 +69,14 @@ impl Arbiter {
     pub fn status(&self) -> StatusReport {
         let now = Instant::now();
         let views = self.views();
+        let gpu_times: HashMap<LeaseId, crate::tokens::LeaseTime> = self
+            .tokens
+            .as_ref()
+            .map(|t| t.lease_times())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| (t.lease.clone(), t))
+            .collect();
         StatusReport {
             gpus: self
                 .inventory
@@ -95,6 +104,7 @@ impl Arbiter {
                 .values()
                 .map(|r| {
                     let ledger = self.ledger.get(&r.lease.id);
+                    let gpu_time = gpu_times.get(&r.lease.id);
                     LeaseUsage {
                         lease: r.lease.id.clone(),
                         memory_used: ledger.map(|l| l.used()).unwrap_or(0),
@@ -113,6 +123,10 @@ impl Arbiter {
                             })
                             .unwrap_or_default(),
                         cgroup: r.cgroup.clone(),
+                        container: r.lease.display_name(),
+                        gpu_time_ms: gpu_time.map_or(0, |t| t.held_ns / 1_000_000),
+                        gpu_share_10s: gpu_time.map(|t| t.share_short()),
+                        gpu_share_1m: gpu_time.map(|t| t.share_long()),
                     }
                 })
                 .collect(),
@@ -142,6 +156,16 @@ impl Arbiter {
             placement: self.placement_hints(),
             placement_waits_fragmented: self.waits_fragmented,
             placement_times: self.placement_times.clone(),
+            gpu_utilization: self
+                .inventory
+                .gpus
+                .iter()
+                .zip(&self.short_utilization)
+                .map(|(g, w)| GpuUtilization {
+                    uuid: g.uuid.clone(),
+                    last_10s: w.mean(now),
+                })
+                .collect(),
         }
     }
 }
