@@ -17,23 +17,29 @@ BASELINE_DIR := $(CURDIR)/target/x86_64-unknown-linux-gnu
 
 all: build
 
+# What the goal at hand needs, and only that (scripts/install-deps.sh says what it would
+# install first; `scripts/install-deps.sh test --plan` only says). make demo asks for less.
+DEPS_FOR ?= test
 deps:
-	@scripts/install-deps.sh
+	@scripts/install-deps.sh $(DEPS_FOR)
 
 build:
 	$(CARGO) build --workspace
 	$(MAKE) --no-print-directory preload-baseline
 
+# cargo-zigbuild and zig from the project's own virtual environment when install-deps.sh
+# made one, else from PATH.
+ZIG_VENV := $(or $(GPUSHARE_TOOLS_DIR),$(CURDIR)/target/tools)/venv
 # The baseline build replaces target/<profile>/libgpushare.so, so the demo uses the
 # library that ships. Any later cargo build links cargo's own (host-glibc) build back
 # there, so the tests are told where the baseline build is: GPUSHARE_PRELOAD_LIB.
 preload-baseline:
-	$(CARGO) zigbuild -q -p gpushare-preload --lib --target $(BASELINE_TARGET)
+	PATH="$(ZIG_VENV)/bin:$$PATH" $(CARGO) zigbuild -q -p gpushare-preload --lib --target $(BASELINE_TARGET)
 	@$(MAKE) --no-print-directory check-glibc LIB=$(BASELINE_DIR)/debug/libgpushare.so
 	install -m 0755 $(BASELINE_DIR)/debug/libgpushare.so $(BIN_DIR)/libgpushare.so
 
 preload-baseline-release:
-	$(CARGO) zigbuild -q --release -p gpushare-preload --lib --target $(BASELINE_TARGET)
+	PATH="$(ZIG_VENV)/bin:$$PATH" $(CARGO) zigbuild -q --release -p gpushare-preload --lib --target $(BASELINE_TARGET)
 	@$(MAKE) --no-print-directory check-glibc LIB=$(BASELINE_DIR)/release/libgpushare.so
 	install -m 0755 $(BASELINE_DIR)/release/libgpushare.so $(RELEASE_DIR)/libgpushare.so
 
@@ -79,6 +85,7 @@ bench: deps
 gpu-check:
 	@scripts/gpu-check.sh
 
+demo: DEPS_FOR = demo
 demo: deps build
 	@GPUSHARE_BIN_DIR=$(BIN_DIR) scripts/demo.sh
 
