@@ -8,7 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use plotters::coord::ranged1d::SegmentValue;
+use plotters::coord::ranged1d::{SegmentValue, SegmentedCoord, ValueFormatter};
+use plotters::coord::types::RangedCoordu32;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::Value;
@@ -467,8 +468,54 @@ pub fn render_svg(fig: &Figure) -> Result<String, String> {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
-fn draw_panel(panel: &Panel, area: &Area<'_>) -> Result<(), Box<dyn std::error::Error>> {
-    // Modes in order of first appearance; each keeps one colour across groups.
+/// How a panel's y axis is scaled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum YScale {
+    /// From `from` (0, or below the lowest negative value) to `to`, with room above for the
+    /// values and the legend.
+    Linear { from: f64, to: f64 },
+    /// Whole decades from `from` to `to`: every value is positive and the largest is at least
+    /// [`WIDE_RANGE`] times the smallest, so on a linear axis the small bars (gpushare's +1.5 %
+    /// beside a 250 ms round robin's +8,000 %) would be flat lines.
+    Log { from: f64, to: f64 },
+}
+
+/// The largest value over the smallest from which a panel is drawn on a log scale.
+const WIDE_RANGE: f64 = 50.0;
+
+/// The y axis for `values` (a panel's bars).
+fn y_scale(values: &[f64]) -> YScale {
+    let (lo, hi) = values
+        .iter()
+        .fold((0f64, 0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    let smallest = values.iter().copied().fold(f64::INFINITY, f64::min);
+    if smallest > 0.0 && hi / smallest >= WIDE_RANGE {
+        // A decade below the smallest value, so its bar is still a decade tall; the decade(s)
+        // above the largest hold its label and the legend.
+        return YScale::Log {
+            from: 10f64.powf(smallest.log10().floor() - 1.0),
+            to: 10f64.powf((hi * 4.0).log10().ceil()),
+        };
+    }
+    let span = (hi - lo).max(1e-9);
+    YScale::Linear {
+        from: if lo < 0.0 { lo - 0.1 * span } else { 0.0 },
+        to: hi + 0.25 * span,
+    }
+}
+
+/// The bars of one panel, laid out: one slot per bar, one empty slot between groups.
+struct Layout<'a> {
+    /// Modes in order of first appearance; each keeps one colour across groups.
+    modes: Vec<&'a str>,
+    /// (slot, mode, value)
+    slots: Vec<(usize, &'a str, f64)>,
+    /// (slot, group label), the slot under which the group's label goes.
+    centres: Vec<(usize, &'a str)>,
+    total: u32,
+}
+
+fn layout(panel: &Panel) -> Layout<'_> {
     let mut modes: Vec<&str> = Vec::new();
     for (_, bars) in &panel.groups {
         for (mode, _) in bars {
@@ -477,52 +524,101 @@ fn draw_panel(panel: &Panel, area: &Area<'_>) -> Result<(), Box<dyn std::error::
             }
         }
     }
-    // One slot per bar, one empty slot between groups.
-    let mut slots: Vec<(usize, &str, f64)> = Vec::new(); // (slot, mode, value)
-    let mut centres: Vec<(usize, &str)> = Vec::new(); // (slot, group label)
+    let mut slots = Vec::new();
+    let mut centres = Vec::new();
     let mut next = 0usize;
     for (group, bars) in &panel.groups {
         if bars.is_empty() {
             continue;
         }
         for (i, (mode, v)) in bars.iter().enumerate() {
-            slots.push((next + i, mode, *v));
+            slots.push((next + i, mode.as_str(), *v));
         }
-        centres.push((next + (bars.len() - 1) / 2, group));
+        centres.push((next + (bars.len() - 1) / 2, group.as_str()));
         next += bars.len() + 1;
     }
-    let total = next.saturating_sub(1).max(1) as u32;
-    let (lo, hi) = slots
-        .iter()
-        .fold((0f64, 0f64), |(lo, hi), &(_, _, v)| (lo.min(v), hi.max(v)));
-    let span = (hi - lo).max(1e-9);
-    let (y0, y1) = (
-        if lo < 0.0 { lo - 0.1 * span } else { 0.0 },
-        hi + 0.25 * span,
-    );
-    let mut chart = ChartBuilder::on(area)
+    Layout {
+        modes,
+        slots,
+        centres,
+        total: next.saturating_sub(1).max(1) as u32,
+    }
+}
+
+fn draw_panel(panel: &Panel, area: &Area<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    let layout = layout(panel);
+    let values: Vec<f64> = layout.slots.iter().map(|&(_, _, v)| v).collect();
+    let mut builder = ChartBuilder::on(area);
+    builder
         .caption(&panel.title, ("sans-serif", 18))
         .margin(10)
         .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d((0u32..total).into_segmented(), y0..y1)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(total as usize + 1)
-        .x_label_formatter(&|x| match x {
-            SegmentValue::CenterOf(slot) => centres
+        .y_label_area_size(60);
+    let x = (0u32..layout.total).into_segmented();
+    match y_scale(&values) {
+        YScale::Linear { from, to } => {
+            // The values' own span, as before the log axis existed (the same charts, byte for byte).
+            let (lo, hi) = values
                 .iter()
-                .find(|(s, _)| *s as u32 == *slot)
-                .map(|(_, g)| g.to_string())
-                .unwrap_or_default(),
-            _ => String::new(),
-        })
-        .y_desc(panel.y_label.as_str())
-        .draw()?;
-    for (index, mode) in modes.iter().enumerate() {
+                .fold((0f64, 0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            let span = (hi - lo).max(1e-9);
+            let chart = builder.build_cartesian_2d(x, from..to)?;
+            let label_at = |v: f64| v.max(0.0) + 0.02 * span;
+            draw_bars(
+                chart,
+                panel.y_label.clone(),
+                &layout,
+                area,
+                0.0,
+                label_at,
+                None,
+            )
+        }
+        YScale::Log { from, to } => {
+            let chart = builder.build_cartesian_2d(x, (from..to).log_scale())?;
+            let y_label = format!("{} (log scale)", panel.y_label);
+            let label_at = |v: f64| v * 1.12;
+            draw_bars(chart, y_label, &layout, area, from, label_at, Some(decade))
+        }
+    }
+}
+
+/// The mesh, the bars (from `base` up), each value above its bar (at `label_at(value)`) and
+/// the legend, on either y axis.
+fn draw_bars<'a, Y>(
+    mut chart: ChartContext<'a, SVGBackend<'a>, Cartesian2d<SegmentedCoord<RangedCoordu32>, Y>>,
+    y_label: String,
+    layout: &Layout<'_>,
+    area: &Area<'_>,
+    base: f64,
+    label_at: impl Fn(f64) -> f64,
+    y_ticks: Option<fn(&f64) -> String>,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let centres = &layout.centres;
+    let x_label = |x: &SegmentValue<u32>| match x {
+        SegmentValue::CenterOf(slot) => centres
+            .iter()
+            .find(|(s, _)| *s as u32 == *slot)
+            .map(|(_, g)| g.to_string())
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_x_mesh()
+        .x_labels(layout.total as usize + 1)
+        .x_label_formatter(&x_label)
+        .y_desc(y_label);
+    if let Some(format) = &y_ticks {
+        mesh.y_label_formatter(format);
+    }
+    mesh.draw()?;
+    for (index, mode) in layout.modes.iter().enumerate() {
         let colour = Palette99::pick(index).to_rgba();
-        let bars = slots
+        let bars = layout
+            .slots
             .iter()
             .filter(|(_, m, _)| m == mode)
             .map(|&(slot, _, v)| {
@@ -530,7 +626,7 @@ fn draw_panel(panel: &Panel, area: &Area<'_>) -> Result<(), Box<dyn std::error::
                 let mut bar = Rectangle::new(
                     [
                         (SegmentValue::Exact(slot), v),
-                        (SegmentValue::Exact(slot + 1), 0.0),
+                        (SegmentValue::Exact(slot + 1), base),
                     ],
                     colour.filled(),
                 );
@@ -543,13 +639,10 @@ fn draw_panel(panel: &Panel, area: &Area<'_>) -> Result<(), Box<dyn std::error::
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
     }
     // The values above the bars, so the chart can be read without the table.
-    chart.draw_series(slots.iter().map(|&(slot, _, v)| {
+    chart.draw_series(layout.slots.iter().map(|&(slot, _, v)| {
         Text::new(
             format_value(v),
-            (
-                SegmentValue::CenterOf(slot as u32),
-                v.max(0.0) + 0.02 * span,
-            ),
+            (SegmentValue::CenterOf(slot as u32), label_at(v)),
             ("sans-serif", 11)
                 .into_font()
                 .into_text_style(area)
@@ -563,6 +656,12 @@ fn draw_panel(panel: &Panel, area: &Area<'_>) -> Result<(), Box<dyn std::error::
         .border_style(BLACK)
         .draw()?;
     Ok(())
+}
+
+/// A log axis's tick (a power of ten) as written: 0.1, 1, 10, 10000.
+fn decade(v: &f64) -> String {
+    let rounded = (v * 1e6).round() / 1e6;
+    format!("{rounded}")
 }
 
 fn format_value(v: f64) -> String {
@@ -675,6 +774,85 @@ mod tests {
                 "12 jobs, 4 GPUs".to_string(),
                 vec![("exclusive".into(), 100.0), ("gpushare".into(), 70.0)]
             )]
+        );
+    }
+
+    #[test]
+    fn wide_positive_ranges_get_a_log_axis() {
+        let log = |from: f64, to: f64| YScale::Log { from, to };
+        let cases: [(&[f64], YScale); 6] = [
+            // priority.svg: gpushare's +1.5 % beside the 250 ms round robin's +8,134 %.
+            (&[1.53, 70.5, 2658.0, 8133.6], log(0.1, 100_000.0)),
+            // Exactly WIDE_RANGE apart.
+            (&[2.0, 100.0], log(0.1, 1000.0)),
+            // Narrower: linear from 0 with a quarter of the span above.
+            (
+                &[2.0, 99.0],
+                YScale::Linear {
+                    from: 0.0,
+                    to: 99.0 + 0.25 * 99.0,
+                },
+            ),
+            (
+                &[0.33, 0.66, 0.5],
+                YScale::Linear {
+                    from: 0.0,
+                    to: 0.66 + 0.25 * 0.66,
+                },
+            ),
+            // A zero or negative value has no logarithm: linear, below the lowest.
+            (
+                &[-0.3, 64.0],
+                YScale::Linear {
+                    from: -0.3 - 0.1 * 64.3,
+                    to: 64.0 + 0.25 * 64.3,
+                },
+            ),
+            (
+                &[0.0, 5000.0],
+                YScale::Linear {
+                    from: 0.0,
+                    to: 6250.0,
+                },
+            ),
+        ];
+        for (values, expected) in cases {
+            let got = y_scale(values);
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+            let same = match (got, expected) {
+                (YScale::Log { from, to }, YScale::Log { from: f, to: t })
+                | (YScale::Linear { from, to }, YScale::Linear { from: f, to: t }) => {
+                    close(from, f) && close(to, t)
+                }
+                _ => false,
+            };
+            assert!(same, "{values:?}: {got:?}, expected {expected:?}");
+        }
+    }
+
+    #[test]
+    fn a_log_axis_says_so_and_keeps_every_bar_above_its_floor() {
+        let results = json!({"scenarios": {"priority": {
+            "round-robin-250ms": {"1": {"metrics": {"high_mean_slowdown_percent": 2658.0}}},
+            "gpushare": {"1": {"metrics": {"high_mean_slowdown_percent": 1.5}}},
+        }}});
+        let fig = &figures(&results)[0];
+        let svg = render_svg(fig).unwrap();
+        assert!(svg.contains("mean slowdown % (log scale)"), "{svg}");
+        assert!(
+            svg.contains("\n1.5\n</text>") && svg.contains("\n2658\n</text>"),
+            "{svg}"
+        );
+        // gpushare's bar is over a decade tall (0.1 to 1.5), not a line.
+        let heights: Vec<f64> = svg
+            .split("<rect")
+            .skip(1)
+            .filter(|r| !r.contains("fill=\"#FFFFFF\"") && r.contains("opacity=\"1\""))
+            .filter_map(|r| r.split("height=\"").nth(1)?.split('"').next()?.parse().ok())
+            .collect();
+        assert!(
+            heights.iter().filter(|&&h| h > 20.0).count() >= 2,
+            "{heights:?}"
         );
     }
 
