@@ -21,8 +21,52 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// The version and the commit this arbiter was built from (`build.rs`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const COMMIT: &str = env!("GPUSHARE_COMMIT");
+
+/// How long the background loop may go without a GPU sample before `/healthz`
+/// fails: it samples every few seconds, so this is many missed rounds.
+pub const SAMPLE_STALL_MS: u64 = 30_000;
+
+/// `/healthz`'s verdict, read from the exposition the arbiter just rendered (so a
+/// wedged state, whose lock the rendering needs, answers nothing and fails the probe
+/// by its timeout): Ok, or why the arbiter is unhealthy.
+pub fn health_of(exposition: &str) -> Result<(), String> {
+    let value = |name: &str| {
+        exposition.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+    };
+    if value("gpushare_store_failing").is_some_and(|v| v > 0.0) {
+        return Err(
+            "store_failure: the lease store cannot be written (see gpusharectl status)".into(),
+        );
+    }
+    match value("gpushare_last_sample_age_seconds") {
+        Some(age) if age * 1000.0 > SAMPLE_STALL_MS as f64 => Err(format!(
+            "sampling_stalled: the last GPU sample is {age:.0} s old"
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u64>) -> String {
     let mut out = String::new();
+    family(
+        &mut out,
+        "gpushare_build_info",
+        "gauge",
+        "Always 1; the arbiter's version and the commit it was built from.",
+    );
+    let _ = writeln!(
+        out,
+        "gpushare_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        escape(VERSION),
+        escape(COMMIT)
+    );
     render_tokens(&mut out, report);
     render_connections(&mut out, report);
     family(
@@ -81,6 +125,34 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
                 out,
                 "gpushare_gpu_utilization_ratio{{gpu=\"{}\"}} {u}",
                 escape(&g.uuid)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "gpushare_last_sample_age_seconds",
+        "gauge",
+        "How long ago the background loop last sampled the GPUs.",
+    );
+    if let Some(ms) = report.last_sample_age_ms {
+        let _ = writeln!(
+            out,
+            "gpushare_last_sample_age_seconds {}",
+            ms as f64 / 1000.0
+        );
+    }
+    family(
+        &mut out,
+        "gpushare_gpu_utilization_10s_ratio",
+        "gauge",
+        "Mean GPU utilisation over the last 10 s (0-1): follows a change within seconds.",
+    );
+    for u in &report.gpu_utilization {
+        if let Some(ratio) = u.last_10s {
+            let _ = writeln!(
+                out,
+                "gpushare_gpu_utilization_10s_ratio{{gpu=\"{}\"}} {ratio}",
+                escape(&u.uuid)
             );
         }
     }
@@ -215,7 +287,23 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
             u.memory_quota
         );
     }
+    render_lease_time(&mut out, report);
     render_grants(&mut out, report);
+    family(
+        &mut out,
+        "gpushare_admission_rejections_total",
+        "counter",
+        "Reserves refused after waiting out the admission bound (they never became leases).",
+    );
+    for (priority, n) in [
+        ("high", report.admission_rejections.high),
+        ("low", report.admission_rejections.low),
+    ] {
+        let _ = writeln!(
+            out,
+            "gpushare_admission_rejections_total{{priority=\"{priority}\"}} {n}"
+        );
+    }
     family(
         &mut out,
         "gpushare_queue_length",
@@ -278,6 +366,93 @@ fn lease_labels(report: &StatusReport, lease: &LeaseId) -> String {
         part(|p| &p.name),
         part(|p| &p.container)
     )
+}
+
+/// [`lease_labels`] and `name`: the container's display name (the pod's
+/// namespace/name/container, else the container id, shortened as docker shows it),
+/// which docker and ctr containers, having no pod, are known by.
+fn named_lease_labels(report: &StatusReport, usage: &gpushare_proto::LeaseUsage) -> String {
+    format!(
+        "{},name=\"{}\"",
+        lease_labels(report, &usage.lease),
+        escape(&usage.container)
+    )
+}
+
+/// Per lease: GPU time and recent shares from the token service, and the counts
+/// of what was refused or taken from it.
+fn render_lease_time(out: &mut String, report: &StatusReport) {
+    type Value = fn(&gpushare_proto::LeaseUsage) -> Option<f64>;
+    family(
+        out,
+        "gpushare_lease_info",
+        "gauge",
+        "Always 1, one per lease: its labels, to join other series on `lease`.",
+    );
+    for u in &report.usage {
+        let priority = report
+            .leases
+            .iter()
+            .find(|l| l.id == u.lease)
+            .map_or(String::new(), |l| l.priority.to_string());
+        let _ = writeln!(
+            out,
+            "gpushare_lease_info{{{},priority=\"{priority}\"}} 1",
+            named_lease_labels(report, u)
+        );
+    }
+    let series: [(&str, &str, &str, Value); 7] = [
+        (
+            "gpushare_lease_gpu_time_seconds_total",
+            "counter",
+            "GPU time the lease's token clients held the token, gone clients included.",
+            |u| Some(u.gpu_time_ms as f64 / 1000.0),
+        ),
+        (
+            "gpushare_lease_gpu_share_10s_ratio",
+            "gauge",
+            "The lease's share of one GPU's time over the last 10 s (0-1).",
+            |u| u.gpu_share_10s,
+        ),
+        (
+            "gpushare_lease_gpu_share_1m_ratio",
+            "gauge",
+            "The lease's share of one GPU's time over the last minute (0-1).",
+            |u| u.gpu_share_1m,
+        ),
+        (
+            "gpushare_lease_memory_refusals_total",
+            "counter",
+            "Allocations refused because they would have passed the lease's memory quota.",
+            |u| Some(u.memory_refusals as f64),
+        ),
+        (
+            "gpushare_lease_token_revocations_total",
+            "counter",
+            "Times the lease's token clients were revoked (a higher-priority job, or the slice ran out).",
+            |u| Some(u.token_revocations as f64),
+        ),
+        (
+            "gpushare_lease_token_cut_offs_total",
+            "counter",
+            "Token clients cut off because the lease ended while they were connected.",
+            |u| Some(u.token_cut_offs as f64),
+        ),
+        (
+            "gpushare_lease_token_overdue_total",
+            "counter",
+            "Times a revoked token client of the lease had not released within scheduler.revoke_grace_ms.",
+            |u| Some(u.token_overdue as f64),
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        family(out, name, kind, help);
+        for u in &report.usage {
+            if let Some(v) = value(u) {
+                let _ = writeln!(out, "{name}{{{}}} {v}", named_lease_labels(report, u));
+            }
+        }
+    }
 }
 
 /// Grants by state and resource: placed (holding room, no lease yet), bound (a
@@ -379,11 +554,21 @@ where
                 return;
             }
             let line = String::from_utf8_lossy(&request);
-            let path_ok = line.starts_with("GET /metrics ") || line.starts_with("GET /metrics?");
-            let (status, body) = if path_ok {
+            let is = |path: &str| {
+                line.starts_with(&format!("GET {path} ")) || line.starts_with(&format!("GET {path}?"))
+            };
+            let (status, body) = if is("/metrics") {
                 ("200 OK", report())
+            } else if is("/healthz") {
+                match health_of(&report()) {
+                    Ok(()) => ("200 OK", "ok\n".to_owned()),
+                    Err(why) => ("503 Service Unavailable", format!("{why}\n")),
+                }
             } else {
-                ("404 Not Found", "not found: try GET /metrics\n".to_owned())
+                (
+                    "404 Not Found",
+                    "not found: try GET /metrics or GET /healthz\n".to_owned(),
+                )
             };
             let answer = format!(
                 "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -575,6 +760,10 @@ mod tests {
                 gpu_time_ms: 0,
                 gpu_share_10s: None,
                 gpu_share_1m: None,
+                memory_refusals: 0,
+                token_revocations: 0,
+                token_cut_offs: 0,
+                token_overdue: 0,
             }],
             grants: vec![
                 grant(
@@ -611,6 +800,69 @@ mod tests {
                 text.lines().any(|l| l == line),
                 "missing {line:?} in\n{text}"
             );
+        }
+    }
+
+    #[test]
+    fn renders_build_info_gpu_time_shares_and_refusals_per_lease() {
+        let report = StatusReport {
+            usage: vec![LeaseUsage {
+                lease: LeaseId("l1".into()),
+                memory_used: 0,
+                memory_quota: 1,
+                clients: vec![],
+                cgroup: None,
+                container: "0123456789ab".into(),
+                gpu_time_ms: 12_345,
+                gpu_share_10s: Some(0.61),
+                gpu_share_1m: None,
+                memory_refusals: 3,
+                token_revocations: 4,
+                token_cut_offs: 1,
+                token_overdue: 0,
+            }],
+            gpu_utilization: vec![gpushare_proto::GpuUtilization {
+                uuid: "GPU-0".into(),
+                last_10s: Some(0.97),
+            }],
+            admission_rejections: gpushare_proto::AdmissionRejections { high: 0, low: 2 },
+            ..Default::default()
+        };
+        let text = render(&report, &BTreeMap::new());
+        let labels = "lease=\"l1\",pod_namespace=\"\",pod=\"\",container=\"\",name=\"0123456789ab\"";
+        for line in [
+            format!("gpushare_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1"),
+            format!("gpushare_lease_gpu_time_seconds_total{{{labels}}} 12.345"),
+            format!("gpushare_lease_gpu_share_10s_ratio{{{labels}}} 0.61"),
+            format!("gpushare_lease_memory_refusals_total{{{labels}}} 3"),
+            format!("gpushare_lease_token_revocations_total{{{labels}}} 4"),
+            format!("gpushare_lease_token_cut_offs_total{{{labels}}} 1"),
+            "gpushare_gpu_utilization_10s_ratio{gpu=\"GPU-0\"} 0.97".into(),
+            "gpushare_admission_rejections_total{priority=\"low\"} 2".into(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // No share over a minute yet: no series rather than a made-up 0.
+        assert!(!text.contains("gpushare_lease_gpu_share_1m_ratio{"), "{text}");
+        assert!(!COMMIT.is_empty());
+    }
+
+    #[test]
+    fn health_fails_on_a_failing_store_or_a_stalled_sampler() {
+        for (exposition, want) in [
+            ("gpushare_store_failing 0\ngpushare_last_sample_age_seconds 2\n", Ok(())),
+            ("gpushare_store_failing 0\n", Ok(())),
+            ("gpushare_store_failing 1\n", Err("store_failure")),
+            ("gpushare_store_failing 0\ngpushare_last_sample_age_seconds 31\n", Err("sampling_stalled")),
+        ] {
+            let got = health_of(exposition);
+            match want {
+                Ok(()) => assert_eq!(got, Ok(()), "{exposition}"),
+                Err(reason) => assert!(
+                    got.as_ref().is_err_and(|e| e.starts_with(reason)),
+                    "{exposition}: {got:?}"
+                ),
+            }
         }
     }
 
@@ -656,6 +908,10 @@ mod tests {
                 gpu_time_ms: 0,
                 gpu_share_10s: None,
                 gpu_share_1m: None,
+                memory_refusals: 0,
+                token_revocations: 0,
+                token_cut_offs: 0,
+                token_overdue: 0,
             }],
             queue: vec![],
             violations: vec![Violation {
@@ -719,6 +975,8 @@ mod tests {
                 times
             },
             gpu_utilization: Vec::new(),
+            admission_rejections: Default::default(),
+            last_sample_age_ms: Some(2_000),
         };
         let mut totals = BTreeMap::new();
         totals.insert("unregistered", 3);

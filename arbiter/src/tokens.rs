@@ -219,6 +219,9 @@ struct LeaseAccount {
     clients: usize,
     /// The lease ended (`close_lease`).
     closed: bool,
+    revocations: u64,
+    cut_offs: u64,
+    overdue: u64,
 }
 
 /// Holds the timeline keeps per GPU, at most: at a hold every 10 ms (a tight
@@ -341,6 +344,17 @@ impl GpuToken {
         if registered.page.apply(action) {
             wakes.push(registered.page.clone());
         }
+        let account = registered.account;
+        if let Some(a) = state.accounts.get_mut(&account) {
+            match action {
+                Action::Revoke { .. } => a.revocations += 1,
+                Action::Overdue { .. } => a.overdue += 1,
+                _ => {}
+            }
+        }
+        let Some(registered) = state.clients.get(&client) else {
+            return;
+        };
         match *action {
             Action::Overdue { .. } => {
                 tracing::warn!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, "token client overdue: revoked and not released within scheduler.revoke_grace_ms; no longer waited for (a long kernel or CUDA graph is still draining, or its agent is stuck)");
@@ -715,6 +729,9 @@ pub struct LeaseTime {
     pub clients: usize,
     /// Whether the lease has ended (kept for the timeline).
     pub closed: bool,
+    pub revocations: u64,
+    pub cut_offs: u64,
+    pub overdue: u64,
 }
 
 impl LeaseTime {
@@ -833,6 +850,9 @@ impl TokenService {
                     held_long_ns: recent(SHARE_LONG_NS),
                     clients: a.clients,
                     closed: a.closed,
+                    revocations: a.revocations,
+                    cut_offs: a.cut_offs,
+                    overdue: a.overdue,
                 };
                 match times.iter_mut().find(|t| t.lease == time.lease) {
                     Some(t) => {
@@ -841,6 +861,9 @@ impl TokenService {
                         t.held_long_ns += time.held_long_ns;
                         t.clients += time.clients;
                         t.closed &= time.closed;
+                        t.revocations += time.revocations;
+                        t.cut_offs += time.cut_offs;
+                        t.overdue += time.overdue;
                     }
                     None => times.push(time),
                 }
@@ -1023,6 +1046,9 @@ impl TokenService {
                         recent: HeldWindow::default(),
                         clients: 0,
                         closed: false,
+                        revocations: 0,
+                        cut_offs: 0,
+                        overdue: 0,
                     },
                 );
                 id
@@ -1070,6 +1096,8 @@ impl TokenService {
             let mut state = gpu.lock();
             for a in state.accounts.values_mut().filter(|a| &a.lease == lease) {
                 a.closed = true;
+                // Every client connected now is cut off.
+                a.cut_offs += a.clients as u64;
             }
             for registered in state.clients.values().filter(|r| &r.lease == lease) {
                 registered.page.cut_off();

@@ -177,6 +177,10 @@ mod tests {
             gpu_time_ms: ms,
             gpu_share_10s: shares.map(|s| s.0),
             gpu_share_1m: shares.map(|s| s.1),
+            memory_refusals: 0,
+            token_revocations: 0,
+            token_cut_offs: 0,
+            token_overdue: 0,
         }
     }
 

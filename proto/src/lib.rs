@@ -20,7 +20,7 @@ pub use grant::{Grant, GrantAmount, GrantId, GrantRequest, PodBinding};
 pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{
-    AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest, ControlResponse, ErrorKind,
+    AdmissionRejections, AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest, ControlResponse, ErrorKind,
     GpuStatus, GpuTimeline, GpuUtilization, LeaseGpuTime, LeaseUsage, QueuedRequest,
     ReserveRequest, StatusReport, TimelineReport, TokenHold, TokenHolder, TokenStatus,
     UnshareableGpuStatus, Violation, ViolationKind, WindowWaiter,

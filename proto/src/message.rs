@@ -233,6 +233,18 @@ pub struct LeaseUsage {
     pub gpu_share_10s: Option<f64>,
     #[serde(default)]
     pub gpu_share_1m: Option<f64>,
+    /// Allocations refused because they would have passed the memory quota.
+    #[serde(default)]
+    pub memory_refusals: u64,
+    /// Times its token clients were revoked (a higher-priority job wanted the GPU,
+    /// or the slice ran out), cut off (the lease ended while they were connected),
+    /// and found overdue (revoked and not released within the grace period).
+    #[serde(default)]
+    pub token_revocations: u64,
+    #[serde(default)]
+    pub token_cut_offs: u64,
+    #[serde(default)]
+    pub token_overdue: u64,
 }
 
 /// A request waiting in the admission queue.
@@ -327,6 +339,21 @@ pub struct StatusReport {
     /// for the reason `placement` is.
     #[serde(default)]
     pub gpu_utilization: Vec<GpuUtilization>,
+    /// Reserves refused after waiting out the admission bound, by priority, since
+    /// the arbiter started (they never became leases, so they are counted here).
+    #[serde(default)]
+    pub admission_rejections: AdmissionRejections,
+    /// How long ago the background loop last sampled the GPUs, in ms; None before
+    /// the first sample. A stalled loop shows here (and fails `/healthz`).
+    #[serde(default)]
+    pub last_sample_age_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AdmissionRejections {
+    pub high: u64,
+    pub low: u64,
 }
 
 /// A GPU's utilisation over the short window, which follows a change within

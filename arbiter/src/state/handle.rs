@@ -256,8 +256,13 @@ impl ArbiterHandle {
             let stale = !arbiter.measured_within(lease, Instant::now(), MEASURE_FRESH);
             (charge, stale)
         };
-        if !charge.granted && stale && self.measure_memory(Some(lease)).await {
-            return self.lock().lease_charge(lease, connection, bytes);
+        let charge = if !charge.granted && stale && self.measure_memory(Some(lease)).await {
+            self.lock().lease_charge(lease, connection, bytes)?
+        } else {
+            charge
+        };
+        if !charge.granted {
+            self.lock().count_memory_refusal(lease);
         }
         Ok(charge)
     }

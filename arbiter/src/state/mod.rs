@@ -188,6 +188,12 @@ pub struct Arbiter {
     utilization: Vec<UtilizationWindow>,
     /// Utilisation over the last 10 s, shown beside the minute's, which lags.
     short_utilization: Vec<UtilizationWindow>,
+    /// When the background loop last recorded a GPU sample (for `/healthz`).
+    last_sample: Option<Instant>,
+    /// Allocations refused for the quota, per live lease.
+    memory_refusals: HashMap<LeaseId, u64>,
+    /// Reserves that timed out in the admission queue, by priority.
+    admission_rejections: gpushare_proto::AdmissionRejections,
     /// Utilisation over `placement.utilization_window_ms`: the balanced policy's view.
     recent_utilization: Vec<UtilizationWindow>,
     placement: gpushare_config::PlacementConfig,
@@ -262,6 +268,9 @@ impl Arbiter {
         let mut arbiter = Arbiter {
             utilization: vec![UtilizationWindow::new(UtilizationWindow::LAST_MINUTE); n],
             short_utilization: vec![UtilizationWindow::new(Duration::from_secs(10)); n],
+            last_sample: None,
+            memory_refusals: HashMap::new(),
+            admission_rejections: Default::default(),
             recent_utilization: vec![
                 UtilizationWindow::new(Duration::from_millis(
                     gpushare_config::PlacementConfig::default().utilization_window_ms

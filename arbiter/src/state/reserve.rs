@@ -317,6 +317,10 @@ impl Arbiter {
                 free: self.free_summary(),
             };
             tracing::warn!(container = %r.container_id, error = %err, "admission timed out");
+            match w.priority {
+                Priority::High => self.admission_rejections.high += 1,
+                Priority::Low => self.admission_rejections.low += 1,
+            }
             let _ = w.item.reply.send(Err(err));
         }
     }

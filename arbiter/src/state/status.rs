@@ -10,6 +10,7 @@ impl Arbiter {
                 self.utilization[i].record(now, sample.utilization);
                 self.recent_utilization[i].record(now, sample.utilization);
                 self.short_utilization[i].record(now, sample.utilization);
+                self.last_sample = Some(now);
                 self.memory_used[i] = Some(sample.memory_used);
             }
         }
@@ -127,6 +128,14 @@ impl Arbiter {
                         gpu_time_ms: gpu_time.map_or(0, |t| t.held_ns / 1_000_000),
                         gpu_share_10s: gpu_time.map(|t| t.share_short()),
                         gpu_share_1m: gpu_time.map(|t| t.share_long()),
+                        memory_refusals: self
+                            .memory_refusals
+                            .get(&r.lease.id)
+                            .copied()
+                            .unwrap_or(0),
+                        token_revocations: gpu_time.map_or(0, |t| t.revocations),
+                        token_cut_offs: gpu_time.map_or(0, |t| t.cut_offs),
+                        token_overdue: gpu_time.map_or(0, |t| t.overdue),
                     }
                 })
                 .collect(),
@@ -166,6 +175,17 @@ impl Arbiter {
                     last_10s: w.mean(now),
                 })
                 .collect(),
+            admission_rejections: self.admission_rejections,
+            last_sample_age_ms: self
+                .last_sample
+                .map(|at| now.saturating_duration_since(at).as_millis() as u64),
         }
+    }
+
+    /// An allocation of `lease` was refused for its quota (counted for metrics).
+    pub fn count_memory_refusal(&mut self, lease: &LeaseId) {
+        let leases = &self.leases;
+        self.memory_refusals.retain(|id, _| leases.contains_key(id));
+        *self.memory_refusals.entry(lease.clone()).or_default() += 1;
     }
 }
