@@ -494,6 +494,32 @@ impl Default for RuntimeConfig {
     }
 }
 
+impl RuntimeConfig {
+    /// The runtimes a container is handed to when the file is refused (`error`), so
+    /// that containers asking nothing of gpushare still start: the file's own
+    /// `runtime.runtimes` where that key alone still reads as a list of names,
+    /// else the defaults.
+    pub fn runtimes_despite(error: &ConfigError) -> Vec<String> {
+        std::fs::read_to_string(error.path())
+            .ok()
+            .and_then(|text| runtimes_in(&text))
+            .unwrap_or_else(|| RuntimeConfig::default().runtimes)
+    }
+}
+
+/// `runtime.runtimes` of a file that may be refused for other keys.
+fn runtimes_in(text: &str) -> Option<Vec<String>> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let names: Vec<String> = table
+        .get("runtime")?
+        .get("runtimes")?
+        .as_array()?
+        .iter()
+        .map(|name| name.as_str().map(str::to_owned))
+        .collect::<Option<_>>()?;
+    (!names.is_empty()).then_some(names)
+}
+
 /// Which scheduler hands out the per-GPU time-slice token.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -1318,6 +1344,33 @@ mod tests {
                 "{bad:?}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn the_runtimes_of_a_refused_file_are_its_own_where_they_still_read() {
+        let defaults = || Some(RuntimeConfig::default().runtimes);
+        for (text, expected) in [
+            (
+                "[runtime]\nruntimes = [\"crun\"]\nlibary = \"/x\"\n",
+                Some(vec!["crun".to_string()]),
+            ),
+            ("[runtime]\nruntimes = []\n", None),
+            ("[runtime]\nruntimes = [1]\n", None),
+            ("[runtime]\nlibary = \"/x\"\n", None),
+            ("not toml at all = = =", None),
+        ] {
+            assert_eq!(runtimes_in(text), expected, "{text}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "[runtime]\nruntimes = [\"crun\"]\nlibary = 1\n").unwrap();
+        let refused = Config::load(&path).unwrap_err();
+        assert_eq!(RuntimeConfig::runtimes_despite(&refused), ["crun"]);
+        let unreadable = Config::load(&dir.path().join("absent.toml")).unwrap_err();
+        assert_eq!(
+            Some(RuntimeConfig::runtimes_despite(&unreadable)),
+            defaults()
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! inputs and call admission.
 
 pub mod admission;
+pub mod broken_config;
 pub mod bundle;
 pub mod cli;
 pub mod cuda_compat;

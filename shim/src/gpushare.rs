@@ -10,6 +10,7 @@ use gpushare_config::{ArbiterConfig, Config, ConfigError};
 use gpushare_oci::admission::{
     self, AdmissionError, Admitted, Arbiter, ControlSocket, ErrorClass, Identity, Namespace,
 };
+use gpushare_oci::broken_config::{self, Decision, Unconfigured};
 use gpushare_oci::bundle::{BundleError, BundleSpec};
 use gpushare_oci::mutate;
 use gpushare_oci::spec::{Process, SpecError};
@@ -36,6 +37,9 @@ fn identity(container_id: &str) -> Identity {
 pub enum GpushareError {
     #[error("gpushare configuration: {0}")]
     Config(#[from] ConfigError),
+    /// The container asks for gpushare while the configuration is refused.
+    #[error(transparent)]
+    Unconfigured(#[from] Unconfigured),
     #[error(transparent)]
     Admission(#[from] AdmissionError),
     #[error("container {container_id}: {source}")]
@@ -75,6 +79,8 @@ impl Prepared {
     }
 }
 
+/// Read at each use, never kept: a fix to the file takes effect at the next
+/// container without restarting containerd or the shim.
 fn load_config() -> Result<Config, GpushareError> {
     Ok(Config::load_default()?.0)
 }
@@ -86,7 +92,10 @@ pub fn prepare_create(
     container_id: &str,
     bundle_dir: &Path,
 ) -> Result<Option<Prepared>, GpushareError> {
-    let config = load_config()?;
+    let config = match Config::load_default() {
+        Ok((config, _)) => config,
+        Err(error) => return prepare_unconfigured(container_id, bundle_dir, error),
+    };
     let mut arbiter = ControlSocket::new(&config.arbiter);
     match admission::prepare_bundle(bundle_dir, &identity(container_id), &config, &mut arbiter)? {
         Admitted::Untouched(why) => {
@@ -97,6 +106,24 @@ pub fn prepare_create(
             admitted,
             arbiter: config.arbiter,
         })),
+    }
+}
+
+/// `prepare_create` while the configuration is refused: a container that asks
+/// nothing of gpushare is left as it is, with a warning in containerd's log; one
+/// that asks is refused naming the file, its problems and the fix.
+fn prepare_unconfigured(
+    container_id: &str,
+    bundle_dir: &Path,
+    error: ConfigError,
+) -> Result<Option<Prepared>, GpushareError> {
+    let (_, spec) = BundleSpec::open(bundle_dir)?;
+    match broken_config::decide(&spec, Some(container_id), error) {
+        Decision::RunUntouched { warning } => {
+            log::warn!("{warning}");
+            Ok(None)
+        }
+        Decision::Refuse(refusal) => Err(refusal.into()),
     }
 }
 

@@ -19,8 +19,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use gpushare_config::Config;
+use gpushare_config::{ArbiterConfig, Config, ConfigError};
 use gpushare_oci::admission::{self, Admitted, ControlSocket, Identity};
+use gpushare_oci::broken_config::{self, Decision};
 use gpushare_oci::cli::{HookCli, Stage};
 use gpushare_oci::mutate;
 use gpushare_oci::spec::Spec;
@@ -44,24 +45,68 @@ fn run(cli: HookCli) -> anyhow::Result<()> {
     if let Stage::Fail { message } = cli.stage {
         bail!(message.unwrap_or_else(|| "container creation refused".into()));
     }
-    let config = match &cli.config {
-        Some(path) => Config::load(path)?,
-        None => Config::load_default()?.0,
-    };
-    let mut arbiter = match cli.control_socket {
-        Some(socket) => ControlSocket::at(socket, config.arbiter.client_timeout()),
-        None => ControlSocket::new(&config.arbiter),
+    // Read at each use, so a fix takes effect at the next container.
+    let loaded = match &cli.config {
+        Some(path) => Config::load(path),
+        None => Config::load_default().map(|(config, _)| config),
     };
     let mut input = Vec::new();
     std::io::stdin()
         .take(MAX_INPUT)
         .read_to_end(&mut input)
         .context("reading stdin")?;
+    let config = match loaded {
+        Ok(config) => config,
+        Err(error) => return run_unconfigured(&cli, &input, error),
+    };
+    let mut arbiter = match cli.control_socket {
+        Some(socket) => ControlSocket::at(socket, config.arbiter.client_timeout()),
+        None => ControlSocket::new(&config.arbiter),
+    };
     match cli.stage {
         Stage::Precreate => precreate(&input, &config, &mut arbiter),
         Stage::CreateRuntime => create_runtime(&input, &mut arbiter),
         Stage::Poststop => poststop(&input, &mut arbiter),
         Stage::Fail { .. } => unreachable!("handled first"),
+    }
+}
+
+/// A stage while the configuration is refused. precreate: a container that asks
+/// nothing of gpushare goes on byte for byte (with a warning); one that asks gets
+/// the refusal planted. The state hooks act only for a container gpushare edited
+/// (its lease annotation), and then only with `--control-socket` to reach the
+/// arbiter by; otherwise the file's problems are the error.
+fn run_unconfigured(cli: &HookCli, input: &[u8], error: ConfigError) -> anyhow::Result<()> {
+    if let Stage::Precreate = cli.stage {
+        let spec = Spec::from_slice(input).context("stdin is not an OCI spec")?;
+        return match broken_config::decide(&spec, None, error) {
+            Decision::RunUntouched { warning } => {
+                eprintln!("gpushare-hook: warning: {warning}");
+                emit(input)
+            }
+            Decision::Refuse(refusal) => {
+                let hook = std::env::current_exe().context("this hook's own path")?;
+                // `gpushare-hook fail` says "gpushare-hook: " before it.
+                let message = refusal.to_string();
+                let mut failing = spec;
+                mutate::apply_failure(&mut failing, &hook, &message)
+                    .with_context(|| format!("{message} (and cannot report it)"))?;
+                emit(&failing.to_vec())
+            }
+        };
+    }
+    let edited = state(input)?["annotations"][gpushare_oci::ANNOTATION_LEASE].is_string();
+    let mut arbiter = match (&cli.control_socket, edited) {
+        (_, false) => return Ok(()),
+        (Some(socket), true) => {
+            ControlSocket::at(socket.clone(), ArbiterConfig::default().client_timeout())
+        }
+        (None, true) => return Err(error.into()),
+    };
+    match cli.stage {
+        Stage::CreateRuntime => create_runtime(input, &mut arbiter),
+        Stage::Poststop => poststop(input, &mut arbiter),
+        Stage::Precreate | Stage::Fail { .. } => unreachable!("handled first"),
     }
 }
 

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{anyhow, bail, Context};
-use gpushare_config::Config;
+use gpushare_config::{Config, ConfigError, RuntimeConfig};
 use gpushare_oci::admission::{self, Admitted, ControlSocket, Identity};
+use gpushare_oci::broken_config::{self, Decision};
 use gpushare_oci::bundle::BundleSpec;
 use gpushare_oci::cli::{self, WrapperQuery};
 use gpushare_oci::mutate;
@@ -43,12 +44,16 @@ fn run(args: &[OsString], inv: &Invocation) -> anyhow::Result<ExitCode> {
         Some(WrapperQuery::Help) => say(&format!("{}\n", cli::runc_wrapper_help()))?,
         None => {}
     }
-    let found = load_config(inv).and_then(|config| {
-        let runtime = next_runtime(&config.runtime.runtimes)?;
-        Ok((config, runtime))
-    });
-    let (config, runtime) = match found {
-        Ok(found) => found,
+    // The file is read at each use: a fix takes effect at the next container. A
+    // refused file fails only the containers that ask for gpushare (`create`); every
+    // other command still reaches the runtime, the file's own if it still reads.
+    let config = load_config(inv);
+    let runtimes = match &config {
+        Ok(config) => config.runtime.runtimes.clone(),
+        Err(error) => RuntimeConfig::runtimes_despite(error),
+    };
+    let runtime = match next_runtime(&runtimes) {
+        Ok(runtime) => runtime,
         Err(e) if query == Some(WrapperQuery::Help) => {
             // The wrapper's part is told; the runtime's help is runc(8)'s to give.
             say(&format!(
@@ -62,18 +67,48 @@ fn run(args: &[OsString], inv: &Invocation) -> anyhow::Result<ExitCode> {
     if query.is_some() {
         return Err(hand_over(&runtime, args));
     }
-    match inv.subcommand.as_deref() {
-        Some("create") | Some("run") => create(args, inv, &config, &runtime),
-        Some("exec") => exec(args, inv, &runtime),
+    match (inv.subcommand.as_deref(), config) {
+        (Some("create") | Some("run"), Ok(config)) => create(args, inv, &config, &runtime),
+        (Some("create") | Some("run"), Err(error)) => {
+            create_unconfigured(args, inv, error, &runtime)
+        }
+        (Some("exec"), _) => exec(args, inv, &runtime),
         _ => Err(hand_over(&runtime, args)),
     }
 }
 
-fn load_config(inv: &Invocation) -> anyhow::Result<Config> {
-    Ok(match &inv.gpushare_config {
-        Some(path) => Config::load(path)?,
-        None => Config::load_default()?.0,
-    })
+fn load_config(inv: &Invocation) -> Result<Config, ConfigError> {
+    match &inv.gpushare_config {
+        Some(path) => Config::load(path),
+        None => Config::load_default().map(|(config, _)| config),
+    }
+}
+
+fn bundle_dir(inv: &Invocation) -> anyhow::Result<PathBuf> {
+    match &inv.bundle {
+        Some(dir) => Ok(dir.clone()),
+        None => std::env::current_dir().context("working directory"),
+    }
+}
+
+/// `create` while the configuration is refused: a container that asks nothing of
+/// gpushare is handed over untouched, with a warning in the runtime's log; one
+/// that asks is refused naming the file, its problems and the fix.
+fn create_unconfigured(
+    args: &[OsString],
+    inv: &Invocation,
+    error: ConfigError,
+    runtime: &Path,
+) -> anyhow::Result<ExitCode> {
+    let (_, spec) = BundleSpec::open(&bundle_dir(inv)?)?;
+    match broken_config::decide(&spec, inv.container_id.as_deref(), error) {
+        Decision::RunUntouched { warning } => {
+            // Only the runtime's log: during `create` stderr is the container's own.
+            append_to_runtime_log(inv, "warning", &format!("gpushare: {warning}"));
+            Err(hand_over(runtime, args))
+        }
+        Decision::Refuse(refusal) => Err(refusal.into()),
+    }
 }
 
 /// Writes and flushes `text` to stdout: before an `exec`, nothing may stay buffered.
@@ -93,10 +128,7 @@ fn create(
     config: &Config,
     runtime: &Path,
 ) -> anyhow::Result<ExitCode> {
-    let bundle_dir = match &inv.bundle {
-        Some(dir) => dir.clone(),
-        None => std::env::current_dir().context("working directory")?,
-    };
+    let bundle_dir = bundle_dir(inv)?;
     let container_id = inv
         .container_id
         .clone()
@@ -228,19 +260,26 @@ fn is_executable(path: &Path) -> bool {
 fn report_error(inv: &Invocation, message: &str) {
     let line = format!("gpushare: {message}");
     eprintln!("{line}");
-    if let Some(log) = &inv.log {
-        use std::io::Write;
-        let entry = if inv.log_format_json {
-            serde_json::json!({ "level": "error", "msg": line }).to_string()
-        } else {
-            format!("level=error msg={line:?}")
-        };
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-        {
-            let _ = writeln!(f, "{entry}");
-        }
+    append_to_runtime_log(inv, "error", &line);
+}
+
+/// One line in the runtime's log (`--log`), in its format: where containerd and
+/// docker look for what a runtime said.
+fn append_to_runtime_log(inv: &Invocation, level: &str, line: &str) {
+    use std::io::Write;
+    let Some(log) = &inv.log else {
+        return;
+    };
+    let entry = if inv.log_format_json {
+        serde_json::json!({ "level": level, "msg": line }).to_string()
+    } else {
+        format!("level={level} msg={line:?}")
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
+        let _ = writeln!(f, "{entry}");
     }
 }
