@@ -65,6 +65,23 @@ pub enum CtlCommand {
     Drain { gpu: String },
     /// Place leases on a drained GPU again.
     Undrain { gpu: String },
+    /// Add gpushare's runtime to a container engine's configuration (docker's daemon.json,
+    /// containerd's config.toml, podman's containers.conf), keeping everything else; with
+    /// --undo, take it out again (the file as it was, byte for byte, if nothing else changed
+    /// it since). Here --config names the engine's file. The engine is not restarted.
+    Setup {
+        engine: crate::setup::Engine,
+        /// Take gpushare's runtime out again.
+        #[arg(long)]
+        undo: bool,
+        /// Print what would be written; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Where gpushare-runc and containerd-shim-gpushare-v2 are (default: gpusharectl's
+        /// own directory).
+        #[arg(long, value_name = "DIR")]
+        bin_dir: Option<PathBuf>,
+    },
     /// Live view per GPU: memory used/quota, GPU-time share per lease, priority, the
     /// token's holder and the queue, redrawn every second (one frame when stdout is
     /// not a terminal).

@@ -23,6 +23,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod rhythm;
 pub mod server;
+pub mod setup;
 pub mod shutdown;
 pub mod state;
 pub mod store;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use gpushare_arbiter::cli::{CtlArgs, CtlCommand as Command};
+use gpushare_arbiter::setup::{self, Engine, Programs};
 use gpushare_config::Config;
 use gpushare_proto::grant::{Grant, GrantAmount};
 use gpushare_proto::{ByteSize, ControlClient, Lease, LeaseId, Priority, StatusReport};
@@ -46,6 +47,22 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 
 /// Runs the command; returns what to print.
 fn run(args: CtlArgs) -> anyhow::Result<String> {
+    // Needs no arbiter, and --config names the engine's file, not gpushare's.
+    if let Command::Setup {
+        engine,
+        undo,
+        dry_run,
+        bin_dir,
+    } = &args.command
+    {
+        return setup(
+            *engine,
+            args.config.as_deref(),
+            bin_dir.as_deref(),
+            *undo,
+            *dry_run,
+        );
+    }
     let config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::load_default()?.0,
@@ -72,6 +89,7 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
         }
         Command::Drain { gpu } => format!("drained {}\n", client.drain(gpu, true)?),
         Command::Undrain { gpu } => format!("undrained {}\n", client.drain(gpu, false)?),
+        Command::Setup { .. } => unreachable!("setup returns before connecting"),
         Command::Timeline { since, json, svg } => {
             let report = client.timeline(since.map(|s| s.saturating_mul(1000)))?;
             let mut out = if json {
@@ -102,6 +120,34 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
                 }
             }
         }
+    })
+}
+
+/// `gpusharectl setup`: the edit is gpushare_arbiter::setup's; this finds the programs
+/// and says what happened (with --dry-run, the content it would write).
+fn setup(
+    engine: Engine,
+    file: Option<&std::path::Path>,
+    bin_dir: Option<&std::path::Path>,
+    undo: bool,
+    dry_run: bool,
+) -> anyhow::Result<String> {
+    let bin_dir = match bin_dir {
+        Some(dir) => dir.to_owned(),
+        None => std::env::current_exe()
+            .context("finding gpusharectl's own directory (name one with --bin-dir)")?
+            .parent()
+            .context("gpusharectl's path has no directory (name one with --bin-dir)")?
+            .to_owned(),
+    };
+    let path = file.unwrap_or_else(|| engine.default_config());
+    let outcome = setup::apply(engine, path, &Programs::in_dir(&bin_dir), undo, dry_run)?;
+    Ok(match (dry_run, &outcome.content) {
+        (true, Some(content)) if outcome.action != setup::Action::Unchanged => {
+            format!("{content}(dry run: {outcome})\n")
+        }
+        (true, _) => format!("(dry run) {outcome}\n"),
+        (false, _) => format!("{outcome}\n"),
     })
 }
 

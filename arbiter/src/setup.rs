@@ -1,0 +1,653 @@
+//! `gpusharectl setup docker|containerd|podman [--undo]`: adds the gpushare runtime to a
+//! container engine's configuration, or takes it out again, as `nvidia-ctk runtime
+//! configure` does for NVIDIA's.
+//!
+//! The edits are pure ([`configure`], [`undo`]: text in, text out) and the file handling
+//! ([`apply`]) is separate. Three promises, each table-tested:
+//! - every other setting is kept: docker's daemon.json is edited as JSON keeping every key
+//!   in its order; containerd's and podman's TOML through toml_edit, keeping comments and
+//!   formatting;
+//! - running it twice changes nothing the second time: a runtime entry already as wanted
+//!   leaves the text untouched, byte for byte;
+//! - `--undo` gives back the file as it was: the first edit keeps the original next to the
+//!   file (`<file>.gpushare-backup`) and undo restores it byte for byte while the file is
+//!   still what setup wrote; edited since, undo removes exactly the entry setup added
+//!   (and the tables it created), keeping the later edits.
+//!
+//! The engine is never restarted: the report names what to restart.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+use toml_edit::{Array, DocumentMut, Item, Table};
+
+/// The runtime's name in every engine: `docker run --runtime gpushare`, a RuntimeClass's
+/// `handler: gpushare`, `podman --runtime gpushare`.
+pub const RUNTIME_NAME: &str = "gpushare";
+
+/// Where the original file is kept by the first edit: `<file>` + this.
+pub const BACKUP_SUFFIX: &str = ".gpushare-backup";
+
+/// containerd's CRI runtime table, by configuration version.
+const CONTAINERD_V2_RUNTIMES: [&str; 5] = [
+    "plugins",
+    "io.containerd.grpc.v1.cri",
+    "containerd",
+    "runtimes",
+    RUNTIME_NAME,
+];
+const CONTAINERD_V3_RUNTIMES: [&str; 5] = [
+    "plugins",
+    "io.containerd.cri.v1.runtime",
+    "containerd",
+    "runtimes",
+    RUNTIME_NAME,
+];
+const PODMAN_RUNTIMES: [&str; 2] = ["engine", "runtimes"];
+
+/// Requests reach the spec through these (config/containerd/*.toml says why grant keys
+/// come only through container annotations).
+const POD_ANNOTATIONS: [&str; 1] = ["gpushare.io/*"];
+const CONTAINER_ANNOTATIONS: [&str; 2] = ["gpushare.io/*", "grant.gpushare.io/*"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    Docker,
+    Containerd,
+    Podman,
+}
+
+impl Engine {
+    /// The system-wide configuration file the engine reads.
+    pub fn default_config(self) -> &'static Path {
+        Path::new(match self {
+            Engine::Docker => "/etc/docker/daemon.json",
+            Engine::Containerd => "/etc/containerd/config.toml",
+            Engine::Podman => "/etc/containers/containers.conf",
+        })
+    }
+
+    /// What the operator restarts for the edit to take effect.
+    pub fn restart_hint(self) -> &'static str {
+        match self {
+            Engine::Docker => "restart docker to use it: systemctl restart docker",
+            Engine::Containerd => "restart containerd to use it: systemctl restart containerd",
+            Engine::Podman => "podman reads containers.conf at each command: nothing to restart",
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Engine::Docker => "docker",
+            Engine::Containerd => "containerd",
+            Engine::Podman => "podman",
+        })
+    }
+}
+
+/// The installed programs the engines are pointed at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Programs {
+    /// gpushare-runc: docker's and podman's runtime, containerd 2.x's runc BinaryName.
+    pub runc: PathBuf,
+    /// containerd-shim-gpushare-v2: containerd 1.6/1.7's runtime_path.
+    pub shim: PathBuf,
+}
+
+impl Programs {
+    /// The programs installed beside `dir` (gpusharectl's own directory by default).
+    pub fn in_dir(dir: &Path) -> Programs {
+        Programs {
+            runc: dir.join("gpushare-runc"),
+            shim: dir.join("containerd-shim-gpushare-v2"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SetupError {
+    #[error("{engine} configuration is not valid {format}: {reason}")]
+    Parse {
+        engine: Engine,
+        format: &'static str,
+        reason: String,
+    },
+    #[error("{engine} configuration: {key} is {found}, where a table (object) is expected; gpushare's runtime goes inside it")]
+    NotATable {
+        engine: Engine,
+        key: String,
+        found: &'static str,
+    },
+    #[error("containerd configuration: version = {found} is not supported; accepted: 2 (containerd 1.6, 1.7; 2.x reads it too) or 3 (containerd 2.x){hint}")]
+    ContainerdVersion { found: String, hint: &'static str },
+    #[error("cannot {what} {path}: {reason}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{path}: a program path must be valid UTF-8 to be written into a configuration")]
+    NotUtf8 { path: PathBuf },
+}
+
+/// Adds (or corrects) gpushare's runtime in `text`, an engine configuration file's content
+/// ("" for a file that does not exist). Already as wanted: `text` itself, unchanged.
+pub fn configure(engine: Engine, text: &str, programs: &Programs) -> Result<String, SetupError> {
+    match engine {
+        Engine::Docker => configure_docker(text, programs),
+        Engine::Containerd => configure_containerd(text, programs),
+        Engine::Podman => configure_podman(text, programs),
+    }
+}
+
+/// Takes gpushare's runtime out of `current`. `backup` is the file as it was before setup
+/// first changed it (None: no backup, or there was no file). While `current` is still
+/// exactly what setup made of the backup, the backup comes back byte for byte; otherwise
+/// only what setup added goes. `Ok(None)`: the file should not exist (setup created it
+/// and nothing else was put in it since).
+pub fn undo(
+    engine: Engine,
+    current: &str,
+    backup: Option<&str>,
+    programs: &Programs,
+) -> Result<Option<String>, SetupError> {
+    if let Some(original) = backup {
+        if configure(engine, original, programs)? == current {
+            return Ok(Some(original.to_owned()));
+        }
+    }
+    let removed = match engine {
+        Engine::Docker => unconfigure_docker(current)?,
+        Engine::Containerd => unconfigure_containerd(current)?,
+        Engine::Podman => unconfigure_toml(engine, current, &PODMAN_RUNTIMES)?,
+    };
+    // A file setup created (no backup) holding nothing but what it wrote.
+    if backup.is_none() && configure(engine, "", programs)? == current {
+        return Ok(None);
+    }
+    Ok(Some(removed))
+}
+
+/// Whether `text` names gpushare's runtime (`make uninstall` refuses while one does).
+pub fn is_configured(engine: Engine, text: &str) -> Result<bool, SetupError> {
+    Ok(match engine {
+        Engine::Docker => {
+            docker_runtimes(&parse_json(text)?).is_some_and(|r| r.contains_key(RUNTIME_NAME))
+        }
+        Engine::Containerd => {
+            let doc = parse_toml(engine, text)?;
+            [&CONTAINERD_V2_RUNTIMES, &CONTAINERD_V3_RUNTIMES]
+                .iter()
+                .any(|path| lookup(doc.as_table(), &path[..]).is_some())
+        }
+        Engine::Podman => {
+            let doc = parse_toml(engine, text)?;
+            lookup(
+                doc.as_table(),
+                &[PODMAN_RUNTIMES[0], PODMAN_RUNTIMES[1], RUNTIME_NAME],
+            )
+            .is_some()
+        }
+    })
+}
+
+fn utf8(path: &Path) -> Result<&str, SetupError> {
+    path.to_str().ok_or_else(|| SetupError::NotUtf8 {
+        path: path.to_owned(),
+    })
+}
+
+// ----------------------------------------------------------------------------------------
+// docker: daemon.json
+// ----------------------------------------------------------------------------------------
+
+fn parse_json(text: &str) -> Result<Map<String, Value>, SetupError> {
+    if text.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    let parse = |reason: String| SetupError::Parse {
+        engine: Engine::Docker,
+        format: "JSON",
+        reason,
+    };
+    match serde_json::from_str::<Value>(text).map_err(|e| parse(e.to_string()))? {
+        Value::Object(map) => Ok(map),
+        other => Err(parse(format!(
+            "the top level is {}, where dockerd expects an object",
+            json_kind(&other)
+        ))),
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn docker_runtimes(config: &Map<String, Value>) -> Option<&Map<String, Value>> {
+    config.get("runtimes").and_then(Value::as_object)
+}
+
+/// daemon.json as dockerd writes it: two-space indentation and a final newline.
+fn render_json(config: &Map<String, Value>) -> String {
+    let mut text = serde_json::to_string_pretty(config).expect("a JSON map always serialises");
+    text.push('\n');
+    text
+}
+
+fn configure_docker(text: &str, programs: &Programs) -> Result<String, SetupError> {
+    let mut config = parse_json(text)?;
+    // "path" works on every docker release that has runtimes (docker 24's runtimeType with
+    // BinaryName is the same program through containerd's runc shim).
+    let wanted = serde_json::json!({ "path": utf8(&programs.runc)? });
+    let runtimes = config
+        .entry("runtimes")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(runtimes) = runtimes else {
+        return Err(SetupError::NotATable {
+            engine: Engine::Docker,
+            key: "runtimes".into(),
+            found: json_kind(runtimes),
+        });
+    };
+    if runtimes.get(RUNTIME_NAME) == Some(&wanted) {
+        return Ok(text.to_owned());
+    }
+    runtimes.insert(RUNTIME_NAME.into(), wanted);
+    Ok(render_json(&config))
+}
+
+fn unconfigure_docker(text: &str) -> Result<String, SetupError> {
+    let mut config = parse_json(text)?;
+    let Some(Value::Object(runtimes)) = config.get_mut("runtimes") else {
+        return Ok(text.to_owned());
+    };
+    if runtimes.shift_remove(RUNTIME_NAME).is_none() {
+        return Ok(text.to_owned());
+    }
+    if runtimes.is_empty() {
+        config.shift_remove("runtimes");
+    }
+    Ok(render_json(&config))
+}
+
+// ----------------------------------------------------------------------------------------
+// containerd (config.toml, version 2 or 3) and podman (containers.conf): TOML
+// ----------------------------------------------------------------------------------------
+
+fn parse_toml(engine: Engine, text: &str) -> Result<DocumentMut, SetupError> {
+    text.parse::<DocumentMut>().map_err(|e| SetupError::Parse {
+        engine,
+        format: "TOML",
+        reason: e.to_string().trim_end().to_owned(),
+    })
+}
+
+fn item_kind(item: &Item) -> &'static str {
+    match item {
+        Item::None => "absent",
+        Item::Value(v) if v.is_inline_table() => "an inline table",
+        Item::Value(_) => "a value",
+        Item::Table(_) => "a table",
+        Item::ArrayOfTables(_) => "an array of tables",
+    }
+}
+
+fn lookup<'a>(table: &'a Table, path: &[&str]) -> Option<&'a Item> {
+    let (first, rest) = path.split_first()?;
+    let item = table.get(first)?;
+    if rest.is_empty() {
+        return Some(item);
+    }
+    lookup(item.as_table()?, rest)
+}
+
+/// The table at `path`, created where missing: the parents implicit (no header of their
+/// own, as a hand-written file has them), the last explicit.
+fn table_at<'a>(
+    engine: Engine,
+    root: &'a mut Table,
+    path: &[&str],
+) -> Result<&'a mut Table, SetupError> {
+    let mut table = root;
+    for (depth, key) in path.iter().enumerate() {
+        let last = depth + 1 == path.len();
+        let item = table.entry(key).or_insert_with(|| {
+            let mut t = Table::new();
+            t.set_implicit(!last);
+            Item::Table(t)
+        });
+        let found = item_kind(item);
+        table = item.as_table_mut().ok_or_else(|| SetupError::NotATable {
+            engine,
+            key: path[..=depth].join("."),
+            found,
+        })?;
+    }
+    Ok(table)
+}
+
+fn string_array(values: &[&str]) -> Item {
+    toml_edit::value(values.iter().copied().collect::<Array>())
+}
+
+/// Sets `key` unless it already holds `wanted` (so an unchanged entry keeps its formatting).
+fn ensure(table: &mut Table, key: &str, wanted: Item) {
+    let same = match (table.get(key).and_then(Item::as_value), wanted.as_value()) {
+        (Some(have), Some(want)) => toml_values_equal(have, want),
+        _ => false,
+    };
+    if !same {
+        table.insert(key, wanted);
+    }
+}
+
+fn toml_values_equal(a: &toml_edit::Value, b: &toml_edit::Value) -> bool {
+    use toml_edit::Value as V;
+    match (a, b) {
+        (V::String(a), V::String(b)) => a.value() == b.value(),
+        (V::Integer(a), V::Integer(b)) => a.value() == b.value(),
+        (V::Boolean(a), V::Boolean(b)) => a.value() == b.value(),
+        (V::Array(a), V::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b.iter()).all(|(a, b)| toml_values_equal(a, b))
+        }
+        _ => false,
+    }
+}
+
+/// containerd's configuration version: 2 for a new (empty) file, which containerd 1.6,
+/// 1.7 and 2.x all read.
+fn containerd_version(doc: &DocumentMut, text: &str) -> Result<i64, SetupError> {
+    match doc.get("version") {
+        Some(item) => match item.as_integer() {
+            Some(v @ (2 | 3)) => Ok(v),
+            _ => Err(SetupError::ContainerdVersion {
+                found: item.to_string().trim().to_owned(),
+                hint: "",
+            }),
+        },
+        None if text.trim().is_empty() => Ok(2),
+        None => Err(SetupError::ContainerdVersion {
+            found: "absent (version 1)".into(),
+            hint: "; convert the file first: containerd config migrate",
+        }),
+    }
+}
+
+fn configure_containerd(text: &str, programs: &Programs) -> Result<String, SetupError> {
+    let engine = Engine::Containerd;
+    let mut doc = parse_toml(engine, text)?;
+    let version = containerd_version(&doc, text)?;
+    if doc.get("version").is_none() {
+        doc.insert("version", toml_edit::value(version));
+    }
+    let path: &[&str] = if version == 2 {
+        &CONTAINERD_V2_RUNTIMES
+    } else {
+        &CONTAINERD_V3_RUNTIMES
+    };
+    // runc's own cgroup driver, as nvidia-ctk copies it: the kubelet's must match.
+    let mut runc_options = path[..path.len() - 1].to_vec();
+    runc_options.extend(["runc", "options", "SystemdCgroup"]);
+    let systemd_cgroup = lookup(doc.as_table(), &runc_options).and_then(Item::as_bool);
+
+    let runtime = table_at(engine, doc.as_table_mut(), path)?;
+    ensure(
+        runtime,
+        "runtime_type",
+        toml_edit::value("io.containerd.runc.v2"),
+    );
+    if version == 2 {
+        // The gpushare shim decorates containerd's runc shim; runc's options still apply.
+        ensure(
+            runtime,
+            "runtime_path",
+            toml_edit::value(utf8(&programs.shim)?),
+        );
+    }
+    ensure(runtime, "pod_annotations", string_array(&POD_ANNOTATIONS));
+    ensure(
+        runtime,
+        "container_annotations",
+        string_array(&CONTAINER_ANNOTATIONS),
+    );
+    if version == 3 || systemd_cgroup.is_some() {
+        let options = table_at(engine, runtime, &["options"])?;
+        if version == 3 {
+            // containerd 2.x: gpushare-runc as runc's binary.
+            ensure(
+                options,
+                "BinaryName",
+                toml_edit::value(utf8(&programs.runc)?),
+            );
+        }
+        if let Some(systemd) = systemd_cgroup {
+            ensure(options, "SystemdCgroup", toml_edit::value(systemd));
+        }
+    }
+    let edited = doc.to_string();
+    Ok(if edited == text {
+        text.to_owned()
+    } else {
+        edited
+    })
+}
+
+fn unconfigure_containerd(text: &str) -> Result<String, SetupError> {
+    let mut out = text.to_owned();
+    for path in [&CONTAINERD_V2_RUNTIMES, &CONTAINERD_V3_RUNTIMES] {
+        out = unconfigure_toml(Engine::Containerd, &out, &path[..path.len() - 1])?;
+    }
+    Ok(out)
+}
+
+/// Removes gpushare's runtime from the table at `path`, then that table if it is left
+/// empty, then every table above it left empty with no header of its own (implicit).
+fn unconfigure_toml(engine: Engine, text: &str, path: &[&str]) -> Result<String, SetupError> {
+    let mut doc = parse_toml(engine, text)?;
+    let removed = remove_at(doc.as_table_mut(), path, RUNTIME_NAME);
+    Ok(if removed {
+        doc.to_string()
+    } else {
+        text.to_owned()
+    })
+}
+
+/// true when something was removed.
+fn remove_at(table: &mut Table, path: &[&str], key: &str) -> bool {
+    match path.split_first() {
+        None => table.remove(key).is_some(),
+        Some((first, rest)) => {
+            let Some(child) = table.get_mut(first).and_then(Item::as_table_mut) else {
+                return false;
+            };
+            let removed = remove_at(child, rest, key);
+            // The table that held the runtime goes too once empty, header or not: setup
+            // writes one for the table it creates ([engine.runtimes]).
+            if removed && child.is_empty() && (child.is_implicit() || rest.is_empty()) {
+                table.remove(first);
+            }
+            removed
+        }
+    }
+}
+
+fn configure_podman(text: &str, programs: &Programs) -> Result<String, SetupError> {
+    let engine = Engine::Podman;
+    let mut doc = parse_toml(engine, text)?;
+    let runtimes = table_at(engine, doc.as_table_mut(), &PODMAN_RUNTIMES)?;
+    // podman's runtimes are lists of candidate paths; the first that exists is used.
+    ensure(
+        runtimes,
+        RUNTIME_NAME,
+        string_array(&[utf8(&programs.runc)?]),
+    );
+    let edited = doc.to_string();
+    Ok(if edited == text {
+        text.to_owned()
+    } else {
+        edited
+    })
+}
+
+// ----------------------------------------------------------------------------------------
+// The file: read, back up, write
+// ----------------------------------------------------------------------------------------
+
+/// What [`apply`] did, for the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub engine: Engine,
+    pub path: PathBuf,
+    pub action: Action,
+    /// The file's new content (None: removed); with `dry_run`, what would be written.
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Unchanged,
+    Written,
+    Restored,
+    Removed,
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = self.path.display();
+        match self.action {
+            Action::Unchanged => {
+                return write!(f, "{path}: already as wanted, nothing changed")
+            }
+            Action::Written => write!(
+                f,
+                "{path}: runtime \"{RUNTIME_NAME}\" added (gpusharectl setup --undo {} takes it out); ",
+                self.engine
+            )?,
+            Action::Restored => write!(f, "{path}: gpushare's runtime removed; ")?,
+            Action::Removed => write!(f, "{path}: removed (setup had created it); ")?,
+        }
+        f.write_str(self.engine.restart_hint())
+    }
+}
+
+fn backup_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(BACKUP_SUFFIX);
+    PathBuf::from(name)
+}
+
+fn read_optional(path: &Path) -> Result<Option<String>, SetupError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(SetupError::Io {
+            what: "read",
+            path: path.to_owned(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn io_error<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> SetupError + 'a {
+    move |e| SetupError::Io {
+        what,
+        path: path.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+/// Writes through a temporary file in the same directory, renamed over `path`, keeping
+/// the old file's permissions: the engine never reads half a file.
+fn write_atomically(path: &Path, text: &str) -> Result<(), SetupError> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io_error("create the directory of", path))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".gpushare-tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, text).map_err(io_error("write", &tmp))?;
+    let mode = std::fs::metadata(path)
+        .map(|m| m.permissions().mode())
+        .unwrap_or(0o644);
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .map_err(io_error("set the permissions of", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_error("replace", path))
+}
+
+/// Configures (or with `undo`, unconfigures) the engine's file at `path`. With `dry_run`
+/// nothing is written; the outcome says what would be.
+pub fn apply(
+    engine: Engine,
+    path: &Path,
+    programs: &Programs,
+    undo_it: bool,
+    dry_run: bool,
+) -> Result<Outcome, SetupError> {
+    let current = read_optional(path)?;
+    let backup_file = backup_path(path);
+    let outcome = |action, content| Outcome {
+        engine,
+        path: path.to_owned(),
+        action,
+        content,
+    };
+    if !undo_it {
+        let text = current.clone().unwrap_or_default();
+        let edited = configure(engine, &text, programs)?;
+        if current.is_some() && edited == text {
+            return Ok(outcome(Action::Unchanged, Some(edited)));
+        }
+        if !dry_run {
+            // The original, once: a second setup after a change of path keeps the first.
+            if let Some(original) = &current {
+                if !backup_file.exists() {
+                    std::fs::write(&backup_file, original)
+                        .map_err(io_error("write the backup", &backup_file))?;
+                }
+            }
+            write_atomically(path, &edited)?;
+        }
+        return Ok(outcome(Action::Written, Some(edited)));
+    }
+
+    let Some(text) = current else {
+        return Ok(outcome(Action::Unchanged, None));
+    };
+    let backup = read_optional(&backup_file)?;
+    let restored = undo(engine, &text, backup.as_deref(), programs)?;
+    if restored.as_deref() == Some(text.as_str()) {
+        return Ok(outcome(Action::Unchanged, restored));
+    }
+    if !dry_run {
+        match &restored {
+            Some(content) => write_atomically(path, content)?,
+            None => std::fs::remove_file(path).map_err(io_error("remove", path))?,
+        }
+        if backup.is_some() {
+            std::fs::remove_file(&backup_file).map_err(io_error("remove", &backup_file))?;
+        }
+    }
+    let action = if restored.is_some() {
+        Action::Restored
+    } else {
+        Action::Removed
+    };
+    Ok(outcome(action, restored))
+}
+
+#[cfg(test)]
+mod tests;
