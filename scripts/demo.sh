@@ -2,23 +2,40 @@
 # make demo: a high- and a low-priority container share one GPU through real
 # containerd + runc, with gpushare-runc as the runc binary. Everything runs in a
 # private directory with a private containerd; nothing on the host is touched.
+# What it shows is kept in target/demo (GPUSHARE_DEMO_DIR): the timeline chart
+# (timeline.svg), each job's report, gpusharectl's views and the arbiter's log.
 set -euo pipefail
 
 BIN=${GPUSHARE_BIN_DIR:?set by make}
 if [ "$(id -u)" -ne 0 ]; then echo "make demo needs root (it runs containers)" >&2; exit 1; fi
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${GPUSHARE_DEMO_DIR:-$repo/target/demo}
+mkdir -p "$out"
+rm -f "$out"/*.json "$out"/*.out "$out"/*.txt "$out"/*.svg "$out"/*.log
 
 work=$(mktemp -d /tmp/gpushare-demo.XXXXXX)
 pids=()
 cleanup() {
   set +e
-  for c in demo-alone demo-high demo-low; do ctr -a "$work/containerd.sock" task kill -s KILL "$c" >/dev/null 2>&1; ctr -a "$work/containerd.sock" container rm "$c" >/dev/null 2>&1; done
+  for c in demo-high-alone demo-low-alone demo-high demo-low; do ctr -a "$work/containerd.sock" task kill -s KILL "$c" >/dev/null 2>&1; ctr -a "$work/containerd.sock" container rm "$c" >/dev/null 2>&1; done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  cp "$work/arbiter.log" "$out/arbiter.log" 2>/dev/null
   grep -o " $work/[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# Bold headings on a terminal only: a file (make demo > demo.txt) gets plain text.
+if [ -t 1 ]; then bold=$'\033[1m' plain=$'\033[0m'; else bold="" plain=""; fi
+say() { printf '\n%s== %s%s\n' "$bold" "$*" "$plain"; }
+
+# 4294967296 -> "4 GiB", 2464153600 -> "2.3 GiB", 524288000 -> "500 MiB".
+human_bytes() {
+  awk -v b="$1" 'BEGIN {
+    if (b >= 1073741824) { s = sprintf("%.1f", b / 1073741824); sub(/\.0$/, "", s); print s " GiB" }
+    else if (b >= 1048576) printf "%.0f MiB\n", b / 1048576
+    else printf "%d bytes\n", b }'
+}
 
 # --- GPUs: the real ones when an NVIDIA driver answers, simulated ones otherwise.
 devices=""
@@ -30,10 +47,10 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     devices+=$'\n'"[[arbiter.devices]]"$'\n'"uuid = \"${uuid// /}\""$'\n'"name = \"${name# }\""$'\n'"memory = \"${mem// /}Mi\""$'\n'
   done < <(nvidia-smi --query-gpu=uuid,name,memory.total --format=csv,noheader,nounits)
 else
-  say "No NVIDIA driver: sharing 2 simulated GPUs (every figure below is simulated)"
+  say "No NVIDIA driver: sharing 2 simulated GPUs of 16 GiB (every figure below is simulated)"
   simulated=1
   mkdir -p "$work/simgpu-lib" "$work/simgpu"
-  "$(dirname "$0")/../tests/simgpu/install.sh" "$work/simgpu-lib" "$(basename "$BIN")" >/dev/null
+  "$repo/tests/simgpu/install.sh" "$work/simgpu-lib" "$(basename "$BIN")" >/dev/null
   # The arbiter takes its inventory, utilisation and process list through the simulated
   # GPU's NVML: the same code path as on a real node.
   nvml="nvml_library = \"$work/simgpu-lib/libnvidia-ml.so.1\""
@@ -99,8 +116,9 @@ make_rootfs "$work/rootfs-low"
 # are wall-clock time on the simulated GPU.
 high_job="simgpu-workload --kernels 50 --kernel lognormal:100us:0.3 --gap 3300us --duration 4s --memory 2Gi"
 low_job="simgpu-workload --kernels 20 --kernel fixed:100us --gap 0 --duration 4s --memory 2Gi"
-show='echo "[$GPUSHARE_QUOTA_PRIORITY] GPU $NVIDIA_VISIBLE_DEVICES, memory quota $GPUSHARE_QUOTA_MEMORY bytes, lease $GPUSHARE_LEASE, LD_PRELOAD=$LD_PRELOAD"'
-run() { # name priority memory command
+# What gpushare gave the container, as the container sees it; the host prints it readably.
+show='echo "gpushare-env $GPUSHARE_QUOTA_PRIORITY $NVIDIA_VISIBLE_DEVICES $GPUSHARE_QUOTA_MEMORY $GPUSHARE_LEASE $LD_PRELOAD"'
+run() { # name priority memory command > its output
   local mounts=()
   if [ -n "$simulated" ]; then
     mounts=(--mount "type=bind,src=$work/simgpu,dst=/run/simgpu,options=rbind:rw" --env LD_LIBRARY_PATH=/opt/simgpu/lib)
@@ -108,52 +126,125 @@ run() { # name priority memory command
   ctr -a "$work/containerd.sock" run --rm --rootfs --runc-binary "$BIN/gpushare-runc" \
     --env PATH=/bin "${mounts[@]}" --annotation gpushare.io/gpu=index:0 \
     --annotation "gpushare.io/priority=$2" --annotation "gpushare.io/memory=$3" \
-    "$work/rootfs-$2" "$1" /bin/sh -c "$show; $4"
+    "$work/rootfs-$2" "$1" /bin/sh -c "$show; $4" 2>&1
 }
-summary() { # label json-line
-  # The iteration time is the period from one iteration's start to the next (kernels and CPU
-  # gap); the report's other distributions (latency_ms, start_latency_us) have p50/p99 too.
-  local it period p50 p99
-  it=$(printf '%s' "$2" | grep -o '"throughput_iters_per_s":[0-9.]*' | cut -d: -f2)
-  period=$(printf '%s' "$2" | grep -o '"period_ms":{[^}]*}')
-  p50=$(printf '%s' "$period" | grep -o '"p50":[0-9.]*' | cut -d: -f2)
-  p99=$(printf '%s' "$period" | grep -o '"p99":[0-9.]*' | cut -d: -f2)
-  printf '  %-34s %8.1f iterations/s   iteration p50 %6.2f ms   p99 %6.2f ms\n' "$1" "$it" "${p50:-0}" "${p99:-0}"
+# The container's gpushare-env line, readable; its other lines (the workload's JSON report
+# aside, kept in $out) as they are.
+describe() { # name output-file
+  local priority gpu memory lease preload
+  while read -r tag priority gpu memory lease preload; do
+    [ "$tag" = gpushare-env ] || continue
+    printf '  %-16s %-4s priority, GPU %s, memory quota %s, lease %s\n' "$1" "$priority" "$gpu" "$(human_bytes "$memory")" "$lease"
+    printf '  %-16s interposer %s\n' "" "$preload"
+  done <"$2"
+  grep -v -e '^gpushare-env ' -e '^{' "$2" | sed 's/^/  /' || true
+}
+# A job's report: its JSON line, kept as <name>.json.
+report() { grep '^{' "$work/$1.out" >"$out/$1.json" || true; cp "$work/$1.out" "$out/$1.out"; }
+# One number from a flat JSON report: json_number file key [object].
+json_number() {
+  local text
+  text=$(cat "$1")
+  if [ -n "${3:-}" ]; then text=$(printf '%s' "$text" | grep -o "\"$3\":{[^}]*}" || true); fi
+  printf '%s' "$text" | grep -o "\"$2\":[0-9.eE+-]*" | head -n1 | cut -d: -f2 || true
 }
 
 if [ -n "$simulated" ]; then
-  say "Baseline: the high-priority job alone on GPU 0"
-  alone=$(run demo-alone high 4Gi "$high_job" | tee /dev/stderr | grep '^{' || true)
+  say "Baselines: each job alone on GPU 0"
+  run demo-high-alone high 4Gi "$high_job" >"$work/high-alone.out"
+  describe demo-high-alone "$work/high-alone.out"
+  report high-alone
+  run demo-low-alone low 25% "$low_job" >"$work/low-alone.out"
+  describe demo-low-alone "$work/low-alone.out"
+  report low-alone
 fi
 
-say "A high-priority (4Gi) and a low-priority (25%) container, both on GPU 0"
+say "A high-priority (4 GiB) and a low-priority (25 % of the GPU's memory) container, both on GPU 0"
 if [ -z "$simulated" ]; then high_job="sleep 3"; low_job="sleep 3"; fi
+# The timeline below starts here: --since takes whole seconds, so a pause longer than one
+# keeps the baselines' holds out of it.
+sleep 1.5
+shared_start=$(date +%s.%N)
 run demo-high high 4Gi "$high_job" >"$work/high.out" &
 high=$!
 sleep 0.5
 run demo-low low 25% "$low_job" >"$work/low.out" &
 low=$!
 sleep 1.5
-say "gpusharectl status while both run"
-"$BIN/gpusharectl" status
+say "gpusharectl status while both run (also in $out/status-sharing.txt)"
+"$BIN/gpusharectl" status | tee "$out/status-sharing.txt"
 wait $high $low
-grep -v '^{' "$work/high.out" "$work/low.out" | sed 's/^[^:]*://'
+describe demo-high "$work/high.out"
+describe demo-low "$work/low.out"
+report high
+report low
+
+# The token service's account of who held each GPU, from the start of the shared run.
+timeline_json=""
+if "$BIN/gpusharectl" timeline --help >/dev/null 2>&1; then
+  since=$(awk -v start="$shared_start" -v now="$(date +%s.%N)" 'BEGIN { s = now - start; print (s == int(s)) ? s : int(s) + 1 }')
+  say "Who held GPU 0 when (gpusharectl timeline --since $since)"
+  "$BIN/gpusharectl" timeline --since "$since" --svg "$out/timeline.svg" | tee "$out/timeline.txt"
+  "$BIN/gpusharectl" timeline --since "$since" --json >"$out/timeline.json"
+  timeline_json=$out/timeline.json
+  echo "  chart: $out/timeline.svg"
+else
+  say "No timeline: this gpusharectl has no 'timeline' command"
+fi
+
+# GPU time the token service counted for a container's lease (ms), from the timeline's JSON.
+token_ms() { # container
+  [ -n "$timeline_json" ] || return 0
+  # Compacted to one line (names hold no blanks), then one lease object a line.
+  tr -d ' \n\t' <"$timeline_json" | grep -o '"leases":\[.*' | sed 's/},{/}\n{/g' |
+    grep "\"container\":\"$1\"" | grep -o '"gpu_time_ms":[0-9]*' | head -n1 | cut -d: -f2 || true
+}
 
 if [ -n "$simulated" ]; then
-  say "What each job got (simulated GPU)"
-  summary "high priority, alone" "$alone"
-  summary "high priority, sharing" "$(grep '^{' "$work/high.out")"
-  summary "low priority, sharing" "$(grep '^{' "$work/low.out")"
+  say "What each container got (simulated GPU; reports in $out)"
+  # The simulated GPU runs on the host's CPUs: on a busy machine every figure is slower and
+  # varies from run to run, the high job's too.
+  read -r load _ </proc/loadavg
+  cpus=$(nproc)
+  if awk -v l="$load" -v c="$cpus" 'BEGIN { exit !(l > c) }'; then
+    echo "  (load average $load on $cpus CPUs: this machine is busy, so these figures vary between runs)"
+  fi
+  printf '  %-10s %-9s %13s %13s %9s %16s %14s\n' container priority "alone, it/s" "shared, it/s" "vs alone" "GPU time, shared" "token held"
+  for job in high low; do
+    alone_rate=$(json_number "$out/$job-alone.json" throughput_iters_per_s)
+    shared_rate=$(json_number "$out/$job.json" throughput_iters_per_s)
+    kernel_s=$(json_number "$out/$job.json" kernel_time_s)
+    elapsed_s=$(json_number "$out/$job.json" elapsed_s)
+    held=$(token_ms "demo-$job")
+    awk -v name="demo-$job" -v p="$job" -v a="${alone_rate:-0}" -v s="${shared_rate:-0}" \
+      -v k="${kernel_s:-0}" -v e="${elapsed_s:-0}" -v h="${held:-}" 'BEGIN {
+        vs = a > 0 ? sprintf("%+.1f %%", (s / a - 1) * 100) : "-"
+        gpu = e > 0 ? sprintf("%.2f s (%.0f %%)", k, 100 * k / e) : "-"
+        tok = h != "" ? sprintf("%.2f s", h / 1000) : "-"
+        printf "  %-10s %-9s %13.1f %13.1f %9s %16s %14s\n", name, p, a, s, vs, gpu, tok }'
+  done
+  for job in high low; do
+    p50=$(json_number "$out/$job-alone.json" p50 period_ms)
+    p50_shared=$(json_number "$out/$job.json" p50 period_ms)
+    p99_shared=$(json_number "$out/$job.json" p99 period_ms)
+    printf '  demo-%-5s iteration p50 %.2f ms alone, %.2f ms shared (p99 %.2f ms)\n' "$job" "${p50:-0}" "${p50_shared:-0}" "${p99_shared:-0}"
+  done
   cat <<'NOTE'
+
+  GPU time, shared: the time the container's kernels ran, and its part of the container's
+  run; token held: how long its lease held GPU 0's time-slice token (the token service's
+  account, the same as gpusharectl status and the timeline).
   libgpushare.so enforces each container's memory quota (see "used" in the status above) and
-  gates kernel launches on the GPU's time-slice token (TOKENS in the status): the high-priority
-  job takes it whenever it has work, and the low-priority job runs in the time it leaves idle.
-  Without the token the GPU would time-slice between them like the hardware, and the
-  high-priority job's iterations would take about 70 % longer (tests/bench/results).
+  gates kernel launches on the GPU's time-slice token: the high-priority job takes it
+  whenever it has work, so its iteration rate stays near its rate alone, and the low-priority
+  job runs in the time it leaves idle. Without the token the GPU would time-slice between
+  them like the hardware, and the high-priority job's iterations would take about 70 %
+  longer (tests/bench/results).
 NOTE
 fi
 
 # One watchdog pass (every 2 s) so the status no longer lists the exited processes.
 sleep 2.5
 say "gpusharectl status after both exited (their leases are released)"
-"$BIN/gpusharectl" status
+"$BIN/gpusharectl" status | tee "$out/status-after.txt"
+say "Kept in $out: timeline.svg, timeline.txt, each job's report (*.json), the statuses, arbiter.log"
