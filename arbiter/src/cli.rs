@@ -2,9 +2,10 @@
 //! gpushare-docgen renders their man pages and shell completions from the very
 //! definitions the binaries parse with.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 /// `--help` opens with `<name> <version>`, as every gpushare binary's does (clap's
 /// default help names neither).
@@ -24,6 +25,38 @@ pub struct ArbiterArgs {
     /// Configuration file (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Without one, run the daemon.
+    #[command(subcommand)]
+    pub command: Option<ArbiterCommand>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ArbiterCommand {
+    /// Check a configuration file as every component reads it, before saving it where
+    /// they read it: `FILE: ok`, or each problem as FILE:LINE: key = value: what is
+    /// wrong; the likely fix. Exit 0 ok, 1 problems, 2 unreadable.
+    CheckConfig(CheckConfig),
+}
+
+/// `check-config [FILE]`, the same for gpushare-arbiter and gpusharectl.
+#[derive(Args, Debug)]
+pub struct CheckConfig {
+    /// The file (default: the one the components read: --config, else
+    /// $GPUSHARE_CONFIG, else /etc/gpushare/config.toml).
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+}
+
+impl CheckConfig {
+    /// Checks the file (`config`: the binary's --config) and prints the report on
+    /// stdout; the exit status is the report's.
+    pub fn run(&self, config: Option<&Path>) -> ExitCode {
+        use std::io::Write;
+        let report = gpushare_config::check::check_file(self.file.as_deref().or(config));
+        // A reader gone (`| head`) changes nothing about the verdict.
+        let _ = std::io::stdout().lock().write_all(report.text.as_bytes());
+        ExitCode::from(report.exit_code)
+    }
 }
 
 /// `gpusharectl`'s arguments.
@@ -59,6 +92,10 @@ pub enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Check a configuration file as every component reads it (no arbiter needed):
+    /// `FILE: ok`, or each problem as FILE:LINE: key = value: what is wrong; the
+    /// likely fix. Exit 0 ok, 1 problems, 2 unreadable.
+    CheckConfig(CheckConfig),
     /// Release a lease by id (idempotent).
     Release { lease: String },
     /// Place no new leases on a GPU (UUID or index); its leases stay.
@@ -77,8 +114,7 @@ pub enum CtlCommand {
         /// Print what would be written; change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Where gpushare-runc and containerd-shim-gpushare-v2 are (default: gpusharectl's
-        /// own directory).
+        /// Where gpushare-runc is (default: gpusharectl's own directory).
         #[arg(long, value_name = "DIR")]
         bin_dir: Option<PathBuf>,
     },
@@ -115,6 +151,38 @@ mod tests {
     fn definitions_are_consistent() {
         ArbiterArgs::command().debug_assert();
         CtlArgs::command().debug_assert();
+    }
+
+    #[test]
+    fn check_config_takes_an_optional_file_in_both_binaries() {
+        let arbiter = |args: &[&str]| ArbiterArgs::try_parse_from(args).unwrap();
+        let daemon = arbiter(&["gpushare-arbiter", "--config", "/c.toml"]);
+        assert!(daemon.command.is_none());
+        for (args, file) in [
+            (vec!["gpushare-arbiter", "check-config"], None),
+            (
+                vec!["gpushare-arbiter", "check-config", "/x.toml"],
+                Some("/x.toml"),
+            ),
+        ] {
+            let Some(ArbiterCommand::CheckConfig(check)) = arbiter(&args).command else {
+                panic!("{args:?}")
+            };
+            assert_eq!(check.file, file.map(PathBuf::from), "{args:?}");
+        }
+        for (args, file) in [
+            (vec!["gpusharectl", "check-config"], None),
+            (
+                vec!["gpusharectl", "check-config", "/x.toml"],
+                Some("/x.toml"),
+            ),
+        ] {
+            let CtlCommand::CheckConfig(check) = CtlArgs::try_parse_from(&args).unwrap().command
+            else {
+                panic!("{args:?}")
+            };
+            assert_eq!(check.file, file.map(PathBuf::from), "{args:?}");
+        }
     }
 
     #[test]

@@ -5,11 +5,15 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use gpushare_arbiter::cli::ArbiterArgs;
+use gpushare_arbiter::cli::{ArbiterArgs, ArbiterCommand};
 use gpushare_arbiter::{daemon, inventory, metrics, server};
 use gpushare_config::Config;
 
 fn main() -> ExitCode {
+    let args = ArbiterArgs::parse();
+    if let Some(ArbiterCommand::CheckConfig(check)) = &args.command {
+        return check.run(args.config.as_deref());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("GPUSHARE_LOG")
@@ -18,7 +22,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(ArbiterArgs::parse()) {
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpushare-arbiter: {e:#}");

@@ -13,7 +13,12 @@ use gpushare_proto::grant::{Grant, GrantAmount};
 use gpushare_proto::{ByteSize, ControlClient, Lease, LeaseId, Priority, StatusReport};
 
 fn main() -> ExitCode {
-    let result = run(CtlArgs::parse()).and_then(|out| emit(&out));
+    let args = CtlArgs::parse();
+    // Before any configuration is loaded: the file to check may be the broken one.
+    if let Command::CheckConfig(check) = &args.command {
+        return check.run(args.config.as_deref());
+    }
+    let result = run(args).and_then(|out| emit(&out));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
@@ -80,6 +85,7 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
             serde_json::to_string_pretty(&client.list()?).context("encoding leases")? + "\n"
         }
         Command::List { json: false } => render_list(&client.list()?),
+        Command::CheckConfig(_) => unreachable!("answered before any configuration is read"),
         Command::Release { lease } => {
             if client.release(LeaseId(lease.clone()))? {
                 format!("released {lease}\n")
