@@ -91,10 +91,8 @@ impl fmt::Display for Engine {
 /// The installed programs the engines are pointed at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Programs {
-    /// gpushare-runc: docker's and podman's runtime, containerd 2.x's runc BinaryName.
+    /// gpushare-runc: docker's and podman's runtime, runc's BinaryName for containerd.
     pub runc: PathBuf,
-    /// containerd-shim-gpushare-v2: containerd 1.6/1.7's runtime_path.
-    pub shim: PathBuf,
 }
 
 impl Programs {
@@ -102,7 +100,6 @@ impl Programs {
     pub fn in_dir(dir: &Path) -> Programs {
         Programs {
             runc: dir.join("gpushare-runc"),
-            shim: dir.join("containerd-shim-gpushare-v2"),
         }
     }
 }
@@ -400,39 +397,30 @@ fn configure_containerd(text: &str, programs: &Programs) -> Result<String, Setup
     runc_options.extend(["runc", "options", "SystemdCgroup"]);
     let systemd_cgroup = lookup(doc.as_table(), &runc_options).and_then(Item::as_bool);
 
+    // runc's shim running gpushare-runc as runc's binary, in both versions: the gpushare
+    // shim as runtime_path (config/containerd/config-v2.toml) is silently replaced by
+    // plain runc on containerd before 1.6.21 and 1.7.2 (Debian 12 ships 1.6.20), whereas
+    // BinaryName works on every release that reads version 2, and keeps runc's options.
     let runtime = table_at(engine, doc.as_table_mut(), path)?;
     ensure(
         runtime,
         "runtime_type",
         toml_edit::value("io.containerd.runc.v2"),
     );
-    if version == 2 {
-        // The gpushare shim decorates containerd's runc shim; runc's options still apply.
-        ensure(
-            runtime,
-            "runtime_path",
-            toml_edit::value(utf8(&programs.shim)?),
-        );
-    }
     ensure(runtime, "pod_annotations", string_array(&POD_ANNOTATIONS));
     ensure(
         runtime,
         "container_annotations",
         string_array(&CONTAINER_ANNOTATIONS),
     );
-    if version == 3 || systemd_cgroup.is_some() {
-        let options = table_at(engine, runtime, &["options"])?;
-        if version == 3 {
-            // containerd 2.x: gpushare-runc as runc's binary.
-            ensure(
-                options,
-                "BinaryName",
-                toml_edit::value(utf8(&programs.runc)?),
-            );
-        }
-        if let Some(systemd) = systemd_cgroup {
-            ensure(options, "SystemdCgroup", toml_edit::value(systemd));
-        }
+    let options = table_at(engine, runtime, &["options"])?;
+    ensure(
+        options,
+        "BinaryName",
+        toml_edit::value(utf8(&programs.runc)?),
+    );
+    if let Some(systemd) = systemd_cgroup {
+        ensure(options, "SystemdCgroup", toml_edit::value(systemd));
     }
     let edited = doc.to_string();
     Ok(if edited == text {

@@ -83,7 +83,7 @@ fn each_engine_from_no_file() {
         ),
         (
             Engine::Containerd,
-            "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpushare]\nruntime_type = \"io.containerd.runc.v2\"\nruntime_path = \"/usr/local/bin/containerd-shim-gpushare-v2\"\npod_annotations = [\"gpushare.io/*\"]\ncontainer_annotations = [\"gpushare.io/*\", \"grant.gpushare.io/*\"]\n",
+            "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpushare]\nruntime_type = \"io.containerd.runc.v2\"\npod_annotations = [\"gpushare.io/*\"]\ncontainer_annotations = [\"gpushare.io/*\", \"grant.gpushare.io/*\"]\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpushare.options]\nBinaryName = \"/usr/local/bin/gpushare-runc\"\n",
         ),
         (
             Engine::Podman,
@@ -101,35 +101,57 @@ fn each_engine_from_no_file() {
     }
 }
 
+/// The runtime table setup writes, at containerd's CRI path for `version`.
+fn gpushare_runtime(out: &str, plugin: &str) -> toml::Value {
+    toml(out)["plugins"][plugin]["containerd"]["runtimes"]["gpushare"].clone()
+}
+
+/// config/containerd/config-v3.toml's runtime (gpushare-runc as runc's BinaryName), with
+/// runc's cgroup driver `systemd`.
+fn shipped_v3_runtime(systemd: bool) -> toml::Value {
+    let shipped = toml(include_str!("../../../config/containerd/config-v3.toml"));
+    let mut runtime = shipped["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+        ["gpushare"]
+        .clone();
+    runtime["options"]["SystemdCgroup"] = toml::Value::Boolean(systemd);
+    runtime
+}
+
 #[test]
-fn containerd_v2_matches_the_shipped_example_and_keeps_comments() {
+fn containerd_v2_gets_the_shipped_runtime_and_keeps_comments() {
     let out = configured(Engine::Containerd, CONTAINERD_V2);
     // Everything that was there, comments and indentation included, is still there as it was.
     for line in CONTAINERD_V2.lines() {
         assert!(out.contains(line), "lost {line:?}:\n{out}");
     }
-    let ours =
-        &toml(&out)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["gpushare"];
-    let shipped = toml(include_str!("../../../config/containerd/config-v2.toml"));
-    let shipped =
-        &shipped["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["gpushare"];
-    // The shipped example is for /usr/local and the systemd driver, as this runc is.
-    assert_eq!(ours, shipped, "{out}");
+    // gpushare-runc as runc's binary at version 2's path: config-v2.toml's runtime_path
+    // is dropped by containerd < 1.6.21 (Debian 12's 1.6.20).
+    assert_eq!(
+        gpushare_runtime(&out, "io.containerd.grpc.v1.cri"),
+        shipped_v3_runtime(true),
+        "{out}"
+    );
+    let shipped_v2 = toml(include_str!("../../../config/containerd/config-v2.toml"));
+    let shipped_v2 =
+        &shipped_v2["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["gpushare"];
+    for key in ["runtime_type", "pod_annotations", "container_annotations"] {
+        assert_eq!(
+            gpushare_runtime(&out, "io.containerd.grpc.v1.cri")[key],
+            shipped_v2[key],
+            "{key}"
+        );
+    }
 }
 
 #[test]
-fn containerd_v3_matches_the_shipped_example_with_runc_s_cgroup_driver() {
+fn containerd_v3_gets_the_shipped_runtime_with_runc_s_cgroup_driver() {
     let out = configured(Engine::Containerd, CONTAINERD_V3);
-    let doc = toml(&out);
-    let ours =
-        &doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["gpushare"];
-    let shipped = toml(include_str!("../../../config/containerd/config-v3.toml"));
-    let mut shipped = shipped["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
-        ["gpushare"]
-        .clone();
     // runc here runs on cgroupfs: the copy follows it, not the example's systemd.
-    shipped["options"]["SystemdCgroup"] = toml::Value::Boolean(false);
-    assert_eq!(ours, &shipped, "{out}");
+    assert_eq!(
+        gpushare_runtime(&out, "io.containerd.cri.v1.runtime"),
+        shipped_v3_runtime(false),
+        "{out}"
+    );
     assert!(
         out.starts_with(CONTAINERD_V3),
         "the original stays first, untouched:\n{out}"
@@ -189,10 +211,6 @@ fn a_runtime_entry_naming_other_programs_is_corrected() {
         let new = configure(engine, &old, &elsewhere).unwrap();
         assert!(new.contains("/opt/gpushare/bin/"), "{engine}:\n{new}");
         assert!(!new.contains("/usr/local/bin/gpushare"), "{engine}:\n{new}");
-        assert!(
-            !new.contains("/usr/local/bin/containerd-shim-gpushare"),
-            "{engine}:\n{new}"
-        );
         assert_eq!(
             configure(engine, text, &elsewhere).unwrap(),
             new,
