@@ -1,12 +1,13 @@
 //! Putting the daemon together: inventory, store, sockets, background work,
-//! and taking it apart again on a clean stop. Shared by the binary and the
-//! recovery benchmark.
+//! reloading its configuration on SIGHUP, and taking it apart again on a clean
+//! stop. Shared by the binary and the recovery benchmark.
 
 use std::fs::File;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpushare_config::{ArbiterConfig, PlacementConfig, SchedulerConfig};
+use gpushare_config::{keys, ArbiterConfig, Config, ConfigError, PlacementConfig, SchedulerConfig};
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::inventory::{self, GpuBackend};
@@ -147,5 +148,313 @@ pub fn raise_open_files_limit() {
                 tracing::warn!(error = %e, soft, hard, "could not raise the open-files limit");
             }
         }
+    }
+}
+
+/// Where the daemon's configuration comes from: read at the start and again at
+/// each SIGHUP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// `--config FILE`.
+    Named(PathBuf),
+    /// `$GPUSHARE_CONFIG`, else /etc/gpushare/config.toml if present.
+    Default,
+}
+
+impl ConfigSource {
+    pub fn new(named: Option<PathBuf>) -> ConfigSource {
+        named.map_or(ConfigSource::Default, ConfigSource::Named)
+    }
+
+    /// The configuration, and the file it came from (none: all defaults).
+    pub fn load(&self) -> Result<(Config, Option<PathBuf>), ConfigError> {
+        match self {
+            ConfigSource::Named(path) => Ok((Config::load(path)?, Some(path.clone()))),
+            ConfigSource::Default => Config::load_default(),
+        }
+    }
+}
+
+/// How a change to a key of the file takes effect when the arbiter reloads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// The arbiter applies it now.
+    Applied,
+    /// Not the arbiter's: the runtimes (or gpusharectl) read it from the file at
+    /// each use, so it is in effect from their next use.
+    ReadAtEachUse,
+    /// Only a restart of this daemon applies it; the running value is kept.
+    NeedsRestart(&'static str),
+}
+
+/// Each key of the configuration, and how a change to it takes effect.
+///
+/// Applied live: what the arbiter reads from its configuration at each decision
+/// (placement and its limits, the default quota, the admission wait, tenant
+/// reservations, reconciliation's grace and timeout), so a new value changes the
+/// next decision and leaves every lease as it is. A restart is needed for what is
+/// bound when the daemon starts: sockets and directories (run_dir, state_dir,
+/// control_socket, metrics_address), the inventory (devices, shared_gpus,
+/// nvml_library), the watchdog's timer and policy, the overhead estimate already
+/// charged to running processes, and the scheduler (each GPU's time-slice policy
+/// and the terms its connected clients were given).
+pub fn effect(key: &str) -> Effect {
+    const APPLIED: [&str; 7] = [
+        "arbiter.default_memory",
+        "arbiter.gpu_util_limit",
+        "arbiter.low_nums_limit",
+        "arbiter.admission_wait_ms",
+        "arbiter.reservations",
+        "arbiter.reconcile_grace_ms",
+        "arbiter.reserved_timeout_ms",
+    ];
+    let section = key.split('.').next().unwrap_or_default();
+    match section {
+        _ if APPLIED.contains(&key) => Effect::Applied,
+        "placement" => Effect::Applied,
+        "requests" | "runtime" => Effect::ReadAtEachUse,
+        _ if key == "arbiter.client_timeout_ms" => Effect::ReadAtEachUse,
+        "kubernetes" => Effect::NeedsRestart("gpushare-kube"),
+        _ => Effect::NeedsRestart("gpushare-arbiter"),
+    }
+}
+
+/// What a reload from `running` to the file's `loaded` changes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReloadPlan {
+    /// Each changed key, in key order, and how it takes effect.
+    pub changes: Vec<(String, Effect)>,
+    /// The configuration in effect afterwards: the file's, with the running value
+    /// of every key that needs a restart. The next reload compares against it, so
+    /// such a key is reported again until the daemon restarts.
+    pub effective: Config,
+}
+
+pub fn plan_reload(running: &Config, loaded: &Config) -> ReloadPlan {
+    let changes: Vec<(String, Effect)> = keys::changed(running, loaded)
+        .into_iter()
+        .map(|key| {
+            let effect = effect(&key);
+            (key, effect)
+        })
+        .collect();
+    let takes_effect = |key: &str| !matches!(effect(key), Effect::NeedsRestart(_));
+    let effective = keys::merged(running, loaded, takes_effect).unwrap_or_else(|| running.clone());
+    ReloadPlan { changes, effective }
+}
+
+/// Installs the SIGHUP handler, whose default action would end the daemon: from
+/// here on a hangup is queued for [`reload_on_hangup`].
+pub fn hangup_signal() -> std::io::Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+}
+
+/// Reads the configuration again at each SIGHUP, applies what can change live and
+/// logs, per changed key, whether it was applied or needs a restart. A file that
+/// cannot be used changes nothing: the error is logged, the running configuration kept.
+pub async fn reload_on_hangup(
+    mut hangups: tokio::signal::unix::Signal,
+    source: ConfigSource,
+    mut running: Config,
+    arbiter: ArbiterHandle,
+) {
+    while hangups.recv().await.is_some() {
+        running = reload(&source, running, &arbiter);
+    }
+}
+
+fn reload(source: &ConfigSource, running: Config, arbiter: &ArbiterHandle) -> Config {
+    let (loaded, path) = match source.load() {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            tracing::error!(
+                "configuration reload refused, the running configuration is kept: {error}"
+            );
+            return running;
+        }
+    };
+    let file = path.map_or_else(|| "the defaults".to_owned(), |p| p.display().to_string());
+    let plan = plan_reload(&running, &loaded);
+    if plan.changes.is_empty() {
+        tracing::info!("configuration reloaded from {file}: nothing changed");
+        return running;
+    }
+    let placement =
+        (plan.effective.placement != running.placement).then(|| plan.effective.placement.clone());
+    arbiter.reconfigure(plan.effective.arbiter.clone(), placement);
+    for (key, effect) in &plan.changes {
+        match effect {
+            Effect::Applied => tracing::info!("configuration reload: {key} applied"),
+            Effect::ReadAtEachUse => tracing::info!(
+                "configuration reload: {key} applied (the runtimes and gpusharectl read it at each use)"
+            ),
+            Effect::NeedsRestart(daemon) => tracing::warn!(
+                "configuration reload: {key} needs a restart of {daemon}; the running value is kept"
+            ),
+        }
+    }
+    tracing::info!(
+        changed = plan.changes.len(),
+        "configuration reloaded from {file}"
+    );
+    plan.effective
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpushare_config::{DeclaredDevice, PlacementPolicy, SchedulingPolicy};
+    use gpushare_types::ByteSize;
+
+    /// Every key of the configuration (a file setting each one), with the effect
+    /// decided for it: a key added to the configuration fails here until decided.
+    #[test]
+    fn every_key_has_its_effect() {
+        use Effect::*;
+        let restart = NeedsRestart("gpushare-arbiter");
+        let mut every = Config::default();
+        every.arbiter.control_socket = Some("/run/x.sock".into());
+        every.arbiter.metrics_address = Some("127.0.0.1:9400".into());
+        every.requests.high_priority_tenants = Some(vec![]);
+        let expected: Vec<(&str, Effect)> = vec![
+            ("arbiter.admission_wait_ms", Applied),
+            ("arbiter.client_timeout_ms", ReadAtEachUse),
+            ("arbiter.context_memory_estimate", restart),
+            ("arbiter.control_socket", restart),
+            ("arbiter.default_memory", Applied),
+            ("arbiter.devices", restart),
+            ("arbiter.gpu_util_limit", Applied),
+            ("arbiter.low_nums_limit", Applied),
+            ("arbiter.metrics_address", restart),
+            ("arbiter.nvml_library", restart),
+            ("arbiter.reconcile_grace_ms", Applied),
+            ("arbiter.reservations", Applied),
+            ("arbiter.reserved_timeout_ms", Applied),
+            ("arbiter.run_dir", restart),
+            ("arbiter.shared_gpus", restart),
+            ("arbiter.state_dir", restart),
+            ("arbiter.watchdog_interval_ms", restart),
+            ("arbiter.watchdog_kill", restart),
+            ("kubernetes.collect_grace_ms", NeedsRestart("gpushare-kube")),
+            (
+                "kubernetes.collect_interval_ms",
+                NeedsRestart("gpushare-kube"),
+            ),
+            (
+                "kubernetes.device_plugin_dir",
+                NeedsRestart("gpushare-kube"),
+            ),
+            ("kubernetes.memory_unit", NeedsRestart("gpushare-kube")),
+            (
+                "kubernetes.pod_resources_socket",
+                NeedsRestart("gpushare-kube"),
+            ),
+            ("kubernetes.poll_interval_ms", NeedsRestart("gpushare-kube")),
+            ("kubernetes.require_grant", NeedsRestart("gpushare-kube")),
+            ("placement.batch", Applied),
+            ("placement.batch_budget_us", Applied),
+            ("placement.compute_weight", Applied),
+            ("placement.jobs_weight", Applied),
+            ("placement.memory_weight", Applied),
+            ("placement.policy", Applied),
+            ("placement.utilization_window_ms", Applied),
+            ("requests.accept_env", ReadAtEachUse),
+            ("requests.allowed_env", ReadAtEachUse),
+            ("requests.high_priority_tenants", ReadAtEachUse),
+            ("requests.tenant_from", ReadAtEachUse),
+            ("requests.unrequested", ReadAtEachUse),
+            ("runtime.container_library", ReadAtEachUse),
+            ("runtime.hook", ReadAtEachUse),
+            ("runtime.hook_timeout_seconds", ReadAtEachUse),
+            ("runtime.ld_so_preload", ReadAtEachUse),
+            ("runtime.library", ReadAtEachUse),
+            ("runtime.runtimes", ReadAtEachUse),
+            ("scheduler.admit_by_duration", restart),
+            ("scheduler.high_active_ms", restart),
+            ("scheduler.high_on_arbiter_loss", restart),
+            ("scheduler.high_return_risk_percent", restart),
+            ("scheduler.idle_us", restart),
+            ("scheduler.launch_ahead", restart),
+            ("scheduler.launch_ahead_with_high", restart),
+            ("scheduler.low_on_arbiter_loss", restart),
+            ("scheduler.max_slice_ms", restart),
+            ("scheduler.min_slice_ms", restart),
+            ("scheduler.policy", restart),
+            ("scheduler.revoke_grace_ms", restart),
+            ("scheduler.slice_ms", restart),
+            ("scheduler.window_ms", restart),
+        ];
+        let keys: Vec<String> = keys::settings(&every).into_keys().collect();
+        let listed: Vec<&str> = expected.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, listed, "the configuration's keys");
+        for (key, wanted) in expected {
+            assert_eq!(effect(key), wanted, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_reload_applies_live_keys_and_keeps_the_running_value_of_the_rest() {
+        let running = Config::default();
+        let mut loaded = running.clone();
+        loaded.arbiter.default_memory = "2Gi".parse().unwrap();
+        loaded.arbiter.low_nums_limit = 2;
+        loaded.arbiter.run_dir = "/elsewhere".into();
+        loaded.arbiter.devices = vec![DeclaredDevice {
+            uuid: "GPU-1".into(),
+            name: "x".into(),
+            memory: ByteSize(1 << 30),
+        }];
+        loaded.placement.policy = PlacementPolicy::Wang;
+        loaded.scheduler.policy = SchedulingPolicy::RoundRobin;
+        loaded.requests.allowed_env = vec!["GPUSHARE_X".into()];
+        loaded.kubernetes.require_grant = true;
+        let plan = plan_reload(&running, &loaded);
+        assert_eq!(
+            plan.changes,
+            [
+                ("arbiter.default_memory".to_string(), Effect::Applied),
+                (
+                    "arbiter.devices".into(),
+                    Effect::NeedsRestart("gpushare-arbiter")
+                ),
+                ("arbiter.low_nums_limit".into(), Effect::Applied),
+                (
+                    "arbiter.run_dir".into(),
+                    Effect::NeedsRestart("gpushare-arbiter")
+                ),
+                (
+                    "kubernetes.require_grant".into(),
+                    Effect::NeedsRestart("gpushare-kube")
+                ),
+                ("placement.policy".into(), Effect::Applied),
+                ("requests.allowed_env".into(), Effect::ReadAtEachUse),
+                (
+                    "scheduler.policy".into(),
+                    Effect::NeedsRestart("gpushare-arbiter")
+                ),
+            ]
+        );
+        let e = &plan.effective;
+        assert_eq!(e.arbiter.default_memory, loaded.arbiter.default_memory);
+        assert_eq!(e.arbiter.low_nums_limit, 2);
+        assert_eq!(e.placement.policy, PlacementPolicy::Wang);
+        assert_eq!(e.requests.allowed_env, loaded.requests.allowed_env);
+        // Kept as running until a restart, and so reported again at the next reload.
+        assert_eq!(e.arbiter.run_dir, running.arbiter.run_dir);
+        assert!(e.arbiter.devices.is_empty());
+        assert_eq!(e.scheduler.policy, SchedulingPolicy::Priority);
+        assert!(!e.kubernetes.require_grant);
+        let again = plan_reload(e, &loaded);
+        let still: Vec<&str> = again.changes.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            still,
+            [
+                "arbiter.devices",
+                "arbiter.run_dir",
+                "kubernetes.require_grant",
+                "scheduler.policy"
+            ]
+        );
+        assert!(plan_reload(&running, &running).changes.is_empty());
     }
 }

@@ -7,7 +7,6 @@ use anyhow::Context;
 use clap::Parser;
 use gpushare_arbiter::cli::{ArbiterArgs, ArbiterCommand};
 use gpushare_arbiter::{daemon, inventory, metrics, server};
-use gpushare_config::Config;
 
 fn main() -> ExitCode {
     let args = ArbiterArgs::parse();
@@ -32,14 +31,14 @@ fn main() -> ExitCode {
 }
 
 fn run(args: ArbiterArgs) -> anyhow::Result<()> {
-    let (config, source) = match args.config {
-        Some(path) => (Config::load(&path)?, Some(path)),
-        None => Config::load_default()?,
-    };
-    match &source {
+    let source = daemon::ConfigSource::new(args.config);
+    let (config, path) = source.load()?;
+    match &path {
         Some(path) => tracing::info!(config = %path.display(), "configuration loaded"),
         None => tracing::info!("no configuration file; using defaults"),
     }
+    // What SIGHUP's reload compares the file with.
+    let in_effect = config.clone();
     let scheduler = config.scheduler;
     let placement = config.placement;
     let config = config.arbiter;
@@ -61,6 +60,9 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
         // Before anything else: a stop asked for during recovery is a clean stop
         // once recovery is done, not the default action (death mid-write).
         let stop_asked = stop_signal().context("installing the SIGTERM and SIGINT handlers")?;
+        // SIGHUP's default action ends the process: a reload asked for during
+        // recovery waits for it.
+        let hangups = daemon::hangup_signal().context("installing the SIGHUP handler")?;
         // Bind first: it refuses to start beside a live arbiter before any lease
         // socket is touched. Connections wait in the backlog until recovery is done.
         let listener = server::bind_control_socket(&socket)?;
@@ -83,6 +85,12 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
             let arbiter = arbiter.clone();
             tasks.spawn(metrics::serve(tcp, move || arbiter.metrics()));
         }
+        tasks.spawn(daemon::reload_on_hangup(
+            hangups,
+            source,
+            in_effect,
+            arbiter.clone(),
+        ));
         tasks.spawn(server::serve(listener, arbiter));
         tracing::info!(socket = %socket.display(), "serving");
         stop_asked.await;

@@ -323,6 +323,22 @@ impl ArbiterHandle {
         self.lock().config.clone()
     }
 
+    /// A configuration reload (SIGHUP, `daemon::reload_on_hangup`): `config` replaces
+    /// the whole table, the reload having kept the running value of every key only a
+    /// restart applies; `placement`, when it changed, replaces the placement policy.
+    /// Leases stay as they are: the new values take part in the next decisions.
+    pub fn reconfigure(
+        &self,
+        config: ArbiterConfig,
+        placement: Option<gpushare_config::PlacementConfig>,
+    ) {
+        let mut arbiter = self.lock();
+        arbiter.config = config;
+        if let Some(placement) = placement {
+            arbiter.set_placement(placement);
+        }
+    }
+
     pub fn tokens(&self) -> Option<Arc<crate::tokens::TokenService>> {
         self.lock().tokens()
     }
