@@ -187,7 +187,6 @@ if "$BIN/gpusharectl" timeline --help >/dev/null 2>&1; then
   "$BIN/gpusharectl" timeline --since "$since" --svg "$out/timeline.svg" | tee "$out/timeline.txt"
   "$BIN/gpusharectl" timeline --since "$since" --json >"$out/timeline.json"
   timeline_json=$out/timeline.json
-  echo "  chart: $out/timeline.svg"
 else
   say "No timeline: this gpusharectl has no 'timeline' command"
 fi
