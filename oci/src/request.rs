@@ -65,18 +65,20 @@ impl ContainerRequest {
     }
 }
 
+/// Every entry point reports these after "gpushare: ", and each key names gpushare
+/// (gpushare.io/…, GPUSHARE_…): the messages do not say "gpushare" again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
-    #[error("invalid gpushare request {key}={value:?}: expected {accepted}")]
+    #[error("invalid request {key}={value:?}: expected {accepted}")]
     InvalidValue {
         key: String,
         value: String,
         accepted: &'static str,
     },
-    #[error("unknown gpushare annotation {key:?}: accepted keys are {}", ANNOTATION_KEYS.join(", "))]
+    #[error("unknown annotation {key:?}: accepted keys are {}", ANNOTATION_KEYS.join(", "))]
     UnknownKey { key: String },
     #[error(
-        "unknown gpushare variable {key}={value:?}{}: accepted keys are {}; gpushare's own {} and \
+        "unknown variable {key}={value:?}{}: accepted keys are {}; gpushare's own {} and \
          the names in requests.allowed_env ({}) are let through too",
         did_you_mean(.suggestion),
         ENV_KEYS.join(", "),
@@ -90,26 +92,26 @@ pub enum RequestError {
         /// The node's `requests.allowed_env`.
         allowed: Vec<String>,
     },
-    #[error("invalid gpushare request {key}={value:?}: the unit reads two ways, did you mean {}? Expected {MEMORY_FORMS}", .readings.join(" or "))]
+    #[error("invalid request {key}={value:?}: the unit reads two ways, did you mean {}? Expected {MEMORY_FORMS}", .readings.join(" or "))]
     AmbiguousMemoryUnit {
         key: String,
         value: String,
         /// Each reading as its unambiguous spelling and its bytes: `4Gi (4294967296 bytes)`.
         readings: Vec<String>,
     },
-    #[error("invalid gpushare request: compute-request {request} is above compute-limit {limit}")]
+    #[error("invalid request: compute-request {request} is above compute-limit {limit}")]
     RequestAboveLimit { request: String, limit: String },
-    #[error("invalid gpushare request {key}={value:?}: this node takes a pod's tenant from its Kubernetes namespace (requests.tenant_from), not from the request; remove {key}")]
+    #[error("invalid request {key}={value:?}: this node takes a pod's tenant from its Kubernetes namespace (requests.tenant_from), not from the request; remove {key}")]
     TenantNotAccepted { key: String, value: String },
-    #[error("invalid gpushare request {key}=high: {tenant} may not ask for high priority (allowed tenants: {allowed})")]
+    #[error("invalid request {key}=high: {tenant} may not ask for high priority (allowed tenants: {allowed})")]
     HighPriorityNotAllowed {
         key: String,
         tenant: String,
         allowed: String,
     },
-    #[error("invalid gpushare grant {key}={value:?}: expected {GRANT_ID_FORM} (the id gpushare-kube's Allocate answer names)")]
+    #[error("invalid grant {key}={value:?}: expected {GRANT_ID_FORM} (the id gpushare-kube's Allocate answer names)")]
     InvalidGrant { key: String, value: String },
-    #[error("unknown gpushare grant annotation {key:?}: accepted keys are {}", GRANT_KEYS.join(", "))]
+    #[error("unknown grant annotation {key:?}: accepted keys are {}", GRANT_KEYS.join(", "))]
     UnknownGrantKey { key: String },
     #[error("this pod's container asks for a GPU share without a memory grant ({GRANT_MEMORY_ANNOTATION}) from gpushare-kube, and this node sets kubernetes.require_grant = true: ask for {MEMORY_RESOURCE} in the container's resources.limits")]
     GrantRequired,

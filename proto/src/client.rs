@@ -18,14 +18,23 @@ use crate::PROTOCOL_VERSION;
 /// (the arbiter answers at the bound; this covers persistence and scheduling).
 const RESERVE_MARGIN: Duration = Duration::from_secs(5);
 
+/// Each variant's message already says its cause, so none is also handed on as
+/// `source()`: a chain printer (anyhow's `{:#}`) would print it twice
+/// ("… (os error 2) …: No such file or directory (os error 2)").
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error(
-        "cannot reach the gpushare arbiter at {path}: {source} (is gpushare-arbiter running?)"
-    )]
-    Connect { path: PathBuf, source: io::Error },
+    #[error("cannot reach the gpushare arbiter: {}", unreachable(path, error))]
+    Connect { path: PathBuf, error: io::Error },
+    /// The socket is there but not this user's to use: the arbiter may well be
+    /// running, so it is not blamed.
+    #[error("permission denied on {path}: {}", who_may_connect(group.as_deref()))]
+    PermissionDenied {
+        path: PathBuf,
+        /// The group the socket's mode lets in, if any.
+        group: Option<String>,
+    },
     #[error("talking to the gpushare arbiter: {0}")]
-    Frame(#[from] FrameError),
+    Frame(FrameError),
     #[error(
         "the gpushare arbiter speaks protocol {theirs}, this client speaks {PROTOCOL_VERSION}"
     )]
@@ -38,6 +47,64 @@ pub enum ClientError {
     UnexpectedOnLeaseSocket(Box<LeaseResponse>),
     #[error("this connection to the gpushare arbiter failed earlier ({0}); open a new one")]
     Broken(String),
+}
+
+impl From<FrameError> for ClientError {
+    fn from(error: FrameError) -> Self {
+        ClientError::Frame(error)
+    }
+}
+
+/// Why a socket could not be reached, in words of our own where the error kind
+/// tells: nothing listens on a missing socket, or on one a stopped arbiter left
+/// behind. Not the system's "No such file or directory": podman reads that phrase
+/// in a hook's message as its runtime's own binary missing and says "OCI runtime
+/// attempted to invoke a command that was not found".
+fn unreachable(path: &Path, error: &io::Error) -> String {
+    let path = path.display();
+    match error.kind() {
+        io::ErrorKind::NotFound => {
+            format!("its socket {path} does not exist (is gpushare-arbiter running?)")
+        }
+        io::ErrorKind::ConnectionRefused => {
+            format!("nothing listens on {path} (is gpushare-arbiter running?)")
+        }
+        _ => format!("{path}: {error}"),
+    }
+}
+
+fn who_may_connect(group: Option<&str>) -> String {
+    match group {
+        Some(group) => format!(
+            "the gpushare arbiter's control socket is for root and members of group {group}; \
+             run this as root or as a member of {group}"
+        ),
+        None => "the gpushare arbiter's control socket is for root only; run this as root (e.g. with sudo)"
+            .to_owned(),
+    }
+}
+
+/// The group a socket's mode lets read and write it: its owning group's name
+/// (from /etc/group, else its number), or None when only its owner may.
+fn socket_group(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.mode() & 0o060 != 0o060 {
+        return None;
+    }
+    let gid = meta.gid();
+    let groups = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    Some(group_name(&groups, gid).unwrap_or_else(|| format!("gid {gid}")))
+}
+
+/// The name of group `gid` in an /etc/group file's text.
+fn group_name(etc_group: &str, gid: u32) -> Option<String> {
+    etc_group.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let id = fields.nth(1)?.parse::<u32>().ok()?;
+        (id == gid && !name.is_empty()).then(|| name.to_owned())
+    })
 }
 
 /// One request-answer exchange on a connection that is given up after its first
@@ -77,9 +144,9 @@ fn exchange<Q: serde::Serialize, A: serde::de::DeserializeOwned>(
 }
 
 fn open(path: &Path, timeout: Duration) -> Result<UnixStream, ClientError> {
-    let connect_err = |source| ClientError::Connect {
+    let connect_err = |error| ClientError::Connect {
         path: path.to_owned(),
-        source,
+        error,
     };
     let stream = UnixStream::connect(path).map_err(connect_err)?;
     stream
@@ -124,7 +191,17 @@ impl ControlClient {
     /// container start (runc hooks have no timeout of their own). A reserve,
     /// which may wait in the admission queue, waits that long on top.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, ClientError> {
-        let stream = open(path, timeout)?;
+        let stream = open(path, timeout).map_err(|e| match e {
+            ClientError::Connect { path, error }
+                if error.kind() == io::ErrorKind::PermissionDenied =>
+            {
+                ClientError::PermissionDenied {
+                    group: socket_group(&path),
+                    path,
+                }
+            }
+            other => other,
+        })?;
         let mut client = ControlClient {
             stream,
             broken: None,
@@ -436,6 +513,90 @@ mod tests {
         let answer: Result<LeaseResponse, _> =
             exchange(&mut ours, &mut broken, &LeaseRequest::Query);
         assert_eq!(answer.unwrap(), refusal);
+    }
+
+    #[test]
+    fn an_unreachable_arbiter_is_blamed_only_where_it_is_the_cause() {
+        let path = PathBuf::from("/run/gpushare/control.sock");
+        let connect = |kind: io::ErrorKind| {
+            ClientError::Connect {
+                path: path.clone(),
+                error: io::Error::from(kind),
+            }
+            .to_string()
+        };
+        let cases = [
+            (
+                io::ErrorKind::NotFound,
+                "its socket /run/gpushare/control.sock does not exist (is gpushare-arbiter running?)",
+            ),
+            (
+                io::ErrorKind::ConnectionRefused,
+                "nothing listens on /run/gpushare/control.sock (is gpushare-arbiter running?)",
+            ),
+            (
+                io::ErrorKind::InvalidInput,
+                "/run/gpushare/control.sock: invalid input parameter",
+            ),
+        ];
+        for (kind, why) in cases {
+            assert_eq!(
+                connect(kind),
+                format!("cannot reach the gpushare arbiter: {why}")
+            );
+            assert!(!connect(kind).to_lowercase().contains("no such file"));
+        }
+        let denied = |group: Option<&str>| {
+            ClientError::PermissionDenied {
+                path: path.clone(),
+                group: group.map(str::to_owned),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            denied(None),
+            "permission denied on /run/gpushare/control.sock: the gpushare arbiter's control socket \
+             is for root only; run this as root (e.g. with sudo)"
+        );
+        let message = denied(Some("gpushare"));
+        assert!(
+            message.contains("for root and members of group gpushare"),
+            "{message}"
+        );
+        assert!(!message.contains("running"), "{message}");
+    }
+
+    /// A chain printer (anyhow's `{:#}`, gpusharectl's) prints each cause once.
+    #[test]
+    fn no_message_is_repeated_by_a_chain_printer() {
+        let errors = [
+            ClientError::Connect {
+                path: "/x.sock".into(),
+                error: io::Error::from(io::ErrorKind::NotFound),
+            },
+            ClientError::Frame(FrameError::Io(io::Error::from(io::ErrorKind::TimedOut))),
+            ClientError::Frame(FrameError::Closed),
+        ];
+        for error in errors {
+            let message = error.to_string();
+            assert!(std::error::Error::source(&error).is_none(), "{message}");
+            assert_eq!(message.matches("(os error").count().max(1), 1, "{message}");
+        }
+    }
+
+    #[test]
+    fn group_names_come_from_etc_group() {
+        let etc_group = "root:x:0:\ndocker:x:999:alice\nbroken\n:x:5:\ngpushare:x:1001:\n";
+        let cases = [
+            (0, Some("root")),
+            (999, Some("docker")),
+            (1001, Some("gpushare")),
+            (5, None),
+            (7, None),
+        ];
+        for (gid, name) in cases {
+            assert_eq!(group_name(etc_group, gid).as_deref(), name, "gid {gid}");
+        }
     }
 
     #[test]

@@ -120,7 +120,7 @@ fn driver(cuda: u32) -> StatusReport {
 fn unreachable_arbiter() -> ClientError {
     ClientError::Connect {
         path: "/run/gpushare/control.sock".into(),
-        source: std::io::ErrorKind::NotFound.into(),
+        error: std::io::ErrorKind::NotFound.into(),
     }
 }
 
@@ -263,8 +263,8 @@ fn an_invalid_request_is_refused_before_the_arbiter_is_asked() {
         assert!(matches!(error, AdmissionError::Request(_)), "{error}");
         assert_eq!(error.class(), ErrorClass::InvalidRequest);
         assert!(
-            error.to_string().starts_with("invalid gpushare request")
-                || error.to_string().starts_with("unknown gpushare annotation"),
+            error.to_string().starts_with("invalid request")
+                || error.to_string().starts_with("unknown annotation"),
             "the parser's own words: {error}"
         );
         assert!(arbiter.calls.is_empty(), "{:?}", arbiter.calls);

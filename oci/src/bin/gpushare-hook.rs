@@ -128,7 +128,8 @@ fn precreate(input: &[u8], config: &Config, arbiter: &mut ControlSocket) -> anyh
     mutate::apply_failure(
         &mut failing,
         &config.runtime.hook,
-        &format!("gpushare: {refusal}"),
+        // `gpushare-hook fail` says "gpushare-hook: " before it.
+        &refusal,
     )
     .with_context(|| format!("{refusal} (and cannot report it)"))?;
     emit(&failing.to_vec())

@@ -30,7 +30,7 @@ fn arbiter(dir: &std::path::Path) -> Arbiter {
 fn assert_names_the_typo(stderr: &str) {
     let unescaped = stderr.replace("\\\"", "\"");
     for part in [
-        "unknown gpushare variable GPUSHARE_MEMROY=\"4Gi\"",
+        "unknown variable GPUSHARE_MEMROY=\"4Gi\"",
         "(did you mean GPUSHARE_MEMORY?)",
         "accepted keys are GPUSHARE_PRIORITY, GPUSHARE_MEMORY",
         "requests.allowed_env (GPUSHARE_MYTOOL_*)",

@@ -229,7 +229,7 @@ fn a_bad_request_fails_with_the_parsers_message_and_leaves_nothing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("invalid gpushare request gpushare.io/memory=\"lots\"")
+        stderr.contains("invalid request gpushare.io/memory=\"lots\"")
             && stderr.contains("expected"),
         "{stderr}"
     );
