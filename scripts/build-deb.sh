@@ -10,6 +10,7 @@
 #   DEB_VERSION        the package version (default: the workspace's version)
 #   OUT                where the .deb goes (default target/debian); its path is printed last
 #   WORK               scratch directory (default target/deb-build)
+#   FAST=1             faster, larger compression (tests)
 set -eu
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,6 +34,6 @@ done | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1)
 sed -i "s/@GLIBC@/$glibc/" "$WORK/Cargo.toml"
 
 # --no-build: everything is staged; --no-strip: install-files.sh stripped it already.
-"$cargo_deb" --manifest-path "$WORK/Cargo.toml" --no-build --no-strip --quiet \
+"$cargo_deb" --manifest-path "$WORK/Cargo.toml" --no-build --no-strip --quiet ${FAST:+--fast} \
     --deb-version "$DEB_VERSION" --output "$OUT/gpushare_${DEB_VERSION}_$(dpkg --print-architecture).deb"
 echo "$OUT/gpushare_${DEB_VERSION}_$(dpkg --print-architecture).deb"

@@ -1,0 +1,331 @@
+//! `make deb`'s package, from this build (scripts/build-deb.sh with the debug binaries,
+//! stripped as the release ones are), installed into a private root with
+//! `dpkg --root --force-script-chrootless`: its files, a container with a quota run
+//! through the installed gpushare-runc, hook and library against the installed arbiter, an
+//! upgrade to a second build while that container holds its lease (lease, container and
+//! the edited conffile survive; the arbiter restarted as postinst would under systemd),
+//! then a purge that leaves nothing behind.
+//!
+//! Not exercised: the maintainer scripts' systemctl branch (systemd is not PID 1 here, and
+//! under $DPKG_ROOT they skip it by design), and CUDA work inside the container (the lease
+//! is placed on a declared GPU; the demo and tests/e2e's other suites run the simulated
+//! GPU through the same library).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use gpushare_e2e::*;
+use gpushare_testkit::{binaries, Arbiter};
+use serde_json::{json, Value};
+
+const PACKAGE: &str = "gpushare";
+const FIRST: &str = "0.1.0~test1";
+const SECOND: &str = "0.1.0~test2";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn ok(command: &mut Command) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(out.status.success(), "{command:?}: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Builds the package at `version` from this build into `dir`; returns its path.
+fn build_package(dir: &Path, docs: &Path, version: &str) -> PathBuf {
+    let out = ok(Command::new(repo().join("scripts/build-deb.sh"))
+        .env("BUILD_DIR", binaries::bin_dir())
+        .env("LIBRARY", binaries::preload_library())
+        .env("MAN_DIR", docs.join("man"))
+        .env("COMPLETIONS_DIR", docs.join("completions"))
+        .env("DEB_VERSION", version)
+        .env("OUT", dir.join("debs"))
+        .env("WORK", dir.join(format!("work-{version}")))
+        .env("FAST", "1"));
+    PathBuf::from(
+        out.lines()
+            .last()
+            .expect("build-deb.sh prints the package's path"),
+    )
+}
+
+/// dpkg working on the private root `root`, its maintainer scripts run on this host with
+/// DPKG_ROOT=root. libc6 is not installed there: dependencies are not checked.
+fn dpkg(root: &Path) -> Command {
+    let mut command = Command::new("dpkg");
+    command
+        .arg(format!("--root={}", root.display()))
+        .args([
+            "--force-script-chrootless",
+            "--force-depends",
+            "--force-confold",
+        ])
+        .arg(format!("--log={}", root.join("../dpkg.log").display()))
+        .stdin(Stdio::null());
+    command
+}
+
+fn dpkg_query(root: &Path, format: &str) -> String {
+    ok(Command::new("dpkg-query")
+        .arg(format!(
+            "--admindir={}",
+            root.join("var/lib/dpkg").display()
+        ))
+        .args(["-W", "-f", format, PACKAGE]))
+}
+
+/// Every file and link under `root`, relative to it, but dpkg's own database.
+fn entries(root: &Path) -> Vec<String> {
+    let out = ok(Command::new("find")
+        .arg(".")
+        .args(["(", "-type", "f", "-o", "-type", "l", ")"])
+        .current_dir(root));
+    let mut found: Vec<String> = out
+        .lines()
+        .filter(|f| !f.starts_with("./var/lib/dpkg/"))
+        .map(str::to_owned)
+        .collect();
+    found.sort();
+    found
+}
+
+/// The installed gpushare-runc, reading the installed configuration.
+fn runc(root: &Path, state: &Path, args: &[&str]) -> Output {
+    // Files, not pipes: a created container inherits its creator's stdio.
+    let out = tempfile::tempfile().unwrap();
+    let err = tempfile::tempfile().unwrap();
+    let status = Command::new(root.join("usr/bin/gpushare-runc"))
+        .env("GPUSHARE_CONFIG", root.join("etc/gpushare/config.toml"))
+        .arg("--root")
+        .arg(state)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .status()
+        .unwrap();
+    let read = |mut f: std::fs::File| {
+        use std::io::{Read, Seek};
+        let mut v = Vec::new();
+        f.rewind().unwrap();
+        f.read_to_end(&mut v).unwrap();
+        v
+    };
+    Output {
+        status,
+        stdout: read(out),
+        stderr: read(err),
+    }
+}
+
+/// The installed gpusharectl's leases.
+fn leases(root: &Path) -> Vec<Value> {
+    let out = ok(Command::new(root.join("usr/bin/gpusharectl"))
+        .arg("--config")
+        .arg(root.join("etc/gpushare/config.toml"))
+        .args(["list", "--json"]));
+    serde_json::from_str::<Vec<Value>>(&out).unwrap()
+}
+
+#[test]
+fn the_package_installs_runs_a_container_upgrades_under_a_lease_and_purges_cleanly() {
+    require_root();
+    let dir = scratch();
+    let docs = dir.path().join("docgen");
+    ok(Command::new(binaries::program("gpushare-docgen"))
+        .arg("--man-dir")
+        .arg(docs.join("man"))
+        .arg("--completions-dir")
+        .arg(docs.join("completions")));
+    let first = build_package(dir.path(), &docs, FIRST);
+    let second = build_package(dir.path(), &docs, SECOND);
+
+    let root = dir.path().join("root");
+    for d in ["var/lib/dpkg/info", "var/lib/dpkg/updates"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::write(root.join("var/lib/dpkg/status"), "").unwrap();
+    let host_wants =
+        Path::new("/etc/systemd/system/multi-user.target.wants/gpushare-arbiter.service");
+    let host_had_it = host_wants.exists();
+
+    // Install.
+    ok(dpkg(&root).arg("--install").arg(&first));
+    assert_eq!(
+        dpkg_query(&root, "${Version} ${db:Status-Abbrev}"),
+        format!("{FIRST} ii ")
+    );
+    let conffiles = dpkg_query(&root, "${Conffiles}");
+    assert!(
+        conffiles.contains("/etc/gpushare/config.toml"),
+        "{conffiles}"
+    );
+    let installed = entries(&root);
+    for expected in [
+        "./usr/bin/gpushare-arbiter",
+        "./usr/bin/gpusharectl",
+        "./usr/bin/gpushare-runc",
+        "./usr/bin/gpushare-hook",
+        "./usr/bin/containerd-shim-gpushare-v2",
+        "./usr/bin/gpushare-kube",
+        "./usr/lib/gpushare/libgpushare.so",
+        "./usr/lib/systemd/system/gpushare-arbiter.service",
+        "./etc/gpushare/config.toml",
+        "./usr/share/man/man1/gpusharectl.1.gz",
+        "./usr/share/bash-completion/completions/gpusharectl",
+        "./usr/share/zsh/vendor-completions/_gpusharectl",
+        "./usr/share/fish/vendor_completions.d/gpusharectl.fish",
+        "./usr/share/doc/gpushare/README.md",
+        // postinst enabled the unit inside the root (deb-systemd-helper under DPKG_ROOT)...
+        "./etc/systemd/system/multi-user.target.wants/gpushare-arbiter.service",
+    ] {
+        assert!(
+            installed.iter().any(|f| f == expected),
+            "{expected} in {installed:#?}"
+        );
+    }
+    // ...and touched nothing of the host's.
+    assert_eq!(
+        host_wants.exists(),
+        host_had_it,
+        "postinst reached the host's /etc"
+    );
+    let unit =
+        std::fs::read_to_string(root.join("usr/lib/systemd/system/gpushare-arbiter.service"))
+            .unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/bin/gpushare-arbiter\n"),
+        "{unit}"
+    );
+    let shipped_config = std::fs::read_to_string(root.join("etc/gpushare/config.toml")).unwrap();
+    assert!(
+        shipped_config.contains("library = \"/usr/lib/gpushare/libgpushare.so\"")
+            && shipped_config.contains("hook = \"/usr/bin/gpushare-hook\""),
+        "{shipped_config}"
+    );
+    for program in [
+        "usr/bin/gpushare-arbiter",
+        "usr/lib/gpushare/libgpushare.so",
+    ] {
+        let sections = ok(Command::new("readelf").arg("-S").arg(root.join(program)));
+        assert!(
+            !sections.contains(".debug_info") && !sections.contains(".symtab"),
+            "{program} is stripped"
+        );
+    }
+
+    // The installed arbiter, and the installed configuration edited by the operator for
+    // this node: its directories, a declared GPU, the installed hook and library in the
+    // private root, runc next.
+    let installed_library = root.join("usr/lib/gpushare/libgpushare.so");
+    let mut arbiter = Arbiter::builder()
+        .declared_gpus(1, "16Gi")
+        .program(root.join("usr/bin/gpushare-arbiter"))
+        .configure(|c| {
+            c.runtime.library = installed_library.clone();
+            c.runtime.hook = root.join("usr/bin/gpushare-hook");
+        })
+        .start();
+    let edited = format!(
+        "# edited for this node\n{}",
+        std::fs::read_to_string(arbiter.dir().join("config.toml")).unwrap()
+    );
+    std::fs::write(root.join("etc/gpushare/config.toml"), &edited).unwrap();
+
+    // A container with a quota, through the installed gpushare-runc and hook.
+    let bundle = dir.path().join("bundle");
+    busybox_rootfs(&bundle.join("rootfs"));
+    let mut spec = runc_default_spec(&bundle);
+    spec["process"]["args"] = json!(["sleep", "600"]);
+    spec["annotations"] = json!({"gpushare.io/memory": "1Gi"});
+    std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    let state = dir.path().join("runc-state");
+    let b = bundle.to_str().unwrap();
+    for args in [
+        &["create", "--bundle", b, "pkg1"][..],
+        &["start", "pkg1"][..],
+    ] {
+        let out = runc(&root, &state, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            text(&out),
+            arbiter.log_tail(20)
+        );
+    }
+    let held = leases(&root);
+    assert_eq!(held.len(), 1, "{held:#?}");
+    assert_eq!(held[0]["container_id"], "pkg1");
+    assert_eq!(held[0]["memory_bytes"], 1u64 << 30);
+    assert_eq!(
+        held[0]["state"], "confirmed",
+        "the installed hook confirmed it"
+    );
+    let lease = held[0]["id"].clone();
+    let running: Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    let mounts = running["mounts"].as_array().unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["source"] == installed_library.to_str().unwrap()),
+        "the installed library is mounted: {mounts:#?}"
+    );
+
+    // Upgrade while the lease is held: the arbiter keeps running from the old binary until
+    // it is restarted from the new one, as postinst's restart does under systemd.
+    ok(dpkg(&root).arg("--install").arg(&second));
+    assert_eq!(
+        dpkg_query(&root, "${Version} ${db:Status-Abbrev}"),
+        format!("{SECOND} ii ")
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/gpushare/config.toml")).unwrap(),
+        edited,
+        "the conffile edit survives"
+    );
+    assert!(!root.join("etc/gpushare/config.toml.dpkg-dist").exists());
+    arbiter.restart();
+    let after = leases(&root);
+    assert_eq!(after.len(), 1, "{after:#?}");
+    assert_eq!(
+        after[0]["id"], lease,
+        "the lease survives the upgrade and the restart"
+    );
+    let status = runc(&root, &state, &["state", "pkg1"]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("\"running\""),
+        "{}",
+        text(&status)
+    );
+
+    // The container ends; the restarted arbiter releases its lease.
+    let out = runc(&root, &state, &["kill", "pkg1", "KILL"]);
+    assert!(out.status.success(), "{}", text(&out));
+    wait_until("the container to stop", Duration::from_secs(10), || {
+        String::from_utf8_lossy(&runc(&root, &state, &["state", "pkg1"]).stdout)
+            .contains("\"stopped\"")
+    });
+    let out = runc(&root, &state, &["delete", "pkg1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(leases(&root), Vec::<Value>::new());
+    arbiter.stop();
+
+    // Purge: nothing of the package is left, the edited conffile included.
+    ok(dpkg(&root).args(["--purge", PACKAGE]));
+    assert_eq!(entries(&root), Vec::<String>::new());
+    assert!(!root.join("etc/gpushare").exists());
+    assert_eq!(host_wants.exists(), host_had_it);
+}
