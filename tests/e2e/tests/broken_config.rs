@@ -1,5 +1,6 @@
 //! Issue 19: a broken configuration file fails only the containers that ask for
-//! gpushare, through docker (gpushare-runc) and through ctr (the shim). With a
+//! gpushare, through docker (gpushare-runc), ctr (the shim) and podman
+//! (gpushare-runc, and the precreate hook for a share). With a
 //! typo in the file the engines read, a plain container runs untouched and prints
 //! its output, and the runtime's log says why gpushare let it through; a container
 //! asking for a share is refused naming the file, the key and the fix; and the
@@ -165,6 +166,41 @@ fn ctr_runs_a_plain_container_and_refuses_a_share_while_the_file_is_broken() {
     // Fixed: the next container has its share, containerd untouched.
     std::fs::write(&config, good).unwrap();
     let env = env_map(&succeeded(&share("fixed"), || ctr.log_tail()));
+    assert_eq!(env["GPUSHARE_QUOTA_MEMORY"], (1u64 << 30).to_string());
+    wait_until("the lease to be released", Duration::from_secs(15), || {
+        arbiter.leases().is_empty()
+    });
+}
+
+/// podman with gpushare-runc as its runtime (a plain container) and the precreate
+/// hook (a share): the hook plants the refusal, which podman shows.
+#[test]
+fn podman_runs_a_plain_container_and_refuses_a_share_while_the_file_is_broken() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let config = arbiter.config_path().to_owned();
+    let podman = Podman::with_runtime(dir.path(), &config, &bin("gpushare-runc"));
+    let good = break_config(&config);
+    let run = |extra: &[&str], command: &[&str]| {
+        let mut args = vec!["run", "--rm", "--network", "none"];
+        args.extend_from_slice(extra);
+        args.push(PODMAN_IMAGE);
+        args.extend_from_slice(command);
+        podman.podman(&args)
+    };
+
+    let out = run(&[], &["echo", "plain"]);
+    assert_eq!(succeeded(&out, String::new), "plain\n");
+
+    let share = || run(&["--annotation", "gpushare.io/memory=1Gi"], &["env"]);
+    let refused = share();
+    assert!(!refused.status.success(), "the share ran");
+    assert_names_file_key_and_fix(&String::from_utf8_lossy(&refused.stderr), &config);
+    assert!(arbiter.client().list().unwrap().is_empty());
+
+    std::fs::write(&config, good).unwrap();
+    let env = env_map(&succeeded(&share(), String::new));
     assert_eq!(env["GPUSHARE_QUOTA_MEMORY"], (1u64 << 30).to_string());
     wait_until("the lease to be released", Duration::from_secs(15), || {
         arbiter.leases().is_empty()
