@@ -1,0 +1,188 @@
+//! `gpusharectl setup` against real engines: the file it writes is the one a private
+//! daemon then runs a gpushare container with, a second run leaves it alone, and `--undo`
+//! gives back the original byte for byte.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+use gpushare_e2e::*;
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `gpusharectl setup ENGINE --config FILE [extra…]` from this build (gpushare-runc is
+/// found beside it); returns what it printed.
+fn setup(engine: &str, file: &Path, extra: &[&str]) -> String {
+    let out = Command::new(bin("gpusharectl"))
+        .arg("setup")
+        .arg(engine)
+        .arg("--config")
+        .arg(file)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "setup {engine} {extra:?}: {}",
+        text(&out)
+    );
+    text(&out)
+}
+
+/// dockerd on a daemon.json the test wrote, in a private directory (Dockerd::start writes
+/// its own daemon.json).
+struct PrivateDockerd {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl PrivateDockerd {
+    fn start(dir: &Path, daemon_json: &Path, gpushare_config: &Path) -> PrivateDockerd {
+        let socket = dir.join("docker.sock");
+        let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
+        let child = Command::new(DOCKERD)
+            .arg("--config-file")
+            .arg(daemon_json)
+            .arg("--data-root")
+            .arg(dir.join("docker-root"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("--pidfile")
+            .arg(dir.join("docker.pid"))
+            .arg("-H")
+            .arg(format!("unix://{}", socket.display()))
+            .args([
+                "--iptables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--storage-driver=vfs",
+            ])
+            .env("GPUSHARE_CONFIG", gpushare_config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start dockerd");
+        let d = PrivateDockerd {
+            child,
+            dir: dir.to_owned(),
+            socket,
+        };
+        wait_until("dockerd to answer", Duration::from_secs(60), || {
+            d.docker(&["version"]).status.success()
+        });
+        import_busybox_image(
+            &dir.join("image-rootfs"),
+            d.command(&["import", "-", IMAGE]),
+            "docker import",
+        );
+        d
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(DOCKER);
+        c.arg("-H")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(args);
+        c
+    }
+
+    fn docker(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run docker")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.docker(args);
+        let log = std::fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default();
+        assert!(
+            out.status.success(),
+            "docker {args:?}: {}\n{log}",
+            text(&out)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for PrivateDockerd {
+    fn drop(&mut self) {
+        let ids = String::from_utf8_lossy(&self.docker(&["ps", "-aq"]).stdout).into_owned();
+        let _ = self
+            .command(&["rm", "-f", "-v"])
+            .args(ids.split_whitespace())
+            .output();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        unmount_under(&self.dir);
+    }
+}
+
+#[test]
+fn docker_runs_a_gpushare_container_from_the_file_setup_wrote_and_undo_restores_it() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let daemon_json = dir.path().join("daemon.json");
+    // As an operator's file might be: compact, other settings, another runtime.
+    let original = r#"{"log-level":"warn","runtimes":{"plain":{"path":"/usr/bin/runc"}}}"#;
+    std::fs::write(&daemon_json, original).unwrap();
+
+    let said = setup("docker", &daemon_json, &[]);
+    assert!(said.contains("restart docker"), "{said}");
+    let written = std::fs::read(&daemon_json).unwrap();
+    let backup = dir.path().join("daemon.json.gpushare-backup");
+    assert_eq!(std::fs::read_to_string(&backup).unwrap(), original);
+    let said = setup("docker", &daemon_json, &[]);
+    assert!(said.contains("nothing changed"), "{said}");
+    assert_eq!(std::fs::read(&daemon_json).unwrap(), written);
+
+    {
+        let docker = PrivateDockerd::start(dir.path(), &daemon_json, arbiter.config_path());
+        let id = docker
+            .ok(&[
+                "run",
+                "-d",
+                "--runtime",
+                "gpushare",
+                "-e",
+                "GPUSHARE_MEMORY=1Gi",
+                IMAGE,
+                "sleep",
+                "600",
+            ])
+            .trim()
+            .to_owned();
+        let leases = arbiter.leases();
+        assert_eq!(leases.len(), 1, "{leases:?}");
+        assert_eq!(leases[0]["container_id"], id.as_str());
+        assert_eq!(leases[0]["memory_bytes"], 1u64 << 30);
+        // The operator's other runtime still works beside it.
+        let plain = docker.ok(&["run", "--rm", "--runtime", "plain", IMAGE, "echo", "plain"]);
+        assert_eq!(plain.trim(), "plain");
+        docker.ok(&["rm", "-f", &id]);
+        wait_until("the lease's release", Duration::from_secs(10), || {
+            arbiter.leases().is_empty()
+        });
+    }
+
+    let said = setup("docker", &daemon_json, &["--undo"]);
+    assert!(said.contains("removed"), "{said}");
+    assert_eq!(std::fs::read_to_string(&daemon_json).unwrap(), original);
+    assert!(!backup.exists());
+}
