@@ -186,3 +186,114 @@ fn docker_runs_a_gpushare_container_from_the_file_setup_wrote_and_undo_restores_
     assert_eq!(std::fs::read_to_string(&daemon_json).unwrap(), original);
     assert!(!backup.exists());
 }
+
+/// containerd 1.6's CRI plugin on a config.toml that setup edited: the pod's app container
+/// runs under the `gpushare` handler through gpushare-runc (runc's BinaryName) with a lease,
+/// and `--undo` gives back the operator's file byte for byte.
+#[test]
+fn containerd_serves_the_gpushare_handler_from_the_file_setup_wrote_and_undo_restores_it() {
+    use gpushare_cri::image::{self, ImageConfig};
+    use gpushare_cri::Cri;
+    use gpushare_e2e::containerd::{Containerd, ContainerdOptions};
+    use gpushare_e2e::cri::{annotation, cri_config, handler_config, Entry, HANDLER, IMAGE};
+    use std::collections::HashMap;
+
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    // The operator's file: what Containerd::start writes before its extra configuration
+    // (root, state, socket), and the CRI plugin set up for this machine without gpushare.
+    let d = dir.path();
+    let base = format!(
+        "version = 2\nroot = \"{}\"\nstate = \"{}\"\n\n[grpc]\n  address = \"{}\"\n\n\
+         [plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"{}\"\n",
+        d.join("root").display(),
+        d.join("state").display(),
+        d.join("c.sock").display(),
+        d.join("opt").display(),
+    );
+    let cri_part = cri_config(Entry::RuncBinary, d);
+    let cri_part = cri_part
+        .strip_suffix(&handler_config(Entry::RuncBinary, d))
+        .expect("the handler comes last")
+        .to_owned();
+    let original = base.clone() + &cri_part;
+    let file = d.join("operator-config.toml");
+    std::fs::write(&file, &original).unwrap();
+
+    setup("containerd", &file, &[]);
+    let edited = std::fs::read_to_string(&file).unwrap();
+    let said = setup("containerd", &file, &[]);
+    assert!(said.contains("nothing changed"), "{said}");
+    assert!(
+        edited.starts_with(&original),
+        "the runtime is added after everything else:\n{edited}"
+    );
+
+    {
+        let ctr = Containerd::start(
+            d,
+            &arbiter.config_path,
+            ContainerdOptions {
+                extra_config: &edited[base.len()..],
+                cri: true,
+            },
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.join("containerd.toml")).unwrap(),
+            edited,
+            "containerd runs on exactly the file setup wrote"
+        );
+        let archive = d.join("image.tar");
+        image::write_archive(
+            &ctr.rootfs,
+            &ImageConfig {
+                name: IMAGE,
+                cmd: &["/bin/sleep", "3600"],
+            },
+            &d.join("image-layout"),
+            &archive,
+        )
+        .unwrap();
+        image::import(&ctr.address, &archive, gpushare_e2e::cri::SNAPSHOTTER).unwrap();
+        let cri = Cri::connect(&ctr.address).unwrap();
+        let pod_config = gpushare_cri::host_network_pod(
+            "setup-pod",
+            "default",
+            "c6a3c9a2-0002-4000-8000-000000000002",
+            HashMap::from([("gpushare.io/memory".to_owned(), "1Gi".to_owned())]),
+        );
+        let pod = cri
+            .run_pod_sandbox(&pod_config, HANDLER)
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}{}", ctr.log_tail()));
+        let app_config = gpushare_cri::container("app", IMAGE, &["/bin/sleep", "3600"]);
+        let app = cri
+            .create_container(&pod, &app_config, &pod_config)
+            .unwrap_or_else(|e| panic!("CreateContainer: {e}{}", ctr.log_tail()));
+        cri.start_container(&app)
+            .unwrap_or_else(|e| panic!("StartContainer: {e}{}", ctr.log_tail()));
+        let bundle = d
+            .join("state/io.containerd.runtime.v2.task")
+            .join(gpushare_cri::CRI_NAMESPACE)
+            .join(&app);
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        let lease = annotation(&spec, "gpushare.io/lease")
+            .unwrap_or_else(|| panic!("the app has no lease: {}", spec["annotations"]))
+            .to_owned();
+        let leases = arbiter.leases();
+        assert_eq!(leases.len(), 1, "{leases:#?}");
+        assert_eq!(leases[0]["id"], lease.as_str());
+        assert_eq!(leases[0]["memory_bytes"], 1u64 << 30);
+        cri.stop_pod_sandbox(&pod).unwrap();
+        cri.remove_pod_sandbox(&pod).unwrap();
+        wait_until("the lease's release", Duration::from_secs(10), || {
+            arbiter.leases().is_empty()
+        });
+    }
+
+    let said = setup("containerd", &file, &["--undo"]);
+    assert!(said.contains("removed"), "{said}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
+    assert!(!d.join("operator-config.toml.gpushare-backup").exists());
+}
