@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::{keys, Config, ConfigError, DEFAULT_PATH, PATH_ENV};
+use crate::{keys, problems, Config, ConfigError, DEFAULT_PATH, PATH_ENV};
 
 /// The file reads as a configuration.
 pub const EXIT_OK: u8 = 0;
@@ -65,18 +65,24 @@ pub fn report(path: &Path, absent_is_defaults: bool, read: std::io::Result<Strin
                 n if n <= 6 => format!("{n} keys differ from the defaults: {}", set.join(", ")),
                 n => format!("{n} keys differ from the defaults"),
             };
+            // Accepted, so the verdict stays ok; said before it, so it is seen.
+            let mut out = String::new();
+            for doubt in problems::doubts(&text) {
+                out.push_str(&located(&file, doubt.line));
+                out.push_str("warning: ");
+                out.push_str(&doubt.describe());
+                out.push('\n');
+            }
+            out.push_str(&format!("{file}: ok ({summary})\n"));
             Report {
-                text: format!("{file}: ok ({summary})\n"),
+                text: out,
                 exit_code: EXIT_OK,
             }
         }
         Err(ConfigError::Invalid { problems, .. }) => {
             let mut out = String::new();
             for problem in &problems {
-                match problem.line {
-                    Some(line) => out.push_str(&format!("{file}:{line}: ")),
-                    None => out.push_str(&format!("{file}: ")),
-                }
+                out.push_str(&located(&file, problem.line));
                 out.push_str(&problem.describe());
                 out.push('\n');
             }
@@ -97,6 +103,14 @@ pub fn report(path: &Path, absent_is_defaults: bool, read: std::io::Result<Strin
             text: format!("{e}\n"),
             exit_code: EXIT_UNREADABLE,
         },
+    }
+}
+
+/// `FILE:LINE: `, or `FILE: ` where the line is not known.
+fn located(file: &impl std::fmt::Display, line: Option<usize>) -> String {
+    match line {
+        Some(line) => format!("{file}:{line}: "),
+        None => format!("{file}: "),
     }
 }
 
@@ -135,6 +149,18 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn a_size_without_its_unit_is_ok_with_a_warning_before_the_verdict() {
+        let report = check("[[arbiter.devices]]\nuuid = \"GPU-1\"\nmemory = 16\n");
+        assert_eq!(report.exit_code, EXIT_OK);
+        assert_eq!(
+            report.text,
+            "/etc/gs.toml:3: warning: arbiter.devices[0].memory = 16: read as 16 bytes; did you mean \"16Gi\"? \
+             a size is a string with its unit (\"512Mi\", \"16Gi\")\n\
+             /etc/gs.toml: ok (1 key differs from the defaults: arbiter.devices)\n"
+        );
     }
 
     #[test]

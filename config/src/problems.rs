@@ -412,6 +412,61 @@ fn memory_hint(steps: &[Step], written: Option<&str>) -> Option<String> {
     (compact != text && reads).then(|| format!("did you mean \"{compact}\"?"))
 }
 
+/// Below this a memory size written as a bare number is most likely a size whose
+/// unit was left out (`memory = 16` for 16 GiB): no GPU, quota or overhead is that small.
+const DOUBTFUL_BYTES: u64 = 1 << 20;
+
+/// What the components accept but is most likely a slip, for `check-config` to
+/// warn of: a memory size written as a bare number under 1 MiB, which reads as
+/// that many bytes (`memory = 16`). A file that does not parse has none.
+pub fn doubts(text: &str) -> Vec<Problem> {
+    let Ok(document) = DeTable::parse(text) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    doubts_in(text, document.get_ref(), &mut Vec::new(), &mut found);
+    in_file_order(&mut found);
+    found
+}
+
+fn doubts_in(text: &str, table: &DeTable<'_>, path: &mut Vec<Step>, found: &mut Vec<Problem>) {
+    for (key, value) in table.iter() {
+        path.push(Step::Key(key.get_ref().to_string()));
+        match value.get_ref() {
+            DeValue::Table(inner) => doubts_in(text, inner, path, found),
+            DeValue::Array(items) => {
+                for (index, item) in items.iter().enumerate() {
+                    if let DeValue::Table(inner) = item.get_ref() {
+                        path.push(Step::Index(index));
+                        doubts_in(text, inner, path, found);
+                        path.pop();
+                    }
+                }
+            }
+            _ if MEMORY_KEYS.contains(&key.get_ref().as_ref()) => {
+                let written = text.get(value.span()).unwrap_or_default().trim();
+                let digits = written.trim_matches('"');
+                let bytes = digits
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                    .then(|| digits.parse::<u64>().ok())
+                    .flatten();
+                if let Some(bytes @ 1..DOUBTFUL_BYTES) = bytes {
+                    found.push(Problem {
+                        key: Some(dotted(path)),
+                        value: Some(written.to_owned()),
+                        line: Some(text[..key.span().start].matches('\n').count() + 1),
+                        message: format!("read as {bytes} bytes"),
+                        hint: memory_hint(path, Some(digits)),
+                    });
+                }
+            }
+            _ => {}
+        }
+        path.pop();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,6 +664,25 @@ mod tests {
         ] {
             assert_eq!(nearest(name, &accepted), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn doubts_are_memory_sizes_written_as_small_bare_numbers() {
+        let text = "[arbiter]\ncontext_memory_estimate = 300\n\n[[arbiter.devices]]\nuuid = \"GPU-1\"\nmemory = \"16\"\n\
+                    [[arbiter.devices]]\nuuid = \"GPU-2\"\nmemory = 17179869184\n[kubernetes]\nmemory_unit = \"1Gi\"\n\
+                    [scheduler]\nslice_ms = 16\n";
+        let found: Vec<String> = doubts(text).iter().map(Problem::to_string).collect();
+        assert_eq!(
+            found,
+            [
+                "line 2: arbiter.context_memory_estimate = 300: read as 300 bytes; did you mean \"300Gi\"? a size is a string with its unit (\"512Mi\", \"300Gi\")",
+                "line 6: arbiter.devices[0].memory = \"16\": read as 16 bytes; did you mean \"16Gi\"? a size is a string with its unit (\"512Mi\", \"16Gi\")",
+            ]
+        );
+        // 0 (no estimate), sizes with units and large byte counts are no slip.
+        assert!(doubts("[arbiter]\ncontext_memory_estimate = 0\n").is_empty());
+        assert!(doubts("[arbiter]\ndefault_memory = \"4Gi\"\n").is_empty());
+        assert!(doubts("not toml = =").is_empty());
     }
 
     #[test]
