@@ -17,7 +17,10 @@ fn main() {
     println!("cargo:rustc-env=GPUSHARE_COMMIT={commit}");
     // A new commit changes HEAD (or the branch it names); rebuild then, not on every
     // change of the tree.
-    if let Ok(git_dir) = Command::new("git").args(["rev-parse", "--git-dir"]).output() {
+    if let Ok(git_dir) = Command::new("git")
+        .args(["rev-parse", "--git-dir"])
+        .output()
+    {
         if git_dir.status.success() {
             let dir = String::from_utf8_lossy(&git_dir.stdout).trim().to_owned();
             println!("cargo:rerun-if-changed={dir}/HEAD");

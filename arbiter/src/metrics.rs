@@ -829,7 +829,8 @@ mod tests {
             ..Default::default()
         };
         let text = render(&report, &BTreeMap::new());
-        let labels = "lease=\"l1\",pod_namespace=\"\",pod=\"\",container=\"\",name=\"0123456789ab\"";
+        let labels =
+            "lease=\"l1\",pod_namespace=\"\",pod=\"\",container=\"\",name=\"0123456789ab\"";
         for line in [
             format!("gpushare_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1"),
             format!("gpushare_lease_gpu_time_seconds_total{{{labels}}} 12.345"),
@@ -840,20 +841,32 @@ mod tests {
             "gpushare_gpu_utilization_10s_ratio{gpu=\"GPU-0\"} 0.97".into(),
             "gpushare_admission_rejections_total{priority=\"low\"} 2".into(),
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
         // No share over a minute yet: no series rather than a made-up 0.
-        assert!(!text.contains("gpushare_lease_gpu_share_1m_ratio{"), "{text}");
+        assert!(
+            !text.contains("gpushare_lease_gpu_share_1m_ratio{"),
+            "{text}"
+        );
         assert!(!COMMIT.is_empty());
     }
 
     #[test]
     fn health_fails_on_a_failing_store_or_a_stalled_sampler() {
         for (exposition, want) in [
-            ("gpushare_store_failing 0\ngpushare_last_sample_age_seconds 2\n", Ok(())),
+            (
+                "gpushare_store_failing 0\ngpushare_last_sample_age_seconds 2\n",
+                Ok(()),
+            ),
             ("gpushare_store_failing 0\n", Ok(())),
             ("gpushare_store_failing 1\n", Err("store_failure")),
-            ("gpushare_store_failing 0\ngpushare_last_sample_age_seconds 31\n", Err("sampling_stalled")),
+            (
+                "gpushare_store_failing 0\ngpushare_last_sample_age_seconds 31\n",
+                Err("sampling_stalled"),
+            ),
         ] {
             let got = health_of(exposition);
             match want {

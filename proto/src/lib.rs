@@ -20,10 +20,10 @@ pub use grant::{Grant, GrantAmount, GrantId, GrantRequest, PodBinding};
 pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
 pub use message::{
-    AdmissionRejections, AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest, ControlResponse, ErrorKind,
-    GpuStatus, GpuTimeline, GpuUtilization, LeaseGpuTime, LeaseUsage, QueuedRequest,
-    ReserveRequest, StatusReport, TimelineReport, TokenHold, TokenHolder, TokenStatus,
-    UnshareableGpuStatus, Violation, ViolationKind, WindowWaiter,
+    AdmissionRejections, AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest,
+    ControlResponse, ErrorKind, GpuStatus, GpuTimeline, GpuUtilization, LeaseGpuTime, LeaseUsage,
+    QueuedRequest, ReserveRequest, StatusReport, TimelineReport, TokenHold, TokenHolder,
+    TokenStatus, UnshareableGpuStatus, Violation, ViolationKind, WindowWaiter,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
 pub use token::{FitCounts, LossPolicy, ScheduleTerms, TokenPage, TokenRequest};

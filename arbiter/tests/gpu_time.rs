@@ -1,0 +1,208 @@
+//! Per-lease GPU time end to end: two token clients (simgpu-workload under the
+//! interposer) share one simulated GPU through a private arbiter; `gpusharectl top
+//! --once`, the per-lease metrics and the timeline must agree with the token
+//! service's accounting (the status report) within 2 %. Also `/healthz` and
+//! `gpushare_build_info` on the metrics listener.
+//!
+//! Needs the built programs (`make build`; GPUSHARE_BIN_DIR, GPUSHARE_PRELOAD_LIB).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use gpushare_proto::{Fraction, GpuSelector, Priority, ReserveRequest};
+use gpushare_testkit::{binaries, simgpu, Arbiter};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.0 GET: (status line, body).
+fn get(port: u16, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_owned(), body.to_owned())
+}
+
+/// The value of the series `name` whose labels contain `lease="…"`.
+fn series(exposition: &str, name: &str, lease: &str) -> f64 {
+    let needle = format!("lease=\"{lease}\"");
+    exposition
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&needle))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} for {lease} in\n{exposition}"))
+}
+
+fn within_2_percent(what: &str, got: f64, truth: f64) {
+    assert!(
+        (got - truth).abs() <= 0.02 * truth,
+        "{what}: {got} vs the token service's {truth} (more than 2 % apart)"
+    );
+}
+
+#[test]
+fn top_metrics_and_timeline_agree_with_the_token_accounting() {
+    binaries::require(&["gpushare-arbiter", "gpusharectl", "simgpu-workload"]);
+    let libs = simgpu::libs();
+    let port = free_port();
+    let arbiter = Arbiter::builder()
+        .declared_gpus(1, "16Gi")
+        .configure(|c| c.arbiter.metrics_address = Some(format!("127.0.0.1:{port}")))
+        .start();
+    let simgpu_dir = arbiter.dir().join("simgpu");
+    std::fs::create_dir_all(&simgpu_dir).unwrap();
+    let mut control = arbiter.client();
+    let mut containers = Vec::new();
+    let mut leases = Vec::new();
+    for (i, container_id) in ["trainer-a", "trainer-b"].iter().enumerate() {
+        let lease = control
+            .reserve(ReserveRequest {
+                container_id: container_id.to_string(),
+                namespace: None,
+                sandbox_id: None,
+                priority: Priority::Low,
+                memory: Some("1Gi".parse().unwrap()),
+                compute_request: Fraction::ZERO,
+                compute_limit: Fraction::ONE,
+                gpu: GpuSelector::Index(vec![0]),
+                tenant: None,
+                pod: None,
+            })
+            .unwrap();
+        let init = Command::new("sleep").arg("1000").spawn().unwrap();
+        control
+            .confirm(container_id.to_string(), init.id())
+            .unwrap();
+        containers.push(init);
+        leases.push((lease.id.0, i));
+    }
+    // Two busy jobs, back to back kernels of 2 ms for 4 s: each wants the whole GPU.
+    let jobs: Vec<_> = leases
+        .iter()
+        .map(|(lease, _)| {
+            Command::new(binaries::program("simgpu-workload"))
+                .args([
+                    "--kernels",
+                    "4",
+                    "--kernel",
+                    "fixed:2ms",
+                    "--duration",
+                    "4s",
+                ])
+                .env("LD_PRELOAD", binaries::preload_library())
+                .env("LD_LIBRARY_PATH", libs)
+                .env("SIMGPU_DIR", &simgpu_dir)
+                .env("GPUSHARE_LEASE", lease)
+                .env("GPUSHARE_SOCKET", arbiter.lease_socket(lease))
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for job in jobs {
+        let out = job.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "workload failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The clients are gone; their time stays with their leases.
+    let report = control.status().unwrap();
+    let top = arbiter.ctl(&["top", "--once"]);
+    assert!(
+        top.status.success(),
+        "{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    let top = String::from_utf8(top.stdout).unwrap();
+    assert!(
+        !top.contains('\x1b'),
+        "top --once writes no control codes:\n{top}"
+    );
+    let (_, metrics) = get(port, "/metrics");
+    let timeline = control.timeline(None).unwrap();
+    let mut total_ms = 0.0;
+    for (lease, _) in &leases {
+        let usage = report.usage.iter().find(|u| &u.lease.0 == lease).unwrap();
+        let truth_ms = usage.gpu_time_ms as f64;
+        assert!(
+            truth_ms > 500.0,
+            "{lease} held the token only {truth_ms} ms of its 4 s run:\n{top}"
+        );
+        total_ms += truth_ms;
+        within_2_percent(
+            "metrics",
+            series(&metrics, "gpushare_lease_gpu_time_seconds_total", lease) * 1000.0,
+            truth_ms,
+        );
+        // top shows "x.y s" in the row of the container (named by its id).
+        let row = top
+            .lines()
+            .find(|l| l.trim_start().starts_with(&usage.container))
+            .unwrap_or_else(|| panic!("no row for {} in\n{top}", usage.container));
+        let shown: f64 = row
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .find(|w| w[1] == "s")
+            .and_then(|w| w[0].parse().ok())
+            .unwrap_or_else(|| panic!("no GPU time in {row:?}"));
+        within_2_percent("top", shown * 1000.0, truth_ms);
+        let timed = timeline
+            .leases
+            .iter()
+            .find(|t| &t.lease.0 == lease)
+            .unwrap()
+            .gpu_time_ms as f64;
+        within_2_percent("timeline", timed, truth_ms);
+        // The holds drawn add up to the same time.
+        let held: u64 = timeline.gpus[0]
+            .holds
+            .iter()
+            .filter(|h| &h.lease.0 == lease)
+            .map(|h| h.end_unix_ms - h.start_unix_ms)
+            .sum();
+        within_2_percent("timeline holds", held as f64, truth_ms);
+    }
+    // One GPU's token: the two leases' time cannot add up to more than the run.
+    assert!(
+        total_ms <= 4_000.0 * 1.05 + 1_000.0,
+        "{total_ms} ms on one GPU"
+    );
+    // The health endpoint and the build's identity.
+    let (status, body) = get(port, "/healthz");
+    assert_eq!(
+        (status.as_str(), body.as_str()),
+        ("HTTP/1.0 200 OK", "ok\n")
+    );
+    let build_info = metrics
+        .lines()
+        .find(|l| l.starts_with("gpushare_build_info{"))
+        .unwrap_or_else(|| panic!("no build_info in\n{metrics}"));
+    assert!(
+        build_info.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+            && build_info.ends_with("} 1"),
+        "{build_info}"
+    );
+    let (status, _) = get(port, "/nothing");
+    assert_eq!(status, "HTTP/1.0 404 Not Found");
+    for mut c in containers {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
