@@ -297,3 +297,66 @@ fn containerd_serves_the_gpushare_handler_from_the_file_setup_wrote_and_undo_res
     assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
     assert!(!d.join("operator-config.toml.gpushare-backup").exists());
 }
+
+/// podman on a containers.conf that setup edited: `--runtime gpushare` names gpushare-runc
+/// through [engine.runtimes], its container gets a lease, and `--undo` gives the file back.
+#[test]
+fn podman_runs_the_gpushare_runtime_named_in_containers_conf_and_undo_restores_it() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    // Podman::start writes its containers.conf (an [engine] table among others) and
+    // imports the image with runc; setup then edits that file.
+    let podman = Podman::start(dir.path(), arbiter.config_path());
+    let conf = podman.dir.join("containers.conf");
+    let original = std::fs::read_to_string(&conf).unwrap();
+    setup("podman", &conf, &[]);
+    let said = setup("podman", &conf, &[]);
+    assert!(said.contains("nothing changed"), "{said}");
+
+    // podman's own flags as Podman::command passes them, but the runtime by its name.
+    let gpushare_podman = |args: &[&str]| {
+        let out = Command::new(PODMAN)
+            .env("CONTAINERS_CONF", &conf)
+            .arg("--root")
+            .arg(podman.dir.join("root"))
+            .arg("--runroot")
+            .arg(podman.dir.join("runroot"))
+            .arg("--tmpdir")
+            .arg(podman.dir.join("tmp"))
+            .args(["--storage-driver", "vfs", "--runtime", "gpushare"])
+            .arg("--runtime-flag")
+            .arg(format!(
+                "gpushare-config={}",
+                arbiter.config_path().display()
+            ))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let id = gpushare_podman(&[
+        "run",
+        "-d",
+        "--annotation",
+        "gpushare.io/memory=1Gi",
+        PODMAN_IMAGE,
+        "sleep",
+        "600",
+    ]);
+    let leases = arbiter.leases();
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(leases[0]["memory_bytes"], 1u64 << 30);
+    assert!(
+        id.starts_with(leases[0]["container_id"].as_str().unwrap()),
+        "{id} {leases:?}"
+    );
+    gpushare_podman(&["rm", "-f", "-t", "0", &id]);
+    wait_until("the lease's release", Duration::from_secs(15), || {
+        arbiter.leases().is_empty()
+    });
+
+    setup("podman", &conf, &["--undo"]);
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), original);
+}
