@@ -146,8 +146,17 @@ fn setup(
             .context("gpusharectl's path has no directory (name one with --bin-dir)")?
             .to_owned(),
     };
+    let programs = Programs::in_dir(&bin_dir);
+    // An engine pointed at a missing program fails every gpushare container start later,
+    // far from this command.
+    if !undo && !programs.runc.is_file() {
+        anyhow::bail!(
+            "{} does not exist: name the directory of gpushare-runc with --bin-dir",
+            programs.runc.display()
+        );
+    }
     let path = file.unwrap_or_else(|| engine.default_config());
-    let outcome = setup::apply(engine, path, &Programs::in_dir(&bin_dir), undo, dry_run)?;
+    let outcome = setup::apply(engine, path, &programs, undo, dry_run)?;
     Ok(match (dry_run, &outcome.content) {
         (true, Some(content)) if outcome.action != setup::Action::Unchanged => {
             format!("{content}(dry run: {outcome})\n")
