@@ -11,6 +11,7 @@ pub mod cli;
 pub mod connections;
 pub mod control;
 pub mod daemon;
+pub mod engine_names;
 pub mod gpu_time;
 pub mod grants;
 pub mod inventory;

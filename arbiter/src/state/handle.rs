@@ -44,7 +44,7 @@ impl ArbiterHandle {
             tokens.set_namer(Box::new(move |lease| {
                 let state = state.upgrade()?;
                 let arbiter = state.lock().unwrap_or_else(|p| p.into_inner());
-                arbiter.lease(lease).map(|l| l.display_name())
+                arbiter.lease(lease).map(|l| arbiter.container_name(l))
             }));
         }
         handle
@@ -134,7 +134,21 @@ impl ArbiterHandle {
 
     pub async fn confirm(&self, container: &ContainerRef, pid: u32) -> Result<(), StateError> {
         self.change(|a| Ok(((), a.confirm_in(container, pid)?)))
-            .await
+            .await?;
+        self.learn_engine_name(&container.container_id, pid).await;
+        Ok(())
+    }
+
+    /// Docker's name for the container, read from the engine's record (see
+    /// `engine_names`) off the runtime's threads and without the lock; nothing for
+    /// containers of other engines.
+    async fn learn_engine_name(&self, container_id: &str, pid: u32) {
+        let id = container_id.to_owned();
+        let found =
+            tokio::task::spawn_blocking(move || crate::engine_names::docker_name(pid, &id)).await;
+        if let Ok(Some(name)) = found {
+            self.lock().remember_engine_name(pid, name);
+        }
     }
 
     pub async fn bind(

@@ -192,6 +192,8 @@ pub struct Arbiter {
     last_sample: Option<Instant>,
     /// Allocations refused for the quota, per live lease.
     memory_refusals: HashMap<LeaseId, u64>,
+    /// Names the engine gave live leases' containers (docker's), found at confirmation.
+    engine_names: HashMap<LeaseId, String>,
     /// Reserves that timed out in the admission queue, by priority.
     admission_rejections: gpushare_proto::AdmissionRejections,
     /// Utilisation over `placement.utilization_window_ms`: the balanced policy's view.
@@ -270,6 +272,7 @@ impl Arbiter {
             short_utilization: vec![UtilizationWindow::new(Duration::from_secs(10)); n],
             last_sample: None,
             memory_refusals: HashMap::new(),
+            engine_names: HashMap::new(),
             admission_rejections: Default::default(),
             recent_utilization: vec![
                 UtilizationWindow::new(Duration::from_millis(

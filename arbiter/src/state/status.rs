@@ -124,7 +124,7 @@ impl Arbiter {
                             })
                             .unwrap_or_default(),
                         cgroup: r.cgroup.clone(),
-                        container: r.lease.display_name(),
+                        container: self.container_name(&r.lease),
                         gpu_time_ms: gpu_time.map_or(0, |t| t.held_ns / 1_000_000),
                         gpu_share_10s: gpu_time.map(|t| t.share_short()),
                         gpu_share_1m: gpu_time.map(|t| t.share_long()),
@@ -179,6 +179,28 @@ impl Arbiter {
             last_sample_age_ms: self
                 .last_sample
                 .map(|at| now.saturating_duration_since(at).as_millis() as u64),
+        }
+    }
+
+    /// What people call a lease's container: its pod's namespace/name/container, else
+    /// the name its engine gave it (docker's), else its id shortened as docker does.
+    pub fn container_name(&self, lease: &Lease) -> String {
+        let has_pod_name = lease
+            .pod
+            .as_ref()
+            .is_some_and(|p| p.namespace.is_some() && p.name.is_some());
+        match self.engine_names.get(&lease.id) {
+            Some(name) if !has_pod_name => name.clone(),
+            _ => lease.display_name(),
+        }
+    }
+
+    /// The lease of the container whose init is `pid` was named `name` by its engine.
+    pub fn remember_engine_name(&mut self, pid: u32, name: String) {
+        let leases = &self.leases;
+        self.engine_names.retain(|id, _| leases.contains_key(id));
+        if let Some(r) = self.leases.values().find(|r| r.lease.pid == Some(pid)) {
+            self.engine_names.insert(r.lease.id.clone(), name);
         }
     }
 

@@ -1,0 +1,170 @@
+//! The name docker gave a container, for people reading status, `top` and metrics.
+//!
+//! Docker (20.10, measured with a private dockerd and a runtime that saved the bundle's
+//! config.json) puts no name in the OCI spec it hands the runtime: no annotations at
+//! all, `hostname` and `HOSTNAME` are the id's first 12 characters. The name lives in
+//! the engine's own record, `<data-root>/containers/<id>/config.v2.json` (`"Name":
+//! "/my-trainer"`), and the container's `/etc/hostname` is a bind mount of a file in
+//! that very directory, whatever `--data-root` is. So from the confirmed init pid:
+//! its mount table names the directory (relative to its file system), the host's
+//! mount table names where that file system is mounted, and the record beside it
+//! names the container. Anything that does not fit (not docker, another layout, a
+//! record that does not name this id) gives no name, and the id is shown instead.
+
+use std::path::{Path, PathBuf};
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match (bytes[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One mountinfo line: (device `major:minor`, root within its file system, mount point).
+fn parse_line(line: &str) -> Option<(&str, String, String)> {
+    let mut fields = line.split(' ');
+    let (_id, _parent) = (fields.next()?, fields.next()?);
+    let device = fields.next()?;
+    let root = unescape(fields.next()?);
+    let mount_point = unescape(fields.next()?);
+    Some((device, root, mount_point))
+}
+
+/// Where the container's `/etc/hostname` comes from: its device and path on it.
+pub fn hostname_source(container_mountinfo: &str) -> Option<(String, String)> {
+    container_mountinfo
+        .lines()
+        .filter_map(parse_line)
+        .find(|(_, _, mount_point)| mount_point == "/etc/hostname")
+        .map(|(device, root, _)| (device.to_owned(), root))
+}
+
+/// The host path of `root` on `device`: through the host mount of that device whose
+/// root is the longest prefix of it.
+pub fn host_path(host_mountinfo: &str, device: &str, root: &str) -> Option<PathBuf> {
+    host_mountinfo
+        .lines()
+        .filter_map(parse_line)
+        .filter(|(d, _, _)| *d == device)
+        .filter_map(|(_, mount_root, mount_point)| {
+            let rest = Path::new(root).strip_prefix(&mount_root).ok()?;
+            Some((mount_root.len(), Path::new(&mount_point).join(rest)))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, path)| path)
+}
+
+/// The `Name` of docker's `config.v2.json`, without docker's leading '/', provided
+/// the record's `ID` is `container_id`.
+pub fn name_in_record(config_v2: &str, container_id: &str) -> Option<String> {
+    let record: serde_json::Value = serde_json::from_str(config_v2).ok()?;
+    if record.get("ID")?.as_str()? != container_id {
+        return None;
+    }
+    let name = record.get("Name")?.as_str()?.trim_start_matches('/');
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// The docker name of the container whose init is `pid` and id `container_id`;
+/// None for anything that is not a docker container laid out as described above.
+pub fn docker_name(pid: u32, container_id: &str) -> Option<String> {
+    if container_id.len() != 64 || !container_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
+    let (device, root) = hostname_source(&theirs)?;
+    let ours = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let hostname = host_path(&ours, &device, &root)?;
+    let directory = hostname.parent()?;
+    if directory.file_name()?.to_str()? != container_id {
+        return None;
+    }
+    let record = std::fs::read_to_string(directory.join("config.v2.json")).ok()?;
+    name_in_record(&record, container_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "ed5040c8f52e343e4a33f14778bb2da76c959e004c27408fb82604f4aab3cc3e";
+
+    /// A docker 20.10 container's mountinfo lines (`--data-root /tmp/h3docker/root`).
+    fn container_mountinfo(root_prefix: &str) -> String {
+        format!(
+            "74 60 0:52 / / rw,relatime - overlay overlay rw\n\
+             91 74 254:0 {root_prefix}/containers/{ID}/resolv.conf /etc/resolv.conf rw,relatime - ext4 /dev/vda rw\n\
+             92 74 254:0 {root_prefix}/containers/{ID}/hostname /etc/hostname rw,relatime - ext4 /dev/vda rw\n"
+        )
+    }
+
+    #[test]
+    fn the_hostname_mount_leads_to_the_engines_directory() {
+        let host_root_fs = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n";
+        // Data root on its own file system, mounted at /var/lib/docker (a common layout).
+        let host_own_fs = "27 1 254:1 / / rw - ext4 /dev/vda rw\n30 27 254:0 / /var/lib/docker rw - ext4 /dev/vdb rw\n";
+        for (container, host, want) in [
+            (
+                container_mountinfo("/tmp/h3docker/root"),
+                host_root_fs,
+                Some(format!("/tmp/h3docker/root/containers/{ID}/hostname")),
+            ),
+            (
+                container_mountinfo(""),
+                host_own_fs,
+                Some(format!("/var/lib/docker/containers/{ID}/hostname")),
+            ),
+            // The device is mounted nowhere here (another mount namespace): no path.
+            (
+                container_mountinfo(""),
+                "27 1 254:9 / / rw - ext4 x rw\n",
+                None,
+            ),
+        ] {
+            let (device, root) = hostname_source(&container).unwrap();
+            assert_eq!(
+                host_path(host, &device, &root),
+                want.map(PathBuf::from),
+                "{container}"
+            );
+        }
+        // No /etc/hostname mount (not an engine's container): nothing.
+        assert_eq!(
+            hostname_source("74 60 0:52 / / rw - overlay overlay rw\n"),
+            None
+        );
+        // Escaped spaces in a data root.
+        let spaced = container_mountinfo("/srv/my\\040docker");
+        assert_eq!(
+            hostname_source(&spaced).unwrap().1,
+            format!("/srv/my docker/containers/{ID}/hostname")
+        );
+    }
+
+    #[test]
+    fn the_record_names_the_container_only_if_it_is_this_one() {
+        let record = format!(r#"{{"ID":"{ID}","Name":"/my-trainer","Config":{{}}}}"#);
+        assert_eq!(name_in_record(&record, ID), Some("my-trainer".into()));
+        assert_eq!(name_in_record(&record, &"0".repeat(64)), None);
+        assert_eq!(name_in_record(r#"{"ID":"x","Name":"/"}"#, "x"), None);
+        assert_eq!(name_in_record("not json", ID), None);
+        // Not a docker id: not even looked up.
+        assert_eq!(docker_name(std::process::id(), "trainer-1"), None);
+    }
+}
