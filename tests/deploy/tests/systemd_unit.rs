@@ -22,11 +22,11 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// Runs `command`; a missing program fails the test naming the package that has it.
 fn run(command: &mut Command) -> Output {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    out
+    command.output().unwrap_or_else(|e| {
+        panic!("{command:?}: {e} (systemd-analyze: package systemd; setpriv, unshare: util-linux; readelf: binutils)")
+    })
 }
 
 fn text(out: &Output) -> String {
