@@ -5,7 +5,6 @@ PREFIX ?= /usr/local
 CARGO ?= cargo
 BIN_DIR := $(CURDIR)/target/debug
 RELEASE_DIR := $(CURDIR)/target/release
-BINARIES := gpushare-arbiter gpusharectl gpushare-runc gpushare-hook containerd-shim-gpushare-v2 gpushare-kube
 # libgpushare.so is loaded into containers' processes, whose glibc may be as old as
 # 2.28 (Rocky 8, Ubuntu 20.04+): it is linked against that baseline with
 # cargo-zigbuild, and the build fails if it needs any newer GLIBC_ symbol version.
