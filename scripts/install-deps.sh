@@ -3,7 +3,7 @@
 #
 #   install-deps.sh demo     make demo: containerd and ctr, runc, busybox-static, binutils, zig
 #   install-deps.sh test     make test (the default): the demo's, plus dockerd and docker, podman,
-#                            tar, faketime, groff
+#                            tar, faketime, groff, systemd-analyze, kill (procps)
 #   install-deps.sh build    make install (also --build): binutils and the zig toolchain
 #   ... --plan               print what is present and what would be installed, and install nothing
 #
@@ -205,6 +205,8 @@ if [ "$mode" = test ]; then
   need_tool tar tar "the test images"
   need_tool faketime faketime "arbiter/tests/clock.rs jumps the arbiter's wall clock"
   need_tool groff groff-base "tools/docgen's test renders every man page and fails on warnings"
+  need_tool systemd-analyze systemd "tests/deploy's systemd_unit verifies the unit and scores its hardening"
+  need_tool kill procps "the unit's ExecReload (/bin/kill), which systemd-analyze verify looks for"
   need_tool readelf binutils "the simulated driver's tests check its soname and -Bsymbolic linking"
 fi
 need_tool objdump binutils "make checks the GLIBC_ versions libgpushare.so needs"

@@ -59,6 +59,8 @@ fn debian_complete() -> Machine {
             "usr/bin/tar",
             "usr/bin/faketime",
             "usr/bin/groff",
+            "usr/bin/systemd-analyze",
+            "usr/bin/kill",
             "usr/bin/readelf",
             "usr/bin/objdump",
             "usr/bin/zig",
@@ -267,7 +269,15 @@ fn each_command_plans_only_what_it_needs_on_a_bare_machine() {
     let demo = [&build[..], &["containerd", "runc", "busybox-static"]].concat();
     let test = [
         &demo[..],
-        &["docker.io", "podman", "tar", "faketime", "groff-base"],
+        &[
+            "docker.io",
+            "podman",
+            "tar",
+            "faketime",
+            "groff-base",
+            "systemd",
+            "procps",
+        ],
     ]
     .concat();
     let cases: [(&str, &[&str]); 3] = [("demo", &demo), ("test", &test), ("build", &build)];
