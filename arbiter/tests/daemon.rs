@@ -109,10 +109,13 @@ fn waiting_past_the_bound_fails_with_what_was_asked_and_what_is_free() {
     };
     assert_eq!(kind, ErrorKind::Unplaceable);
     assert!(
-        message.contains("low-priority request for 8Gi on count:1"),
+        message.contains("low-priority request for 8Gi now"),
         "{message}"
     );
-    assert!(message.contains("4Gi of 16Gi free"), "{message}");
+    assert!(
+        message.contains("4Gi free, 8Gi wanted") && message.contains("GPU 0 (16Gi)"),
+        "{message}"
+    );
     // A request that can never fit fails at once, not after the bound.
     let err = c
         .reserve(request("huge", "17Gi", Priority::Low))

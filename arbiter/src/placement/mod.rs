@@ -405,13 +405,19 @@ pub fn memory_fragmented(free: &[u64], wanted: u64, count: usize) -> bool {
     roomy < count && total >= u128::from(wanted) * count as u128
 }
 
-/// "a high-priority request for 4Gi on count:1".
+/// "a high-priority request for 4Gi" (on any one GPU), "… for 4Gi on index:1".
 pub fn describe(request: &Request) -> String {
+    // `count:1` is what every request asks unless it says otherwise: naming it only
+    // reads as jargon. Any other selector is said as the request spelled it.
+    let on = match request.gpu {
+        GpuSelector::Count(1) => String::new(),
+        other => format!(" on {other}"),
+    };
     format!(
-        "a {}-priority request for {} on {}{}",
+        "a {}-priority request for {}{}{}",
         request.priority,
         request.memory,
-        request.gpu,
+        on,
         request
             .tenant
             .map(|t| format!(" from tenant {t:?}"))
@@ -818,10 +824,7 @@ mod tests {
         let views = gpus(&[(1, 0, 2, 0.1), (0, 1, 15, 0.1)]);
         let err = place(&req(High, 2, &ONE), &views, &POLICY).unwrap_err();
         let text = err.to_string();
-        assert!(
-            text.contains("high-priority request for 2Gi on count:1"),
-            "{text}"
-        );
+        assert!(text.contains("high-priority request for 2Gi now"), "{text}");
         assert!(
             text.contains("GPU 0 (GPU-0): already runs a high-priority job"),
             "{text}"

@@ -37,7 +37,7 @@ use crate::watchdog::LeaseView;
 pub enum StateError {
     #[error(transparent)]
     Placement(#[from] PlacementError),
-    #[error("waited {:.1} s in the admission queue: {reason}; the node has: {free}", *waited_ms as f64 / 1000.0)]
+    #[error("waited {:.1} s in the admission queue: {reason}; on the node: {free}", *waited_ms as f64 / 1000.0)]
     QueueTimeout {
         waited_ms: u64,
         reason: String,

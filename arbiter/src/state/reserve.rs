@@ -325,19 +325,25 @@ impl Arbiter {
         }
     }
 
-    /// One line per GPU: free memory, jobs, utilisation, drained/reserved.
+    /// Per GPU: its size, its leases, utilisation, drained/reserved. Not its free
+    /// memory nor its UUID: the refusal this follows names both per GPU already
+    /// (said twice, the message read as if it were two different GPUs).
     pub fn free_summary(&self) -> String {
         self.views()
             .iter()
             .map(|v| {
+                let plural = |n: u32| if n == 1 { "lease" } else { "leases" };
+                let leases = match (v.high_leases, v.low_leases) {
+                    (0, 0) => "no leases".to_string(),
+                    (h, 0) => format!("{h} high-priority {}", plural(h)),
+                    (0, l) => format!("{l} low-priority {}", plural(l)),
+                    (h, l) => format!("{h} high- and {l} low-priority {}", plural(h + l)),
+                };
                 let mut s = format!(
-                    "GPU {} ({}) {} of {} free, {} high + {} low, {:.0}% busy",
+                    "GPU {} ({}): {}, {:.0}% busy",
                     v.index,
-                    v.uuid,
-                    ByteSize(v.memory_free()),
                     ByteSize(v.memory_total),
-                    v.high_leases,
-                    v.low_leases,
+                    leases,
                     v.utilization * 100.0
                 );
                 if v.drained {

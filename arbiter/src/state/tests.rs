@@ -309,12 +309,9 @@ fn waiting_past_the_bound_fails_naming_the_request_and_what_is_free() {
     assert_eq!(err.kind(), ErrorKind::Unplaceable);
     let text = err.to_string();
     assert!(text.contains("waited 30.0 s"), "{text}");
+    assert!(text.contains("low-priority request for 3Gi now"), "{text}");
     assert!(
-        text.contains("low-priority request for 3Gi on count:1"),
-        "{text}"
-    );
-    assert!(
-        text.contains("GPU 0 (GPU-0) 2Gi of 8Gi free, 0 high + 1 low"),
+        text.contains("on the node: GPU 0 (8Gi): 1 low-priority lease, 0% busy"),
         "{text}"
     );
 }
