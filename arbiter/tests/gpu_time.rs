@@ -201,6 +201,73 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
     );
     let (status, _) = get(port, "/nothing");
     assert_eq!(status, "HTTP/1.0 404 Not Found");
+    // The timeline through gpusharectl, as scripts and the demo read it, and after a
+    // lease ended: its holds and its time stay.
+    let (ended, _) = &leases[0];
+    assert!(control
+        .release(gpushare_proto::LeaseId(ended.clone()))
+        .unwrap());
+    let json = arbiter.ctl(&["timeline", "--json"]);
+    assert!(
+        json.status.success(),
+        "{}",
+        String::from_utf8_lossy(&json.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let holds = json["gpus"][0]["holds"].as_array().unwrap();
+    assert!(
+        holds.iter().any(|h| h["lease"] == ended.as_str()),
+        "the ended lease's holds are gone: {json}"
+    );
+    for key in [
+        "lease",
+        "container",
+        "priority",
+        "start_unix_ms",
+        "end_unix_ms",
+    ] {
+        assert!(holds[0].get(key).is_some(), "a hold without {key}: {json}");
+    }
+    let kept = json["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lease"] == ended.as_str())
+        .unwrap_or_else(|| panic!("the ended lease's time is gone: {json}"));
+    let before = timeline
+        .leases
+        .iter()
+        .find(|t| &t.lease.0 == ended)
+        .unwrap()
+        .gpu_time_ms;
+    assert_eq!(kept["gpu_time_ms"].as_u64(), Some(before));
+    assert_eq!(kept["container"], "trainer-a");
+    let svg = arbiter.dir().join("timeline.svg");
+    let text = arbiter.ctl(&["timeline", "--svg", svg.to_str().unwrap()]);
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+    let text = String::from_utf8(text.stdout).unwrap();
+    let strip = text
+        .lines()
+        .find(|l| l.contains('|'))
+        .unwrap_or_else(|| panic!("no strip in\n{text}"));
+    assert!(
+        strip.contains('A') && strip.contains('B'),
+        "both containers held the GPU: {text}"
+    );
+    // Letters follow the lease ids' order, which is not the containers'.
+    for name in ["trainer-a (low", "trainer-b (low"] {
+        assert!(text.contains(name), "{name} in\n{text}");
+    }
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        chart.starts_with("<svg") && chart.contains("trainer-b"),
+        "{}",
+        &chart[..200.min(chart.len())]
+    );
     for mut c in containers {
         let _ = c.kill();
         let _ = c.wait();
