@@ -10,10 +10,13 @@ fn percent(x: Option<f64>) -> String {
     x.map_or_else(|| "-".into(), |x| format!("{:.0} %", x * 100.0))
 }
 
-/// "12.3 s" below ten minutes, "12.3 min" below ten hours, else "12.3 h".
+/// "1.23 s" below ten seconds (a short job's split must read within 1 %), "12.3 s"
+/// below ten minutes, "12.3 min" below ten hours, else "12.3 h".
 pub fn gpu_time(ms: u64) -> String {
     let s = ms as f64 / 1000.0;
-    if s < 600.0 {
+    if s < 10.0 {
+        format!("{s:.2} s")
+    } else if s < 600.0 {
         format!("{s:.1} s")
     } else if s < 36_000.0 {
         format!("{:.1} min", s / 60.0)
@@ -257,7 +260,9 @@ mod tests {
     #[test]
     fn gpu_time_reads_in_the_unit_that_fits() {
         for (ms, want) in [
-            (0, "0.0 s"),
+            (0, "0.00 s"),
+            (1_949, "1.95 s"),
+            (9_994, "9.99 s"),
             (12_345, "12.3 s"),
             (599_949, "599.9 s"),
             (600_000, "10.0 min"),
