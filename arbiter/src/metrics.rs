@@ -47,7 +47,7 @@ pub fn health_of(exposition: &str) -> Result<(), String> {
     }
     match value("gpushare_last_sample_age_seconds") {
         Some(age) if age * 1000.0 > SAMPLE_STALL_MS as f64 => Err(format!(
-            "sampling_stalled: the last GPU sample is {age:.0} s old"
+            "sampling_stalled: no GPU sample for {age:.0} s (the sampling loop is stuck, or NVML fails for every GPU)"
         )),
         _ => Ok(()),
     }
