@@ -25,13 +25,23 @@ struct Shown {
     priority: Priority,
 }
 
-/// Letters A–Z then a–z then digits, one per lease in the order the report lists
-/// them (its `leases`, then any lease only a hold names); '?' past 62.
+/// Letters A–Z then a–z then digits, one per lease that holds the token in the
+/// report, in the order the report lists them (its `leases`, then any lease only a
+/// hold names); '?' past 62. A lease of `leases` without a hold in the window (the
+/// demo's baseline runs, before `--since`) gets no letter: it would only take a
+/// letter and a legend entry from the ones drawn.
 fn letters(report: &TimelineReport) -> BTreeMap<LeaseId, Shown> {
     const ALPHABET: &str = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let holding: std::collections::BTreeSet<&LeaseId> = report
+        .gpus
+        .iter()
+        .flat_map(|g| &g.holds)
+        .map(|h| &h.lease)
+        .collect();
     let mut order: Vec<(LeaseId, String, Priority)> = report
         .leases
         .iter()
+        .filter(|l| holding.contains(&l.lease))
         .map(|l| (l.lease.clone(), l.container.clone(), l.priority))
         .collect();
     for hold in report.gpus.iter().flat_map(|g| &g.holds) {
@@ -311,6 +321,25 @@ mod tests {
             assert!(text.contains(line), "{line:?} in\n{text}");
         }
         assert!(render_text(&TimelineReport::default()).starts_with("no token holds"));
+    }
+
+    #[test]
+    fn a_lease_without_a_hold_in_the_window_gets_no_letter_nor_legend_entry() {
+        let mut r = report();
+        r.leases.insert(
+            0,
+            LeaseGpuTime {
+                lease: LeaseId("baseline".into()),
+                container: "c-baseline".into(),
+                priority: Priority::High,
+                gpu_time_ms: 4_000,
+            },
+        );
+        let text = render_text(&r);
+        assert!(text.contains("A c-hi (high, hi)"), "{text}");
+        assert!(!text.contains("c-baseline"), "{text}");
+        let svg = render_svg(&r).unwrap();
+        assert!(svg.contains("A c-hi (high)") && !svg.contains("c-baseline"));
     }
 
     #[test]
