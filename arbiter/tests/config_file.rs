@@ -84,6 +84,26 @@ fn sighup_applies_live_keys_reports_restart_keys_and_keeps_running_on_a_broken_f
         c.reserve(default_sized("kept")).unwrap().memory_bytes,
         2 * GI
     );
+
+    // gpusharectl, reading the same broken file, still shows the running arbiter
+    // (through the file's own run_dir) and says what is wrong with the file.
+    let ctl = Command::new(CTL)
+        .args(["--config"])
+        .arg(d.config_path())
+        .args(["list", "--json"])
+        .env_remove("GPUSHARE_CONFIG")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&ctl.stdout),
+        String::from_utf8_lossy(&ctl.stderr),
+    );
+    assert!(ctl.status.success(), "{stderr}");
+    assert!(stdout.contains("\"kept\""), "{stdout}");
+    assert!(
+        stderr.contains("arbiter.default_memroy") && stderr.contains("check-config"),
+        "{stderr}"
+    );
 }
 
 #[test]

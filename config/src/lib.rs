@@ -325,6 +325,17 @@ impl ArbiterConfig {
             .unwrap_or_else(|| self.run_dir.join(CONTROL_SOCKET))
     }
 
+    /// The control socket when the file is refused (`error`), so that `gpusharectl`
+    /// still reaches the arbiter, which keeps running on the last file it read:
+    /// the file's own `arbiter.control_socket` or `arbiter.run_dir` where those keys
+    /// alone still read as paths, else the default.
+    pub fn control_socket_despite(error: &ConfigError) -> PathBuf {
+        std::fs::read_to_string(error.path())
+            .ok()
+            .and_then(|text| control_socket_in(&text))
+            .unwrap_or_else(|| ArbiterConfig::default().control_socket())
+    }
+
     /// The directory a lease's container sees as /run/gpushare.
     pub fn lease_dir(&self, lease: &gpushare_types::LeaseId) -> PathBuf {
         self.run_dir.join(LEASES_DIR).join(&lease.0)
@@ -505,6 +516,14 @@ impl RuntimeConfig {
             .and_then(|text| runtimes_in(&text))
             .unwrap_or_else(|| RuntimeConfig::default().runtimes)
     }
+}
+
+/// The control socket a file that may be refused for other keys names.
+fn control_socket_in(text: &str) -> Option<PathBuf> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let arbiter = table.get("arbiter")?;
+    let path = |key: &str| arbiter.get(key)?.as_str().map(PathBuf::from);
+    path("control_socket").or_else(|| Some(path("run_dir")?.join(CONTROL_SOCKET)))
 }
 
 /// `runtime.runtimes` of a file that may be refused for other keys.
@@ -1370,6 +1389,42 @@ mod tests {
         assert_eq!(
             Some(RuntimeConfig::runtimes_despite(&unreadable)),
             defaults()
+        );
+    }
+
+    #[test]
+    fn the_control_socket_of_a_refused_file_is_its_own_where_it_still_reads() {
+        for (text, expected) in [
+            (
+                "[arbiter]\nrun_dir = \"/x/run\"\nwatchdog = 1\n",
+                Some("/x/run/control.sock"),
+            ),
+            (
+                "[arbiter]\nrun_dir = \"/x/run\"\ncontrol_socket = \"/y/c.sock\"\n",
+                Some("/y/c.sock"),
+            ),
+            ("[arbiter]\nrun_dir = 3\n", None),
+            ("[runtime]\nlibary = \"/x\"\n", None),
+            ("not toml at all = = =", None),
+        ] {
+            assert_eq!(
+                control_socket_in(text),
+                expected.map(PathBuf::from),
+                "{text}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "[arbiter]\nrun_dir = \"/x/run\"\nrun_dri = 1\n").unwrap();
+        let refused = Config::load(&path).unwrap_err();
+        assert_eq!(
+            ArbiterConfig::control_socket_despite(&refused),
+            PathBuf::from("/x/run/control.sock")
+        );
+        let unreadable = Config::load(&dir.path().join("absent.toml")).unwrap_err();
+        assert_eq!(
+            ArbiterConfig::control_socket_despite(&unreadable),
+            ArbiterConfig::default().control_socket()
         );
     }
 

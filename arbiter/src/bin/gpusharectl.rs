@@ -68,13 +68,28 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
             *dry_run,
         );
     }
-    let config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::load_default()?.0,
+    let loaded = match &args.config {
+        Some(path) => Config::load(path),
+        None => Config::load_default().map(|(config, _)| config),
     };
-    let socket = args
-        .socket
-        .unwrap_or_else(|| config.arbiter.control_socket());
+    // A refused file must not also hide the node: the arbiter keeps running on the
+    // last file it read, and status is what an operator fixing the file wants.
+    let (config, socket_from_file) = match loaded {
+        Ok(config) => {
+            let socket = config.arbiter.control_socket();
+            (config, socket)
+        }
+        Err(error) => {
+            let socket = gpushare_config::ArbiterConfig::control_socket_despite(&error);
+            let _ = writeln!(
+                std::io::stderr(),
+                "gpusharectl: warning: {error:#}\ngpusharectl: warning: going on with the defaults and control socket {} (gpusharectl check-config says what to fix)",
+                socket.display()
+            );
+            (Config::default(), socket)
+        }
+    };
+    let socket = args.socket.unwrap_or(socket_from_file);
     let mut client = ControlClient::connect(&socket, config.arbiter.client_timeout())?;
     Ok(match args.command {
         Command::Status { json: true } => {
