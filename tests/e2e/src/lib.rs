@@ -186,16 +186,22 @@ pub const IMAGE: &str = "busybox:e2e";
 
 impl Dockerd {
     pub fn start(dir: &Path, gpushare_config: &Path) -> Dockerd {
-        let socket = dir.join("docker.sock");
-        let exec_root = dir.join("exec");
         let daemon_json = serde_json::json!({
             "runtimes": { "gpushare": { "path": bin("gpushare-runc") } },
         });
         std::fs::write(dir.join("daemon.json"), daemon_json.to_string()).unwrap();
+        Dockerd::start_on(dir, &dir.join("daemon.json"), gpushare_config)
+    }
+
+    /// dockerd on a `daemon.json` the caller wrote (an operator's file, as
+    /// `gpusharectl setup docker` left it), in the private directory `dir`.
+    pub fn start_on(dir: &Path, daemon_json: &Path, gpushare_config: &Path) -> Dockerd {
+        let socket = dir.join("docker.sock");
+        let exec_root = dir.join("exec");
         let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
         let child = Command::new(DOCKERD)
             .arg("--config-file")
-            .arg(dir.join("daemon.json"))
+            .arg(daemon_json)
             .arg("--data-root")
             .arg(dir.join("docker-root"))
             .arg("--exec-root")
@@ -302,6 +308,37 @@ impl Drop for Dockerd {
         let _ = self.child.wait();
         // Anything dockerd left mounted under the private directory must go before it is deleted.
         unmount_under(&self.dir);
+    }
+}
+
+/// Runs a runc-compatible `program` (gpushare-runc from this build or from an
+/// installed package) with `--root state`, reading its configuration from `config`.
+/// stdout and stderr go to files, not pipes: a created container inherits its
+/// creator's stdio, so pipes would stay open for the container's whole life.
+pub fn run_runtime(program: &Path, config: &Path, state: &Path, args: &[&str]) -> Output {
+    let out = tempfile::tempfile().unwrap();
+    let err = tempfile::tempfile().unwrap();
+    let status = Command::new(program)
+        .env("GPUSHARE_CONFIG", config)
+        .arg("--root")
+        .arg(state)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .status()
+        .unwrap();
+    let read = |mut f: std::fs::File| {
+        use std::io::{Read, Seek};
+        let mut v = Vec::new();
+        f.rewind().unwrap();
+        f.read_to_end(&mut v).unwrap();
+        v
+    };
+    Output {
+        status,
+        stdout: read(out),
+        stderr: read(err),
     }
 }
 

@@ -103,31 +103,12 @@ fn entries(root: &Path) -> Vec<String> {
 
 /// The installed gpushare-runc, reading the installed configuration.
 fn runc(root: &Path, state: &Path, args: &[&str]) -> Output {
-    // Files, not pipes: a created container inherits its creator's stdio.
-    let out = tempfile::tempfile().unwrap();
-    let err = tempfile::tempfile().unwrap();
-    let status = Command::new(root.join("usr/bin/gpushare-runc"))
-        .env("GPUSHARE_CONFIG", root.join("etc/gpushare/config.toml"))
-        .arg("--root")
-        .arg(state)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(err.try_clone().unwrap())
-        .status()
-        .unwrap();
-    let read = |mut f: std::fs::File| {
-        use std::io::{Read, Seek};
-        let mut v = Vec::new();
-        f.rewind().unwrap();
-        f.read_to_end(&mut v).unwrap();
-        v
-    };
-    Output {
-        status,
-        stdout: read(out),
-        stderr: read(err),
-    }
+    run_runtime(
+        &root.join("usr/bin/gpushare-runc"),
+        &root.join("etc/gpushare/config.toml"),
+        state,
+        args,
+    )
 }
 
 /// The installed gpusharectl's leases.

@@ -2,9 +2,9 @@
 //! daemon then runs a gpushare container with, a second run leaves it alone, and `--undo`
 //! gives back the original byte for byte.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use gpushare_e2e::*;
 
@@ -35,104 +35,6 @@ fn setup(engine: &str, file: &Path, extra: &[&str]) -> String {
     text(&out)
 }
 
-/// dockerd on a daemon.json the test wrote, in a private directory (Dockerd::start writes
-/// its own daemon.json).
-struct PrivateDockerd {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-}
-
-impl PrivateDockerd {
-    fn start(dir: &Path, daemon_json: &Path, gpushare_config: &Path) -> PrivateDockerd {
-        let socket = dir.join("docker.sock");
-        let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
-        let child = Command::new(DOCKERD)
-            .arg("--config-file")
-            .arg(daemon_json)
-            .arg("--data-root")
-            .arg(dir.join("docker-root"))
-            .arg("--exec-root")
-            .arg(dir.join("exec"))
-            .arg("--pidfile")
-            .arg(dir.join("docker.pid"))
-            .arg("-H")
-            .arg(format!("unix://{}", socket.display()))
-            .args([
-                "--iptables=false",
-                "--ip-masq=false",
-                "--bridge=none",
-                "--storage-driver=vfs",
-            ])
-            .env("GPUSHARE_CONFIG", gpushare_config)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start dockerd");
-        let d = PrivateDockerd {
-            child,
-            dir: dir.to_owned(),
-            socket,
-        };
-        wait_until("dockerd to answer", Duration::from_secs(60), || {
-            d.docker(&["version"]).status.success()
-        });
-        import_busybox_image(
-            &dir.join("image-rootfs"),
-            d.command(&["import", "-", IMAGE]),
-            "docker import",
-        );
-        d
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(DOCKER);
-        c.arg("-H")
-            .arg(format!("unix://{}", self.socket.display()))
-            .args(args);
-        c
-    }
-
-    fn docker(&self, args: &[&str]) -> Output {
-        self.command(args).output().expect("run docker")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.docker(args);
-        let log = std::fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default();
-        assert!(
-            out.status.success(),
-            "docker {args:?}: {}\n{log}",
-            text(&out)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for PrivateDockerd {
-    fn drop(&mut self) {
-        let ids = String::from_utf8_lossy(&self.docker(&["ps", "-aq"]).stdout).into_owned();
-        let _ = self
-            .command(&["rm", "-f", "-v"])
-            .args(ids.split_whitespace())
-            .output();
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        unmount_under(&self.dir);
-    }
-}
-
 #[test]
 fn docker_runs_a_gpushare_container_from_the_file_setup_wrote_and_undo_restores_it() {
     require_root();
@@ -153,7 +55,7 @@ fn docker_runs_a_gpushare_container_from_the_file_setup_wrote_and_undo_restores_
     assert_eq!(std::fs::read(&daemon_json).unwrap(), written);
 
     {
-        let docker = PrivateDockerd::start(dir.path(), &daemon_json, arbiter.config_path());
+        let docker = Dockerd::start_on(dir.path(), &daemon_json, arbiter.config_path());
         let id = docker
             .ok(&[
                 "run",

@@ -33,33 +33,9 @@ impl Bundle {
     }
 }
 
-/// Runs gpushare-runc with files for stdout and stderr: a created container
-/// inherits its creator's stdio, so pipes would stay open for the container's life.
+/// Runs this build's gpushare-runc (see `run_runtime`).
 fn wrapper(config: &Path, state: &Path, args: &[&str]) -> Output {
-    let out = tempfile::tempfile().unwrap();
-    let err = tempfile::tempfile().unwrap();
-    let status = Command::new(bin("gpushare-runc"))
-        .env("GPUSHARE_CONFIG", config)
-        .arg("--root")
-        .arg(state)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(err.try_clone().unwrap())
-        .status()
-        .unwrap();
-    let read = |mut f: std::fs::File| {
-        use std::io::{Read, Seek};
-        let mut v = Vec::new();
-        f.rewind().unwrap();
-        f.read_to_end(&mut v).unwrap();
-        v
-    };
-    Output {
-        status,
-        stdout: read(out),
-        stderr: read(err),
-    }
+    run_runtime(&bin("gpushare-runc"), config, state, args)
 }
 
 fn stderr(out: &Output) -> String {
