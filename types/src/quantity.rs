@@ -232,12 +232,19 @@ impl FromStr for Fraction {
         let err = QuantityError {
             accepted: FRACTION_FORMS,
         };
-        let value = match s.strip_suffix('%') {
+        let value = match percentage(s) {
             Some(percent) => plain_decimal(percent).ok_or(err.clone())? / 100.0,
             None => plain_decimal(s).ok_or(err.clone())?,
         };
         Fraction::new(value).ok_or(err)
     }
+}
+
+/// The number of a percentage: `40%`, or `40 percent`, the spelling the shim's error
+/// messages use because containerd reads a shim's message as a Go format string
+/// (shim/src/service.rs): a value copied back from such a message must still parse.
+fn percentage(s: &str) -> Option<&str> {
+    s.strip_suffix('%').or_else(|| s.strip_suffix(" percent"))
 }
 
 /// Rust's float parser also takes `inf`, `NaN` and `1e-3`; requests are plain decimals.
@@ -281,7 +288,7 @@ impl FromStr for MemoryRequest {
             accepted: MEMORY_FORMS,
         };
         // `0.4` and `40%` are fractions; an integer or anything with a unit is bytes.
-        let looks_fractional = s.ends_with('%')
+        let looks_fractional = percentage(s).is_some()
             || (s.contains('.') && s.chars().all(|c| c.is_ascii_digit() || c == '.'));
         if looks_fractional {
             let fraction: Fraction = s.parse().map_err(|_| err.clone())?;
@@ -537,6 +544,9 @@ mod tests {
             ("0.4", Some(f(0.4))),
             ("40%", Some(f(0.4))),
             ("100%", Some(f(1.0))),
+            ("40 percent", Some(f(0.4))),
+            ("40percent", None),
+            (" percent", None),
             ("1.0", Some(f(1.0))),
             ("1", Some(MemoryRequest::Bytes(1))),
             ("0", None),
@@ -568,8 +578,9 @@ mod tests {
     fn fraction_and_priority_table() {
         assert_eq!("0.5".parse::<Fraction>().unwrap().get(), 0.5);
         assert_eq!("25%".parse::<Fraction>().unwrap().get(), 0.25);
+        assert_eq!("25 percent".parse::<Fraction>().unwrap().get(), 0.25);
         assert_eq!("0".parse::<Fraction>().unwrap().get(), 0.0);
-        for bad in ["1.01", "-0.1", "half", "NaN", "", "%", "1e-1"] {
+        for bad in ["1.01", "-0.1", "half", "NaN", "", "%", "1e-1", "25  percent", "25 %"] {
             assert!(bad.parse::<Fraction>().is_err(), "{bad:?}");
         }
         assert_eq!("high".parse::<Priority>(), Ok(Priority::High));
