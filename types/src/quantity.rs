@@ -580,7 +580,17 @@ mod tests {
         assert_eq!("25%".parse::<Fraction>().unwrap().get(), 0.25);
         assert_eq!("25 percent".parse::<Fraction>().unwrap().get(), 0.25);
         assert_eq!("0".parse::<Fraction>().unwrap().get(), 0.0);
-        for bad in ["1.01", "-0.1", "half", "NaN", "", "%", "1e-1", "25  percent", "25 %"] {
+        for bad in [
+            "1.01",
+            "-0.1",
+            "half",
+            "NaN",
+            "",
+            "%",
+            "1e-1",
+            "25  percent",
+            "25 %",
+        ] {
             assert!(bad.parse::<Fraction>().is_err(), "{bad:?}");
         }
         assert_eq!("high".parse::<Priority>(), Ok(Priority::High));
