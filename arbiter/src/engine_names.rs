@@ -46,12 +46,22 @@ fn parse_line(line: &str) -> Option<(&str, String, String)> {
     Some((device, root, mount_point))
 }
 
-/// Where the container's `/etc/hostname` comes from: its device and path on it.
-pub fn hostname_source(container_mountinfo: &str) -> Option<(String, String)> {
+/// Where container `container_id`'s `/etc/hostname` comes from: its device and path
+/// on it. The arbiter looks when the createRuntime hook confirms the container, and
+/// runc runs that hook after it mounts the container's files but before pivot_root
+/// (runc's prepareRootfs), so the mount point is still `<rootfs>/etc/hostname`, and
+/// the mount namespace still holds the host's mounts, among them perhaps a
+/// `/etc/hostname` of the host's own engine: only a mount of a file named
+/// `hostname` in a directory named after this container counts.
+pub fn hostname_source(container_mountinfo: &str, container_id: &str) -> Option<(String, String)> {
+    let own_file = format!("/{container_id}/hostname");
     container_mountinfo
         .lines()
         .filter_map(parse_line)
-        .find(|(_, _, mount_point)| mount_point == "/etc/hostname")
+        .find(|(_, root, mount_point)| {
+            (mount_point == "/etc/hostname" || mount_point.ends_with("/etc/hostname"))
+                && root.ends_with(&own_file)
+        })
         .map(|(device, root, _)| (device.to_owned(), root))
 }
 
@@ -88,7 +98,7 @@ pub fn docker_name(pid: u32, container_id: &str) -> Option<String> {
         return None;
     }
     let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
-    let (device, root) = hostname_source(&theirs)?;
+    let (device, root) = hostname_source(&theirs, container_id)?;
     let ours = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let hostname = host_path(&ours, &device, &root)?;
     let directory = hostname.parent()?;
@@ -137,7 +147,7 @@ mod tests {
                 None,
             ),
         ] {
-            let (device, root) = hostname_source(&container).unwrap();
+            let (device, root) = hostname_source(&container, ID).unwrap();
             assert_eq!(
                 host_path(host, &device, &root),
                 want.map(PathBuf::from),
@@ -146,15 +156,44 @@ mod tests {
         }
         // No /etc/hostname mount (not an engine's container): nothing.
         assert_eq!(
-            hostname_source("74 60 0:52 / / rw - overlay overlay rw\n"),
+            hostname_source("74 60 0:52 / / rw - overlay overlay rw\n", ID),
             None
         );
         // Escaped spaces in a data root.
         let spaced = container_mountinfo("/srv/my\\040docker");
         assert_eq!(
-            hostname_source(&spaced).unwrap().1,
+            hostname_source(&spaced, ID).unwrap().1,
             format!("/srv/my docker/containers/{ID}/hostname")
         );
+    }
+
+    /// What the createRuntime hook's moment looks like (docker 20.10 through
+    /// gpushare-runc, measured in tests/e2e/tests/docker.rs): runc has mounted the
+    /// container's files under its rootfs but not pivoted yet, and the namespace
+    /// still lists the host's mounts, here a host that is itself a container with
+    /// its own engine-made `/etc/hostname`.
+    #[test]
+    fn before_pivot_root_the_mount_under_the_rootfs_is_the_containers() {
+        let data_root = "/tmp/gs-e2e/docker-root";
+        let rootfs = format!("{data_root}/vfs/dir/{ID}");
+        let other = "0".repeat(64);
+        let mountinfo = format!(
+            "27 1 254:0 / / rw - ext4 /dev/vda rw\n\
+             28 27 254:0 /var/lib/docker/containers/{other}/hostname /etc/hostname rw - ext4 /dev/vda rw\n\
+             95 27 254:0 {data_root}/containers/{ID}/hostname {rootfs}/etc/hostname rw - ext4 /dev/vda rw\n"
+        );
+        assert_eq!(
+            hostname_source(&mountinfo, ID),
+            Some((
+                "254:0".to_owned(),
+                format!("{data_root}/containers/{ID}/hostname")
+            ))
+        );
+        // The host's own hostname mount names another container: never taken.
+        assert_eq!(hostname_source(&mountinfo, &"1".repeat(64)), None);
+        // A file named hostname in a directory not named after the container.
+        let elsewhere = format!("95 27 254:0 /srv/hostname {rootfs}/etc/hostname rw - ext4 x rw\n");
+        assert_eq!(hostname_source(&elsewhere, ID), None);
     }
 
     #[test]

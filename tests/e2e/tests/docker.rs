@@ -16,6 +16,8 @@ fn docker_run_gets_lease_environment_and_releases_on_exit() {
         .ok(&[
             "run",
             "-d",
+            "--name",
+            "trainer-7",
             "--runtime",
             "gpushare",
             "-e",
@@ -63,6 +65,31 @@ fn docker_run_gets_lease_environment_and_releases_on_exit() {
     assert!(
         logs.contains("libgpushare.so"),
         "the library is mounted: {logs}"
+    );
+
+    // Docker puts no name in the spec; the arbiter reads it from the engine's own
+    // record (engine_names.rs) after the hook confirms the container, so status
+    // names the container as `docker ps` does.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let usage = loop {
+        let status = arbiter.status();
+        let ours = status["usage"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|u| u["lease"] == lease["id"])
+            .cloned();
+        if ours.as_ref().is_some_and(|u| u["container"] == "trainer-7")
+            || std::time::Instant::now() > deadline
+        {
+            break ours;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        usage.as_ref().map(|u| &u["container"]),
+        Some(&serde_json::json!("trainer-7")),
+        "status shows docker's name for the container: {usage:?}"
     );
 
     docker.ok(&["rm", "-f", &id]);
