@@ -37,8 +37,10 @@ fn setup() -> Setup {
     }
 }
 
-/// Sockets under containerd's shim directory that belong to this daemon's shims
-/// (they are hashes: compare before/after instead of by name).
+/// Sockets under containerd's shim directory (they are hashes: compare before and
+/// after instead of by name). The tests ask that none made during the test remain
+/// (`is_subset`), not for equality: a shim of an earlier test binary's containerd
+/// that exits late removes its socket meanwhile, which is no leak of ours.
 fn shim_sockets() -> std::collections::BTreeSet<String> {
     std::fs::read_dir("/run/containerd/s")
         .map(|d| {
@@ -88,7 +90,7 @@ fn ctr_run_gets_a_lease_and_the_injected_environment() {
     wait_until(
         "both shims' sockets to be removed",
         Duration::from_secs(10),
-        || shim_sockets() == sockets_before,
+        || shim_sockets().is_subset(&sockets_before),
     );
     let addr = ctr.address.to_string_lossy().into_owned();
     wait_until("both shims to exit", Duration::from_secs(10), || {
@@ -238,7 +240,7 @@ fn a_bad_request_fails_with_the_parsers_message_and_leaves_nothing() {
     wait_until("nothing left behind", Duration::from_secs(10), || {
         gpushare_shim_servers(ctr).is_empty()
             && runc_shims(ctr).is_empty()
-            && shim_sockets() == sockets_before
+            && shim_sockets().is_subset(&sockets_before)
             && !ctr.bundle("bad").exists()
     });
     assert!(ctr.tasks().is_empty());
@@ -312,7 +314,7 @@ fn a_killed_shim_is_cleaned_up_by_containerd_and_the_lease_released() {
     wait_until(
         "both sockets to be removed",
         Duration::from_secs(10),
-        || shim_sockets() == sockets_before,
+        || shim_sockets().is_subset(&sockets_before),
     );
     ctr.ok(&["container", "rm", "victim"]);
 }
@@ -727,7 +729,7 @@ exit 0
     wait_until(
         "their sockets to be removed",
         Duration::from_secs(10),
-        || shim_sockets() == sockets_before,
+        || shim_sockets().is_subset(&sockets_before),
     );
 }
 
@@ -815,6 +817,6 @@ fn a_create_past_containerds_deadline_keeps_the_lease_until_the_delete() {
     wait_until(
         "their sockets to be removed",
         Duration::from_secs(10),
-        || shim_sockets() == sockets_before,
+        || shim_sockets().is_subset(&sockets_before),
     );
 }
