@@ -135,6 +135,8 @@ pub fn recover(
     ));
     // Start the grace period of leases whose containers died while we were down.
     arbiter.reconcile(Instant::now());
+    let naming = arbiter.clone();
+    tasks.spawn(async move { naming.relearn_engine_names().await });
     Ok(Running { arbiter, tasks })
 }
 

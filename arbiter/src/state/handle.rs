@@ -151,6 +151,20 @@ impl ArbiterHandle {
         }
     }
 
+    /// Engine names live in memory only (they are for reading, not state): after a
+    /// restart the arbiter looks them up again for every confirmed lease, as it did
+    /// at confirmation, so status and metrics keep the names people know.
+    pub async fn relearn_engine_names(&self) {
+        let confirmed: Vec<(String, u32)> = self
+            .list()
+            .into_iter()
+            .filter_map(|l| Some((l.container_id, l.pid?)))
+            .collect();
+        for (container_id, pid) in confirmed {
+            self.learn_engine_name(&container_id, pid).await;
+        }
+    }
+
     pub async fn bind(
         &self,
         lease: &LeaseId,
