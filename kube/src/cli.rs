@@ -5,10 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-/// `--help` opens with `<name> <version>`, as every gpushare binary's does (clap's
-/// default help names neither).
-pub const HELP_TEMPLATE: &str =
-    "{name} {version}\n{about-with-newline}\n{usage-heading} {usage}\n\n{all-args}{after-help}";
+use gpushare_types::cli::HELP_TEMPLATE;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -22,10 +22,7 @@ pub fn runc_wrapper_version_line() -> String {
     format!("{RUNC_WRAPPER} {}", env!("CARGO_PKG_VERSION"))
 }
 
-/// `--help` opens with `<name> <version>`, as every gpushare binary's does,
-/// gpushare-runc's included (clap's default help names neither).
-pub const HELP_TEMPLATE: &str =
-    "{name} {version}\n{about-with-newline}\n{usage-heading} {usage}\n\n{all-args}{after-help}";
+pub use gpushare_types::cli::HELP_TEMPLATE;
 
 /// `gpushare-hook`'s arguments.
 #[derive(Parser, Debug)]

@@ -1,12 +1,13 @@
 //! gpushare's shared vocabulary: the values every component speaks of — priorities,
 //! byte sizes, fractions, GPU selectors, lease ids, the token clock, what a client does
-//! when it loses the arbiter, and the host path layout.
+//! when it loses the arbiter, the host path layout, and the binaries' help layout.
 //!
 //! Configuration (`gpushare-config`) and the wire protocol (`gpushare-proto`) both use
 //! these, so neither depends on the other for plain values. The crate depends on
 //! nothing but libc (for the clock); `serde` is an optional feature, turned on by the
 //! crates that put these values in files or on the wire.
 
+pub mod cli;
 pub mod clock;
 pub mod kubernetes;
 pub mod layout;
