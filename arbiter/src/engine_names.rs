@@ -1,15 +1,22 @@
-//! The name docker gave a container, for people reading status, `top` and metrics.
+//! The name docker or podman gave a container, for people reading status, `top` and
+//! metrics. Neither engine puts it in the OCI spec it hands the runtime (docker 20.10
+//! and podman 4.3, measured: no name annotation, `hostname` is the id's first 12
+//! characters), so it is read from what each engine keeps outside the container.
 //!
-//! Docker (20.10, measured with a private dockerd and a runtime that saved the bundle's
-//! config.json) puts no name in the OCI spec it hands the runtime: no annotations at
-//! all, `hostname` and `HOSTNAME` are the id's first 12 characters. The name lives in
-//! the engine's own record, `<data-root>/containers/<id>/config.v2.json` (`"Name":
-//! "/my-trainer"`), and the container's `/etc/hostname` is a bind mount of a file in
-//! that very directory, whatever `--data-root` is. So from the confirmed init pid:
-//! its mount table names the directory (relative to its file system), the host's
-//! mount table names where that file system is mounted, and the record beside it
-//! names the container. Anything that does not fit (not docker, another layout, a
-//! record that does not name this id) gives no name, and the id is shown instead.
+//! Docker: the name lives in the engine's own record,
+//! `<data-root>/containers/<id>/config.v2.json` (`"Name": "/my-trainer"`), and the
+//! container's `/etc/hostname` is a bind mount of a file in that very directory,
+//! whatever `--data-root` is. So from the confirmed init pid: its mount table names
+//! the directory (relative to its file system), the host's mount table names where
+//! that file system is mounted, and the record beside it names the container.
+//!
+//! Podman: the name is in its database, but every container has a `conmon` monitor,
+//! started with `-c <id>` and `-n <name>`, and conmon is the init's parent (its
+//! grandparent while `runc create` still runs, when the hooks confirm it). A host
+//! process the container cannot change, so its arguments are as good as the engine's.
+//!
+//! Anything that does not fit (another engine, another layout, a record or a monitor
+//! that does not name this id) gives no name, and the id is shown instead.
 
 use std::path::{Path, PathBuf};
 
@@ -109,6 +116,60 @@ pub fn docker_name(pid: u32, container_id: &str) -> Option<String> {
     name_in_record(&record, container_id)
 }
 
+/// The name in a conmon command line (`args`, program first), provided its
+/// container (`-c`/`--cid`) is `container_id`.
+pub fn name_in_conmon_args(args: &[&str], container_id: &str) -> Option<String> {
+    let value_of = |short: &str, long: &str| {
+        args.iter().enumerate().find_map(|(i, arg)| {
+            let long_eq = format!("{long}=");
+            if *arg == short || *arg == long {
+                args.get(i + 1).copied()
+            } else {
+                arg.strip_prefix(long_eq.as_str())
+            }
+        })
+    };
+    if value_of("-c", "--cid")? != container_id {
+        return None;
+    }
+    let name = value_of("-n", "--name")?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// The parent of `pid`, from `/proc/<pid>/status` (`PPid:`), whose layout a process
+/// name with spaces or parentheses cannot confuse, unlike `stat`'s.
+fn parent_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&p| p > 1)
+}
+
+/// The podman name of the container whose init is `pid` and id `container_id`, from
+/// its conmon (the nearest ancestor of that name, within a few generations).
+pub fn podman_name(pid: u32, container_id: &str) -> Option<String> {
+    let mut ancestor = parent_of(pid)?;
+    // conmon → runc create → runc init while the hooks run; conmon → init after.
+    for _ in 0..3 {
+        let comm = std::fs::read_to_string(format!("/proc/{ancestor}/comm")).ok()?;
+        if comm.trim_end() == "conmon" {
+            let cmdline = std::fs::read(format!("/proc/{ancestor}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            let args: Vec<&str> = cmdline.split('\0').collect();
+            return name_in_conmon_args(&args, container_id);
+        }
+        ancestor = parent_of(ancestor)?;
+    }
+    None
+}
+
+/// The name the container's engine gave it: docker's, else podman's.
+pub fn engine_name(pid: u32, container_id: &str) -> Option<String> {
+    docker_name(pid, container_id).or_else(|| podman_name(pid, container_id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +255,44 @@ mod tests {
         // A file named hostname in a directory not named after the container.
         let elsewhere = format!("95 27 254:0 /srv/hostname {rootfs}/etc/hostname rw - ext4 x rw\n");
         assert_eq!(hostname_source(&elsewhere, ID), None);
+    }
+
+    #[test]
+    fn conmon_names_the_container_only_if_it_monitors_this_one() {
+        // podman 4.3's conmon, abridged.
+        let args = [
+            "/usr/bin/conmon",
+            "--api-version",
+            "1",
+            "-c",
+            ID,
+            "-u",
+            ID,
+            "-r",
+            "/usr/bin/runc",
+            "-b",
+            "/tmp/x/userdata",
+            "-n",
+            "trainer-7",
+            "--exit-dir",
+            "/run/exits",
+        ];
+        assert_eq!(name_in_conmon_args(&args, ID), Some("trainer-7".into()));
+        assert_eq!(name_in_conmon_args(&args, &"0".repeat(64)), None);
+        let long = ["conmon", &format!("--cid={ID}"), "--name=job a"];
+        assert_eq!(name_in_conmon_args(&long, ID), Some("job a".into()));
+        let spaced = ["conmon", "--cid", ID, "--name", "b"];
+        assert_eq!(name_in_conmon_args(&spaced, ID), Some("b".into()));
+        // No container named, no name, an empty name, or "-n" last: nothing.
+        assert_eq!(name_in_conmon_args(&["conmon", "-n", "x"], ID), None);
+        assert_eq!(name_in_conmon_args(&["conmon", "-c", ID], ID), None);
+        assert_eq!(
+            name_in_conmon_args(&["conmon", "-c", ID, "-n", ""], ID),
+            None
+        );
+        assert_eq!(name_in_conmon_args(&["conmon", "-c", ID, "-n"], ID), None);
+        // This test's own process has no conmon above it.
+        assert_eq!(podman_name(std::process::id(), ID), None);
     }
 
     #[test]

@@ -139,13 +139,12 @@ impl ArbiterHandle {
         Ok(())
     }
 
-    /// Docker's name for the container, read from the engine's record (see
-    /// `engine_names`) off the runtime's threads and without the lock; nothing for
-    /// containers of other engines.
+    /// Docker's or podman's name for the container (see `engine_names`), read off
+    /// the runtime's threads and without the lock; nothing for other engines.
     async fn learn_engine_name(&self, container_id: &str, pid: u32) {
         let id = container_id.to_owned();
         let found =
-            tokio::task::spawn_blocking(move || crate::engine_names::docker_name(pid, &id)).await;
+            tokio::task::spawn_blocking(move || crate::engine_names::engine_name(pid, &id)).await;
         if let Ok(Some(name)) = found {
             self.lock().remember_engine_name(pid, name);
         }
@@ -172,7 +171,9 @@ impl ArbiterHandle {
         pid: u32,
     ) -> Result<(), StateError> {
         self.change(|a| Ok(((), a.bind(lease, container_id, pid)?)))
-            .await
+            .await?;
+        self.learn_engine_name(container_id, pid).await;
+        Ok(())
     }
 
     /// Whether the lease existed.

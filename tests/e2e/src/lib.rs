@@ -158,6 +158,27 @@ impl Arbiter {
             .unwrap_or_default()
     }
 
+    /// The container name status shows for `lease` (its id), once it is no longer
+    /// the 12-character short id or after 10 s: engine names are learned off the
+    /// lock, just after confirmation.
+    pub fn shown_name(&self, lease: &Value) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let status = self.status();
+            let name = status["usage"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|u| &u["lease"] == lease)
+                .map(|u| u["container"].as_str().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            if name.len() != 12 || std::time::Instant::now() > deadline {
+                return name;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// How many lease directories are left under its run directory.
     pub fn lease_dirs(&self) -> usize {
         self.arbiter.lease_dirs().len()

@@ -71,9 +71,9 @@ fn docker_run_gets_lease_environment_and_releases_on_exit() {
     // record (engine_names.rs) after the hook confirms the container, so status
     // names the container as `docker ps` does, and again after a restart.
     let lease_id = lease["id"].clone();
-    assert_eq!(shown_name(&arbiter, &lease_id), "trainer-7");
+    assert_eq!(arbiter.shown_name(&lease_id), "trainer-7");
     arbiter.restart(); // SIGKILL, then a new arbiter on the same state
-    assert_eq!(shown_name(&arbiter, &lease_id), "trainer-7");
+    assert_eq!(arbiter.shown_name(&lease_id), "trainer-7");
 
     docker.ok(&["rm", "-f", &id]);
     wait_until("the lease to be released", Duration::from_secs(15), || {
@@ -302,26 +302,6 @@ fn a_crashed_container_releases_its_lease() {
         "3"
     );
     assert_eq!(arbiter.lease_dirs(), 0);
-}
-
-/// The container name status shows for `lease`, once it is the docker name or
-/// after 10 s (the name is learned off the lock, just after confirmation).
-fn shown_name(arbiter: &Arbiter, lease: &serde_json::Value) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = arbiter.status();
-        let name = status["usage"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|u| &u["lease"] == lease)
-            .map(|u| u["container"].as_str().unwrap_or_default().to_owned())
-            .unwrap_or_default();
-        if name.len() != 12 || std::time::Instant::now() > deadline {
-            return name;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Runs a detached sleeping container with the given `-e` requests; returns (id, its GPU).

@@ -10,7 +10,7 @@ const RUN: [&str; 3] = ["run", "--network", "none"];
 fn podman_annotation_request_gets_a_lease_bound_to_the_container() {
     require_root();
     let dir = scratch();
-    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let mut arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
     let podman = Podman::start(dir.path(), arbiter.config_path());
 
     let id = podman
@@ -18,6 +18,8 @@ fn podman_annotation_request_gets_a_lease_bound_to_the_container() {
             &RUN[..],
             &[
                 "-d",
+                "--name",
+                "named-job",
                 "--annotation",
                 "gpushare.io/memory=1Gi",
                 "--annotation",
@@ -54,6 +56,13 @@ fn podman_annotation_request_gets_a_lease_bound_to_the_container() {
         lease["gpus"][0].as_str().unwrap()
     );
     assert_eq!(env["LD_PRELOAD"], "/usr/local/gpushare/libgpushare.so");
+
+    // Podman puts no name in the spec either; the arbiter reads it from the
+    // container's conmon (engine_names.rs), and again after a restart.
+    let lease_id = lease["id"].clone();
+    assert_eq!(arbiter.shown_name(&lease_id), "named-job");
+    arbiter.restart();
+    assert_eq!(arbiter.shown_name(&lease_id), "named-job");
 
     podman.ok(&["rm", "-f", "-t", "0", &id]);
     wait_until("the lease to be released", Duration::from_secs(15), || {
