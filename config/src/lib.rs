@@ -1466,19 +1466,15 @@ mod snippet_tests {
                 Some("gpushare.io/*"),
                 "{file}"
             );
-            // Either the gpushare shim (containerd 1.6/1.7, tested end to end there) or
-            // gpushare-runc as runc's binary (containerd 2.x, whose runc shim we cannot
-            // run here); never neither, which would silently bypass gpushare.
-            let shim = runtime.get("runtime_path").and_then(|p| p.as_str());
+            // gpushare-runc as runc's binary, on every containerd release. Never the
+            // shim through runtime_path, which containerd < 1.6.21/1.7.2 drops without a
+            // word (pods would bypass gpushare), and never neither.
             let binary = runtime
                 .get("options")
                 .and_then(|o| o.get("BinaryName"))
                 .and_then(|b| b.as_str());
-            assert!(
-                shim == Some("/usr/local/bin/containerd-shim-gpushare-v2")
-                    || binary == Some("/usr/local/bin/gpushare-runc"),
-                "{file}: runtime_path {shim:?}, BinaryName {binary:?}"
-            );
+            assert_eq!(binary, Some("/usr/local/bin/gpushare-runc"), "{file}");
+            assert!(runtime.get("runtime_path").is_none(), "{file}");
             assert_eq!(
                 runtime["runtime_type"].as_str(),
                 Some("io.containerd.runc.v2"),

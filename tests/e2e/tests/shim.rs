@@ -500,9 +500,9 @@ fn version_and_info_answer() {
 }
 
 /// Checks that containerd 1.6's CRI plugin accepts the shipped runtime snippet and reads
-/// it as intended (its log). Pods through the real CRI plugin run in `cri.rs`; they name
-/// the shim by runtime type, because containerd 1.6.20 reads `runtime_path` but starts
-/// runc's own shim (see config/containerd/config-v2.toml).
+/// it as intended (its log): runc's shim with gpushare-runc as its runc. Pods through
+/// the real CRI plugin run in `cri.rs`, both that way and through this shim named by
+/// runtime type (config/containerd/config-v2.toml says why the snippet is not the shim).
 #[test]
 fn containerd_accepts_the_cri_runtime_snippet() {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -515,12 +515,12 @@ fn containerd_accepts_the_cri_runtime_snippet() {
     )
     .unwrap();
     let runtimes = &snippet[snippet.find("[plugins.").expect("a plugins table")..];
-    let shim = bin("containerd-shim-gpushare-v2");
+    let wrapper = bin("gpushare-runc");
     let extra = format!(
         "[plugins.\"io.containerd.grpc.v1.cri\"]\n  disable_tcp_service = true\n  stream_server_address = \"127.0.0.1\"\n\
          [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"{d}/cni-bin\"\n  conf_dir = \"{d}/cni-conf\"\n\
          [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n{}",
-        runtimes.replace("/usr/local/bin/containerd-shim-gpushare-v2", &shim.to_string_lossy()),
+        runtimes.replace("/usr/local/bin/gpushare-runc", &wrapper.to_string_lossy()),
         d = dir.path().display(),
     );
     let ctr = Containerd::start(
@@ -542,14 +542,18 @@ fn containerd_accepts_the_cri_runtime_snippet() {
     );
     let log = std::fs::read_to_string(dir.path().join("containerd.log")).unwrap();
     // Grant keys through the containers' annotations only (see the snippet).
-    let expected = format!(
-        "gpushare:{{Type:io.containerd.runc.v2 Path:{} Engine: PodAnnotations:[gpushare.io/*] ContainerAnnotations:[gpushare.io/* grant.gpushare.io/*]",
-        shim.display()
-    );
-    assert!(
-        log.contains(&expected),
-        "CRI's view of the runtime: {expected}"
-    );
+    let expected = "gpushare:{Type:io.containerd.runc.v2 Path: Engine: PodAnnotations:[gpushare.io/*] ContainerAnnotations:[gpushare.io/* grant.gpushare.io/*]";
+    let line = log
+        .lines()
+        .find(|l| l.contains(expected))
+        .unwrap_or_else(|| panic!("CRI's view of the runtime: {expected}\n{log}"));
+    // Its runc options: gpushare-runc as the binary, the kubelet's cgroup driver.
+    for option in [
+        format!("BinaryName:{}", wrapper.display()),
+        "SystemdCgroup:true".into(),
+    ] {
+        assert!(line.contains(&option), "{option} in {line}");
+    }
 }
 
 /// `runc --root <containerd's runc root for the test namespace> state <id>`'s
