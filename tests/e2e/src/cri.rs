@@ -51,13 +51,14 @@ const ANNOTATIONS: &str = "  pod_annotations = [\"gpushare.io/*\"]\n  \
 /// The gpushare handler's runtime table.
 ///
 /// The shim is named by its runtime type (containerd finds
-/// containerd-shim-gpushare-v2 on its PATH), not by runtime_path as
-/// config/containerd/config-v2.toml does: containerd before 1.6.21 and 1.7.2 reads
-/// runtime_path but drops it on the way to the task service (the client's
-/// WithRuntimePath never reached the create request; containerd commit f49254f0b
-/// fixed it), so Debian 12's 1.6.20 runs such a pod under plain runc, without
-/// gpushare and without a word. The runtime type gets no runc options from the
-/// CRI plugin, so runc keeps its state under the host's /run/containerd/runc/k8s.io.
+/// containerd-shim-gpushare-v2 on its PATH), not by runtime_path: containerd before
+/// 1.6.21 and 1.7.2 reads runtime_path but drops it on the way to the task service
+/// (the client's WithRuntimePath never reached the create request; containerd commit
+/// f49254f0b fixed it), so Debian 12's 1.6.20 runs such a pod under plain runc,
+/// without gpushare and without a word; that is why the shipped
+/// config/containerd/config-v2.toml uses gpushare-runc instead. The runtime type gets
+/// no runc options from the CRI plugin, so runc keeps its state under the host's
+/// /run/containerd/runc/k8s.io.
 ///
 /// gpushare-runc rides on the runc type, whose typed options carry BinaryName and
 /// Root: runc's state goes under the test's directory.
