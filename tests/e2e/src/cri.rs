@@ -28,7 +28,7 @@ pub enum Entry {
     /// containerd-shim-gpushare-v2, named by its runtime type.
     Shim,
     /// runc's own shim running gpushare-runc as its BinaryName
-    /// (config/containerd/config-v3.toml's way, spelled for containerd 1.6).
+    /// (the shipped config/containerd/config-v2.toml and config-v3.toml).
     RuncBinary,
 }
 
