@@ -494,7 +494,14 @@ fn metrics_endpoint_serves_prometheus_text() {
         body
     };
     let text = get("/metrics");
-    assert!(text.starts_with("HTTP/1.0 200 OK"), "{text}");
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains(
+            "\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"
+        ),
+        "{text}"
+    );
+    assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(
         text.contains("gpushare_leases{priority=\"high\",state=\"reserved\"} 1"),
         "{text}"
@@ -504,7 +511,7 @@ fn metrics_endpoint_serves_prometheus_text() {
         sim_uuid(0),
         GI
     )));
-    assert!(get("/").starts_with("HTTP/1.0 404"));
+    assert!(get("/").starts_with("HTTP/1.1 404"));
 }
 
 /// A container that opens connection after connection on its own lease socket is

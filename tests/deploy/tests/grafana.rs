@@ -304,10 +304,21 @@ fn every_metric_the_dashboard_queries_is_served_by_the_arbiter() {
         .start();
     let exposition = scrape(port);
     // Families are declared (# TYPE) even while no series has a value (no lease yet).
-    let served: BTreeSet<&str> = exposition
+    // OpenMetrics names a family without the suffix its samples carry, which is
+    // what a query names: a counter's _total, an info's _info, a histogram's three.
+    let served: BTreeSet<String> = exposition
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(|l| l.split_once(' '))
+        .flat_map(|(family, kind)| {
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "info" => &["_info"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                _ => &[""],
+            };
+            suffixes.iter().map(move |s| format!("{family}{s}"))
+        })
         .collect();
     assert!(served.contains("gpushare_build_info"), "{exposition}");
     let mut queried = BTreeSet::new();
