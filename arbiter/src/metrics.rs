@@ -1,4 +1,4 @@
-//! The metrics endpoint: the OpenMetrics exposition of the status report, written
+//! The metrics endpoint: the Prometheus text exposition of the status report, written
 //! by `prometheus-client` (a pure function of the report, built afresh for each
 //! scrape), and served with `/healthz` by axum over hyper on the configured local
 //! address.
@@ -26,8 +26,12 @@ use tokio::net::TcpListener;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const COMMIT: &str = env!("GPUSHARE_COMMIT");
 
-/// What `prometheus_client::encoding::text` writes: OpenMetrics 1.0.0.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// What `prometheus_client::encoding::prometheus_text` writes: Prometheus's text format
+/// 0.0.4, which every Prometheus scrapes. Not OpenMetrics: there a counter's family is
+/// named without `_total`, and `gpushare_watchdog_violations_total` would then clash
+/// with the gauge `gpushare_watchdog_violations` (a strict parser refuses the scrape);
+/// 0.0.4 also keeps the `# TYPE` lines dashboards and alerts were written against.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// How long the background loop may go without a GPU sample before `/healthz`
 /// fails: it samples every few seconds, so this is many missed rounds.
@@ -118,25 +122,6 @@ impl EncodeMetric for Buckets {
     }
 }
 
-/// A series of the OpenMetrics type `unknown`: written as a gauge is, under its own
-/// name, for a count whose counter family name (the name less `_total`) is taken.
-#[derive(Debug)]
-struct Unknown(u64);
-
-impl TypedMetric for Unknown {
-    const TYPE: MetricType = MetricType::Unknown;
-}
-
-impl EncodeMetric for Unknown {
-    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
-        encoder.encode_gauge(&self.0)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
-    }
-}
-
 /// The registry one scrape is written from.
 struct Exposition(Registry);
 
@@ -158,8 +143,8 @@ impl Exposition {
         self.add(name, help, Series(series));
     }
 
-    /// `sample_name` is the name of the samples, `_total` included: OpenMetrics
-    /// names the family without it and the encoder adds it back to each sample.
+    /// `sample_name` is the name of the samples, `_total` included: the registry takes
+    /// the name without it and the encoder adds it back.
     fn counters<N>(&mut self, sample_name: &str, help: &str, series: Vec<(Labels, N)>)
     where
         ConstCounter<N>: Metric,
@@ -182,8 +167,8 @@ fn gpu(uuid: &str) -> Labels {
 
 pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u64>) -> String {
     let mut out = Exposition(Registry::default());
-    // An info metric: OpenMetrics calls the family gpushare_build and writes the
-    // sample as gpushare_build_info{...} 1, the series dashboards join on.
+    // An info metric, registered as gpushare_build: the encoder writes the series
+    // dashboards join on, gpushare_build_info{...} 1, typed as a gauge.
     out.add(
         "gpushare_build",
         "Always 1; the arbiter's version and the commit it was built from.",
@@ -382,25 +367,19 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         })
         .collect(),
     );
-    // Not a counter: OpenMetrics would name its family gpushare_watchdog_violations,
-    // the gauge's above, and a family name must be unique (a strict parser refuses
-    // the whole scrape). `unknown` keeps the series' name; PromQL's rate() and
-    // increase() do not read the type.
-    out.add(
+    out.counters(
         "gpushare_watchdog_violations_total",
         "Violations seen by the watchdog, summed over its passes.",
-        Series(
-            ["unregistered", "over_quota", "ungated"]
-                .into_iter()
-                .map(|name| {
-                    let n = violation_totals.get(name).copied().unwrap_or(0);
-                    (vec![("kind", name.to_owned())], Unknown(n))
-                })
-                .collect(),
-        ),
+        ["unregistered", "over_quota", "ungated"]
+            .into_iter()
+            .map(|name| {
+                let n = violation_totals.get(name).copied().unwrap_or(0);
+                (vec![("kind", name.to_owned())], n)
+            })
+            .collect(),
     );
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &out.0)
+    prometheus_client::encoding::prometheus_text::encode(&mut text, &out.0)
         .expect("writing into a String does not fail");
     text
 }
@@ -1250,26 +1229,20 @@ mod tests {
         let text = render(&report, &totals);
         let want: Vec<&str> = REFERENCE.lines().filter(|l| !l.is_empty()).collect();
         assert_eq!(samples(&text), want, "{text}");
-        // OpenMetrics: an exposition ends with # EOF, and a counter's family is
-        // named without the _total its samples carry.
-        assert!(text.ends_with("# EOF\n"), "{text}");
         // Each family is declared once, and each sample belongs to the family
         // declared last, under a name its type allows.
         let mut declared = std::collections::BTreeSet::new();
         let mut family = ("", "");
-        for line in text
-            .lines()
-            .filter(|l| !l.starts_with("# HELP ") && *l != "# EOF")
-        {
+        for line in text.lines().filter(|l| !l.starts_with("# HELP ")) {
             if let Some(typed) = line.strip_prefix("# TYPE ") {
                 family = typed.split_once(' ').unwrap();
                 assert!(declared.insert(family.0), "{} declared twice", family.0);
                 continue;
             }
             let name = &line[..line.find(['{', ' ']).unwrap()];
+            // Prometheus text 0.0.4: a counter's and an info's family carry their
+            // samples' whole name; a histogram's samples add their suffixes.
             let suffixes: &[&str] = match family.1 {
-                "counter" => &["_total"],
-                "info" => &["_info"],
                 "histogram" => &["_bucket", "_sum", "_count"],
                 _ => &[""],
             };
@@ -1279,8 +1252,10 @@ mod tests {
             );
         }
         for line in [
-            "# TYPE gpushare_build info",
-            "# TYPE gpushare_lease_gpu_time_seconds counter",
+            "# TYPE gpushare_build_info gauge",
+            "# TYPE gpushare_lease_gpu_time_seconds_total counter",
+            "# TYPE gpushare_watchdog_violations_total counter",
+            "# TYPE gpushare_watchdog_violations gauge",
             "# TYPE gpushare_leases gauge",
             "# TYPE gpushare_placement_decision_seconds histogram",
             "# HELP gpushare_gpu_drained 1 when no new leases are placed on the GPU.",
@@ -1347,11 +1322,11 @@ mod tests {
         // What Prometheus sends: HTTP/1.1 with a Host.
         let metrics = ask(
             address,
-            "GET /metrics HTTP/1.1\r\nHost: node:9400\r\nAccept: application/openmetrics-text\r\n\r\n",
+            "GET /metrics HTTP/1.1\r\nHost: node:9400\r\nAccept: text/plain;version=0.0.4\r\n\r\n",
         )
         .await;
         assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
-        assert!(metrics.ends_with("# EOF\n"), "{metrics}");
+        assert!(metrics.ends_with(&render(&report, &totals)), "{metrics}");
         let health = ask(address, "GET /healthz HTTP/1.0\r\n\r\n").await;
         assert!(
             health.starts_with("HTTP/1.0 503 Service Unavailable\r\n")
