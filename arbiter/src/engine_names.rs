@@ -18,9 +18,13 @@
 //! Anything that does not fit (another engine, another layout, a record or a monitor
 //! that does not name this id) gives no name, and the id is shown instead.
 
+use procfs_core::process::{MountInfo, Status};
+use procfs_core::FromRead;
 use std::path::{Path, PathBuf};
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
+/// procfs-core 0.18 hands `root` and `mount_point` over as the kernel wrote them,
+/// escapes and all, so a data root with a space in it would not match otherwise.
 fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -43,14 +47,13 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// One mountinfo line: (device `major:minor`, root within its file system, mount point).
-fn parse_line(line: &str) -> Option<(&str, String, String)> {
-    let mut fields = line.split(' ');
-    let (_id, _parent) = (fields.next()?, fields.next()?);
-    let device = fields.next()?;
-    let root = unescape(fields.next()?);
-    let mount_point = unescape(fields.next()?);
-    Some((device, root, mount_point))
+/// One mountinfo line: (device `major:minor`, root within its file system, mount point);
+/// None for a line procfs-core cannot read, which is skipped rather than spoiling the
+/// rest of the table.
+fn parse_line(line: &str) -> Option<(String, String, String)> {
+    let mount = MountInfo::from_line(line).ok()?;
+    let mount_point = unescape(mount.mount_point.to_str()?);
+    Some((mount.majmin, unescape(&mount.root), mount_point))
 }
 
 /// Where container `container_id`'s `/etc/hostname` comes from: its device and path
@@ -69,7 +72,7 @@ pub fn hostname_source(container_mountinfo: &str, container_id: &str) -> Option<
             (mount_point == "/etc/hostname" || mount_point.ends_with("/etc/hostname"))
                 && root.ends_with(&own_file)
         })
-        .map(|(device, root, _)| (device.to_owned(), root))
+        .map(|(device, root, _)| (device, root))
 }
 
 /// The host path of `root` on `device`: through the host mount of that device whose
@@ -78,7 +81,7 @@ pub fn host_path(host_mountinfo: &str, device: &str, root: &str) -> Option<PathB
     host_mountinfo
         .lines()
         .filter_map(parse_line)
-        .filter(|(d, _, _)| *d == device)
+        .filter(|(d, _, _)| d == device)
         .filter_map(|(_, mount_root, mount_point)| {
             let rest = Path::new(root).strip_prefix(&mount_root).ok()?;
             Some((mount_root.len(), Path::new(&mount_point).join(rest)))
@@ -139,12 +142,13 @@ pub fn name_in_conmon_args(args: &[&str], container_id: &str) -> Option<String> 
 /// The parent of `pid`, from `/proc/<pid>/status` (`PPid:`), whose layout a process
 /// name with spaces or parentheses cannot confuse, unlike `stat`'s.
 fn parent_of(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("PPid:"))
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&p| p > 1)
+    parent_in_status(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// The `PPid` of a `/proc/<pid>/status` text, unless it is init (1) or none (0).
+fn parent_in_status(status: &str) -> Option<u32> {
+    let status = Status::from_read(status.as_bytes()).ok()?;
+    u32::try_from(status.ppid).ok().filter(|&p| p > 1)
 }
 
 /// The podman name of the container whose init is `pid` and id `container_id`, from
@@ -255,6 +259,82 @@ mod tests {
         // A file named hostname in a directory not named after the container.
         let elsewhere = format!("95 27 254:0 /srv/hostname {rootfs}/etc/hostname rw - ext4 x rw\n");
         assert_eq!(hostname_source(&elsewhere, ID), None);
+    }
+
+    #[test]
+    fn escaped_and_unreadable_mountinfo_lines() {
+        // procfs-core leaves `\040` (space) and `\134` (backslash) escaped in the mount
+        // point too: a rootfs under such a path still ends in /etc/hostname. A line
+        // procfs-core cannot read (cut short, or a mount id that is no number) is
+        // skipped; the lines around it still count.
+        let junk = "27 1 254:0 / / rw\nx 1 254:0 / / rw - ext4 x rw\n";
+        let escaped_rootfs = format!(
+            "95 27 254:0 /d/containers/{ID}/hostname /srv/a\\040b\\134c/rootfs/etc/hostname rw - ext4 x rw\n"
+        );
+        for (mountinfo, root) in [
+            (escaped_rootfs, format!("/d/containers/{ID}/hostname")),
+            (
+                format!("{junk}{}", container_mountinfo("/r")),
+                format!("/r/containers/{ID}/hostname"),
+            ),
+        ] {
+            assert_eq!(
+                hostname_source(&mountinfo, ID),
+                Some(("254:0".into(), root)),
+                "{mountinfo}"
+            );
+        }
+        for (host, want) in [
+            (
+                "30 27 254:0 /d /srv/my\\040data rw - ext4 x rw\n",
+                Some(PathBuf::from("/srv/my data/containers/x/hostname")),
+            ),
+            (junk, None),
+        ] {
+            assert_eq!(
+                host_path(host, "254:0", "/d/containers/x/hostname"),
+                want,
+                "{host}"
+            );
+        }
+    }
+
+    /// A `/proc/<pid>/status` as Linux 5.15 writes it, with `name` and `PPid` put in.
+    fn status_text(name: &str, ppid: &str) -> String {
+        format!(
+            "Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t2835\nNgid:\t0\n\
+             Pid:\t2835\nPPid:\t{ppid}\nTracerPid:\t0\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n\
+             FDSize:\t256\nGroups:\t \nNStgid:\t2835\nNSpid:\t2835\nVmPeak:\t    3060 kB\n\
+             VmRSS:\t    1768 kB\nThreads:\t1\nSigQ:\t0/96365\nSigPnd:\t0000000000000000\n\
+             ShdPnd:\t0000000000000000\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n\
+             SigCgt:\t0000000000000000\nCapInh:\t0000000000000000\nCapPrm:\t000001fffeffffff\n\
+             CapEff:\t000001fffeffffff\nCapBnd:\t000001fffeffffff\nCapAmb:\t0000000000000000\n\
+             NoNewPrivs:\t0\nSeccomp:\t0\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1\n\
+             voluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n"
+        )
+    }
+
+    #[test]
+    fn the_parent_comes_from_status() {
+        for (name, ppid, want) in [
+            ("conmon", "2833", Some(2833)),
+            // A name with a colon and parentheses in it.
+            ("a: (b) c", "77", Some(77)),
+            // init and the kernel's own are nobody's conmon.
+            ("x", "1", None),
+            ("x", "0", None),
+            ("x", "many", None),
+        ] {
+            let status = status_text(name, ppid);
+            assert_eq!(parent_in_status(&status), want, "{status}");
+        }
+        let no_ppid = status_text("x", "5").replace("PPid:\t5\n", "");
+        assert_eq!(parent_in_status(&no_ppid), None);
+        assert_eq!(
+            parent_of(std::process::id()),
+            Some(std::os::unix::process::parent_id()).filter(|&p| p > 1),
+            "this test process's own parent"
+        );
     }
 
     #[test]

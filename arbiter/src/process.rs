@@ -2,6 +2,8 @@
 //! process, not a reused pid), its pid namespace and its cgroup. Behind a trait
 //! so reconciliation and peer checks are tested with made-up processes.
 
+use procfs_core::process::Stat;
+use procfs_core::{FromRead, ProcessCGroups};
 use std::fs;
 
 pub trait ProcessProbe: Send + Sync {
@@ -35,24 +37,24 @@ impl ProcessProbe for ProcFs {
     }
 }
 
-/// Start time from `/proc/<pid>/stat`, None for zombies and dead processes.
-/// The command name (field 2) may hold spaces and parentheses: split after the last `)`.
+/// Start time from `/proc/<pid>/stat`, None for zombies and dead processes. procfs-core
+/// splits after the last `)`, so a command name with spaces or parentheses is no trouble.
+/// Only the kernel's text belongs here: procfs-core slices around the parentheses
+/// unchecked, and panics on `(x) S …` or `1 (x)`, which /proc never writes.
 pub fn parse_stat(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state); starttime is field 22.
-    let state = *fields.first()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    fields.get(22 - 3)?.parse().ok()
+    let stat = Stat::from_read(stat.as_bytes()).ok()?;
+    (stat.state != 'Z' && stat.state != 'X').then_some(stat.starttime)
 }
 
+/// The cgroup path from `/proc/<pid>/cgroup`: the unified (v2) line, hierarchy 0 with
+/// no controllers, else the first line (v1).
 pub fn parse_cgroup(text: &str) -> Option<String> {
-    let unified = text.lines().find_map(|l| l.strip_prefix("0::"));
-    unified
-        .or_else(|| text.lines().next().and_then(|l| l.splitn(3, ':').nth(2)))
-        .map(|p| p.trim().to_owned())
+    let ProcessCGroups(groups) = ProcessCGroups::from_read(text.as_bytes()).ok()?;
+    groups
+        .iter()
+        .find(|g| g.hierarchy == 0 && g.controllers.is_empty())
+        .or_else(|| groups.first())
+        .map(|g| g.pathname.trim().to_owned())
 }
 
 /// Whether a peer on a lease's socket is plausibly inside that lease's container.
@@ -145,13 +147,35 @@ pub(crate) mod tests {
         }
     }
 
+    /// A `/proc/<pid>/stat` line as Linux 5.15 writes it (52 fields), with `comm`,
+    /// `state` and `starttime` (field 22) put in.
+    fn stat_line(comm: &str, state: &str, starttime: &str) -> String {
+        format!(
+            "42 ({comm}) {state} 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 {starttime} \
+             3133440 416 18446744073709551615 94603064848384 94603064868265 140724422764624 \
+             0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 94603064884272 94603064885888 94603224301568 \
+             140724422773396 140724422773416 140724422773416 140724422774763 0\n"
+        )
+    }
+
     #[test]
     fn stat_parsing_handles_odd_names_and_zombies() {
-        let alive = "42 (a) b) c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(parse_stat(alive), Some(987654));
-        let zombie = "42 (x) Z 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0";
-        assert_eq!(parse_stat(zombie), None);
+        for (comm, state, starttime, want) in [
+            ("a", "S", "987654", Some(987654)),
+            // The name is the process's to choose: spaces and parentheses in it.
+            ("a) b) c", "S", "987654", Some(987654)),
+            ("x (y) ", "R", "5", Some(5)),
+            ("x", "Z", "987654", None),
+            ("x", "X", "987654", None),
+            ("x", "S", "soon", None),
+        ] {
+            let line = stat_line(comm, state, starttime);
+            assert_eq!(parse_stat(&line), want, "{line}");
+        }
         assert_eq!(parse_stat("garbage"), None);
+        // Cut short after starttime: procfs-core wants every field up to cnswap (37).
+        let short = "42 (a) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_stat(short), None);
         let me = ProcFs.start_time(std::process::id());
         assert!(me.is_some(), "this test process is alive");
     }
@@ -166,6 +190,16 @@ pub(crate) mod tests {
             parse_cgroup("12:pids:/docker/abc\n11:cpu:/docker/abc\n").as_deref(),
             Some("/docker/abc")
         );
+        // Hybrid (v1 controllers and the unified hierarchy): the unified line wins.
+        assert_eq!(
+            parse_cgroup("9:name=systemd:/a\n4:memory:/b\n0::/c\n").as_deref(),
+            Some("/c")
+        );
+        // A path with ':' in it is kept whole.
+        assert_eq!(parse_cgroup("0::/a:b\n").as_deref(), Some("/a:b"));
+        assert_eq!(parse_cgroup(""), None);
+        // A line that is not `hierarchy:controllers:path` spoils the file.
+        assert_eq!(parse_cgroup("0::/a\nnonsense\n"), None);
     }
 
     #[test]
