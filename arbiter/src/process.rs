@@ -39,9 +39,21 @@ impl ProcessProbe for ProcFs {
 
 /// Start time from `/proc/<pid>/stat`, None for zombies and dead processes. procfs-core
 /// splits after the last `)`, so a command name with spaces or parentheses is no trouble.
-/// Only the kernel's text belongs here: procfs-core slices around the parentheses
-/// unchecked, and panics on `(x) S …` or `1 (x)`, which /proc never writes.
+/// procfs-core trims the text, then slices one byte before its first `(` and two after
+/// its last `)` unchecked: it panics on `(x) S …`, `1 (x)` or a non-ASCII byte there,
+/// which /proc never writes. A panic in the arbiter costs more than checking that
+/// shape (`pid (comm) state…`) before handing the text over.
 pub fn parse_stat(stat: &str) -> Option<u64> {
+    let trimmed = stat.trim().as_bytes();
+    let (open, close) = (stat.trim().find('(')?, stat.trim().rfind(')')?);
+    let well_formed = open >= 2
+        && trimmed[open - 1] == b' '
+        && close > open
+        && trimmed.get(close + 1) == Some(&b' ')
+        && close + 2 < trimmed.len();
+    if !well_formed {
+        return None;
+    }
     let stat = Stat::from_read(stat.as_bytes()).ok()?;
     (stat.state != 'Z' && stat.state != 'X').then_some(stat.starttime)
 }
@@ -172,7 +184,19 @@ pub(crate) mod tests {
             let line = stat_line(comm, state, starttime);
             assert_eq!(parse_stat(&line), want, "{line}");
         }
-        assert_eq!(parse_stat("garbage"), None);
+        // Shapes /proc never writes, on which procfs-core alone would panic.
+        for odd in [
+            "garbage",
+            "",
+            "(x) S 1 2 3",
+            "1 (x)",
+            "1 (x) ",
+            "1 (x) S",
+            ") (",
+            "1 ) (x",
+        ] {
+            assert_eq!(parse_stat(odd), None, "{odd:?}");
+        }
         // Cut short after starttime: procfs-core wants every field up to cnswap (37).
         let short = "42 (a) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_stat(short), None);
