@@ -30,12 +30,18 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
+        // The kernel escapes only space, tab, newline and backslash (\040 … \134);
+        // anything above \377 is no escape of its and is kept as written.
         let octal = bytes
             .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)))
+            .and_then(|d| {
+                let value = d.iter().fold(0u32, |v, b| v * 8 + u32::from(b - b'0'));
+                u8::try_from(value).ok()
+            });
         match (bytes[i], octal) {
-            (b'\\', Some(d)) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+            (b'\\', Some(byte)) => {
+                out.push(byte);
                 i += 4;
             }
             (b, _) => {
@@ -259,6 +265,15 @@ mod tests {
         // A file named hostname in a directory not named after the container.
         let elsewhere = format!("95 27 254:0 /srv/hostname {rootfs}/etc/hostname rw - ext4 x rw\n");
         assert_eq!(hostname_source(&elsewhere, ID), None);
+    }
+
+    #[test]
+    fn octal_escapes_and_what_is_not_one() {
+        assert_eq!(unescape("/a\\040b\\011c\\012d\\134e"), "/a b\tc\nd\\e");
+        // Above \377, too short, or not octal: kept as written (and never a panic).
+        for kept in ["/a\\777", "/a\\04", "/a\\089", "/a\\"] {
+            assert_eq!(unescape(kept), kept);
+        }
     }
 
     #[test]
