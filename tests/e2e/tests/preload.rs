@@ -5,7 +5,7 @@
 //! resolves the driver like the CUDA runtime (`dlopen` + `cuGetProcAddress_v2`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use gpushare_e2e::*;
 use serde_json::json;
@@ -147,26 +147,17 @@ fn quota_inside_a_container_started_through_gpushare_runc() {
     spec["annotations"] = json!({"gpushare.io/memory": "64Mi", "gpushare.io/gpu": "index:0"});
     std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
 
-    let stdout = tempfile::tempfile().unwrap();
-    let stderr = tempfile::tempfile().unwrap();
-    let status = Command::new(bin("gpushare-runc"))
-        .env("GPUSHARE_CONFIG", &config)
-        .arg("--root")
-        .arg(dir.path().join("runc-state"))
-        .args(["run", "--bundle", bundle.to_str().unwrap(), "preload-e2e"])
-        .stdin(Stdio::null())
-        .stdout(stdout.try_clone().unwrap())
-        .stderr(stderr.try_clone().unwrap())
-        .status()
-        .unwrap();
-    let read = |mut f: std::fs::File| {
-        use std::io::{Read, Seek};
-        let mut s = String::new();
-        f.rewind().unwrap();
-        f.read_to_string(&mut s).unwrap();
-        s
-    };
-    let (stdout, stderr) = (read(stdout), read(stderr));
+    let ran = run_runtime(
+        &bin("gpushare-runc"),
+        &config,
+        &dir.path().join("runc-state"),
+        &["run", "--bundle", bundle.to_str().unwrap(), "preload-e2e"],
+    );
+    let status = ran.status;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&ran.stdout).into_owned(),
+        String::from_utf8_lossy(&ran.stderr).into_owned(),
+    );
     assert!(
         status.success(),
         "container failed: {status}\n{stdout}\n{stderr}"
