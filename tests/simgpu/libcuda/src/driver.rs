@@ -6,7 +6,7 @@
 
 use crate::handles::{Kind, Slab};
 use crate::result::{CuResult, CudaError};
-use simgpu_model::device::{ContextId, ProcessId};
+use simgpu_model::device::{ContextId, ProcessId, Waiter};
 use simgpu_model::kernel::{KernelDuration, ModuleImage};
 use simgpu_model::shared::{StoredConfig, MAX_GPUS, NO_EVENT};
 use simgpu_model::{Device, DeviceError, SimConfig};
@@ -41,6 +41,28 @@ pub struct Primary {
 
 /// `CU_STREAM_NON_BLOCKING`: a stream that does not synchronise with the legacy stream.
 pub const STREAM_NON_BLOCKING: u32 = 0x1;
+
+/// `CU_CTX_SCHED_MASK` and `CU_CTX_SCHED_BLOCKING_SYNC` of a context's flags.
+const CTX_SCHED_MASK: u32 = 0x7;
+const CTX_SCHED_BLOCKING_SYNC: u32 = 0x4;
+/// `CU_EVENT_BLOCKING_SYNC`.
+pub const EVENT_BLOCKING_SYNC: u32 = 0x1;
+
+/// How a synchronisation waits, as the real driver decides it (cuda.h `cuCtxCreate`,
+/// `cuEventCreate`): a thread blocks (sleeps) when the context was made with
+/// `CU_CTX_SCHED_BLOCKING_SYNC` or, in `cuEventSynchronize`, when the event was created with
+/// `CU_EVENT_BLOCKING_SYNC`; otherwise (`AUTO`, the default, `SPIN`, `YIELD`) it spins or
+/// yields, on the CPU for the whole wait. `event_flags` is `None` for a stream or context
+/// synchronisation.
+pub fn waiter_for(ctx_flags: u32, event_flags: Option<u32>) -> Waiter {
+    let blocking_context = ctx_flags & CTX_SCHED_MASK == CTX_SCHED_BLOCKING_SYNC;
+    let blocking_event = event_flags.is_some_and(|f| f & EVENT_BLOCKING_SYNC != 0);
+    if blocking_context || blocking_event {
+        Waiter::Block
+    } else {
+        Waiter::Spin
+    }
+}
 
 /// `CUstreamCaptureMode`: how a capture restricts "potentially unsafe" API calls
 /// (cuda.h, `cuStreamBeginCapture` / `cuThreadExchangeStreamCaptureMode`).
@@ -84,6 +106,22 @@ pub struct Capture {
     pub invalidated: bool,
     /// The stream that began the sequence (only there can it end).
     pub origin: bool,
+    /// How much of each stream's captured work this stream's next node comes after: stream
+    /// handle → the number of nodes that stream had added (a stream's own entry counts its
+    /// own nodes). It grows by a node added here and by waiting for an event recorded in the
+    /// capture; the sequence is joined when its origin comes after every joined stream's
+    /// last node (else `CUDA_ERROR_STREAM_CAPTURE_UNJOINED` at its end).
+    pub follows: BTreeMap<usize, u64>,
+}
+
+impl Capture {
+    /// Merges what an event recorded in the same capture came after (a join).
+    pub fn follow(&mut self, event: &BTreeMap<usize, u64>) {
+        for (&stream, &nodes) in event {
+            let entry = self.follows.entry(stream).or_default();
+            *entry = (*entry).max(nodes);
+        }
+    }
 }
 
 pub struct Stream {
@@ -102,6 +140,8 @@ pub struct Event {
     /// The capture (its id) the event was last recorded in: such an event is a graph node, not
     /// a point in a stream, and cannot be queried or waited for.
     pub captured: Option<u64>,
+    /// What the recording stream's capture came after then (see [`Capture::follows`]).
+    pub capture_follows: BTreeMap<usize, u64>,
 }
 
 pub struct Module {
@@ -634,6 +674,11 @@ impl Driver {
                     .get_mut(graph)
                     .ok_or(CudaError::StreamCaptureInvalidated)?;
                 g.nodes.extend_from_slice(durations);
+                if let StreamTarget::Created(h) = target {
+                    if let Some(c) = state.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
+                        *c.follows.entry(h).or_default() += durations.len() as u64;
+                    }
+                }
                 return Ok(());
             }
             self.check_legacy_work(&mut state, target)?;
@@ -691,7 +736,13 @@ impl Driver {
     /// Waits for `count` operations of `ctx`, then lets memory pools give back what they cached
     /// (the release threshold applies at synchronisation points).
     pub fn wait(&self, ctx: ContextId, count: u64) -> CuResult<()> {
-        self.device.wait_until_completed(ctx, count)?;
+        self.wait_by(ctx, count, Waiter::Prompt)
+    }
+
+    /// [`Driver::wait`] for an API synchronisation, which waits as `waiter` says (see
+    /// [`waiter_for`]).
+    pub fn wait_by(&self, ctx: ContextId, count: u64, waiter: Waiter) -> CuResult<()> {
+        self.device.wait_until_completed_by(ctx, count, waiter)?;
         self.trim_pools_to_threshold();
         Ok(())
     }
@@ -1145,5 +1196,35 @@ unsafe fn first_u64_param(
 impl From<simgpu_model::lock::LockError> for CudaError {
     fn from(_: simgpu_model::lock::LockError) -> CudaError {
         CudaError::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_synchronisation_blocks_only_where_the_context_or_the_event_asks_for_it() {
+        // (context flags, event flags, waiter)
+        let cases = [
+            (0x0, None, Waiter::Spin),        // CU_CTX_SCHED_AUTO
+            (0x1, None, Waiter::Spin),        // CU_CTX_SCHED_SPIN
+            (0x2, None, Waiter::Spin),        // CU_CTX_SCHED_YIELD
+            (0x4, None, Waiter::Block),       // CU_CTX_SCHED_BLOCKING_SYNC
+            (0x4 | 0x8, None, Waiter::Block), // ... with CU_CTX_MAP_HOST
+            (0x8, None, Waiter::Spin),        // CU_CTX_MAP_HOST alone: AUTO
+            (0x0, Some(0x0), Waiter::Spin),   // a default event
+            (0x0, Some(0x2), Waiter::Spin),   // CU_EVENT_DISABLE_TIMING
+            (0x0, Some(0x1), Waiter::Block),  // CU_EVENT_BLOCKING_SYNC
+            (0x0, Some(0x3), Waiter::Block),  // ... | CU_EVENT_DISABLE_TIMING
+            (0x4, Some(0x0), Waiter::Block),  // a blocking context
+        ];
+        for (ctx, event, want) in cases {
+            assert_eq!(
+                waiter_for(ctx, event),
+                want,
+                "context {ctx:#x}, event {event:?}"
+            );
+        }
     }
 }

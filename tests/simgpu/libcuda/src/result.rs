@@ -49,6 +49,8 @@ pub enum CudaError {
     StreamCaptureUnmatched,
     #[error("operation would have resulted in a merge of two independent capture sequences")]
     StreamCaptureMerge,
+    #[error("the capture sequence contains a fork that was not joined to the primary stream")]
+    StreamCaptureUnjoined,
     #[error("unknown error")]
     Unknown,
 }
@@ -77,11 +79,12 @@ impl CudaError {
             CudaError::StreamCaptureWrongThread => 908,
             CudaError::StreamCaptureUnmatched => 903,
             CudaError::StreamCaptureMerge => 902,
+            CudaError::StreamCaptureUnjoined => 904,
             CudaError::Unknown => 999,
         }
     }
 
-    pub const ALL: [CudaError; 22] = [
+    pub const ALL: [CudaError; 23] = [
         CudaError::InvalidValue,
         CudaError::OutOfMemory,
         CudaError::NotInitialized,
@@ -103,6 +106,7 @@ impl CudaError {
         CudaError::StreamCaptureWrongThread,
         CudaError::StreamCaptureUnmatched,
         CudaError::StreamCaptureMerge,
+        CudaError::StreamCaptureUnjoined,
         CudaError::Unknown,
     ];
 
@@ -134,6 +138,7 @@ impl CudaError {
             CudaError::StreamCaptureWrongThread => b"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD\0",
             CudaError::StreamCaptureUnmatched => b"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED\0",
             CudaError::StreamCaptureMerge => b"CUDA_ERROR_STREAM_CAPTURE_MERGE\0",
+            CudaError::StreamCaptureUnjoined => b"CUDA_ERROR_STREAM_CAPTURE_UNJOINED\0",
             CudaError::Unknown => b"CUDA_ERROR_UNKNOWN\0",
         }
     }
@@ -171,6 +176,9 @@ impl CudaError {
             CudaError::StreamCaptureUnmatched => b"the capture was not initiated in this stream\0",
             CudaError::StreamCaptureMerge => {
                 b"operation would have resulted in a merge of two independent capture sequences\0"
+            }
+            CudaError::StreamCaptureUnjoined => {
+                b"the capture sequence contains a fork that was not joined to the primary stream\0"
             }
             CudaError::Unknown => b"unknown error\0",
         }

@@ -186,6 +186,18 @@ impl Device {
     /// Sleeps until the model's own prediction of the completion (a lower bound: new work from
     /// others can only delay it), then checks again; so waking is as exact as the OS allows.
     pub fn wait_until_completed(&self, ctx: ContextId, count: u64) -> Result<(), DeviceError> {
+        self.wait_until_completed_by(ctx, count, Waiter::Prompt)
+    }
+
+    /// Blocks until `count` operations of `ctx` have completed, waiting the way `waiter`
+    /// says: as a synchronisation that spins (burning the caller's CPU the whole time), that
+    /// blocks (asleep until the completion), or the prompt hybrid of the pushbuffer waits.
+    pub fn wait_until_completed_by(
+        &self,
+        ctx: ContextId,
+        count: u64,
+        waiter: Waiter,
+    ) -> Result<(), DeviceError> {
         loop {
             let (now, wake) = {
                 let mut locked = self.lock()?;
@@ -202,7 +214,12 @@ impl Device {
                         .min(limit),
                 )
             };
-            sleep_until(wake.max(now + 1));
+            let wake = wake.max(now + 1);
+            match waiter {
+                Waiter::Prompt => sleep_until(wake),
+                Waiter::Spin => yield_until(wake),
+                Waiter::Block => sleep_with_small_slack(wake),
+            }
         }
     }
 
@@ -224,6 +241,30 @@ const WAIT_TIMER_SLACK_NS: libc::c_ulong = 1;
 /// only 80 % busy (a real driver: ~98 %), with 80 µs 97.7 %. Hence 100 µs.
 const WAIT_SPIN_NS: u64 = 100_000;
 
+/// How a thread waits for the GPU (the real driver's choice: `CU_EVENT_BLOCKING_SYNC` on the
+/// event, else the context's `CU_CTX_SCHED_*` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiter {
+    /// `CU_CTX_SCHED_SPIN`/`YIELD`, and `AUTO` (which picks one of them): the caller stays on
+    /// the CPU, polling, for the whole wait. simgpu always yields between polls (the kinder
+    /// of the two on a machine with few cores); either way the wait costs its whole length
+    /// in CPU time.
+    Spin,
+    /// `CU_CTX_SCHED_BLOCKING_SYNC`, or an event created with `CU_EVENT_BLOCKING_SYNC`: the
+    /// caller sleeps until the work is done and costs no CPU meanwhile.
+    Block,
+    /// The driver's internal waits (a full pushbuffer): asleep until just before the
+    /// predicted completion, then yielding, so they return promptly at little CPU cost.
+    Prompt,
+}
+
+/// Polls the clock, yielding the CPU between looks, until `deadline_ns`.
+fn yield_until(deadline_ns: u64) {
+    while now_ns() < deadline_ns {
+        std::thread::yield_now();
+    }
+}
+
 /// Returns at `deadline_ns` (or a little after), or earlier on a signal.
 fn sleep_until(deadline_ns: u64) {
     let wake_ns = deadline_ns.saturating_sub(WAIT_SPIN_NS);
@@ -234,9 +275,7 @@ fn sleep_until(deadline_ns: u64) {
     // picks when processes outnumber cores): on a 2-core machine a waiter that spun for
     // every 100 µs kernel kept a core from the other jobs' launch threads, and the
     // high-priority job's start latency p99 went from 0.18 to 0.9 ms.
-    while now_ns() < deadline_ns {
-        std::thread::yield_now();
-    }
+    yield_until(deadline_ns);
 }
 
 fn sleep_with_small_slack(deadline_ns: u64) {

@@ -15,6 +15,9 @@ const UNSUPPORTED: c_int = 900;
 const INVALIDATED: c_int = 901;
 const IMPLICIT: c_int = 906;
 const WRONG_THREAD: c_int = 908;
+const UNJOINED: c_int = 904;
+/// `CU_STREAM_LEGACY`.
+const LEGACY: usize = 0x1;
 const GLOBAL: c_int = 0;
 const THREAD_LOCAL: c_int = 1;
 const RELAXED: c_int = 2;
@@ -310,6 +313,82 @@ fn capture_modes_decide_which_calls_fail_and_invalidate_the_capture() {
     assert_eq!(api.status(forked), STATUS_INVALIDATED);
     assert_eq!(api.end(capturing).0, INVALIDATED);
     assert_eq!(api.status(forked), 0);
+
+    // A fork whose work is never joined back into the origin: cuStreamEndCapture fails with
+    // CUDA_ERROR_STREAM_CAPTURE_UNJOINED, returns no graph, and ends it on every stream.
+    api.begin(capturing, GLOBAL);
+    assert_eq!(api.record(fork, capturing), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(forked, fork, 0) }, 0);
+    assert_eq!(api.launch(forked), 0);
+    assert_eq!(api.launch(capturing), 0);
+    assert_eq!(api.end(capturing), (UNJOINED, 0));
+    assert_eq!(api.status(forked), 0, "ended everywhere");
+    // Joined back before the fork's last node is not joined either.
+    api.begin(capturing, GLOBAL);
+    assert_eq!(api.record(fork, capturing), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(forked, fork, 0) }, 0);
+    assert_eq!(api.launch(forked), 0);
+    assert_eq!(api.record(join, forked), 0);
+    assert_eq!(api.launch(forked), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(capturing, join, 0) }, 0);
+    assert_eq!(api.end(capturing).0, UNJOINED);
+    // A joined stream that added nothing needs no join; and a join through a third stream
+    // counts (the origin follows what the third stream followed).
+    let relay = api.stream(1);
+    let relayed = api.event();
+    api.begin(capturing, GLOBAL);
+    assert_eq!(api.record(fork, capturing), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(forked, fork, 0) }, 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(relay, fork, 0) }, 0);
+    assert_eq!(api.launch(relay), 0);
+    assert_eq!(api.record(relayed, relay), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(forked, relayed, 0) }, 0);
+    assert_eq!(api.launch(forked), 0);
+    assert_eq!(api.record(join, forked), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(capturing, join, 0) }, 0);
+    let (rc, graph) = api.end(capturing);
+    assert_eq!(rc, 0, "joined through the relay");
+    assert_ne!(graph, 0);
+
+    // Recording an event into a joined stream makes it part of the capture: waiting for it
+    // (what a drain that took the joined stream for an idle one would do) fails in every
+    // mode and invalidates the whole sequence.
+    let drained = api.event();
+    api.begin(capturing, GLOBAL);
+    assert_eq!(api.record(fork, capturing), 0);
+    // SAFETY: plain handles.
+    assert_eq!(unsafe { wait(forked, fork, 0) }, 0);
+    let rc = api.on_other_thread(|a| {
+        a.exchange_mode(RELAXED);
+        [a.record(drained, forked), a.event_sync(drained)]
+    });
+    assert_eq!(rc, [0, UNSUPPORTED]);
+    assert_eq!(api.status(capturing), STATUS_INVALIDATED);
+    assert_eq!(api.end(capturing).0, INVALIDATED);
+
+    // Asked about the legacy stream while a blocking stream of its context captures (in any
+    // mode), cuStreamIsCapturing answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and leaves the
+    // capture alone; while only a non-blocking stream captures, it answers NONE.
+    for mode in [GLOBAL, RELAXED] {
+        api.begin(capturing, mode);
+        let mut status = -1;
+        // SAFETY: live out-pointer.
+        let rc =
+            unsafe { lib.f::<P2<usize, *mut c_int>>("cuStreamIsCapturing")(LEGACY, &mut status) };
+        assert_eq!(rc, IMPLICIT, "mode {mode}");
+        assert_eq!(api.status(capturing), ACTIVE, "not invalidated");
+        assert_eq!(api.end(capturing).0, 0);
+    }
+    api.begin(side, GLOBAL);
+    assert_eq!(api.status(LEGACY), 0);
+    assert_eq!(api.end(side).0, 0);
 
     // A GLOBAL capture ends in the thread that began it.
     api.begin(capturing, GLOBAL);

@@ -233,18 +233,20 @@ fn context_or_current(ctx: Handle) -> Result<Handle, CudaError> {
     }
 }
 
-/// Waits for everything queued in `ctx` so far, on every stream.
+/// Waits for everything queued in `ctx` so far, on every stream: on the CPU, unless the
+/// context was made with `CU_CTX_SCHED_BLOCKING_SYNC`.
 fn synchronize(ctx: Handle) -> Result<(), CudaError> {
     let d = driver()?;
-    let id = {
+    let (id, flags) = {
         let mut state = d.state();
-        let id = state.context(ctx)?.id;
+        let c = state.context(ctx)?;
+        let (id, flags) = (c.id, c.flags);
         d.check_context_sync(&mut state, ctx)?;
         d.check_unsafe_call(&mut state)?;
-        id
+        (id, flags)
     };
     let count = d.device.lock()?.submitted_count(id)?;
-    d.wait(id, count)
+    d.wait_by(id, count, driver::waiter_for(flags, None))
 }
 
 #[unsafe(no_mangle)]

@@ -1,7 +1,7 @@
 //! Events: markers in the context's FIFO whose completion time the model records exactly.
 
 use super::Handle;
-use crate::driver::{driver, Event};
+use crate::driver::{driver, waiter_for, Event};
 use crate::result::{guard, write_out, CUresult, CudaError};
 use libc::c_uint;
 use simgpu_model::DeviceError;
@@ -24,6 +24,7 @@ pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, flags: c_uint) -> CUr
             slot,
             flags,
             captured: None,
+            capture_follows: Default::default(),
         });
         // SAFETY: out-parameter per the API contract.
         unsafe { write_out(event, h) }
@@ -56,12 +57,10 @@ fn record(event: Handle, stream: Handle, per_thread: bool) -> Result<(), CudaErr
             }
             // A captured event record becomes a node of the graph (the graph's own ordering
             // already covers it in the simulated device); the event now stands for that node.
-            let capture = c.id;
-            state
-                .events
-                .get_mut(event)
-                .expect("looked up above")
-                .captured = Some(capture);
+            let (capture, follows) = (c.id, c.follows.clone());
+            let e = state.events.get_mut(event).expect("looked up above");
+            e.captured = Some(capture);
+            e.capture_follows = follows;
             return Ok(());
         }
         d.check_legacy_work(&mut state, target)?;
@@ -173,15 +172,23 @@ pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     })
 }
 
+/// Waits as the real driver does: asleep for an event created with `CU_EVENT_BLOCKING_SYNC`
+/// or in a `CU_CTX_SCHED_BLOCKING_SYNC` context, else on the CPU for the whole wait.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
     guard(|| {
         check_event_wait(event)?;
-        let (id, s, _) = event_state(event)?;
+        let (id, s, flags) = event_state(event)?;
         if !s.recorded {
             return Ok(());
         }
-        driver()?.wait(id, s.recorded_count)
+        let d = driver()?;
+        let ctx_flags = {
+            let state = d.state();
+            let e = state.events.get(event).ok_or(CudaError::InvalidHandle)?;
+            state.context(e.ctx)?.flags
+        };
+        d.wait_by(id, s.recorded_count, waiter_for(ctx_flags, Some(flags)))
     })
 }
 

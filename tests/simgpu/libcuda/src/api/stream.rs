@@ -58,15 +58,19 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
     })
 }
 
+/// Waits for the stream's work: on the CPU, unless its context was made with
+/// `CU_CTX_SCHED_BLOCKING_SYNC`.
 fn synchronize(stream: Handle, per_thread: bool) -> Result<(), CudaError> {
     let d = driver()?;
-    let (id, last) = {
+    let (id, last, flags) = {
         let mut state = d.state();
         let target = d.resolve_stream(&state, stream, per_thread)?;
         d.check_stream_wait(&mut state, target)?;
-        d.stream_last(&state, target)?
+        let (id, last) = d.stream_last(&state, target)?;
+        let flags = state.context(d.target_context(&state, target)?)?.flags;
+        (id, last, flags)
     };
-    d.wait(id, last)
+    d.wait_by(id, last, driver::waiter_for(flags, None))
 }
 
 fn query(stream: Handle, per_thread: bool) -> Result<(), CudaError> {
@@ -108,11 +112,8 @@ fn wait_event(stream: Handle, event: Handle, per_thread: bool) -> Result<(), Cud
     let d = driver()?;
     let mut state = d.state();
     let target = d.resolve_stream(&state, stream, per_thread)?;
-    let captured = state
-        .events
-        .get(event)
-        .ok_or(CudaError::InvalidHandle)?
-        .captured;
+    let e = state.events.get(event).ok_or(CudaError::InvalidHandle)?;
+    let (captured, follows) = (e.captured, e.capture_follows.clone());
     // Waiting for an event recorded in an ongoing capture joins the waiting stream to that
     // capture (fork/join capture, as multi-stream graph capture in PyTorch does): its work is
     // recorded into the same graph until the capture ends.
@@ -126,14 +127,15 @@ fn wait_event(stream: Handle, event: Handle, per_thread: bool) -> Result<(), Cud
     });
     if let (Some(origin), StreamTarget::Created(h)) = (ongoing, target) {
         let s = state.streams.get_mut(h).ok_or(CudaError::InvalidHandle)?;
-        match &s.capture {
+        match &mut s.capture {
             None => {
                 s.capture = Some(Capture {
                     origin: false,
+                    follows,
                     ..origin
                 })
             }
-            Some(c) if c.id == origin.id => {}
+            Some(c) if c.id == origin.id => c.follow(&follows),
             // Two capture sequences cannot be merged (CUDA_ERROR_STREAM_CAPTURE_MERGE).
             Some(_) => {
                 Driver::invalidate(&mut state, &[h]);
@@ -171,6 +173,17 @@ fn is_capturing(stream: Handle, status: *mut c_int, per_thread: bool) -> Result<
     let d = driver()?;
     let state = d.state();
     let target = d.resolve_stream(&state, stream, per_thread)?;
+    // The legacy stream encompasses every blocking stream of its context: asked while one of
+    // them captures, the driver answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the status is
+    // unspecified) and, this being a query, leaves the capture alone (cuda.h).
+    if let StreamTarget::Legacy(ctx) = target {
+        let blocking_capture = state.streams.iter().any(|(_, s)| {
+            s.ctx == ctx && s.flags & driver::STREAM_NON_BLOCKING == 0 && s.capture.is_some()
+        });
+        if blocking_capture {
+            return Err(CudaError::StreamCaptureImplicit);
+        }
+    }
     let value = capture_status(d.capturing(&state, target));
     // SAFETY: out-parameter per the API contract.
     unsafe { write_out(status, value) }
@@ -216,6 +229,7 @@ fn begin_capture(stream: Handle, mode: c_int, per_thread: bool) -> Result<(), Cu
         thread: std::thread::current().id(),
         invalidated: false,
         origin: true,
+        follows: Default::default(),
     });
     Ok(())
 }
@@ -269,10 +283,21 @@ fn end_capture(stream: Handle, graph: *mut Handle, per_thread: bool) -> Result<(
         .filter(|(_, s)| s.capture.as_ref().is_some_and(|j| j.id == c.id))
         .map(|(h, _)| h)
         .collect();
+    // Every stream forked into the sequence must be joined back into the origin: its last
+    // node must come before the origin's end (cuStreamEndCapture:
+    // CUDA_ERROR_STREAM_CAPTURE_UNJOINED, and no graph).
+    let mut unjoined = false;
     for j in joined {
-        if let Some(s) = state.streams.get_mut(j) {
-            s.capture = None;
+        if let Some(joined) = state.streams.get_mut(j).and_then(|s| s.capture.take()) {
+            let added = joined.follows.get(&j).copied().unwrap_or(0);
+            unjoined |= added > c.follows.get(&j).copied().unwrap_or(0);
         }
+    }
+    if unjoined && !c.invalidated {
+        state.graphs.remove(c.graph);
+        // SAFETY: checked non-null; out-parameter per the API contract (NULL graph).
+        unsafe { write_out(graph, 0)? };
+        return Err(CudaError::StreamCaptureUnjoined);
     }
     if c.invalidated {
         state.graphs.remove(c.graph);
