@@ -11,7 +11,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`.
+//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
@@ -875,6 +875,23 @@ fn run_step(
             p.capture = None;
             p.report(step, rc, &format!("status_before={status} graph_ran={ran}"));
         }
+        "capture-join" => {
+            let n = num(args);
+            capture_join(p, step, n, None);
+        }
+        "capture-join-at" => {
+            // `capture-join-at N TOUCH WAIT`: capture-join that touches TOUCH once the side
+            // stream has joined and has work in the capture, and waits for WAIT before
+            // joining back (tests revoke the token there).
+            let n = num(args);
+            let touch = args
+                .next()
+                .unwrap_or_else(|| fatal("capture-join-at N TOUCH WAIT"));
+            let wait = args
+                .next()
+                .unwrap_or_else(|| fatal("capture-join-at N TOUCH WAIT"));
+            capture_join(p, step, n, Some((touch, wait)));
+        }
         "two-streams" => {
             // A kernel of N ms on one stream, then a short one on another: how long the
             // second launch call took (a process-wide launch-ahead bound waits for the first).
@@ -1122,6 +1139,93 @@ fn run_step(
 
 /// A kernel on this thread's stream, then both streams queried: with the per-thread
 /// default stream, the legacy stream is idle and the thread's own is busy.
+/// `capture-join N`: a multi-stream graph capture, as `torch.cuda.Stream.wait_stream`,
+/// DDP's overlap and MoE side streams make one. A non-blocking stream begins a GLOBAL
+/// capture (PyTorch's default) and launches; an event recorded there is waited for by a
+/// second stream, which so joins the capture (fork); both launch N kernels in all; the
+/// second stream's last event is waited for by the first (join); the capture ends, and the
+/// graph is instantiated, launched and waited for. The side stream is a blocking one (what
+/// `cuStreamCreate(…, 0)` and `cudaStreamCreate` make), so the legacy stream may not be
+/// touched while it is joined.
+///
+/// Prints `capture-join <first failure> kernels=N joined=<cuStreamIsCapturing status of the
+/// side stream after it joined> at=<the call that failed first, or none> graph_ran=<result>`.
+fn capture_join(p: &Probe, step: &str, n: u64, pause: Option<(String, String)>) {
+    let c = &p.cuda;
+    let begin: unsafe extern "C" fn(H, c_int) -> R = c.get("cuStreamBeginCapture");
+    let end: unsafe extern "C" fn(H, *mut H) -> R = c.get("cuStreamEndCapture");
+    let event_create: unsafe extern "C" fn(*mut H, c_uint) -> R = c.get("cuEventCreate");
+    let record: unsafe extern "C" fn(H, H) -> R = c.get("cuEventRecord");
+    let wait_event: unsafe extern "C" fn(H, H, c_uint) -> R = c.get("cuStreamWaitEvent");
+    let is_capturing: unsafe extern "C" fn(H, *mut c_int) -> R = c.get("cuStreamIsCapturing");
+    let instantiate: unsafe extern "C" fn(*mut H, H, u64) -> R =
+        c.get("cuGraphInstantiateWithFlags");
+    let launch_graph: unsafe extern "C" fn(H, H) -> R = c.get("cuGraphLaunch");
+    let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+    let launch: Launch11 = c.get("cuLaunchKernel");
+    let (origin, side) = (p.new_stream(1), p.new_stream(0));
+    let (mut fork, mut join) = (0, 0);
+    // SAFETY: cuEventCreate, given live CUevent locals to write (CU_EVENT_DISABLE_TIMING).
+    let created = unsafe { event_create(&mut fork, 2).max(event_create(&mut join, 2)) };
+    if created != 0 {
+        fatal(&format!("cuEventCreate: {}", p.name(created)));
+    }
+    let mut first = (0, "none");
+    let mut check = |rc: R, what: &'static str| {
+        if rc != 0 && first.0 == 0 {
+            first = (rc, what);
+        }
+    };
+    let mut joined = -1;
+    // SAFETY: each call has its cuda.h signature and gets streams and events this probe
+    // created and live locals to write; the kernel's parameter is set up by `kernel_on`.
+    unsafe {
+        check(begin(origin, 0), "cuStreamBeginCapture");
+        check(p.kernel_on(launch, 1000, origin), "cuLaunchKernel(origin)");
+        check(record(fork, origin), "cuEventRecord(fork)");
+        check(wait_event(side, fork, 0), "cuStreamWaitEvent(fork)");
+        check(is_capturing(side, &mut joined), "cuStreamIsCapturing(side)");
+        check(p.kernel_on(launch, 1000, side), "cuLaunchKernel(side)");
+    }
+    if let Some((touch, wait)) = pause {
+        std::fs::write(&touch, b"").unwrap_or_else(|e| fatal(&format!("{touch}: {e}")));
+        let start = Instant::now();
+        while !std::path::Path::new(&wait).exists() {
+            if start.elapsed() > Duration::from_secs(60) {
+                fatal(&format!("{wait} never appeared"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let mut graph = 0;
+    // SAFETY: as above.
+    unsafe {
+        for _ in 1..n {
+            check(p.kernel_on(launch, 1000, origin), "cuLaunchKernel(origin)");
+            check(p.kernel_on(launch, 1000, side), "cuLaunchKernel(side)");
+        }
+        check(record(join, side), "cuEventRecord(join)");
+        check(wait_event(origin, join, 0), "cuStreamWaitEvent(join)");
+        check(end(origin, &mut graph), "cuStreamEndCapture");
+    }
+    let mut ran = -1;
+    if first.0 == 0 {
+        let mut exec = 0;
+        // SAFETY: cuGraphInstantiateWithFlags writes a live CUgraphExec; the graph is the one
+        // the driver just returned and the stream the capture's.
+        ran = unsafe {
+            instantiate(&mut exec, graph, 0)
+                .max(launch_graph(exec, origin))
+                .max(sync(origin))
+        };
+    }
+    p.report(
+        step,
+        first.0,
+        &format!("kernels={n} joined={joined} at={} graph_ran={ran}", first.1),
+    );
+}
+
 fn ptsz_check(p: &mut Probe) {
     let launch: Launch11 = p.cuda.get("cuLaunchKernel");
     let (_, legacy_query) = p.cuda.lookup("cuStreamQuery", 12040, 0);
