@@ -93,7 +93,6 @@ pub fn pool_usage(pool: Handle) -> Option<(u64, u64)> {
 
 static CTX_GET_CURRENT: Lazy = Lazy::new(c"cuCtxGetCurrent");
 static CTX_SET_CURRENT: Lazy = Lazy::new(c"cuCtxSetCurrent");
-static CTX_SYNCHRONIZE: Lazy = Lazy::new(c"cuCtxSynchronize");
 static STREAM_IS_CAPTURING: Lazy = Lazy::new(c"cuStreamIsCapturing");
 static EVENT_CREATE: Lazy = Lazy::new(c"cuEventCreate");
 static EVENT_RECORD: Lazy = Lazy::new(c"cuEventRecord");
@@ -102,8 +101,13 @@ static EVENT_DESTROY: Lazy = Lazy::new(c"cuEventDestroy_v2");
 
 /// `CU_EVENT_DISABLE_TIMING`: the cheapest event, for completion only.
 const CU_EVENT_DISABLE_TIMING: libc::c_uint = 0x2;
-/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+/// `CU_EVENT_BLOCKING_SYNC`: `cuEventSynchronize` sleeps until the event completes,
+/// instead of spinning or yielding on a core for the whole wait (what every other wait
+/// does under the default `CU_CTX_SCHED_AUTO`).
+const CU_EVENT_BLOCKING_SYNC: libc::c_uint = 0x1;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`, `_ACTIVE`.
 const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
 
 /// Calls a resolved driver function with the given C signature.
 macro_rules! call {
@@ -133,27 +137,47 @@ pub fn set_current_context(context: Handle) -> bool {
     call!(CTX_SET_CURRENT, fn(Handle), context) == Some(CUDA_SUCCESS)
 }
 
-/// Waits until the current context's submitted work has completed.
-pub fn synchronize_context() -> Option<CUresult> {
-    call!(CTX_SYNCHRONIZE, fn())
+/// `CUstreamCaptureStatus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureStatus {
+    None,
+    Active,
+    Invalidated,
+}
+
+/// What the driver says of `stream`'s capture state (`Err`: its answer, e.g.
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` for the legacy stream while a blocking stream of
+/// its context captures, which the query leaves intact). A stream that joined a capture
+/// through `cuStreamWaitEvent` is capturing too. Legal from a RELAXED thread during any
+/// capture.
+pub fn capture_status(stream: Handle) -> Result<CaptureStatus, CUresult> {
+    let mut status: c_int = CU_STREAM_CAPTURE_STATUS_NONE;
+    match call!(
+        STREAM_IS_CAPTURING,
+        fn(Handle, *mut c_int),
+        stream,
+        &mut status
+    ) {
+        Some(CUDA_SUCCESS) => Ok(match status {
+            CU_STREAM_CAPTURE_STATUS_NONE => CaptureStatus::None,
+            CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active,
+            _ => CaptureStatus::Invalidated,
+        }),
+        Some(rc) => Err(rc),
+        None => Err(CUDA_ERROR_NOT_FOUND),
+    }
 }
 
 /// Whether `stream` is being captured into a graph (an error counts as no: the
 /// launch will meet the same error in the driver).
 pub fn stream_is_capturing(stream: Handle) -> bool {
-    let mut status: c_int = CU_STREAM_CAPTURE_STATUS_NONE;
-    call!(
-        STREAM_IS_CAPTURING,
-        fn(Handle, *mut c_int),
-        stream,
-        &mut status
-    ) == Some(CUDA_SUCCESS)
-        && status != CU_STREAM_CAPTURE_STATUS_NONE
+    capture_status(stream).is_ok_and(|status| status != CaptureStatus::None)
 }
 
-/// A completion-only event in the current context.
-pub fn create_event() -> Option<Handle> {
-    create_event_with(CU_EVENT_DISABLE_TIMING)
+/// A completion-only event in the current context whose waiters sleep: what the token
+/// agent waits on, for as long as the process's kernels run, without burning a core.
+pub fn create_blocking_event() -> Option<Handle> {
+    create_event_with(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING)
 }
 
 /// An event that records a timestamp, for the launch-ahead ring to time launches

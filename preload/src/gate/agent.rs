@@ -1,8 +1,8 @@
 //! The token agent: one thread per process that connects to the arbiter, publishes
 //! the token page, and does what `decide` says — drain and release a revoked, expired
 //! or idle token, apply the loss policy and reconnect. It is the only thread that
-//! publishes pages after the start, and the only one that blocks on the driver
-//! (`cuCtxSynchronize`) for the token.
+//! publishes pages after the start, and the only one that waits on the driver for the
+//! token: on blocking-sync events, asleep, however long the process's kernels run.
 
 use std::path::Path;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -217,11 +217,9 @@ fn serve(gate: &Gate, client: &'static Client, link: &Link, terms: Terms) -> Opt
 /// touching a stream capture (see `work`).
 fn drain(client: &Client) {
     let drained = client.work.drain(&super::work::Driver);
-    if drained.streams > 0 || drained.skipped > 0 {
-        crate::log_debug!(
-            "drained around captures: {} streams waited for, {} skipped",
-            drained.streams,
-            drained.skipped
-        );
-    }
+    crate::log_debug!(
+        "drained: {} streams waited for, {} left alone (capturing, or beside a capture)",
+        drained.streams,
+        drained.skipped
+    );
 }
