@@ -587,8 +587,10 @@ impl Driver {
     }
 
     /// Work on the legacy default stream waits for every blocking stream of its context; if
-    /// one of them is capturing (not RELAXED), that dependency cannot be captured: the work
-    /// fails with `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` and the capture is invalidated.
+    /// one of them is capturing, in any mode ("the legacy stream is in an unusable state until
+    /// the blocking stream capture is terminated", cuda.h `cuStreamIsCapturing`), that
+    /// dependency cannot be captured: the work fails with `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`
+    /// and the capture is invalidated.
     pub fn check_legacy_work(&self, state: &mut State, target: StreamTarget) -> CuResult<()> {
         let StreamTarget::Legacy(ctx) = target else {
             return Ok(());
@@ -597,11 +599,7 @@ impl Driver {
             .streams
             .iter()
             .filter(|(_, s)| {
-                s.ctx == ctx
-                    && s.flags & STREAM_NON_BLOCKING == 0
-                    && s.capture
-                        .as_ref()
-                        .is_some_and(|c| c.mode != CaptureMode::Relaxed)
+                s.ctx == ctx && s.flags & STREAM_NON_BLOCKING == 0 && s.capture.is_some()
             })
             .map(|(h, _)| h)
             .collect();

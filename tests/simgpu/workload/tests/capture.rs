@@ -273,11 +273,14 @@ fn capture_modes_decide_which_calls_fail_and_invalidate_the_capture() {
         "re-recorded outside: an ordinary event again"
     );
 
-    // Work on the legacy stream would wait for a capturing blocking stream: IMPLICIT.
-    api.begin(capturing, GLOBAL);
-    assert_eq!(api.launch(0), IMPLICIT);
-    assert_eq!(api.status(capturing), STATUS_INVALIDATED);
-    assert_eq!(api.end(capturing).0, INVALIDATED);
+    // Work on the legacy stream would wait for a capturing blocking stream: IMPLICIT, in
+    // every mode.
+    for mode in [GLOBAL, RELAXED] {
+        api.begin(capturing, mode);
+        assert_eq!(api.launch(0), IMPLICIT, "mode {mode}");
+        assert_eq!(api.status(capturing), STATUS_INVALIDATED);
+        assert_eq!(api.end(capturing).0, INVALIDATED);
+    }
     // A non-blocking stream has no such dependency.
     api.begin(side, GLOBAL);
     assert_eq!(api.launch(0), 0);
