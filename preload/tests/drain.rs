@@ -89,6 +89,23 @@ fn a_multi_stream_capture_survives_a_revocation_in_its_middle() {
     assert_eq!(s.result("launch", 1), "CUDA_SUCCESS", "{:?}", s.lines);
 }
 
+/// The probe's `capture-join` step (which `make gpu-check` runs on real GPUs) is a valid
+/// capture under the strict simulated driver on its own: the side stream joins, the
+/// capture ends joined, and the graph runs.
+#[test]
+fn the_capture_join_step_is_a_valid_capture_without_the_library() {
+    let m = Machine::start();
+    let s = run(&mut m.bare_probe(&["capture-join", "3"]));
+    assert_eq!(s.result("capture-join", 0), "CUDA_SUCCESS", "{:?}", s.lines);
+    assert_eq!(s.value("capture-join", 0, "joined"), "1", "{:?}", s.lines);
+    assert_eq!(
+        s.value("capture-join", 0, "graph_ran"),
+        "0",
+        "{:?}",
+        s.lines
+    );
+}
+
 /// The CPU time (user + system) a thread of `pid` has used, found by its name.
 fn thread_cpu(pid: u32, name: &str) -> Duration {
     let tasks = Path::new("/proc").join(pid.to_string()).join("task");
