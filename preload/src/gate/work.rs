@@ -56,7 +56,7 @@ use gpushare_proto::token_client::{futex_wait, futex_wake};
 use super::ahead::Ring;
 use crate::cuda::{CUdevice, Handle, CUDA_SUCCESS};
 
-/// How long a beginning capture sleeps between looks at a context synchronisation in
+/// How long a beginning capture sleeps between looks at a drain in
 /// progress (it is woken when that ends; this only bounds a missed wake).
 const CAPTURE_WAIT_SLICE: Duration = Duration::from_millis(10);
 
@@ -101,9 +101,9 @@ pub struct Work {
     captures: Mutex<Vec<Capture>>,
     /// Captures begun (or beginning) and not ended: the handshake's capture side.
     capturing: AtomicU32,
-    /// 1 while the agent synchronises whole contexts: the handshake's other side, and
-    /// a futex word a beginning capture waits on.
-    context_sync: AtomicU32,
+    /// 1 while the agent drains: the handshake's other side, and a futex word a
+    /// beginning capture waits on.
+    draining: AtomicU32,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -247,15 +247,15 @@ impl Work {
     }
 
     /// Before the real `cuStreamBeginCapture*`: lists the capture, then waits for a drain
-    /// in progress (which could otherwise record into this stream or synchronise its
-    /// context after the capture began). Listing first is what lets a drain that starts
+    /// in progress (which could otherwise record into this stream or its context's
+    /// legacy stream after the capture began). Listing first is what lets a drain that starts
     /// now see this capture even before the driver has begun it.
     pub fn capture_begins(&self, stream: Handle, per_thread: bool) {
         let capture = self.capture_of(stream, per_thread);
         lock(&self.captures).push(capture);
         self.capturing.fetch_add(1, SeqCst);
-        while self.context_sync.load(SeqCst) != 0 {
-            futex_wait(&self.context_sync, 1, CAPTURE_WAIT_SLICE);
+        while self.draining.load(SeqCst) != 0 {
+            futex_wait(&self.draining, 1, CAPTURE_WAIT_SLICE);
         }
     }
 
@@ -303,10 +303,10 @@ impl Work {
     /// Runs `drain` with no capture able to begin meanwhile; `drain` is told whether
     /// captures are (or may be) under way. A capture beginning in the meantime waits.
     pub fn exclusive<R>(&self, drain: impl FnOnce(bool) -> R) -> R {
-        self.context_sync.store(1, SeqCst);
+        self.draining.store(1, SeqCst);
         let result = drain(self.capturing.load(SeqCst) != 0);
-        self.context_sync.store(0, SeqCst);
-        futex_wake(&self.context_sync);
+        self.draining.store(0, SeqCst);
+        futex_wake(&self.draining);
         result
     }
 
