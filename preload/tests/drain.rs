@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 /// churns between the two jobs.
 #[test]
 fn a_multi_stream_capture_survives_a_revocation_in_its_middle() {
-    let mut m = Machine::start();
+    // No idle release (a loaded machine may pause the low job between its launch and
+    // its capture): the low holder still holds the token when the high job arrives.
+    let mut m = Machine::start_with(|c| c.scheduler.idle_us = 1_000_000);
     let low = m.lease_of("1Gi", Priority::Low);
     let high = m.lease_of("1Gi", Priority::High);
     let dir = tempfile::tempdir().unwrap();
@@ -87,6 +89,20 @@ fn a_multi_stream_capture_survives_a_revocation_in_its_middle() {
         );
     }
     assert_eq!(s.result("launch", 1), "CUDA_SUCCESS", "{:?}", s.lines);
+    // The premise: the agent drained while the capture was under way (the origin, the
+    // joined stream and the legacy stream left alone).
+    let left_alone = s
+        .stderr
+        .lines()
+        .filter_map(|l| l.split_once("drained: ")?.1.split_once(" left alone"))
+        .filter_map(|(counts, _)| counts.rsplit(' ').next()?.parse::<u32>().ok())
+        .max();
+    eprintln!("most streams left alone in one drain: {left_alone:?}");
+    assert!(
+        left_alone >= Some(2),
+        "no drain during the capture: the test proves nothing: {}",
+        s.stderr
+    );
 }
 
 /// The probe's `capture-join` step (which `make gpu-check` runs on real GPUs) is a valid
