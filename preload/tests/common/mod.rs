@@ -163,6 +163,10 @@ impl Machine {
             .env("LD_PRELOAD", library())
             .env("LD_LIBRARY_PATH", sim_libs())
             .env("SIMGPU_DIR", self.dir().join("simgpu"))
+            // The arbiter here has declared devices, not the simulated NVML: nothing
+            // places leases within the driver's reserve, and the physical figures these
+            // tests read (`bare_probe`) are the allocations' own.
+            .env("SIMGPU_RESERVED_MEMORY", "0")
             .env("GPUSHARE_LOG", "debug")
             .env_remove("GPUSHARE_LEASE")
             .env_remove("GPUSHARE_SOCKET")
