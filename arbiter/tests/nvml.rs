@@ -185,6 +185,35 @@ fn a_running_mps_daemon_sets_every_gpu_aside() {
     );
 }
 
+/// A driver without `nvmlDeviceGetMemoryInfo_v2` (before R510) cannot say what it
+/// reserves: the arbiter reads the original call and takes `driver_reserved_fraction` of
+/// the total as reserved.
+#[test]
+fn without_nvml_v2_a_configured_share_of_the_total_is_taken_as_reserved() {
+    let (d, _sim, _lib) = nvml_daemon_with(
+        false,
+        &[
+            ("SIMGPU_RESERVED_MEMORY", "512Mi"),
+            ("SIMGPU_NVML_WITHOUT_MEMORY_V2", "1"),
+        ],
+    );
+    let status = d.client().status().unwrap();
+    assert_eq!(status.inventory_source, "nvml", "{}", d.log());
+    let gpu = &status.gpus[0];
+    assert_eq!(gpu.memory_total, 16 * GI, "the original call's total");
+    assert_eq!(
+        gpu.memory_allocatable,
+        16 * GI - (16 * GI).div_ceil(100),
+        "1 % (arbiter.driver_reserved_fraction) taken as reserved\n{}",
+        d.log()
+    );
+    assert!(
+        d.log().contains("arbiter.driver_reserved_fraction"),
+        "the log says which figure stands in: {}",
+        d.log()
+    );
+}
+
 #[test]
 fn inventory_utilisation_and_driver_version_come_from_nvml() {
     // What NVML v2 reports the driver keeps for itself: never handed out as quota.

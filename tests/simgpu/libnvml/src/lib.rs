@@ -18,6 +18,7 @@ pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
@@ -519,6 +520,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     memory: *mut NvmlMemoryV2,
 ) -> NvmlReturn {
     guard(|| {
+        // Test hook: a driver before R510, which has only the original call.
+        if std::env::var_os("SIMGPU_NVML_WITHOUT_MEMORY_V2").is_some() {
+            return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
+        }
         // SAFETY: a caller-initialised nvmlMemory_v2_t per the API contract (NULL rejected).
         let version = unsafe { memory.as_ref() }
             .ok_or(NVML_ERROR_INVALID_ARGUMENT)?
