@@ -75,7 +75,7 @@ fn bench_placement_with(balanced: bool) -> f64 {
             .map(|(i, u)| GpuView {
                 index: i as u32,
                 uuid: u,
-                memory_total: 80 * GI,
+                memory_allocatable: 80 * GI,
                 memory_leased: 0,
                 high_leases: 0,
                 low_leases: 0,

@@ -27,6 +27,7 @@ pub const JOBS_AT_FULL_LOAD: f64 = 4.0;
 /// One GPU's load.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Load {
+    /// What CUDA can allocate on the GPU (placement's `memory_allocatable`).
     pub memory_total: u64,
     pub memory_leased: u64,
     /// Expected GPU demand of its leases, in GPUs (0.6 = 60 % of one GPU's time).

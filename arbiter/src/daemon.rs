@@ -99,7 +99,7 @@ pub fn recover(
         &inventory::HostMps::from_env(),
     )?;
     for gpu in &survey.shareable {
-        tracing::info!(index = gpu.index, uuid = %gpu.uuid, name = %gpu.name, memory = gpu.memory_total, source = backend.source(), "sharing GPU");
+        tracing::info!(index = gpu.index, uuid = %gpu.uuid, name = %gpu.name, memory = gpu.memory_total, allocatable = gpu.memory_allocatable, source = backend.source(), "sharing GPU");
     }
     for set_aside in &survey.unshareable {
         tracing::warn!(uuid = %set_aside.gpu.uuid, "{}", set_aside.describe());
@@ -325,6 +325,7 @@ mod tests {
             ("arbiter.control_socket", restart),
             ("arbiter.default_memory", Applied),
             ("arbiter.devices", restart),
+            ("arbiter.driver_reserved_fraction", restart),
             ("arbiter.gpu_util_limit", Applied),
             ("arbiter.low_nums_limit", Applied),
             ("arbiter.metrics_address", restart),

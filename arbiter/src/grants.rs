@@ -47,7 +47,7 @@ mod tests {
         GpuView {
             index,
             uuid: "GPU-x",
-            memory_total: total_gib * GIB,
+            memory_allocatable: total_gib * GIB,
             memory_leased: leased_gib * GIB,
             high_leases: 0,
             low_leases: 0,

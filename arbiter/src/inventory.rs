@@ -28,7 +28,24 @@ pub struct Gpu {
     pub index: u32,
     pub uuid: String,
     pub name: String,
+    /// NVML's total: the physical memory, more than CUDA can ever allocate.
     pub memory_total: u64,
+    /// What CUDA can allocate on it, shared out as quotas ([`allocatable`]).
+    pub memory_allocatable: u64,
+}
+
+/// What CUDA can allocate on a GPU of `total` bytes (NVML's total), of which the driver and
+/// firmware reserve `reserved` (`nvmlDeviceGetMemoryInfo_v2`; None where NVML does not report
+/// it, drivers before R510: then `fallback_fraction` of the total stands in for it).
+///
+/// NVML's total is the physical memory; the reserved part never reaches `cuMemAlloc` (an
+/// H100 80GB shows 81,559 MiB in NVML and about 81,008 MiB in `cuMemGetInfo`). Packing
+/// quotas up to the total would leave the last process of a full GPU a driver
+/// out-of-memory below its quota.
+pub fn allocatable(total: u64, reserved: Option<u64>, fallback_fraction: f64) -> u64 {
+    let reserved = reserved
+        .unwrap_or_else(|| (total as f64 * fallback_fraction.clamp(0.0, 1.0)).ceil() as u64);
+    total.saturating_sub(reserved)
 }
 
 /// One reading of a GPU.
@@ -364,11 +381,14 @@ impl DeclaredBackend {
                 .devices
                 .iter()
                 .enumerate()
+                // A declared GPU's memory is what CUDA can allocate on it: nothing
+                // measures a reserve there.
                 .map(|(i, d)| Gpu {
                     index: i as u32,
                     uuid: d.uuid.clone(),
                     name: d.name.clone(),
                     memory_total: d.memory.0,
+                    memory_allocatable: d.memory.0,
                 })
                 .collect(),
         }
@@ -410,8 +430,50 @@ fn nvml_err(
     }
 }
 
+/// nvml.h's NVML_ERROR_ARGUMENT_VERSION_MISMATCH: a driver that knows the call but not the
+/// struct version nvml-wrapper asks for (nvml-wrapper has no name for it).
+const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: u32 = 25;
+
+/// A GPU's (total, reserved) memory: `nvmlDeviceGetMemoryInfo_v2` (what `memory_info`
+/// calls), or the original call on drivers without it, which folds the reserved part into
+/// `used` and so cannot tell it (None).
+fn memory_report(
+    nvml: &nvml_wrapper::Nvml,
+    device: &nvml_wrapper::Device<'_>,
+) -> Result<(u64, Option<u64>), nvml_wrapper::error::NvmlError> {
+    use nvml_wrapper::error::NvmlError;
+    match device.memory_info() {
+        Ok(m) => Ok((m.total, Some(m.reserved))),
+        Err(
+            NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::FunctionNotFound
+            | NvmlError::NotSupported
+            | NvmlError::UnexpectedVariant(NVML_ERROR_ARGUMENT_VERSION_MISMATCH),
+        ) => {
+            let v1 = nvml
+                .lib()
+                .nvmlDeviceGetMemoryInfo
+                .as_ref()
+                .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+            // nvmlMemory_t (three integers), typed by the call below.
+            let mut memory = std::mem::MaybeUninit::zeroed();
+            // SAFETY: the driver's nvmlDeviceGetMemoryInfo (nvml.h: a device handle and an
+            // nvmlMemory_t to fill), given the handle of a device of this same, live
+            // library and a zeroed, writable nvmlMemory_t.
+            let rc = unsafe { v1(device.handle(), memory.as_mut_ptr()) };
+            nvml_wrapper::error::nvml_try(rc)?;
+            // SAFETY: zeroed integers are a valid nvmlMemory_t, and the driver filled it.
+            let memory = unsafe { memory.assume_init() };
+            Ok((memory.total, None))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 impl NvmlBackend {
-    pub fn load(library: &str) -> Result<Self, InventoryError> {
+    /// Loads `library` and lists its GPUs; where the driver does not report the memory it
+    /// reserves, `reserved_fallback` of each GPU's total is taken as reserved.
+    pub fn load(library: &str, reserved_fallback: f64) -> Result<Self, InventoryError> {
         let nvml = nvml_wrapper::Nvml::builder()
             .lib_path(std::ffi::OsStr::new(library))
             .init()
@@ -422,16 +484,20 @@ impl NvmlBackend {
             let device = nvml
                 .device_by_index(index)
                 .map_err(nvml_err(format!("GPU {index}")))?;
+            let (total, reserved) =
+                memory_report(&nvml, &device).map_err(nvml_err(format!("GPU {index} memory")))?;
+            let uuid = device
+                .uuid()
+                .map_err(nvml_err(format!("GPU {index} UUID")))?;
+            if reserved.is_none() {
+                tracing::warn!(uuid, total, fraction = reserved_fallback, "NVML does not report the memory the driver reserves (no nvmlDeviceGetMemoryInfo_v2): arbiter.driver_reserved_fraction of the total is taken as reserved");
+            }
             gpus.push(Gpu {
                 index,
-                uuid: device
-                    .uuid()
-                    .map_err(nvml_err(format!("GPU {index} UUID")))?,
+                uuid,
                 name: device.name().unwrap_or_else(|_| "NVIDIA GPU".into()),
-                memory_total: device
-                    .memory_info()
-                    .map_err(nvml_err(format!("GPU {index} memory")))?
-                    .total,
+                memory_total: total,
+                memory_allocatable: allocatable(total, reserved, reserved_fallback),
             });
         }
         let cuda_driver_version = nvml
@@ -576,7 +642,7 @@ pub fn open_backend(config: &ArbiterConfig) -> Box<dyn GpuBackend> {
         tracing::info!("arbiter.nvml_library is empty: using the declared devices");
         return Box::new(DeclaredBackend::new(config));
     }
-    match NvmlBackend::load(&config.nvml_library) {
+    match NvmlBackend::load(&config.nvml_library, config.driver_reserved_fraction) {
         Ok(nvml) if !nvml.gpus.is_empty() => {
             tracing::info!(library = %config.nvml_library, gpus = nvml.gpus.len(), cuda_driver_version = ?nvml.cuda_driver_version, "NVML loaded");
             Box::new(nvml)
@@ -698,7 +764,7 @@ mod tests {
         assert_eq!(backend.gpus().len(), 2);
         assert_eq!(backend.cuda_driver_version(), None);
         assert_eq!(backend.sample("GPU-a"), Ok(None));
-        let err = NvmlBackend::load("/nonexistent/libnvidia-ml.so.1")
+        let err = NvmlBackend::load("/nonexistent/libnvidia-ml.so.1", 0.01)
             .err()
             .unwrap();
         assert!(
@@ -713,6 +779,32 @@ mod tests {
             uuid: format!("GPU-{index}"),
             name: "x".into(),
             memory_total: 1 << 30,
+            memory_allocatable: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn allocatable_leaves_out_what_the_driver_reserves() {
+        const MI: u64 = 1 << 20;
+        // (NVML total, reserved as reported, fallback fraction, allocatable)
+        let table: &[(u64, Option<u64>, f64, u64)] = &[
+            // An H100 80GB: NVML v2 reports the reserve; the fallback is not used.
+            (81559 * MI, Some(551 * MI), 0.01, 81008 * MI),
+            (16384 * MI, Some(0), 0.01, 16384 * MI),
+            // No v2 (an old driver): 1 % of the total, rounded up to a byte.
+            (10_000, None, 0.01, 9_900),
+            (10_001, None, 0.01, 9_900),
+            (16384 * MI, None, 0.0, 16384 * MI),
+            // Nonsense never wraps around.
+            (100, Some(200), 0.01, 0),
+            (100, None, 2.0, 0),
+        ];
+        for &(total, reserved, fallback, want) in table {
+            assert_eq!(
+                allocatable(total, reserved, fallback),
+                want,
+                "{total} {reserved:?} {fallback}"
+            );
         }
     }
 

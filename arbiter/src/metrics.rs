@@ -991,6 +991,7 @@ mod tests {
             uuid: uuid.into(),
             name: "t".into(),
             memory_total: 100,
+            memory_allocatable: 90,
             memory_leased: 40,
             memory_used: used,
             utilization_last_minute: util,

@@ -185,15 +185,50 @@ fn a_running_mps_daemon_sets_every_gpu_aside() {
     );
 }
 
+/// A driver without `nvmlDeviceGetMemoryInfo_v2` (before R510) cannot say what it
+/// reserves: the arbiter reads the original call and takes `driver_reserved_fraction` of
+/// the total as reserved.
+#[test]
+fn without_nvml_v2_a_configured_share_of_the_total_is_taken_as_reserved() {
+    let (d, _sim, _lib) = nvml_daemon_with(
+        false,
+        &[
+            ("SIMGPU_RESERVED_MEMORY", "512Mi"),
+            ("SIMGPU_NVML_WITHOUT_MEMORY_V2", "1"),
+        ],
+    );
+    let status = d.client().status().unwrap();
+    assert_eq!(status.inventory_source, "nvml", "{}", d.log());
+    let gpu = &status.gpus[0];
+    assert_eq!(gpu.memory_total, 16 * GI, "the original call's total");
+    assert_eq!(
+        gpu.memory_allocatable,
+        16 * GI - (16 * GI).div_ceil(100),
+        "1 % (arbiter.driver_reserved_fraction) taken as reserved\n{}",
+        d.log()
+    );
+    assert!(
+        d.log().contains("arbiter.driver_reserved_fraction"),
+        "the log says which figure stands in: {}",
+        d.log()
+    );
+}
+
 #[test]
 fn inventory_utilisation_and_driver_version_come_from_nvml() {
-    let (d, _sim, _lib) = nvml_daemon(false);
+    // What NVML v2 reports the driver keeps for itself: never handed out as quota.
+    const RESERVED: u64 = 1 << 29;
+    let (d, _sim, _lib) = nvml_daemon_with(
+        false,
+        &[("SIMGPU_GPUS", "2"), ("SIMGPU_RESERVED_MEMORY", "512Mi")],
+    );
     let mut c = d.client();
     let status = c.status().unwrap();
     assert_eq!(status.inventory_source, "nvml", "{}", d.log());
     assert_eq!(status.gpus.len(), 2);
     assert_eq!(status.gpus[1].uuid, sim_uuid(1));
     assert_eq!(status.gpus[0].memory_total, 16 * GI);
+    assert_eq!(status.gpus[0].memory_allocatable, 16 * GI - RESERVED);
     assert_eq!(status.driver_cuda_version, Some(12080));
     wait_until("a utilisation sample", Duration::from_secs(20), || {
         c.status()
@@ -207,8 +242,8 @@ fn inventory_utilisation_and_driver_version_come_from_nvml() {
         .unwrap();
     assert_eq!(
         lease.memory_bytes,
-        4 * GI,
-        "a fraction resolves against NVML's memory"
+        (16 * GI - RESERVED) / 4,
+        "a fraction resolves against the memory CUDA can allocate (NVML's total less its reserve)"
     );
 }
 
@@ -274,7 +309,7 @@ fn the_watchdog_kills_an_unregistered_process_when_configured() {
 fn nvml_utilisation_helper() {
     let lib = std::env::var("NVML_HELPER_LIB").expect("run by its test");
     let since: u64 = std::env::var("NVML_HELPER_SINCE").unwrap().parse().unwrap();
-    let backend = gpushare_arbiter::inventory::NvmlBackend::load(&lib).unwrap();
+    let backend = gpushare_arbiter::inventory::NvmlBackend::load(&lib, 0.01).unwrap();
     let queries = [
         ("busy", sim_uuid(0), since),
         ("idle", sim_uuid(1), 0),

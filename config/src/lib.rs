@@ -231,6 +231,9 @@ pub struct ArbiterConfig {
     pub shared_gpus: Vec<String>,
     /// Memory quota for a container that asks for a share but names no amount.
     /// A quarter of the GPU keeps four default-sized jobs per GPU, the paper's low-priority cap.
+    /// A fraction (here and in requests: `25%`, `0.25`) is of the memory CUDA can allocate on
+    /// the GPU, NVML's total less what the driver reserves, so quotas that add up to a whole
+    /// GPU fit in it.
     pub default_memory: gpushare_types::MemoryRequest,
     /// How long the client tools wait for the arbiter before failing a container start.
     pub client_timeout_ms: u64,
@@ -261,15 +264,25 @@ pub struct ArbiterConfig {
     pub watchdog_kill: bool,
     /// The device memory a CUDA process uses outside its explicit allocations
     /// (context, lazily loaded modules, local memory, device heap) is charged to its
-    /// lease: measured from NVML's per-process usage at attach, on a refused charge
-    /// and on each watchdog pass. Until a process is first measured (NVML does not
-    /// list it yet) this estimate is charged for it, and a lease's quota must exceed
-    /// it. 300 MiB: a CUDA 12 context with lazy module loading measures about
-    /// 250–500 MiB on current datacenter GPUs (more with eager loading or cuBLAS /
-    /// cuDNN loaded); the low end, because a measurement replaces it within one
-    /// reconcile tick. Not charged at all without NVML (declared devices), where
-    /// nothing could ever measure it. 0 disables the estimate (measurement stays).
+    /// lease: measured from NVML's per-process usage at attach, before a charge whenever
+    /// the lease's last measurement is over 100 ms old (a lazily loaded module counts
+    /// before the next grant), and on each watchdog pass. Until a process is first
+    /// measured (NVML does not list it yet) this estimate is charged for it, and a
+    /// lease's quota must exceed it. 300 MiB: a CUDA 12 context with lazy module
+    /// loading measures about 250–500 MiB on current datacenter GPUs (more with eager
+    /// loading or cuBLAS / cuDNN loaded); the low end, because a measurement replaces
+    /// it within one reconcile tick. Not charged at all without NVML (declared
+    /// devices), where nothing could ever measure it. 0 disables the estimate
+    /// (measurement stays).
     pub context_memory_estimate: ByteSize,
+    /// Quotas are shared out of the memory CUDA can allocate on a GPU: NVML's total (the
+    /// physical memory) less what the driver and firmware reserve, which
+    /// `nvmlDeviceGetMemoryInfo_v2` reports (an H100 80GB: 81,559 MiB in NVML, about
+    /// 81,008 MiB in `cuMemGetInfo`, 0.68 % less). Drivers without that call (before R510)
+    /// do not report it; there this fraction of the total is taken as reserved. 0.01 (1 %)
+    /// covers the H100's share with room; from 0 to 0.5. Declared devices are taken as
+    /// their declared `memory`, what CUDA can allocate on them.
+    pub driver_reserved_fraction: f64,
     /// A lease whose container is gone is released only after this long, so the
     /// runtime's own poststop release (the normal path) goes first. 5 s.
     pub reconcile_grace_ms: u64,
@@ -311,6 +324,7 @@ impl Default for ArbiterConfig {
             watchdog_interval_ms: 2_000,
             watchdog_kill: false,
             context_memory_estimate: ByteSize(300 << 20),
+            driver_reserved_fraction: 0.01,
             reconcile_grace_ms: 5_000,
             reserved_timeout_ms: 300_000,
             metrics_address: None,
@@ -712,6 +726,8 @@ impl SchedulerConfig {
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
+/// Past half a GPU the value is surely a percentage written as a whole number.
+const MAX_DRIVER_RESERVED_FRACTION: f64 = 0.5;
 
 /// Durations become `Instant + Duration` deadlines, which panic on overflow: a
 /// value like 18446744073709551615 must be refused here, naming the key, rather
@@ -828,6 +844,15 @@ impl Config {
                 "must be a fraction from 0 to 1",
             ));
         }
+        if !(a.driver_reserved_fraction.is_finite()
+            && (0.0..=MAX_DRIVER_RESERVED_FRACTION).contains(&a.driver_reserved_fraction))
+        {
+            problems.push(Problem::at(
+                "arbiter.driver_reserved_fraction",
+                a.driver_reserved_fraction,
+                "must be a fraction of the GPU's memory from 0 to 0.5 (0.01 is 1 %)",
+            ));
+        }
         if a.low_nums_limit == 0 {
             problems.push(Problem::at(
                 "arbiter.low_nums_limit",
@@ -915,6 +940,28 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/etc/gpushare/config.toml"))
+    }
+
+    #[test]
+    fn driver_reserved_fraction_is_a_small_fraction_and_names_itself_when_wrong() {
+        assert_eq!(Config::default().arbiter.driver_reserved_fraction, 0.01);
+        let c = parse("[arbiter]\ndriver_reserved_fraction = 0.007\n").unwrap();
+        assert_eq!(c.arbiter.driver_reserved_fraction, 0.007);
+        let c = parse("[arbiter]\ndriver_reserved_fraction = 0\n").unwrap();
+        assert_eq!(c.arbiter.driver_reserved_fraction, 0.0);
+        for bad in ["1", "0.6", "-0.01", "nan"] {
+            let err = parse(&format!("[arbiter]\ndriver_reserved_fraction = {bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("arbiter.driver_reserved_fraction") && err.contains("from 0 to 0.5"),
+                "{bad}: {err}"
+            );
+        }
+        let err = parse("[arbiter]\ndriver_reserved_fraction = \"1%\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("driver_reserved_fraction"), "{err}");
     }
 
     #[test]

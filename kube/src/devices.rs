@@ -19,6 +19,7 @@ use crate::resource::{Resource, COMPUTE_PER_GPU};
 pub struct PoolGpu {
     pub index: u32,
     pub uuid: String,
+    /// What grants may be placed within: the memory CUDA can allocate on a shared GPU.
     pub memory_total: u64,
     /// Whether grants may be placed on it now.
     pub open: bool,
@@ -100,11 +101,16 @@ impl Inventory {
         // The arbiter places no grant on a drained GPU, nor on one reserved for a
         // tenant (grants carry none): advertising either would let the scheduler
         // send pods that wait for room forever.
+        // Units of what the arbiter places leases within: the memory CUDA can allocate (an
+        // older arbiter reports only the total).
         let shared = report.gpus.iter().map(|g| {
             (
                 g.index,
                 &g.uuid,
-                g.memory_total,
+                match g.memory_allocatable {
+                    0 => g.memory_total,
+                    allocatable => allocatable,
+                },
                 !g.drained && g.reserved_for.is_none(),
             )
         });
@@ -238,6 +244,7 @@ mod tests {
             uuid: format!("GPU-{index}"),
             name: "declared".into(),
             memory_total: 8 * GIB,
+            memory_allocatable: 8 * GIB,
             memory_leased: 0,
             memory_used: None,
             utilization_last_minute: None,

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use gpushare_proto::{ControlClient, Fraction, GpuSelector, Priority, ReserveRequest};
+use gpushare_proto::ControlClient;
 
 /// The simulated context's size: not the arbiter's estimate (300 MiB), so only a
 /// measurement gets the numbers below right.
@@ -83,18 +83,7 @@ impl NvmlMachine {
 
     fn reserve(&self, container: &str, memory: &str) -> Result<String, String> {
         self.control()
-            .reserve(ReserveRequest {
-                container_id: container.into(),
-                namespace: None,
-                sandbox_id: None,
-                priority: Priority::Low,
-                memory: Some(memory.parse().unwrap()),
-                compute_request: Fraction::ZERO,
-                compute_limit: Fraction::ONE,
-                gpu: GpuSelector::Count(1),
-                tenant: None,
-                pod: None,
-            })
+            .reserve(low_request(container, Some(memory)))
             .map(|l| l.id.0)
             .map_err(|e| e.to_string())
     }
@@ -103,28 +92,13 @@ impl NvmlMachine {
     fn lease(&mut self, memory: &str) -> String {
         let container = format!("c{}", self.containers.len());
         let lease = self.reserve(&container, memory).unwrap();
-        let init = Command::new("sleep")
-            .arg("1000")
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.control().confirm(container, init.id()).unwrap();
+        let init = sleeping_container(&mut self.control(), container);
         self.containers.push(init);
         lease
     }
 
     fn probe(&self, lease: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new(PROBE);
-        cmd.args(args)
-            .env("LD_PRELOAD", library())
-            .env("GPUSHARE_LOG", "debug")
-            .env("GPUSHARE_LEASE", lease)
-            .env("GPUSHARE_SOCKET", self.arbiter.lease_socket(lease))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        self.machine.apply(&mut cmd);
-        cmd
+        probe_on(&self.machine, lease, self.arbiter.lease_socket(lease), args)
     }
 
     fn log(&self) -> String {

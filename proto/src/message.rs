@@ -174,7 +174,12 @@ pub struct GpuStatus {
     pub index: u32,
     pub uuid: String,
     pub name: String,
+    /// NVML's total: the physical memory.
     pub memory_total: u64,
+    /// What CUDA can allocate (`memory_total` less what the driver reserves): what leases
+    /// are placed within. 0 from an arbiter that did not report it.
+    #[serde(default)]
+    pub memory_allocatable: u64,
     /// Sum of the memory quotas of the leases on this GPU, plus the room held for
     /// memory grants placed here that no live lease uses yet (Kubernetes): both are
     /// promised, so neither is free.

@@ -257,6 +257,20 @@ fn render_grant(g: &Grant) -> String {
     )
 }
 
+/// What leases are placed within, with NVML's total beside it where the driver reserves
+/// part of it ("79.1 GiB allocatable of 79.6 GiB").
+fn capacity(g: &gpushare_proto::GpuStatus) -> String {
+    match g.memory_allocatable {
+        0 => ByteSize(g.memory_total).to_string(),
+        a if a == g.memory_total => ByteSize(a).to_string(),
+        a => format!(
+            "{} allocatable of {}",
+            ByteSize(a),
+            ByteSize(g.memory_total)
+        ),
+    }
+}
+
 fn percent(x: Option<f64>) -> String {
     x.map(|u| format!("{:.0}%", u * 100.0))
         .unwrap_or_else(|| "-".into())
@@ -308,7 +322,7 @@ fn render_status(report: &StatusReport) -> String {
             g.uuid,
             g.name,
             ByteSize(g.memory_leased),
-            ByteSize(g.memory_total),
+            capacity(g),
             g.memory_used
                 .map(|b| ByteSize(b).to_string())
                 .unwrap_or_else(|| "-".into()),
@@ -491,6 +505,26 @@ fn render_status(report: &StatusReport) -> String {
 mod tests {
     use super::*;
     use gpushare_proto::{AdmissionStatus, FitCounts, LeaseId, TokenStatus, WindowWaiter};
+
+    #[test]
+    fn capacity_shows_the_allocatable_memory_beside_nvml_s_total_when_they_differ() {
+        const MI: u64 = 1 << 20;
+        let gpu = |total, allocatable| gpushare_proto::GpuStatus {
+            memory_total: total,
+            memory_allocatable: allocatable,
+            ..Default::default()
+        };
+        for (g, want) in [
+            (
+                gpu(81559 * MI, 81008 * MI),
+                "81008Mi allocatable of 81559Mi",
+            ),
+            (gpu(16 << 30, 16 << 30), "16Gi"),
+            (gpu(16 << 30, 0), "16Gi"),
+        ] {
+            assert_eq!(capacity(&g), want);
+        }
+    }
 
     #[test]
     fn status_shows_admission_windows_and_who_waits_for_one() {

@@ -85,7 +85,7 @@ pub fn held_share(first: (f64, u64), last: (f64, u64), min_span_s: f64) -> Optio
 /// One GPU's load as the balanced score sees it (rule 3).
 pub fn load_of(gpu: &GpuView, expected: f64) -> Load {
     Load {
-        memory_total: gpu.memory_total,
+        memory_total: gpu.memory_allocatable,
         memory_leased: gpu.memory_leased,
         compute: expected.max(gpu.utilization),
         jobs: gpu.high_leases + gpu.low_leases,
@@ -114,7 +114,7 @@ pub fn place_balanced(
                 .map(|&i| {
                     let load = load_of(&gpus[i], expected.get(i).copied().unwrap_or(0.0));
                     let add = Demand {
-                        memory: request.memory.resolve(gpus[i].memory_total),
+                        memory: request.memory.resolve(gpus[i].memory_allocatable),
                         compute: demand,
                     };
                     (i, added_cost(&load, add, &policy.weights))
@@ -172,7 +172,7 @@ mod tests {
             .map(|(i, &(high, low, leased, util, _))| GpuView {
                 index: i as u32,
                 uuid: UUIDS[i],
-                memory_total: 16 * GI,
+                memory_allocatable: 16 * GI,
                 memory_leased: leased * GI,
                 high_leases: high,
                 low_leases: low,

@@ -38,7 +38,9 @@ pub use balanced::{place_balanced, Balanced};
 pub struct GpuView<'a> {
     pub index: u32,
     pub uuid: &'a str,
-    pub memory_total: u64,
+    /// What CUDA can allocate on this GPU (NVML's total less the driver's reserve): the
+    /// most its leases' quotas may add up to, and what a fraction of a GPU is of.
+    pub memory_allocatable: u64,
     /// Sum of the quotas of the leases on this GPU.
     pub memory_leased: u64,
     pub high_leases: u32,
@@ -53,7 +55,7 @@ pub struct GpuView<'a> {
 
 impl GpuView<'_> {
     pub fn memory_free(&self) -> u64 {
-        self.memory_total.saturating_sub(self.memory_leased)
+        self.memory_allocatable.saturating_sub(self.memory_leased)
     }
 
     fn in_use(&self) -> bool {
@@ -335,7 +337,7 @@ impl Screened {
         }
         let memory_bytes = chosen
             .iter()
-            .map(|&i| request.memory.resolve(gpus[i].memory_total))
+            .map(|&i| request.memory.resolve(gpus[i].memory_allocatable))
             .min()
             .unwrap_or(0);
         Ok(Placement {
@@ -354,16 +356,16 @@ pub(crate) fn screen(
 ) -> Result<Screened, PlacementError> {
     let candidates = candidates(request, gpus)?;
     let wanted_count = request.gpu.gpu_count();
-    let bytes_on = |i: usize| request.memory.resolve(gpus[i].memory_total);
+    let bytes_on = |i: usize| request.memory.resolve(gpus[i].memory_allocatable);
 
     // A quota larger than the GPU itself never fits, however long it waits.
     let explicit = !matches!(request.gpu, GpuSelector::Count(_));
     let largest = candidates
         .iter()
-        .map(|&i| gpus[i].memory_total)
+        .map(|&i| gpus[i].memory_allocatable)
         .max()
         .unwrap_or(0);
-    let too_big = |i: usize| bytes_on(i) > gpus[i].memory_total;
+    let too_big = |i: usize| bytes_on(i) > gpus[i].memory_allocatable;
     let never = if explicit {
         candidates.iter().copied().find(|&i| too_big(i))
     } else {
@@ -496,7 +498,7 @@ mod tests {
         GpuView {
             index: i as u32,
             uuid: UUIDS[i],
-            memory_total: 16 * GI,
+            memory_allocatable: 16 * GI,
             memory_leased: leased * GI,
             high_leases: high,
             low_leases: low,
@@ -952,7 +954,7 @@ mod tests {
     #[test]
     fn fractions_resolve_against_each_gpu_and_the_smallest_chosen() {
         let mut views = gpus(&[(0, 0, 0, 0.0), (0, 0, 0, 0.0)]);
-        views[1].memory_total = 8 * GI;
+        views[1].memory_allocatable = 8 * GI;
         let quarter: MemoryRequest = "25%".parse().unwrap();
         let one = GpuSelector::Count(1);
         let r = Request {

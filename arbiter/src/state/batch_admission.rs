@@ -42,7 +42,11 @@ impl Arbiter {
                 runs_multi_gpu_lease: v.ungated_leases > 0,
             })
             .collect();
-        let smallest = views.iter().map(|v| v.memory_total).min().unwrap_or(0);
+        let smallest = views
+            .iter()
+            .map(|v| v.memory_allocatable)
+            .min()
+            .unwrap_or(0);
         let waiters: Vec<&Waiter> = self.queue.iter().map(|w| &w.item).collect();
         let requests: Vec<BatchRequest> = waiters
             .iter()

@@ -115,7 +115,7 @@ impl Arbiter {
                     && (v.reserved_for.is_none() || v.reserved_for == request.tenant.as_deref())
             })
             .collect();
-        let Some(smallest) = open.iter().map(|v| v.memory_total).min() else {
+        let Some(smallest) = open.iter().map(|v| v.memory_allocatable).min() else {
             return false;
         };
         let free: Vec<u64> = open.iter().map(|v| v.memory_free()).collect();
@@ -137,7 +137,11 @@ impl Arbiter {
                 |((v, expected_demand), used)| gpushare_proto::message::GpuPlacementHint {
                     uuid: v.uuid.to_owned(),
                     expected_demand,
-                    largest_free_hole: largest_free_hole(v.memory_total, v.memory_leased, *used),
+                    largest_free_hole: largest_free_hole(
+                        v.memory_allocatable,
+                        v.memory_leased,
+                        *used,
+                    ),
                 },
             )
             .collect()

@@ -482,7 +482,7 @@ impl Arbiter {
         let uuid = self.inventory.gpus[chosen].uuid.clone();
         check_memory_request(
             request.memory,
-            Some(self.inventory.gpus[chosen].memory_total),
+            Some(self.inventory.gpus[chosen].memory_allocatable),
             id,
             bytes,
         )?;

@@ -22,9 +22,9 @@ async fn durable(store: Arc<LeaseStore>, ticket: Option<Ticket>) -> Result<(), S
     }
 }
 
-/// A refused charge re-measures its lease unless it was measured this recently:
-/// NVML's process listing is one driver call per GPU, and a program probing for the
-/// largest allocation that fits retries in a tight loop.
+/// A charge re-measures its lease unless it was measured this recently: NVML's
+/// process listing is one driver call per GPU, and a program allocating in a loop (or
+/// probing for the largest allocation that fits) charges in a tight loop.
 pub const MEASURE_FRESH: Duration = Duration::from_millis(100);
 
 #[derive(Clone)]
@@ -270,29 +270,34 @@ impl ArbiterHandle {
         self.lock().lease_query(lease, connection)
     }
 
-    /// A refusal is final for the process, so it rests on a fresh measurement: an
-    /// estimate, or an overhead that shrank since (a trimmed graph pool), must not
-    /// refuse memory that fits.
+    /// Every answer rests on a measurement of the lease's processes at most
+    /// `MEASURE_FRESH` old. A refusal is final for the process: an estimate, or an
+    /// overhead that shrank since (a trimmed graph pool), must not refuse memory that
+    /// fits. A grant must not rest on an overhead that grew since: a lazily loaded
+    /// module (cuBLAS, cuDNN: hundreds of MiB at their first use) the watchdog's next
+    /// pass would see only seconds later would let the lease's processes hold more than
+    /// its quota, and on a GPU packed to its allocatable memory a neighbour's driver
+    /// would then fail below its own quota.
     pub async fn charge(
         &self,
         lease: &LeaseId,
         connection: ConnectionId,
         bytes: u64,
     ) -> Result<Charge, StateError> {
-        let (charge, stale) = {
+        let stale = !self
+            .lock()
+            .measured_within(lease, Instant::now(), MEASURE_FRESH);
+        if stale {
+            self.measure_memory(Some(lease)).await;
+        }
+        let charge = {
             let mut arbiter = self.lock();
             let charge = arbiter.lease_charge(lease, connection, bytes)?;
-            let stale = !arbiter.measured_within(lease, Instant::now(), MEASURE_FRESH);
-            (charge, stale)
-        };
-        let charge = if !charge.granted && stale && self.measure_memory(Some(lease)).await {
-            self.lock().lease_charge(lease, connection, bytes)?
-        } else {
+            if !charge.granted {
+                arbiter.count_memory_refusal(lease);
+            }
             charge
         };
-        if !charge.granted {
-            self.lock().count_memory_refusal(lease);
-        }
         Ok(charge)
     }
 

@@ -418,7 +418,7 @@ impl Arbiter {
             .map(|(i, g)| GpuView {
                 index: g.index,
                 uuid: &g.uuid,
-                memory_total: g.memory_total,
+                memory_allocatable: g.memory_allocatable,
                 memory_leased: 0,
                 high_leases: 0,
                 low_leases: 0,

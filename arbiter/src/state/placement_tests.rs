@@ -224,3 +224,49 @@ fn a_batch_search_over_two_waiting_requests_is_timed() {
     assert!(times.batch_searches.count >= 1, "{times:?}");
     assert!(times.batch_searches.max_ns > 0, "{times:?}");
 }
+
+/// NVML's total is more than CUDA can allocate: quotas, fractions included, are shared out
+/// of the allocatable memory, so a GPU packed to its limit holds every quota.
+#[test]
+fn quotas_and_fractions_are_of_the_allocatable_memory_not_nvml_s_total() {
+    const GI: u64 = 1 << 30;
+    const ALLOCATABLE: u64 = 8 * GI - 512 * (1 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = arbiter(dir.path(), 1, PlacementPolicy::Balanced);
+    a.inventory.gpus[0].memory_allocatable = ALLOCATABLE;
+    let mut quotas = 0;
+    for name in ["a", "b", "c", "d"] {
+        let mut r = request("x", "25%", Priority::Low);
+        r.container_id = name.into();
+        let lease = a.reserve_now(r).unwrap().lease;
+        assert_eq!(
+            lease.memory_bytes,
+            ALLOCATABLE / 4,
+            "a quarter of what CUDA can allocate"
+        );
+        quotas += lease.memory_bytes;
+    }
+    assert!(quotas <= ALLOCATABLE);
+    let mut more = request("e", "1Mi", Priority::Low);
+    more.container_id = "e".into();
+    assert!(a.reserve_now(more).is_err(), "the GPU is full");
+    let status = a.status();
+    assert_eq!(
+        (
+            status.gpus[0].memory_total,
+            status.gpus[0].memory_allocatable
+        ),
+        (8 * GI, ALLOCATABLE)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = arbiter(dir.path(), 1, PlacementPolicy::Balanced);
+    a.inventory.gpus[0].memory_allocatable = ALLOCATABLE;
+    let err = a
+        .reserve_now(request("whole", "8Gi", Priority::Low))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("more than any candidate GPU has (7680Mi at most)"),
+        "NVML's total would never fit: {err}"
+    );
+}

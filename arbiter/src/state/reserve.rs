@@ -342,7 +342,7 @@ impl Arbiter {
                 let mut s = format!(
                     "GPU {} ({}): {}, {:.0}% busy",
                     v.index,
-                    ByteSize(v.memory_total),
+                    ByteSize(v.memory_allocatable),
                     leases,
                     v.utilization * 100.0
                 );

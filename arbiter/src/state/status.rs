@@ -90,6 +90,7 @@ impl Arbiter {
                     uuid: g.uuid.clone(),
                     name: g.name.clone(),
                     memory_total: g.memory_total,
+                    memory_allocatable: g.memory_allocatable,
                     memory_leased: v.memory_leased,
                     memory_used: self.memory_used[i],
                     utilization_last_minute: self.utilization[i].mean(now),

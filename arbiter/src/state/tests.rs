@@ -47,6 +47,7 @@ pub(crate) fn open_with_probe(
                 uuid: format!("GPU-{i}"),
                 name: "t".into(),
                 memory_total: 8 * GI,
+                memory_allocatable: 8 * GI,
             })
             .collect(),
         source: "declared",

@@ -163,6 +163,10 @@ impl Machine {
             .env("LD_PRELOAD", library())
             .env("LD_LIBRARY_PATH", sim_libs())
             .env("SIMGPU_DIR", self.dir().join("simgpu"))
+            // The arbiter here has declared devices, not the simulated NVML: nothing
+            // places leases within the driver's reserve, and the physical figures these
+            // tests read (`bare_probe`) are the allocations' own.
+            .env("SIMGPU_RESERVED_MEMORY", "0")
             .env("GPUSHARE_LOG", "debug")
             .env_remove("GPUSHARE_LEASE")
             .env_remove("GPUSHARE_SOCKET")
@@ -204,6 +208,56 @@ impl Drop for Machine {
             let _ = c.wait();
         }
     }
+}
+
+/// A low-priority request for one GPU by `container` (`memory`: None asks for the
+/// arbiter's `default_memory`).
+pub fn low_request(container: &str, memory: Option<&str>) -> ReserveRequest {
+    ReserveRequest {
+        container_id: container.into(),
+        namespace: None,
+        sandbox_id: None,
+        priority: Priority::Low,
+        memory: memory.map(|m| m.parse().unwrap()),
+        compute_request: Fraction::ZERO,
+        compute_limit: Fraction::ONE,
+        gpu: GpuSelector::Count(1),
+        tenant: None,
+        pod: None,
+    }
+}
+
+/// Confirms `container`'s lease with a sleeping process of this test as its "container"
+/// (same pid namespace and cgroup as the probes); the caller ends it.
+pub fn sleeping_container(control: &mut ControlClient, container: String) -> Child {
+    let init = Command::new("sleep")
+        .arg("1000")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    control.confirm(container, init.id()).unwrap();
+    init
+}
+
+/// The probe as a process of `lease` (its socket: `socket`) on the simulated `machine`,
+/// where the arbiter reads the same machine through the simulated NVML.
+pub fn probe_on(
+    machine: &simgpu::SimMachine,
+    lease: &str,
+    socket: PathBuf,
+    args: &[&str],
+) -> Command {
+    let mut cmd = Command::new(PROBE);
+    cmd.args(args)
+        .env("LD_PRELOAD", library())
+        .env("GPUSHARE_LOG", "debug")
+        .env("GPUSHARE_LEASE", lease)
+        .env("GPUSHARE_SOCKET", socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    machine.apply(&mut cmd);
+    cmd
 }
 
 /// Runs to completion; fails the test, with the probe's stderr, if it failed.

@@ -128,8 +128,12 @@ impl Arbiter {
         let builder = gpushare_testkit::Arbiter::builder_in(dir);
         let builder = match options.simulated_driver {
             Some(cuda) => {
+                // Nothing reserved by the simulated driver: these suites count quotas and
+                // Kubernetes units of the whole `memory` (the reserve is
+                // preload/tests/allocatable_memory.rs's subject).
                 let machine = SimMachine::new(dir.join("simgpu"), options.gpus, options.memory)
-                    .set("SIMGPU_CUDA_VERSION", cuda);
+                    .set("SIMGPU_CUDA_VERSION", cuda)
+                    .set("SIMGPU_RESERVED_MEMORY", 0);
                 builder.simulated(&machine)
             }
             None => builder.declared_gpus(options.gpus, options.memory),

@@ -112,7 +112,7 @@ impl Node {
             .map(|(i, g)| GpuView {
                 index: i as u32,
                 uuid: "",
-                memory_total: u64::from(self.gpu_gib) * GIB,
+                memory_allocatable: u64::from(self.gpu_gib) * GIB,
                 memory_leased: u64::from(g.granted_gib) * GIB,
                 high_leases: u32::from(g.has_high),
                 low_leases: g.pods - u32::from(g.has_high),

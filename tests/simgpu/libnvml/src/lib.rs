@@ -18,6 +18,7 @@ pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
@@ -477,20 +478,39 @@ fn snapshot(device: NvmlDevice) -> Result<simgpu_model::device::GpuSnapshot, Nvm
     })
 }
 
+/// NVML's two views of one GPU's memory, as nvml.h defines them: v1's `used` is the "sum of
+/// reserved and allocated" memory; v2 reports the reserved part on its own and `used` without it.
+/// `free` is the same in both, what nothing holds. `total` is the physical memory in both: more
+/// than CUDA can ever allocate (`cuMemGetInfo`'s total leaves out the reserved part).
+fn memory_views(s: &simgpu_model::device::GpuSnapshot) -> (NvmlMemory, NvmlMemoryV2) {
+    let free = s
+        .memory_total
+        .saturating_sub(s.memory_reserved)
+        .saturating_sub(s.memory_used);
+    let v1 = NvmlMemory {
+        total: s.memory_total,
+        free,
+        used: s.memory_reserved + s.memory_used,
+    };
+    let v2 = NvmlMemoryV2 {
+        version: MEMORY_V2_VERSION,
+        total: s.memory_total,
+        reserved: s.memory_reserved,
+        free,
+        used: s.memory_used,
+    };
+    (v1, v2)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: NvmlDevice,
     memory: *mut NvmlMemory,
 ) -> NvmlReturn {
     guard(|| {
-        let s = snapshot(device)?;
-        let info = NvmlMemory {
-            total: s.memory_total,
-            free: s.memory_total - s.memory_used,
-            used: s.memory_used,
-        };
+        let (v1, _) = memory_views(&snapshot(device)?);
         // SAFETY: out-parameter.
-        unsafe { write_out(memory, info) }
+        unsafe { write_out(memory, v1) }
     })
 }
 
@@ -500,6 +520,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     memory: *mut NvmlMemoryV2,
 ) -> NvmlReturn {
     guard(|| {
+        // Test hook: a driver before R510, which has only the original call.
+        if std::env::var_os("SIMGPU_NVML_WITHOUT_MEMORY_V2").is_some() {
+            return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
+        }
         // SAFETY: a caller-initialised nvmlMemory_v2_t per the API contract (NULL rejected).
         let version = unsafe { memory.as_ref() }
             .ok_or(NVML_ERROR_INVALID_ARGUMENT)?
@@ -507,16 +531,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if version != MEMORY_V2_VERSION {
             return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        let s = snapshot(device)?;
-        let info = NvmlMemoryV2 {
-            version,
-            total: s.memory_total,
-            reserved: 0,
-            free: s.memory_total - s.memory_used,
-            used: s.memory_used,
-        };
+        let (_, v2) = memory_views(&snapshot(device)?);
         // SAFETY: out-parameter.
-        unsafe { write_out(memory, info) }
+        unsafe { write_out(memory, v2) }
     })
 }
 
@@ -727,6 +744,50 @@ mod tests {
         assert_eq!(std::mem::size_of::<NvmlProcessInfo>(), 24);
         assert_eq!(std::mem::size_of::<NvmlProcessInfoV1>(), 16);
         assert_eq!(std::mem::size_of::<NvmlProcessUtilizationSample>(), 32);
+    }
+
+    /// nvml.h: v1's `used` includes the reserved memory, v2 lists it apart; `free` and
+    /// `total` agree, and `total` is more than CUDA can allocate whenever memory is reserved.
+    #[test]
+    fn memory_views_follow_nvml_h() {
+        const MI: u64 = 1 << 20;
+        let snapshot = |total, reserved, used| simgpu_model::device::GpuSnapshot {
+            index: 0,
+            memory_total: total,
+            memory_reserved: reserved,
+            memory_used: used,
+            busy_ns: 0,
+            utilization_percent: 0,
+            switches: 0,
+            now_ns: 0,
+            processes: Vec::new(),
+            contexts: Vec::new(),
+        };
+        // (total, reserved, used) -> v1 (free, used), v2 (reserved, free, used)
+        let table = [
+            (
+                (81559 * MI, 551 * MI, 0),
+                (81008 * MI, 551 * MI),
+                (551 * MI, 81008 * MI, 0),
+            ),
+            (
+                (1024 * MI, 24 * MI, 300 * MI),
+                (700 * MI, 324 * MI),
+                (24 * MI, 700 * MI, 300 * MI),
+            ),
+            ((1024 * MI, 0, 1024 * MI), (0, 1024 * MI), (0, 0, 1024 * MI)),
+        ];
+        for ((total, reserved, used), (v1_free, v1_used), (v2_reserved, v2_free, v2_used)) in table
+        {
+            let (v1, v2) = memory_views(&snapshot(total, reserved, used));
+            assert_eq!((v1.total, v1.free, v1.used), (total, v1_free, v1_used));
+            assert_eq!(
+                (v2.version, v2.total, v2.reserved, v2.free, v2.used),
+                (MEMORY_V2_VERSION, total, v2_reserved, v2_free, v2_used)
+            );
+            assert_eq!(v1.free + v1.used, v1.total, "v1: free + used = total");
+            assert_eq!(v2.free + v2.reserved + v2.used, v2.total);
+        }
     }
 
     fn wall_us() -> u64 {

@@ -23,7 +23,11 @@ pub struct SimConfig {
     /// Where the shared state file and the owner-lock file live.
     pub dir: PathBuf,
     pub gpus: u32,
+    /// Physical memory per GPU: what NVML reports as `total`.
     pub memory_bytes: u64,
+    /// The part of `memory_bytes` the driver and firmware keep for themselves: NVML v2's
+    /// `reserved`; CUDA can never allocate it, so `cuMemGetInfo`'s total is the rest.
+    pub reserved_memory_bytes: u64,
     pub sms: u32,
     /// Length of one hardware time slice when several contexts have work.
     pub slice_ns: u64,
@@ -58,6 +62,20 @@ pub const DEFAULT_CONTEXT_MEMORY: u64 = 300 << 20;
 /// `cuMemGetAllocationGranularity`), and a loaded module needs at least one page for its code
 /// and constant banks.
 pub const DEFAULT_MODULE_MEMORY: u64 = 2 << 20;
+/// The driver's reserved share of a GPU's memory, in parts per ten thousand: an ESTIMATE. An
+/// H100 80GB shows 81,559 MiB in NVML (`nvidia-smi`) while CUDA reports a total of about
+/// 81,008 MiB (`cuMemGetInfo`; PyTorch's "total capacity of 79.11 GiB"), some 551 MiB or
+/// 0.68 % less; nvidia-smi -q lists that difference as "Reserved". Other GPUs differ, and
+/// `make gpu-check` measures the real figure where a GPU is present.
+pub const DEFAULT_RESERVED_PER_10K: u64 = 68;
+
+/// The default reserved amount for a GPU of `memory_bytes`, whole MiB, rounded up.
+pub fn default_reserved(memory_bytes: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let bytes = (memory_bytes as u128 * DEFAULT_RESERVED_PER_10K as u128 / 10_000) as u64;
+    bytes.div_ceil(MIB) * MIB
+}
+
 /// Host cost of one `cuLaunchKernel`: NVIDIA's "Getting Started with CUDA Graphs" (A. Gray,
 /// 2019, V100) measured 3.8 µs per back-to-back launch of a 2.9 µs kernel through the runtime
 /// (`cudaLaunchKernel`, which adds its own bookkeeping to the driver call); recent measurements
@@ -74,6 +92,7 @@ impl Default for SimConfig {
             dir: PathBuf::from(DEFAULT_DIR),
             gpus: 2,
             memory_bytes: 16 << 30,
+            reserved_memory_bytes: default_reserved(16 << 30),
             sms: 108,
             slice_ns: 1_000_000,
             switch_ns: 25_000,
@@ -106,6 +125,19 @@ impl SimConfig {
         }
         if let Some(v) = lookup("SIMGPU_MEMORY") {
             config.memory_bytes = parse_bytes("SIMGPU_MEMORY", &v)?;
+        }
+        // After SIMGPU_MEMORY: the default is a share of it.
+        let reserved = lookup("SIMGPU_RESERVED_MEMORY");
+        config.reserved_memory_bytes = match &reserved {
+            Some(v) => parse_bytes_or_zero("SIMGPU_RESERVED_MEMORY", v)?,
+            None => default_reserved(config.memory_bytes),
+        };
+        if config.reserved_memory_bytes >= config.memory_bytes {
+            return Err(ConfigError::Invalid {
+                var: "SIMGPU_RESERVED_MEMORY",
+                value: reserved.unwrap_or_else(|| config.reserved_memory_bytes.to_string()),
+                why: "must be less than the GPU's memory (SIMGPU_MEMORY)",
+            });
         }
         if let Some(v) = lookup("SIMGPU_SMS") {
             config.sms = parse_int("SIMGPU_SMS", &v, 1, 10_000)? as u32;
@@ -320,6 +352,32 @@ mod tests {
         assert_eq!(c.module_memory_bytes, 4 << 20);
         assert_eq!((c.launch_host_ns, c.launch_latency_ns), (0, 7000));
         assert!(SimConfig::from_lookup(lookup(&[("SIMGPU_CONTEXT_MEMORY", "-1")])).is_err());
+    }
+
+    #[test]
+    fn reserved_memory_is_an_estimated_share_unless_set() {
+        let c = SimConfig::from_lookup(|_| None).unwrap();
+        // 0.68 % of 16 GiB, rounded up to a whole MiB.
+        assert_eq!(c.reserved_memory_bytes, 112 << 20);
+        let c = SimConfig::from_lookup(lookup(&[("SIMGPU_MEMORY", "81559Mi")])).unwrap();
+        assert_eq!(c.reserved_memory_bytes, 555 << 20, "an H100's ~551 MiB");
+        let c = SimConfig::from_lookup(lookup(&[
+            ("SIMGPU_MEMORY", "1Gi"),
+            ("SIMGPU_RESERVED_MEMORY", "0"),
+        ]))
+        .unwrap();
+        assert_eq!(c.reserved_memory_bytes, 0);
+        let c = SimConfig::from_lookup(lookup(&[("SIMGPU_RESERVED_MEMORY", "64Mi")])).unwrap();
+        assert_eq!(c.reserved_memory_bytes, 64 << 20);
+        for bad in ["1Gi", "2Gi", "-1", "lots"] {
+            let err = SimConfig::from_lookup(lookup(&[
+                ("SIMGPU_MEMORY", "1Gi"),
+                ("SIMGPU_RESERVED_MEMORY", bad),
+            ]))
+            .unwrap_err();
+            assert!(err.to_string().contains("SIMGPU_RESERVED_MEMORY"), "{err}");
+            assert!(err.to_string().contains(bad), "{err}");
+        }
     }
 
     #[test]

@@ -100,7 +100,11 @@ pub struct ContextInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuSnapshot {
     pub index: u32,
+    /// Physical memory (NVML's `total`).
     pub memory_total: u64,
+    /// What the driver keeps for itself (NVML v2's `reserved`): never allocatable.
+    pub memory_reserved: u64,
+    /// Allocated by processes (contexts, modules, allocations), without `memory_reserved`.
     pub memory_used: u64,
     /// Total time the GPU has executed operations since the state was created.
     pub busy_ns: u64,
@@ -660,7 +664,7 @@ impl Locked<'_> {
         if gpu >= self.state.config.gpus {
             return Err(DeviceError::InvalidGpu(gpu));
         }
-        let capacity = self.state.config.memory_bytes;
+        let capacity = self.state.config.allocatable_bytes();
         let used = &mut self.state.gpus[gpu as usize].memory_used;
         let free = capacity.saturating_sub(*used);
         if bytes > free {
@@ -764,9 +768,10 @@ impl Locked<'_> {
         Ok(())
     }
 
-    /// (free, total) bytes of GPU `gpu`.
+    /// (free, total) bytes of GPU `gpu` as CUDA sees them (`cuMemGetInfo`): the total is what
+    /// can be allocated, the physical memory less what the driver reserved.
     pub fn memory_info(&self, gpu: u32) -> (u64, u64) {
-        let total = self.state.config.memory_bytes;
+        let total = self.state.config.allocatable_bytes();
         let used = self
             .state
             .gpus
@@ -1077,6 +1082,7 @@ impl Locked<'_> {
         Ok(GpuSnapshot {
             index: gpu,
             memory_total: s.config.memory_bytes,
+            memory_reserved: s.config.reserved_memory_bytes,
             memory_used: g.memory_used,
             busy_ns: g.busy_ns,
             utilization_percent: utilization_percent(g, self.now_ns),
@@ -1092,9 +1098,15 @@ impl Locked<'_> {
 mod tests {
     use super::*;
 
+    /// A private device; nothing reserved unless `extra` says so, so the byte counts below
+    /// are the allocations' own.
     fn device(dir: &std::path::Path, extra: &[(&str, &str)]) -> Device {
-        let mut vars = vec![("SIMGPU_DIR".to_string(), dir.display().to_string())];
-        vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut vars: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        vars.push(("SIMGPU_DIR".to_string(), dir.display().to_string()));
+        vars.push(("SIMGPU_RESERVED_MEMORY".to_string(), "0".to_string()));
         let config =
             SimConfig::from_lookup(|n| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()))
                 .unwrap();
@@ -1121,6 +1133,34 @@ mod tests {
         assert_eq!(snap.processes[0].pid, std::process::id());
         l.release_memory(p, 0, 600 << 20).unwrap();
         assert_eq!(l.memory_info(0), (1 << 30, 1 << 30));
+    }
+
+    #[test]
+    fn reserved_memory_is_never_allocatable_and_cuda_s_total_leaves_it_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = device(
+            dir.path(),
+            &[("SIMGPU_MEMORY", "1Gi"), ("SIMGPU_RESERVED_MEMORY", "24Mi")],
+        );
+        let mut l = dev.lock().unwrap();
+        let p = l.attach_process().unwrap();
+        assert_eq!(l.memory_info(0), (1000 << 20, 1000 << 20), "(free, total)");
+        let err = l.reserve_memory(p, 0, 1 << 30).unwrap_err();
+        assert!(
+            matches!(err, DeviceError::OutOfMemory { free, .. } if free == 1000 << 20),
+            "{err}"
+        );
+        l.reserve_memory(p, 0, 1000 << 20).unwrap();
+        assert!(
+            l.reserve_memory(p, 0, 1).is_err(),
+            "the reserve is never handed out"
+        );
+        let snap = l.snapshot(0).unwrap();
+        assert_eq!(
+            (snap.memory_total, snap.memory_reserved, snap.memory_used),
+            (1 << 30, 24 << 20, 1000 << 20),
+            "NVML: the physical total, the reserve, what processes hold"
+        );
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub const UTIL_BUCKETS: usize = 32;
 pub const UTIL_BUCKET_NS: u64 = 100_000_000;
 
 const MAGIC: u64 = 0x5349_4d47_5055_5354; // "SIMGPUST"
-pub const LAYOUT_VERSION: u64 = 3;
+pub const LAYOUT_VERSION: u64 = 4;
 
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_LIVE: u32 = 1;
@@ -72,6 +72,14 @@ pub struct StoredConfig {
     pub module_memory_bytes: u64,
     pub launch_host_ns: u64,
     pub launch_latency_ns: u64,
+    pub reserved_memory_bytes: u64,
+}
+
+impl StoredConfig {
+    /// What CUDA can allocate on each GPU: the physical memory less the driver's reserve.
+    pub fn allocatable_bytes(&self) -> u64 {
+        self.memory_bytes.saturating_sub(self.reserved_memory_bytes)
+    }
 }
 
 #[repr(C)]
@@ -316,6 +324,7 @@ unsafe fn initialise(
             module_memory_bytes: config.module_memory_bytes,
             launch_host_ns: config.launch_host_ns,
             launch_latency_ns: config.launch_latency_ns,
+            reserved_memory_bytes: config.reserved_memory_bytes,
         };
         s.next_generation = 1;
         for gpu in s.gpus.iter_mut() {

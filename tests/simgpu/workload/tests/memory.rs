@@ -9,10 +9,16 @@ const GIB: u64 = 1 << 30;
 /// What a workload holds besides its allocations: its context (SIMGPU_CONTEXT_MEMORY, 300 MiB
 /// by default) and its lazily loaded module (SIMGPU_MODULE_MEMORY, 2 MiB), as nvidia-smi shows.
 const OVERHEAD: u64 = (300 << 20) + (2 << 20);
+/// What the driver keeps for itself on each GPU (NVML v2's `reserved`): never allocatable.
+const RESERVED: u64 = 100 << 20;
 
 #[test]
 fn over_capacity_is_out_of_memory_and_nvml_reports_per_process_usage() {
-    let sim = Sim::new(&[("SIMGPU_GPUS", "2"), ("SIMGPU_MEMORY", "4Gi")]);
+    let sim = Sim::new(&[
+        ("SIMGPU_GPUS", "2"),
+        ("SIMGPU_MEMORY", "4Gi"),
+        ("SIMGPU_RESERVED_MEMORY", "100Mi"),
+    ]);
     let nvml = sim.nvml();
     assert_eq!(nvml.device_count().unwrap(), 2);
     assert_eq!(nvml.sys_cuda_driver_version().unwrap(), 12080);
@@ -26,7 +32,12 @@ fn over_capacity_is_out_of_memory_and_nvml_reports_per_process_usage() {
         .unwrap();
     assert_eq!(by_uuid.index().unwrap(), 1);
     assert!(gpu.name().unwrap().contains("simgpu"));
-    assert_eq!(gpu.memory_info().unwrap().total, 4 * GIB);
+    let idle = gpu.memory_info().unwrap();
+    assert_eq!(
+        (idle.total, idle.reserved, idle.free, idle.used),
+        (4 * GIB, RESERVED, 4 * GIB - RESERVED, 0),
+        "NVML v2: the physical total, the reserved part apart, used without it"
+    );
     assert!(gpu.running_compute_processes().unwrap().is_empty());
 
     // A holds 3 GiB and keeps the GPU busy for a while.
@@ -84,7 +95,7 @@ fn over_capacity_is_out_of_memory_and_nvml_reports_per_process_usage() {
         3 * GIB + OVERHEAD,
         "the failed allocation charged nothing"
     );
-    assert_eq!(during.free, GIB - OVERHEAD);
+    assert_eq!(during.free, GIB - OVERHEAD - RESERVED);
     let holder_entry = processes
         .iter()
         .find(|p| p.pid == holder_pid)
@@ -107,4 +118,36 @@ fn over_capacity_is_out_of_memory_and_nvml_reports_per_process_usage() {
         .used
         == 0));
     assert!(gpu.running_compute_processes().unwrap().is_empty());
+
+    // NVML's total is more than CUDA can ever allocate: the driver's view (cuMemGetInfo)
+    // leaves the reserved part out, and an allocation that fits NVML's total but not that
+    // fails with CUDA_ERROR_OUT_OF_MEMORY.
+    let model = sim.model();
+    assert_eq!(
+        model.lock().unwrap().memory_info(0),
+        (4 * GIB - RESERVED, 4 * GIB - RESERVED)
+    );
+    let nvml_room = (4 * GIB - OVERHEAD).to_string();
+    let too_big = sim.run(&[
+        "--memory",
+        &nvml_room,
+        "--iterations",
+        "1",
+        "--kernels",
+        "1",
+    ]);
+    assert_eq!(
+        too_big["allocations"]["last_error"], "CUDA_ERROR_OUT_OF_MEMORY",
+        "{too_big}"
+    );
+    let cuda_room = (4 * GIB - RESERVED - OVERHEAD).to_string();
+    let fits = sim.run(&[
+        "--memory",
+        &cuda_room,
+        "--iterations",
+        "1",
+        "--kernels",
+        "1",
+    ]);
+    assert_eq!(fits["allocations"]["succeeded"], 1, "{fits}");
 }

@@ -83,6 +83,9 @@ pub extern "C" fn cuMemFree_v2(dptr: DevicePtr) -> CUresult {
     })
 }
 
+/// The memory CUDA can allocate: its total leaves out what the driver reserved
+/// (`SIMGPU_RESERVED_MEMORY`), so it is less than NVML's total, as on a real GPU (an H100 80GB:
+/// 81,559 MiB in NVML, about 81,008 MiB here); `free` is what nothing holds.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     guard(|| {
