@@ -39,6 +39,8 @@ pub enum CudaError {
     InvalidImage,
     #[error("a PTX JIT compilation failed")]
     InvalidPtx,
+    #[error("the provided PTX was compiled with an unsupported toolchain")]
+    UnsupportedPtxVersion,
     #[error("operation not permitted")]
     NotPermitted,
     #[error("operation would make the legacy stream depend on a capturing blocking stream")]
@@ -72,6 +74,7 @@ impl CudaError {
             CudaError::StreamCaptureInvalidated => 901,
             CudaError::InvalidImage => 200,
             CudaError::InvalidPtx => 218,
+            CudaError::UnsupportedPtxVersion => 222,
             CudaError::NotPermitted => 800,
             CudaError::StreamCaptureImplicit => 906,
             CudaError::StreamCaptureWrongThread => 908,
@@ -81,7 +84,7 @@ impl CudaError {
         }
     }
 
-    pub const ALL: [CudaError; 22] = [
+    pub const ALL: [CudaError; 23] = [
         CudaError::InvalidValue,
         CudaError::OutOfMemory,
         CudaError::NotInitialized,
@@ -98,6 +101,7 @@ impl CudaError {
         CudaError::StreamCaptureInvalidated,
         CudaError::InvalidImage,
         CudaError::InvalidPtx,
+        CudaError::UnsupportedPtxVersion,
         CudaError::NotPermitted,
         CudaError::StreamCaptureImplicit,
         CudaError::StreamCaptureWrongThread,
@@ -129,6 +133,7 @@ impl CudaError {
             CudaError::StreamCaptureInvalidated => b"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED\0",
             CudaError::InvalidImage => b"CUDA_ERROR_INVALID_IMAGE\0",
             CudaError::InvalidPtx => b"CUDA_ERROR_INVALID_PTX\0",
+            CudaError::UnsupportedPtxVersion => b"CUDA_ERROR_UNSUPPORTED_PTX_VERSION\0",
             CudaError::NotPermitted => b"CUDA_ERROR_NOT_PERMITTED\0",
             CudaError::StreamCaptureImplicit => b"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT\0",
             CudaError::StreamCaptureWrongThread => b"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD\0",
@@ -161,6 +166,9 @@ impl CudaError {
             }
             CudaError::InvalidImage => b"device kernel image is invalid\0",
             CudaError::InvalidPtx => b"a PTX JIT compilation failed\0",
+            CudaError::UnsupportedPtxVersion => {
+                b"the provided PTX was compiled with an unsupported toolchain\0"
+            }
             CudaError::NotPermitted => b"operation not permitted\0",
             CudaError::StreamCaptureImplicit => {
                 b"operation would make the legacy stream depend on a capturing blocking stream\0"
