@@ -11,7 +11,8 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`.
+//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`,
+//! `max-alloc` (the largest single allocation granted, by binary search).
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
@@ -1116,6 +1117,39 @@ fn run_step(
             let ns = start.elapsed().as_nanos() as f64 / n as f64;
             p.report(step, 0, &format!("ns_per_call={ns:.1}"));
         }
+        "max-alloc" => {
+            // The largest single cuMemAlloc the driver grants now, to 2 MiB (its allocation
+            // granularity for large blocks): NVML's total includes memory CUDA never hands
+            // out (reserved, the context), so packing quotas needs this figure.
+            const STEP: usize = 2 << 20;
+            let info: unsafe extern "C" fn(*mut usize, *mut usize) -> R = c.get("cuMemGetInfo");
+            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");
+            let free: unsafe extern "C" fn(Ptr) -> R = c.get("cuMemFree");
+            let (mut free_now, mut total) = (0, 0);
+            // SAFETY: cuMemGetInfo_v2, given two live size_t to write.
+            let rc = unsafe { info(&mut free_now, &mut total) };
+            // Invariant: `low` blocks of STEP fit; `high` blocks do not.
+            let (mut low, mut high) = (0usize, total / STEP + 1);
+            while rc == 0 && high - low > 1 {
+                let mid = low + (high - low) / 2;
+                let mut ptr = 0;
+                // SAFETY: cuMemAlloc_v2 given a live CUdeviceptr; what it grants is freed
+                // right away with cuMemFree_v2.
+                let granted = unsafe { alloc(&mut ptr, mid * STEP) } == 0;
+                if granted {
+                    // SAFETY: a pointer cuMemAlloc_v2 just returned.
+                    unsafe { free(ptr) };
+                    low = mid;
+                } else {
+                    high = mid;
+                }
+            }
+            p.report(
+                step,
+                rc,
+                &format!("bytes={} free={free_now} total={total}", low * STEP),
+            );
+        }
         other => fatal(&format!("unknown step {other}")),
     }
 }
@@ -1307,7 +1341,7 @@ fn nvml_meminfo() {
             .max(info2(device, &mut m2))
     };
     println!(
-        "nvml-meminfo {rc} total={} free={} used={} v2_total={} v2_free={} v2_used={}",
-        m.total, m.free, m.used, m2.total, m2.free, m2.used
+        "nvml-meminfo {rc} total={} free={} used={} v2_total={} v2_free={} v2_used={} v2_reserved={}",
+        m.total, m.free, m.used, m2.total, m2.free, m2.used, m2.reserved
     );
 }
