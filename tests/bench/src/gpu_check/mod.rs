@@ -99,6 +99,8 @@ pub struct StepEnv {
     pub bins: bins::Bins,
     pub work: PathBuf,
     pub simulated: bool,
+    /// The GPU and driver the run found ([`driver::Gpu::summary`]), for reasons to skip.
+    pub driver: String,
 }
 
 /// One row of the matrix: run in its own process within `budget`.
@@ -128,6 +130,8 @@ pub const HANG_STEP_VAR: &str = "GPUSHARE_GPU_CHECK_HANG_STEP";
 pub const TIMEOUTS_VAR: &str = "GPUSHARE_GPU_CHECK_TIMEOUTS";
 /// Set: the GPU is the simulated one; the report says so.
 pub const SIMULATED_VAR: &str = "GPUSHARE_GPU_CHECK_ON_SIMGPU";
+/// How the run hands the driver it found to each step process.
+const DRIVER_VAR: &str = "GPUSHARE_GPU_CHECK_DRIVER";
 
 /// The command line: `[--steps a,b,...] [RESULTS.md]`, or the step-process form
 /// `--run-step NAME --work DIR` the runner uses.
@@ -289,7 +293,7 @@ fn matrix(results: &Path, names: &[&'static str]) -> ExitCode {
             .find(|(n, _)| n == name)
             .map_or(step.budget, |(_, d)| *d);
         let dir = work.path().join(step.name);
-        let (verdict, took) = runner::run_in_child(step, &dir, budget, &bins);
+        let (verdict, took) = runner::run_in_child(step, &dir, budget, &bins, &gpu.summary());
         let result = StepResult {
             name: step.name,
             what: step.what,

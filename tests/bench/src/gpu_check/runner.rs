@@ -7,7 +7,7 @@
 //! nothing of one step runs into the next. The step process writes its [`Verdict`] to
 //! `result.json` in its directory; its output goes to `step.log` beside it.
 
-use super::{bins::Bins, Step, StepEnv, Verdict, HANG_STEP_VAR, SIMULATED_VAR, STEPS};
+use super::{bins::Bins, Step, StepEnv, Verdict, DRIVER_VAR, HANG_STEP_VAR, SIMULATED_VAR, STEPS};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitCode, ExitStatus, Stdio};
@@ -49,9 +49,15 @@ pub fn verdict_of(ending: &Ending, written: Option<&str>, log_tail: &str) -> Ver
 
 /// Runs `step` as `gpushare-gpu-check --run-step NAME --work DIR`; its verdict and how long
 /// it took.
-pub fn run_in_child(step: &Step, dir: &Path, budget: Duration, bins: &Bins) -> (Verdict, Duration) {
+pub fn run_in_child(
+    step: &Step,
+    dir: &Path,
+    budget: Duration,
+    bins: &Bins,
+    driver: &str,
+) -> (Verdict, Duration) {
     let start = Instant::now();
-    let ending = spawn_and_wait(step, dir, budget, bins);
+    let ending = spawn_and_wait(step, dir, budget, bins, driver);
     let written = std::fs::read_to_string(dir.join(RESULT_FILE)).ok();
     let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
     let tail = log
@@ -65,7 +71,7 @@ pub fn run_in_child(step: &Step, dir: &Path, budget: Duration, bins: &Bins) -> (
     )
 }
 
-fn spawn_and_wait(step: &Step, dir: &Path, budget: Duration, bins: &Bins) -> Ending {
+fn spawn_and_wait(step: &Step, dir: &Path, budget: Duration, bins: &Bins, driver: &str) -> Ending {
     let started = std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::File::create(dir.join(LOG_FILE)))
         .and_then(|log| Ok((log.try_clone()?, log)))
@@ -75,6 +81,7 @@ fn spawn_and_wait(step: &Step, dir: &Path, budget: Duration, bins: &Bins) -> End
                 .args(["--run-step", step.name, "--work"])
                 .arg(dir)
                 .envs(bins.env())
+                .env(DRIVER_VAR, driver)
                 .stdin(Stdio::null())
                 .stdout(out)
                 .stderr(err)
@@ -130,6 +137,7 @@ pub fn step_process(name: &str, work: &Path) -> ExitCode {
         bins,
         work: work.to_path_buf(),
         simulated: std::env::var_os(SIMULATED_VAR).is_some(),
+        driver: std::env::var(DRIVER_VAR).unwrap_or_else(|_| "an unknown driver".into()),
     };
     let verdict = (step.run)(&env);
     let written = serde_json::to_string(&verdict)
