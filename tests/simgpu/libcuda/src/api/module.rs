@@ -252,13 +252,16 @@ mod tests {
     }
 
     #[test]
-    fn the_spin_kernel_loads_on_every_driver_from_cuda_12_0_to_13_x() {
+    fn the_test_kernels_load_on_every_driver_from_cuda_12_0_to_13_x() {
+        let trace = include_str!("../../../ptx/trace.ptx");
         for driver in [12000, 12040, 12080, 12090, 13000, 13010, 13020] {
-            assert_eq!(
-                ptx_refusal(simgpu_model::kernel::SPIN_PTX, driver),
-                None,
-                "CUDA {driver}"
-            );
+            for (name, ptx) in [("spin", simgpu_model::kernel::SPIN_PTX), ("trace", trace)] {
+                assert_eq!(
+                    ptx_refusal(ptx, driver),
+                    None,
+                    "{name}.ptx on CUDA {driver}"
+                );
+            }
         }
     }
 }
