@@ -20,8 +20,18 @@ pub type Lease = (String, PathBuf);
 /// A private arbiter (the test kit's) in the step's directory, on the machine's own GPUs
 /// through the driver's NVML, its low-priority holders revoked after `revoke_grace_ms`.
 pub fn start_arbiter(env: &StepEnv, revoke_grace_ms: u64) -> Result<Arbiter, String> {
+    start_arbiter_with(env, revoke_grace_ms, |_| {})
+}
+
+/// [`start_arbiter`] with one more change to its configuration.
+pub fn start_arbiter_with(
+    env: &StepEnv,
+    revoke_grace_ms: u64,
+    edit: impl FnOnce(&mut gpushare_testkit::config::Config),
+) -> Result<Arbiter, String> {
     Arbiter::builder_in(&env.work)
         .configure(|c| {
+            edit(c);
             // The kit declares GPUs without NVML; here NVML is the real driver's (or, on the
             // simulated GPU, whichever libnvidia-ml.so.1 LD_LIBRARY_PATH finds first).
             c.arbiter.nvml_library = ArbiterConfig::default().nvml_library;

@@ -3,9 +3,11 @@
 //! API the probe uses. A framework that is not installed is a SKIP naming it.
 
 use crate::gpu_check::jobs::{
-    churn_while, lease, python, script_verdict, start_arbiter, status, Lease, GIB,
+    churn_while, lease, python, script_verdict, start_arbiter, start_arbiter_with, status, Lease,
+    GIB,
 };
 use crate::gpu_check::{Outcome, StepEnv, Verdict};
+use gpushare_arbiter::watchdog::{RESTART_GRACE, UNREGISTERED_GRACE};
 use gpushare_proto::{Priority, ViolationKind};
 use gpushare_testkit::Arbiter;
 use std::process::Child;
@@ -13,6 +15,8 @@ use std::time::{Duration, Instant};
 
 /// How long a script may take to initialise CUDA (importing torch is slow).
 const INIT_WAIT: Duration = Duration::from_secs(40);
+/// The torch-eager arbiter's watchdog pass.
+const WATCHDOG_INTERVAL: Duration = Duration::from_millis(500);
 
 /// PyTorch eager training under a 2 GiB quota. The script stops after `torch.cuda.init()`
 /// and the first `current_stream()`, before any allocation, and this step checks that the
@@ -21,7 +25,12 @@ const INIT_WAIT: Duration = Duration::from_secs(40);
 /// first intercepted call registers it here). At the end no watchdog report names it.
 pub fn torch_eager(env: &StepEnv) -> Verdict {
     let run_it = || -> Result<Verdict, String> {
-        let arbiter = start_arbiter(env, 500)?;
+        // A watchdog pass every half second, so that a process left unregistered while the
+        // script waits is reported (after the watchdog's start-up grace) before it goes on.
+        let arbiter = start_arbiter_with(env, 500, |c| {
+            c.arbiter.watchdog_interval_ms = WATCHDOG_INTERVAL.as_millis() as u64
+        })?;
+        let started = Instant::now();
         let quota = 2 * GIB;
         let job = lease(&arbiter, "torch", Priority::Low, quota)?;
         let cmd = python(
@@ -34,7 +43,7 @@ pub fn torch_eager(env: &StepEnv) -> Verdict {
             Ok(mut c) => c.spawn().map_err(|e| format!("starting python3: {e}"))?,
             Err(verdict) => return Ok(verdict),
         };
-        let registration = registered_at_init(env, &arbiter, &job, &mut child)?;
+        let registration = registered_at_init(env, &arbiter, &job, &mut child, started)?;
         let out = child
             .wait_with_output()
             .map_err(|e| format!("waiting for python3: {e}"))?;
@@ -42,18 +51,17 @@ pub fn torch_eager(env: &StepEnv) -> Verdict {
         if verdict.outcome == Outcome::Skip {
             return Ok(verdict);
         }
-        let Some((pid, registered)) = registration else {
+        let Some(InitCheck {
+            pid,
+            registered,
+            unregistered,
+        }) = registration
+        else {
             return Ok(Verdict::fail(format!(
                 "the script never reached its first allocation; {}",
                 verdict.detail
             )));
         };
-        let unregistered: Vec<u32> = status(&arbiter)?
-            .violations
-            .iter()
-            .filter(|v| v.kind == ViolationKind::Unregistered)
-            .map(|v| v.pid)
-            .collect();
         let mut problems = Vec::new();
         if !registered {
             problems.push(format!(
@@ -82,13 +90,15 @@ pub fn torch_eager(env: &StepEnv) -> Verdict {
 }
 
 /// Waits for the script's `initialised` file (its pid), checks that the arbiter lists the
-/// pid on `job`, and lets the script go on (`checked`). None when the script ended first.
+/// pid on `job`, holds the script there until the watchdog has had its passes, and lets it
+/// go on (`checked`). None when the script ended first.
 fn registered_at_init(
     env: &StepEnv,
     arbiter: &Arbiter,
     job: &Lease,
     child: &mut Child,
-) -> Result<Option<(u32, bool)>, String> {
+    arbiter_started: Instant,
+) -> Result<Option<InitCheck>, String> {
     let (initialised, checked) = (env.work.join("initialised"), env.work.join("checked"));
     let end = Instant::now() + INIT_WAIT;
     while !initialised.exists() {
@@ -108,8 +118,39 @@ fn registered_at_init(
         .iter()
         .filter(|u| u.lease.0 == job.0)
         .any(|u| u.clients.iter().any(|c| c.pid == pid));
+    // The watchdog reports nothing during its start-up grace, then a process it has seen
+    // unregistered for its grace: hold the script (before its first allocation) until the
+    // first pass after both, so that a process still unregistered here is reported.
+    let inited = Instant::now();
+    let reported_by = (arbiter_started + RESTART_GRACE.max(WATCHDOG_INTERVAL * 3))
+        .max(inited + UNREGISTERED_GRACE.max(WATCHDOG_INTERVAL * 2))
+        + WATCHDOG_INTERVAL * 2;
+    while Instant::now() < reported_by {
+        std::thread::sleep(WATCHDOG_INTERVAL);
+    }
+    // The latest pass's report: read while the script is still alive and waiting.
+    let unregistered = status(arbiter)?
+        .violations
+        .iter()
+        .filter(|v| v.kind == ViolationKind::Unregistered)
+        .map(|v| v.pid)
+        .collect();
     std::fs::write(&checked, "").map_err(|e| e.to_string())?;
-    Ok(Some((pid, registered)))
+    Ok(Some(InitCheck {
+        pid,
+        registered,
+        unregistered,
+    }))
+}
+
+/// What the arbiter knew of a framework process between its CUDA initialisation and its
+/// first allocation.
+struct InitCheck {
+    pid: u32,
+    /// The arbiter listed the pid as a client of its lease.
+    registered: bool,
+    /// The pids the watchdog reported unregistered.
+    unregistered: Vec<u32>,
 }
 
 /// `torch.cuda.graph` capture and replay, and `torch.compile(mode="reduce-overhead")`
