@@ -78,11 +78,13 @@ bench: deps
 	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench --scenario e2-mixed --e2-mixed-gap-scale 3 \
 		--out $(BENCH_RESULTS)/e2-mixed-light
 
-# On a machine with an NVIDIA driver: the probe, the memory quota, graph capture, long
-# kernels and the priority pair on the real GPU (tests/bench/results/gpu-check.md); on a
-# machine without one it says so and exits 0.
+# On a machine with an NVIDIA driver: the compatibility matrix on the real GPU (the probe,
+# quota, captures under token churn, long kernels, the priority pair, PyTorch, CuPy, Triton,
+# memory facts), each step in its own process with its own timeout, results rewritten after
+# each (tests/bench/results/gpu-check.{md,json}); a failed step exits non-zero, naming it.
+# Without a driver it says so in one line and exits 0. GPU_CHECK_ARGS="--steps a,b" picks steps.
 gpu-check:
-	@scripts/gpu-check.sh
+	@scripts/gpu-check.sh $(GPU_CHECK_ARGS)
 
 demo: DEPS_FOR = demo
 demo: deps build

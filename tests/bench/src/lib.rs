@@ -8,6 +8,7 @@ pub mod e1;
 pub mod e2_mixed;
 pub mod e3;
 pub mod experiment;
+pub mod gpu_check;
 pub mod kube_sim;
 pub mod metrics;
 pub mod plot;

@@ -11,7 +11,10 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`.
+//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`,
+//! `max-alloc` (the largest single allocation granted, by binary search), `timeslice-trace MS`
+//! (when a kernel of MS ms was running, from the GPU's clock), `checkpoint PID`
+//! (cuCheckpointProcess* latencies on another process).
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
@@ -56,6 +59,8 @@ const PTDS: u64 = 2;
 /// PTX text, NUL-terminated as `cuModuleLoadData` reads it, so the probe runs on the
 /// simulated driver and on a real one alike.
 const SPIN_PTX: &str = concat!(include_str!("../../../tests/simgpu/ptx/spin.ptx"), "\0");
+/// The tracing kernel of `timeslice-trace` (tests/simgpu/ptx/trace.ptx), NUL-terminated.
+const TRACE_PTX: &str = concat!(include_str!("../../../tests/simgpu/ptx/trace.ptx"), "\0");
 
 struct Cuda {
     handle: *mut c_void,
@@ -1133,6 +1138,155 @@ fn run_step(
             let ns = start.elapsed().as_nanos() as f64 / n as f64;
             p.report(step, 0, &format!("ns_per_call={ns:.1}"));
         }
+        "timeslice-trace" => {
+            // When its kernel was running, from the kernel itself (tests/simgpu/ptx/
+            // trace.ptx): two of these at once on one GPU interleave at the hardware's
+            // time slice. Prints start, end and each gap as FROM-TO (ns of %globaltimer).
+            const MAX_GAPS: usize = 8192;
+            const GAP_NS: u64 = 5_000;
+            let ms = num(args);
+            let load: unsafe extern "C" fn(*mut H, *const c_void) -> R = c.get("cuModuleLoadData");
+            let get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> R =
+                c.get("cuModuleGetFunction");
+            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");
+            let to_device: unsafe extern "C" fn(Ptr, *const c_void, usize) -> R =
+                c.get("cuMemcpyHtoD");
+            let to_host: unsafe extern "C" fn(*mut c_void, Ptr, usize) -> R = c.get("cuMemcpyDtoH");
+            let free: unsafe extern "C" fn(Ptr) -> R = c.get("cuMemFree");
+            let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");
+            let launch: Launch11 = c.get("cuLaunchKernel");
+            let mut words = vec![0u64; 4 + 2 * MAX_GAPS];
+            let bytes = words.len() * 8;
+            let (mut module, mut function, mut buffer) = (0, 0, 0);
+            let (mut ns, mut max, mut gap) = (ms * 1_000_000, MAX_GAPS as u32, GAP_NS);
+            // SAFETY: each function has its cuda.h signature and gets live locals to write,
+            // a NUL-terminated image and name, `bytes` of host memory in `words` both ways,
+            // and gpushare_trace's four parameters as pointers to live locals of their
+            // types (u64, CUdeviceptr, u32, u64), read before cuLaunchKernel returns.
+            let rc = unsafe {
+                let mut params = [
+                    &mut ns as *mut u64 as *mut c_void,
+                    &mut buffer as *mut Ptr as *mut c_void,
+                    &mut max as *mut u32 as *mut c_void,
+                    &mut gap as *mut u64 as *mut c_void,
+                ];
+                let rc = load(&mut module, TRACE_PTX.as_ptr().cast())
+                    .max(get_function(
+                        &mut function,
+                        module,
+                        c"gpushare_trace".as_ptr(),
+                    ))
+                    .max(alloc(&mut buffer, bytes));
+                let rc = if rc == 0 {
+                    to_device(buffer, words.as_ptr().cast(), bytes)
+                        .max(launch(
+                            function,
+                            1,
+                            1,
+                            1,
+                            1,
+                            1,
+                            1,
+                            0,
+                            0,
+                            params.as_mut_ptr(),
+                            std::ptr::null_mut(),
+                        ))
+                        .max(sync())
+                        .max(to_host(words.as_mut_ptr().cast(), buffer, bytes))
+                } else {
+                    rc
+                };
+                if buffer != 0 {
+                    free(buffer);
+                }
+                rc
+            };
+            let recorded = (words[2] as usize).min(MAX_GAPS);
+            let gaps: Vec<String> = (0..recorded)
+                .map(|i| format!("{}-{}", words[4 + 2 * i], words[5 + 2 * i]))
+                .collect();
+            p.report(
+                step,
+                rc,
+                &format!(
+                    "start={} end={} gaps={recorded} gap_list={}",
+                    words[0],
+                    words[1],
+                    gaps.join(",")
+                ),
+            );
+        }
+        "checkpoint" => {
+            // cuCheckpointProcess{Lock,Checkpoint,Restore,Unlock} (r570+, CUDA 12.8) on
+            // process PID: how long each took. Each takes an optional 64-byte argument
+            // block, zeroed here except the lock's timeoutMs (its first 32 bits).
+            let pid = num(args) as c_int;
+            type Operation = unsafe extern "C" fn(c_int, *mut [u64; 8]) -> R;
+            let mut seen = Vec::new();
+            let mut rc = 0;
+            for (name, label) in [
+                ("cuCheckpointProcessLock", "lock"),
+                ("cuCheckpointProcessCheckpoint", "checkpoint"),
+                ("cuCheckpointProcessRestore", "restore"),
+                ("cuCheckpointProcessUnlock", "unlock"),
+            ] {
+                let (found, ptr) = c.lookup(name, 12080, 0);
+                if found != 0 || ptr.is_null() {
+                    rc = if found != 0 { found } else { 500 };
+                    seen.push(format!("missing={name}"));
+                    break;
+                }
+                // SAFETY: the cuda.h signature of every cuCheckpointProcess* operation
+                // (int pid, a pointer to its 64-byte argument struct); `ptr` is non-null.
+                let operation: Operation = unsafe { entry(ptr, name) };
+                let mut block = [0u64; 8];
+                if label == "lock" {
+                    block[0] = 10_000;
+                }
+                let start = Instant::now();
+                // SAFETY: a pid and a live, zeroed 64-byte argument block.
+                rc = unsafe { operation(pid, &mut block) };
+                seen.push(format!("{label}_us={}", start.elapsed().as_micros()));
+                if rc != 0 {
+                    break;
+                }
+            }
+            p.report(step, rc, &seen.join(" "));
+        }
+        "max-alloc" => {
+            // The largest single cuMemAlloc the driver grants now, to 2 MiB (its allocation
+            // granularity for large blocks): NVML's total includes memory CUDA never hands
+            // out (reserved, the context), so packing quotas needs this figure.
+            const STEP: usize = 2 << 20;
+            let info: unsafe extern "C" fn(*mut usize, *mut usize) -> R = c.get("cuMemGetInfo");
+            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");
+            let free: unsafe extern "C" fn(Ptr) -> R = c.get("cuMemFree");
+            let (mut free_now, mut total) = (0, 0);
+            // SAFETY: cuMemGetInfo_v2, given two live size_t to write.
+            let rc = unsafe { info(&mut free_now, &mut total) };
+            // Invariant: `low` blocks of STEP fit; `high` blocks do not.
+            let (mut low, mut high) = (0usize, total / STEP + 1);
+            while rc == 0 && high - low > 1 {
+                let mid = low + (high - low) / 2;
+                let mut ptr = 0;
+                // SAFETY: cuMemAlloc_v2 given a live CUdeviceptr; what it grants is freed
+                // right away with cuMemFree_v2.
+                let granted = unsafe { alloc(&mut ptr, mid * STEP) } == 0;
+                if granted {
+                    // SAFETY: a pointer cuMemAlloc_v2 just returned.
+                    unsafe { free(ptr) };
+                    low = mid;
+                } else {
+                    high = mid;
+                }
+            }
+            p.report(
+                step,
+                rc,
+                &format!("bytes={} free={free_now} total={total}", low * STEP),
+            );
+        }
         other => fatal(&format!("unknown step {other}")),
     }
 }
@@ -1411,7 +1565,7 @@ fn nvml_meminfo() {
             .max(info2(device, &mut m2))
     };
     println!(
-        "nvml-meminfo {rc} total={} free={} used={} v2_total={} v2_free={} v2_used={}",
-        m.total, m.free, m.used, m2.total, m2.free, m2.used
+        "nvml-meminfo {rc} total={} free={} used={} v2_total={} v2_free={} v2_used={} v2_reserved={}",
+        m.total, m.free, m.used, m2.total, m2.free, m2.used, m2.reserved
     );
 }

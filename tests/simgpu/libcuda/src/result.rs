@@ -39,6 +39,8 @@ pub enum CudaError {
     InvalidImage,
     #[error("a PTX JIT compilation failed")]
     InvalidPtx,
+    #[error("the provided PTX was compiled with an unsupported toolchain")]
+    UnsupportedPtxVersion,
     #[error("operation not permitted")]
     NotPermitted,
     #[error("operation would make the legacy stream depend on a capturing blocking stream")]
@@ -74,6 +76,7 @@ impl CudaError {
             CudaError::StreamCaptureInvalidated => 901,
             CudaError::InvalidImage => 200,
             CudaError::InvalidPtx => 218,
+            CudaError::UnsupportedPtxVersion => 222,
             CudaError::NotPermitted => 800,
             CudaError::StreamCaptureImplicit => 906,
             CudaError::StreamCaptureWrongThread => 908,
@@ -101,6 +104,7 @@ impl CudaError {
         CudaError::StreamCaptureInvalidated,
         CudaError::InvalidImage,
         CudaError::InvalidPtx,
+        CudaError::UnsupportedPtxVersion,
         CudaError::NotPermitted,
         CudaError::StreamCaptureImplicit,
         CudaError::StreamCaptureWrongThread,
@@ -133,6 +137,7 @@ impl CudaError {
             CudaError::StreamCaptureInvalidated => b"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED\0",
             CudaError::InvalidImage => b"CUDA_ERROR_INVALID_IMAGE\0",
             CudaError::InvalidPtx => b"CUDA_ERROR_INVALID_PTX\0",
+            CudaError::UnsupportedPtxVersion => b"CUDA_ERROR_UNSUPPORTED_PTX_VERSION\0",
             CudaError::NotPermitted => b"CUDA_ERROR_NOT_PERMITTED\0",
             CudaError::StreamCaptureImplicit => b"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT\0",
             CudaError::StreamCaptureWrongThread => b"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD\0",
@@ -166,6 +171,9 @@ impl CudaError {
             }
             CudaError::InvalidImage => b"device kernel image is invalid\0",
             CudaError::InvalidPtx => b"a PTX JIT compilation failed\0",
+            CudaError::UnsupportedPtxVersion => {
+                b"the provided PTX was compiled with an unsupported toolchain\0"
+            }
             CudaError::NotPermitted => b"operation not permitted\0",
             CudaError::StreamCaptureImplicit => {
                 b"operation would make the legacy stream depend on a capturing blocking stream\0"

@@ -126,7 +126,7 @@ fn ptx_entries(text: &str) -> Vec<String> {
 /// A PTX module declaring one kernel per name (test images for `sleep_*` names); the bodies
 /// only return, which is all the simulator needs and what a real driver would accept.
 pub fn ptx_with_entries(names: &[&str]) -> String {
-    let mut ptx = String::from(".version 7.0\n.target sm_52\n.address_size 64\n");
+    let mut ptx = String::from(".version 7.0\n.target sm_75\n.address_size 64\n");
     for name in names {
         ptx.push_str(&format!(".visible .entry {name}()\n{{\n\tret;\n}}\n"));
     }
