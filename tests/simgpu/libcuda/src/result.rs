@@ -87,7 +87,7 @@ impl CudaError {
         }
     }
 
-    pub const ALL: [CudaError; 23] = [
+    pub const ALL: [CudaError; 24] = [
         CudaError::InvalidValue,
         CudaError::OutOfMemory,
         CudaError::NotInitialized,
