@@ -133,9 +133,10 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuGraphExecDestroy", &[(10000, "cuGraphExecDestroy")], &[]),
     ("cuGetErrorString", &[(6000, "cuGetErrorString")], &[]),
     ("cuGetErrorName", &[(6000, "cuGetErrorName")], &[]),
-    // cuda.h's cuGetProcAddress macro becomes cuGetProcAddress_v2_ptsz under per-thread
-    // default stream compilation; there is no per-thread form before 12.0.
-    ("cuGetProcAddress", &[(12000, "cuGetProcAddress_v2"), (11030, "cuGetProcAddress")], &[(12000, "cuGetProcAddress_v2_ptsz"), (11030, "cuGetProcAddress")]),
+    // The resolver takes no stream: a per-thread request gets the plain resolver, as in the
+    // real driver's table. cuGetProcAddress_v2_ptsz is reached only through its export
+    // (cuda.h declares it for per-thread default stream builds).
+    ("cuGetProcAddress", &[(12000, "cuGetProcAddress_v2"), (11030, "cuGetProcAddress")], &[]),
 ];
 
 /// Resolves `name` for a caller built against `cuda_version`, on a driver of `driver_version`.
@@ -210,7 +211,7 @@ mod tests {
                 "cuGetProcAddress",
                 12000,
                 PTDS,
-                Found("cuGetProcAddress_v2_ptsz"),
+                Found("cuGetProcAddress_v2"),
             ),
             ("cuGetProcAddress", 11030, PTDS, Found("cuGetProcAddress")),
             (
