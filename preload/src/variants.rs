@@ -16,7 +16,8 @@
 //!   `cuMemAlloc_v2`), so a caller built for an older CUDA never gets a newer ABI.
 //!   `PerThread`: what a per-thread-default-stream request gets (the driver's `_ptsz` /
 //!   `_ptds` function); a base name with no `PerThread` line takes no stream, the flag
-//!   changes nothing. `()`: not reached through `cuGetProcAddress` (NVML).
+//!   changes nothing. `()`: not reached through `cuGetProcAddress` (NVML, and the
+//!   export-only `cuGetProcAddress_v2_ptsz`).
 //! - `wrapper`: a path resolved where the list is expanded with it (the front door,
 //!   which sees every layer); this module itself names nothing above it.
 //!
@@ -29,11 +30,12 @@
 macro_rules! for_each_variant {
     ($callback:ident) => {
         $callback! {
-        // Under per-thread-default-stream compilation cuda.h's cuGetProcAddress is
-        // cuGetProcAddress_v2_ptsz (CUDA 12+).
+        // The resolver takes no stream: the driver answers a per-thread request for it
+        // with cuGetProcAddress_v2. cuda.h declares cuGetProcAddress_v2_ptsz for
+        // per-thread-default-stream builds, reachable only as an export.
         cuGetProcAddress: Cuda (cuGetProcAddress 11030 Legacy) => procaddr::cuGetProcAddress,
         cuGetProcAddress_v2: Cuda (cuGetProcAddress 12000 Legacy) => procaddr::cuGetProcAddress_v2,
-        cuGetProcAddress_v2_ptsz: Cuda (cuGetProcAddress 12000 PerThread) => procaddr::cuGetProcAddress_v2_ptsz,
+        cuGetProcAddress_v2_ptsz: Cuda () => procaddr::cuGetProcAddress_v2_ptsz,
         // Launches: one gate.
         cuLaunchKernel: Cuda (cuLaunchKernel 4000 Legacy) => launch::cuLaunchKernel,
         cuLaunchKernel_ptsz: Cuda (cuLaunchKernel 7000 PerThread) => launch::cuLaunchKernel_ptsz,

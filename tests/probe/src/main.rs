@@ -8,7 +8,7 @@
 //! Steps: `alloc B`, `linked-alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
 //! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
-//! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
+//! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `resolver-alloc FLAGS B`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
 //! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`.
@@ -282,6 +282,27 @@ impl Probe {
         }
         stream
     }
+}
+
+/// Resolves `cuMemAlloc` through `get` (a `cuGetProcAddress_v2`-shaped resolver) and
+/// allocates `bytes` with the answer; returns its result and the function it called.
+fn alloc_through(p: &mut Probe, get: GetProc, version: c_int, bytes: usize) -> (R, *mut c_void) {
+    let (mut f, mut status) = (std::ptr::null_mut(), 0);
+    // SAFETY: a resolver with cuGetProcAddress_v2's signature, given a NUL-terminated name
+    // and live locals for the pointer and the query result.
+    let rc = unsafe { get(c"cuMemAlloc".as_ptr(), &mut f, version, 0, &mut status) };
+    if rc != 0 || f.is_null() {
+        fatal(&format!("resolving cuMemAlloc: {rc}"));
+    }
+    // SAFETY: `f` is non-null (checked above) and cuMemAlloc_v2's, of this type.
+    let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = unsafe { std::mem::transmute(f) };
+    let mut ptr = 0;
+    // SAFETY: cuMemAlloc_v2, given a live CUdeviceptr to write.
+    let rc = unsafe { alloc(&mut ptr, bytes) };
+    if rc == 0 {
+        p.held.push(Held::Device(ptr));
+    }
+    (rc, f)
 }
 
 fn num(args: &mut impl Iterator<Item = String>) -> u64 {
@@ -760,23 +781,32 @@ fn run_step(
             }
             // SAFETY: cuGetProcAddress_v2_ptsz has cuGetProcAddress_v2's signature.
             let get: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(sym) };
-            let (mut f, mut status) = (std::ptr::null_mut(), 0);
-            // SAFETY: cuGetProcAddress_v2_ptsz, given a NUL-terminated name and live
-            // locals for the pointer and the query result.
-            let rc = unsafe { get(c"cuMemAlloc".as_ptr(), &mut f, c.version, 0, &mut status) };
-            if rc != 0 || f.is_null() {
-                fatal(&format!("cuGetProcAddress_v2_ptsz(cuMemAlloc): {rc}"));
-            }
-            // SAFETY: `f` is non-null (checked above) and cuMemAlloc_v2's, of this type.
-            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R =
-                unsafe { std::mem::transmute(f) };
-            let mut ptr = 0;
-            // SAFETY: cuMemAlloc_v2, given a live CUdeviceptr to write.
-            let rc = unsafe { alloc(&mut ptr, bytes) };
-            if rc == 0 {
-                p.held.push(Held::Device(ptr));
-            }
+            let (rc, f) = alloc_through(p, get, c.version, bytes);
             p.report(step, rc, &format!("bytes={bytes} via={}", who(f)));
+        }
+        "resolver-alloc" => {
+            // The resolver asked for through the resolver (with the given flags), then
+            // cuMemAlloc through the answer: what a library handed cuGetProcAddress does.
+            let flags = num(args);
+            let bytes = num(args) as usize;
+            let (rc, resolver) = c.lookup("cuGetProcAddress", c.version, flags);
+            if rc != 0 || resolver.is_null() || c.version < 12000 {
+                fatal(&format!(
+                    "cuGetProcAddress_v2(cuGetProcAddress, {flags}): {rc}"
+                ));
+            }
+            // SAFETY: non-null (checked), and for CUDA 12.0+ the answer is cuGetProcAddress_v2.
+            let get: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(resolver) };
+            let (rc, f) = alloc_through(p, get, c.version, bytes);
+            p.report(
+                step,
+                rc,
+                &format!(
+                    "bytes={bytes} resolver_via={} via={}",
+                    who(resolver),
+                    who(f)
+                ),
+            );
         }
         "ctx-create" => {
             // A second context on the device, made current (pushed) like cuCtxCreate does;
