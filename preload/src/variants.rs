@@ -131,6 +131,11 @@ macro_rules! for_each_variant {
         cuMemcpy3DBatchAsync_ptsz: Cuda (cuMemcpy3DBatchAsync 12080 PerThread) => copy::cuMemcpy3DBatchAsync_ptsz,
         cuMemcpy3DBatchAsync_v2: Cuda (cuMemcpy3DBatchAsync 13000 Legacy) => copy::cuMemcpy3DBatchAsync_v2,
         cuMemcpy3DBatchAsync_v2_ptsz: Cuda (cuMemcpy3DBatchAsync 13000 PerThread) => copy::cuMemcpy3DBatchAsync_v2_ptsz,
+        // CUDA 13.2: single copies with attributes.
+        cuMemcpyWithAttributesAsync: Cuda (cuMemcpyWithAttributesAsync 13020 Legacy) => copy::cuMemcpyWithAttributesAsync,
+        cuMemcpyWithAttributesAsync_ptsz: Cuda (cuMemcpyWithAttributesAsync 13020 PerThread) => copy::cuMemcpyWithAttributesAsync_ptsz,
+        cuMemcpy3DWithAttributesAsync: Cuda (cuMemcpy3DWithAttributesAsync 13020 Legacy) => copy::cuMemcpy3DWithAttributesAsync,
+        cuMemcpy3DWithAttributesAsync_ptsz: Cuda (cuMemcpy3DWithAttributesAsync 13020 PerThread) => copy::cuMemcpy3DWithAttributesAsync_ptsz,
         // Memory: charged before, credited after.
         cuMemAlloc_v2: Cuda (cuMemAlloc 3020 Legacy) => memory::cuMemAlloc_v2,
         cuMemAllocPitch_v2: Cuda (cuMemAllocPitch 3020 Legacy) => memory::cuMemAllocPitch_v2,

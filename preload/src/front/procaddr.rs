@@ -359,6 +359,19 @@ mod tests {
                 PTDS,
                 Some(Hook::cuMemsetD32Async_ptsz),
             ),
+            ("cuMemcpyWithAttributesAsync", 13000, 0, None),
+            (
+                "cuMemcpyWithAttributesAsync",
+                13020,
+                PTDS,
+                Some(Hook::cuMemcpyWithAttributesAsync_ptsz),
+            ),
+            (
+                "cuMemcpy3DWithAttributesAsync",
+                13020,
+                0,
+                Some(Hook::cuMemcpy3DWithAttributesAsync),
+            ),
             ("cuMemcpyBatchAsync", 12060, 0, None),
             (
                 "cuMemcpyBatchAsync",

@@ -11,7 +11,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `resolver-alloc FLAGS B`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`.
+//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
@@ -282,6 +282,27 @@ impl Probe {
         }
         stream
     }
+}
+
+/// `sizeof(CUmemcpyAttributes)` (cuda.h: an access order, two `CUmemLocation`s, flags).
+const MEMCPY_ATTRIBUTES_BYTES: usize = 24;
+
+/// A `CUDA_MEMCPY3D_BATCH_OP` (cuda.h, 112 bytes) copying `bytes` from device pointer
+/// `src` to `dst`: two pointer operands (type `CU_MEMCPY_OPERAND_TYPE_POINTER` = 1, then
+/// the pointer; 40 bytes each), the extent `bytes × 1 × 1` at offset 80.
+fn memcpy_3d_op(dst: Ptr, src: Ptr, bytes: usize) -> [u8; 112] {
+    let mut op = [0u8; 112];
+    let mut put = |offset: usize, value: u64| {
+        op[offset..offset + 8].copy_from_slice(&value.to_ne_bytes());
+    };
+    put(0, 1);
+    put(8, src);
+    put(40, 1);
+    put(48, dst);
+    put(80, bytes as u64);
+    put(88, 1);
+    put(96, 1);
+    op
 }
 
 /// Resolves `cuMemAlloc` through `get` (a `cuGetProcAddress_v2`-shaped resolver) and
@@ -1100,8 +1121,42 @@ fn run_step(
                         let synced = unsafe { sync() };
                         queued.unwrap_or(0).max(synced)
                     }
+                    "attributes" => {
+                        // CUDA 13.2 (run with --cuda-version 13020): the pointers decide
+                        // the direction; the attributes are required, zeroed is valid.
+                        let copy: unsafe extern "C" fn(Ptr, Ptr, usize, *mut c_void, H) -> R =
+                            c.get("cuMemcpyWithAttributesAsync");
+                        // cuCtxSynchronize is cuCtxSynchronize_v2 (a context argument) for 13.0+.
+                        let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+                        let mut attributes = [0u8; MEMCPY_ATTRIBUTES_BYTES];
+                        let queued = (0..n)
+                            // SAFETY: cuMemcpyWithAttributesAsync between the two live device
+                            // buffers of `bytes`, with a live zeroed CUmemcpyAttributes, on
+                            // the legacy stream.
+                            .map(|_| unsafe { copy(b, a, bytes, attributes.as_mut_ptr().cast(), 0) })
+                            .max();
+                        // SAFETY: cuStreamSynchronize of the legacy stream.
+                        let synced = unsafe { sync(0) };
+                        queued.unwrap_or(0).max(synced)
+                    }
+                    "attributes-3d" => {
+                        let copy: unsafe extern "C" fn(*mut c_void, u64, H) -> R =
+                            c.get("cuMemcpy3DWithAttributesAsync");
+                        // cuCtxSynchronize is cuCtxSynchronize_v2 (a context argument) for 13.0+.
+                        let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+                        let mut op = memcpy_3d_op(b, a, bytes);
+                        let queued = (0..n)
+                            // SAFETY: cuMemcpy3DWithAttributesAsync of one operation between
+                            // the two live device buffers of `bytes` (pointer operands, a
+                            // bytes × 1 × 1 extent), on the legacy stream.
+                            .map(|_| unsafe { copy(op.as_mut_ptr().cast(), 0, 0) })
+                            .max();
+                        // SAFETY: cuStreamSynchronize of the legacy stream.
+                        let synced = unsafe { sync(0) };
+                        queued.unwrap_or(0).max(synced)
+                    }
                     other => fatal(&format!(
-                        "copies sync|async|memset|memset-async, not {other}"
+                        "copies sync|async|memset|memset-async|attributes|attributes-3d, not {other}"
                     )),
                 };
             }

@@ -119,6 +119,8 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuMemcpyHtoDAsync", &[(3020, "cuMemcpyHtoDAsync_v2")], &[(7000, "cuMemcpyHtoDAsync_v2_ptsz")]),
     ("cuMemcpyDtoHAsync", &[(3020, "cuMemcpyDtoHAsync_v2")], &[(7000, "cuMemcpyDtoHAsync_v2_ptsz")]),
     ("cuMemcpyDtoDAsync", &[(3020, "cuMemcpyDtoDAsync_v2")], &[(7000, "cuMemcpyDtoDAsync_v2_ptsz")]),
+    ("cuMemcpyWithAttributesAsync", &[(13020, "cuMemcpyWithAttributesAsync")], &[(13020, "cuMemcpyWithAttributesAsync_ptsz")]),
+    ("cuMemcpy3DWithAttributesAsync", &[(13020, "cuMemcpy3DWithAttributesAsync")], &[(13020, "cuMemcpy3DWithAttributesAsync_ptsz")]),
     ("cuMemsetD8", &[(3020, "cuMemsetD8_v2")], &[(7000, "cuMemsetD8_v2_ptds")]),
     ("cuMemsetD32", &[(3020, "cuMemsetD32_v2")], &[(7000, "cuMemsetD32_v2_ptds")]),
     ("cuMemsetD8Async", &[(3020, "cuMemsetD8Async")], &[(7000, "cuMemsetD8Async_ptsz")]),
@@ -266,6 +268,21 @@ mod tests {
                 "{name} {version} {flags}"
             );
         }
+    }
+
+    #[test]
+    fn copies_with_attributes_need_a_13_2_caller_and_driver() {
+        let name = "cuMemcpyWithAttributesAsync";
+        assert_eq!(resolve(name, 13000, 0, 13000), VersionNotSufficient);
+        assert_eq!(resolve(name, 13020, 0, 13000), InvalidRequest);
+        assert_eq!(
+            resolve(name, 13020, PTDS, 13020),
+            Found("cuMemcpyWithAttributesAsync_ptsz")
+        );
+        assert_eq!(
+            resolve("cuMemcpy3DWithAttributesAsync", 13020, 0, 13020),
+            Found("cuMemcpy3DWithAttributesAsync")
+        );
     }
 
     #[test]
