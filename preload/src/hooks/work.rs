@@ -304,3 +304,33 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(context: Handle) -> CUresult {
         rc
     })
 }
+
+// CUDA 13.2: capture into a graphics command list (CUDA-in-Graphics). A capture like any
+// other while it lasts: the agent must not synchronise the capturing stream.
+begin_capture!(cuStreamBeginCaptureToCig(false; stream: Handle, params: *mut c_void));
+begin_capture!(cuStreamBeginCaptureToCig_ptsz(true; stream: Handle, params: *mut c_void));
+
+/// Defines the end of a CIG capture (no graph comes back: the work went into the
+/// caller's command list).
+macro_rules! end_capture_to_cig {
+    ($name:ident ($per_thread:expr)) => {
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(stream: Handle) -> CUresult {
+            crate::guard::cuda(|| {
+                let real = real_fn!($name: fn(Handle) -> CUresult);
+                // SAFETY: the caller's argument, forwarded.
+                let rc = unsafe { real(stream) };
+                if armed() {
+                    // Success or not, as for cuStreamEndCapture.
+                    gate::work().capture_ended(stream, $per_thread);
+                }
+                rc
+            })
+        }
+    };
+}
+
+end_capture_to_cig!(cuStreamEndCaptureToCig(false));
+end_capture_to_cig!(cuStreamEndCaptureToCig_ptsz(true));

@@ -11,6 +11,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `resolver-alloc FLAGS B`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
+//! `cig-capture-begin`, `cig-capture-end`,
 //! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
@@ -283,6 +284,9 @@ impl Probe {
         stream
     }
 }
+
+/// Room for a `CUstreamCigCaptureParams` (cuda.h: a type and a pointer).
+const CIG_CAPTURE_PARAMS_BYTES: usize = 16;
 
 /// `sizeof(CUmemcpyAttributes)` (cuda.h: an access order, two `CUmemLocation`s, flags).
 const MEMCPY_ATTRIBUTES_BYTES: usize = 24;
@@ -880,6 +884,29 @@ fn run_step(
             let rc = unsafe { begin(stream, mode) };
             p.capture = Some((stream, 0));
             p.report(step, rc, &format!("mode={mode}"));
+        }
+        "cig-capture-begin" => {
+            // CUDA 13.2 (run with --cuda-version 13020): a non-blocking stream starts
+            // capturing into a graphics command list (zeroed parameters: none of the
+            // simulated driver's concern).
+            let begin: unsafe extern "C" fn(H, *mut c_void) -> R =
+                c.get("cuStreamBeginCaptureToCig");
+            let stream = p.new_stream(1);
+            let mut params = [0u8; CIG_CAPTURE_PARAMS_BYTES];
+            // SAFETY: a stream this probe created and live CUstreamCigCaptureParams.
+            let rc = unsafe { begin(stream, params.as_mut_ptr().cast()) };
+            p.capture = Some((stream, 0));
+            p.report(step, rc, "");
+        }
+        "cig-capture-end" => {
+            let end: unsafe extern "C" fn(H) -> R = c.get("cuStreamEndCaptureToCig");
+            let (stream, _) = p
+                .capture
+                .take()
+                .unwrap_or_else(|| fatal("cig-capture-end before cig-capture-begin"));
+            // SAFETY: cuStreamEndCaptureToCig of the stream this probe began capturing.
+            let rc = unsafe { end(stream) };
+            p.report(step, rc, "");
         }
         "capture-launch" => {
             let n = num(args);

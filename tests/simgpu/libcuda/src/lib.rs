@@ -12,10 +12,10 @@ pub mod handles;
 pub mod procaddr;
 pub mod result;
 
+use api::{cig::*, pool::*, stream::*, vmm::*};
 use api::{
     context::*, copy::*, device::*, entry::*, event::*, graph::*, launch::*, memory::*, module::*,
 };
-use api::{pool::*, stream::*, vmm::*};
 
 /// Declares the exported entry points once, as the name -> address map `cuGetProcAddress` uses.
 macro_rules! exports {
@@ -155,6 +155,10 @@ exports!(
     cuMemcpyDtoDAsync_v2,
     cuMemcpyDtoDAsync_v2_ptsz,
     cuMemcpyWithAttributesAsync,
+    cuStreamBeginCaptureToCig,
+    cuStreamBeginCaptureToCig_ptsz,
+    cuStreamEndCaptureToCig,
+    cuStreamEndCaptureToCig_ptsz,
     cuMemcpyWithAttributesAsync_ptsz,
     cuMemcpy3DWithAttributesAsync,
     cuMemcpy3DWithAttributesAsync_ptsz,

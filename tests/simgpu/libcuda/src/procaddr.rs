@@ -71,6 +71,8 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuThreadExchangeStreamCaptureMode", &[(10010, "cuThreadExchangeStreamCaptureMode")], &[]),
     ("cuStreamGetCaptureInfo", &[(12030, "cuStreamGetCaptureInfo_v3"), (11030, "cuStreamGetCaptureInfo_v2"), (10010, "cuStreamGetCaptureInfo")], &[(12030, "cuStreamGetCaptureInfo_v3_ptsz"), (11030, "cuStreamGetCaptureInfo_v2_ptsz"), (10010, "cuStreamGetCaptureInfo_ptsz")]),
     ("cuStreamGetCtx", &[(12050, "cuStreamGetCtx_v2"), (9020, "cuStreamGetCtx")], &[(12050, "cuStreamGetCtx_v2_ptsz"), (9020, "cuStreamGetCtx_ptsz")]),
+    ("cuStreamBeginCaptureToCig", &[(13020, "cuStreamBeginCaptureToCig")], &[(13020, "cuStreamBeginCaptureToCig_ptsz")]),
+    ("cuStreamEndCaptureToCig", &[(13020, "cuStreamEndCaptureToCig")], &[(13020, "cuStreamEndCaptureToCig_ptsz")]),
     ("cuStreamEndCapture", &[(10000, "cuStreamEndCapture")], &[(10000, "cuStreamEndCapture_ptsz")]),
     ("cuEventCreate", &[(2000, "cuEventCreate")], &[]),
     ("cuEventDestroy", &[(4000, "cuEventDestroy_v2")], &[]),
