@@ -21,6 +21,8 @@ fn created_stream(stream: *mut Handle, flags: c_uint, rc: CUresult) {
     }
     // SAFETY: the driver wrote the new stream's handle there.
     let handle = unsafe { *stream };
+    // A stream means a context, maybe one no creation wrapper saw (the CUDA runtime's).
+    crate::accounts::attach_after_context_creation();
     gate::work().stream_created(handle, crate::driver::current_context(), flags);
 }
 

@@ -4,7 +4,9 @@
 //! through it for one CUDA version and flags — and runs the steps named on its
 //! command line, printing one line per step: `<step> <CUDA result> [key=value ...]`.
 //!
-//! Options: `--cuda-version N` (default 12040), `--ptds` (per-thread default stream).
+//! Options: `--cuda-version N` (default 12040), `--ptds` (per-thread default stream),
+//! `--cudart-like` (the primary context through the driver's private `CUDART_INTERFACE`
+//! table, as the CUDA runtime gets it, instead of `cuDevicePrimaryCtxRetain`).
 //! Steps: `alloc B`, `linked-alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
 //! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
@@ -345,11 +347,48 @@ fn num(args: &mut impl Iterator<Item = String>) -> u64 {
     }
 }
 
+/// `CUDART_INTERFACE`, the driver's private table the CUDA runtime asks for.
+const CUDART_INTERFACE: [u8; 16] = [
+    0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9,
+];
+
+/// The primary context the way the CUDA runtime gets it (`--cudart-like`): through entry 2
+/// of the driver's `CUDART_INTERFACE` export table, not `cuDevicePrimaryCtxRetain`.
+fn cudart_primary_context(cuda: &Cuda, ctx: &mut H, dev: c_int) -> R {
+    let get_table: unsafe extern "C" fn(*mut *const usize, *const u8) -> R =
+        cuda.get("cuGetExportTable");
+    let mut table = std::ptr::null();
+    // SAFETY: cuGetExportTable, given a live pointer to write and a 16-byte GUID.
+    let rc = unsafe { get_table(&mut table, CUDART_INTERFACE.as_ptr()) };
+    if rc != 0 || table.is_null() {
+        return rc.max(1);
+    }
+    // SAFETY: the table the driver returned: its first word is its size in bytes, and
+    // entry 2 lies inside it (checked).
+    let entry = unsafe {
+        if *table < 3 * std::mem::size_of::<usize>() {
+            return 1;
+        }
+        *table.add(2)
+    };
+    if entry == 0 {
+        return 1;
+    }
+    // SAFETY: entry 2 has this signature (a CUcontext out-parameter and a CUdevice).
+    let primary: unsafe extern "C" fn(*mut H, c_int) -> R = unsafe { std::mem::transmute(entry) };
+    // SAFETY: a live CUcontext to write and the device the probe got.
+    unsafe { primary(ctx, dev) }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
-    let (mut version, mut flags) = (12040, 0);
+    let (mut version, mut flags, mut cudart_like) = (12040, 0, false);
     while let Some(a) = args.peek() {
         match a.as_str() {
+            "--cudart-like" => {
+                args.next();
+                cudart_like = true;
+            }
             "--cuda-version" => {
                 args.next();
                 version = num(&mut args) as c_int;
@@ -379,7 +418,11 @@ fn main() {
     let ok = unsafe {
         init(0) == 0
             && device_get(&mut dev, 0) == 0
-            && retain(&mut ctx, dev) == 0
+            && if cudart_like {
+                cudart_primary_context(&cuda, &mut ctx, dev)
+            } else {
+                retain(&mut ctx, dev)
+            } == 0
             && set_current(ctx) == 0
             && load_module(&mut module, SPIN_PTX.as_ptr().cast()) == 0
             && get_function(&mut function, module, c"gpushare_spin_ns".as_ptr()) == 0

@@ -184,6 +184,7 @@ exports!(
     cuGraphExecDestroy,
     cuGetErrorString,
     cuGetErrorName,
+    cuGetExportTable,
     cuGetProcAddress,
     cuGetProcAddress_v2,
     cuGetProcAddress_v2_ptsz,

@@ -135,6 +135,7 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuGraphLaunch", &[(10000, "cuGraphLaunch")], &[(10000, "cuGraphLaunch_ptsz")]),
     ("cuGraphDestroy", &[(10000, "cuGraphDestroy")], &[]),
     ("cuGraphExecDestroy", &[(10000, "cuGraphExecDestroy")], &[]),
+    ("cuGetExportTable", &[(3000, "cuGetExportTable")], &[]),
     ("cuGetErrorString", &[(6000, "cuGetErrorString")], &[]),
     ("cuGetErrorName", &[(6000, "cuGetErrorName")], &[]),
     // The resolver takes no stream: a per-thread request gets the plain resolver, as in the
