@@ -186,6 +186,7 @@ macro_rules! for_each_variant {
         cuCtxCreate_v4: Cuda (cuCtxCreate 12050 Legacy) => work::cuCtxCreate_v4,
         cuCtxDestroy_v2: Cuda (cuCtxDestroy 4000 Legacy) => work::cuCtxDestroy_v2,
         cuGreenCtxCreate: Cuda (cuGreenCtxCreate 12040 Legacy) => work::cuGreenCtxCreate,
+        cuGreenCtxStreamCreate: Cuda (cuGreenCtxStreamCreate 12050 Legacy) => work::cuGreenCtxStreamCreate,
         // Virtualised answers.
         cuMemGetInfo_v2: Cuda (cuMemGetInfo 3020 Legacy) => info::cuMemGetInfo_v2,
         cuDeviceTotalMem_v2: Cuda (cuDeviceTotalMem 3020 Legacy) => info::cuDeviceTotalMem_v2,

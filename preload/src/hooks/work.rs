@@ -16,6 +16,16 @@ fn armed() -> bool {
 }
 
 fn created_stream(stream: *mut Handle, flags: c_uint, rc: CUresult) {
+    created_stream_in(stream, crate::driver::current_context, flags, rc);
+}
+
+/// Records a stream the driver created in the context `context` names.
+fn created_stream_in(
+    stream: *mut Handle,
+    context: impl FnOnce() -> Handle,
+    flags: c_uint,
+    rc: CUresult,
+) {
     if rc != CUDA_SUCCESS || stream.is_null() || !armed() {
         return;
     }
@@ -23,7 +33,7 @@ fn created_stream(stream: *mut Handle, flags: c_uint, rc: CUresult) {
     let handle = unsafe { *stream };
     // A stream means a context, maybe one no creation wrapper saw (the CUDA runtime's).
     crate::accounts::attach_after_context_creation();
-    gate::work().stream_created(handle, crate::driver::current_context(), flags);
+    gate::work().stream_created(handle, context(), flags);
 }
 
 /// # Safety
@@ -336,3 +346,25 @@ macro_rules! end_capture_to_cig {
 
 end_capture_to_cig!(cuStreamEndCaptureToCig(false));
 end_capture_to_cig!(cuStreamEndCaptureToCig_ptsz(true));
+
+/// # Safety
+/// The driver's contract for `cuGreenCtxStreamCreate` (CUDA 12.5). A green context's
+/// stream is recorded when created, like `cuStreamCreate`'s, so its launches are bounded
+/// per stream from the first one, under the green context's own `CUcontext` (not the
+/// calling thread's current one): events waited on for it must be of that context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGreenCtxStreamCreate(
+    stream: *mut Handle,
+    green: Handle,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real =
+            real_fn!(cuGreenCtxStreamCreate: fn(*mut Handle, Handle, c_uint, c_int) -> CUresult);
+        // SAFETY: the caller's arguments, forwarded.
+        let rc = unsafe { real(stream, green, flags, priority) };
+        created_stream_in(stream, || crate::driver::context_of_green(green), flags, rc);
+        rc
+    })
+}

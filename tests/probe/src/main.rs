@@ -13,7 +13,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `resolver-alloc FLAGS B`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `cig-capture-begin`, `cig-capture-end`,
+//! `cig-capture-begin`, `cig-capture-end`, `green-launch-ahead MS`,
 //! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`.
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
@@ -285,6 +285,33 @@ impl Probe {
         }
         stream
     }
+}
+
+/// `sizeof(CUdevResource)` (cuda.h, CUDA 12.4).
+const DEV_RESOURCE_BYTES: usize = 144;
+
+/// A non-blocking stream of a new green context on all of `dev`'s SMs (CUDA 12.5):
+/// the creation's worst result, the green context and the stream.
+fn green_stream(c: &Cuda, dev: c_int) -> (R, H, H) {
+    let get_resource: unsafe extern "C" fn(c_int, *mut c_void, c_int) -> R =
+        c.get("cuDeviceGetDevResource");
+    let generate: unsafe extern "C" fn(*mut H, *const c_void, c_uint) -> R =
+        c.get("cuDevResourceGenerateDesc");
+    let create: unsafe extern "C" fn(*mut H, H, c_int, c_uint) -> R = c.get("cuGreenCtxCreate");
+    let create_stream: unsafe extern "C" fn(*mut H, H, c_uint, c_int) -> R =
+        c.get("cuGreenCtxStreamCreate");
+    let mut resource = [0u8; DEV_RESOURCE_BYTES];
+    let (mut desc, mut green, mut stream) = (0, 0, 0);
+    // SAFETY: each with live out-parameters of the types it writes; the SM resource type
+    // (1), CU_GREEN_CTX_DEFAULT_STREAM (1) and CU_STREAM_NON_BLOCKING (1) as cuda.h
+    // requires; the resource array is the one filled just before.
+    let rc = unsafe {
+        get_resource(dev, resource.as_mut_ptr().cast(), 1)
+            .max(generate(&mut desc, resource.as_ptr().cast(), 1))
+            .max(create(&mut green, desc, dev, 1))
+            .max(create_stream(&mut stream, green, 1, 0))
+    };
+    (rc, green, stream)
 }
 
 /// Room for a `CUstreamCigCaptureParams` (cuda.h: a type and a pointer).
@@ -995,6 +1022,36 @@ fn run_step(
             }
             p.capture = None;
             p.report(step, rc, &format!("status_before={status} graph_ran={ran}"));
+        }
+        "green-launch-ahead" => {
+            // CUDA 12.5 (run with --cuda-version 12050): a stream of a green context on
+            // all of the device's SMs, a kernel of N ms on it, then how long a second
+            // launch into that stream took (a launch-ahead bound of 1 waits for the first).
+            // The green context is current meanwhile (events and the stream share it).
+            let ms = num(args);
+            let (rc, green, stream) = green_stream(c, dev);
+            let from_green: unsafe extern "C" fn(*mut H, H) -> R = c.get("cuCtxFromGreenCtx");
+            let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
+            let mut green_ctx = 0;
+            // SAFETY: a live CUcontext to write and the green context created above.
+            let rc = rc.max(unsafe { from_green(&mut green_ctx, green) });
+            // SAFETY: cuCtxSetCurrent of a context the driver just named.
+            let rc = rc.max(unsafe { set_current(green_ctx) });
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+            let first = p.kernel_on(f, ms * 1_000_000, stream);
+            let start = Instant::now();
+            let second = p.kernel_on(f, 1000, stream);
+            let same_us = start.elapsed().as_micros();
+            // SAFETY: cuStreamSynchronize of the stream created above.
+            let synced = unsafe { sync(stream) };
+            // SAFETY: cuCtxSetCurrent of the probe's primary context, current before.
+            let restored = unsafe { set_current(ctx) };
+            p.report(
+                step,
+                rc.max(first).max(second).max(synced).max(restored),
+                &format!("same_stream_launch_us={same_us}"),
+            );
         }
         "two-streams" => {
             // A kernel of N ms on one stream, then a short one on another: how long the

@@ -12,7 +12,7 @@ pub mod handles;
 pub mod procaddr;
 pub mod result;
 
-use api::{cig::*, pool::*, stream::*, vmm::*};
+use api::{cig::*, green::*, pool::*, stream::*, vmm::*};
 use api::{
     context::*, copy::*, device::*, entry::*, event::*, graph::*, launch::*, memory::*, module::*,
 };
@@ -185,6 +185,12 @@ exports!(
     cuGetErrorString,
     cuGetErrorName,
     cuGetExportTable,
+    cuDeviceGetDevResource,
+    cuDevResourceGenerateDesc,
+    cuGreenCtxCreate,
+    cuGreenCtxDestroy,
+    cuCtxFromGreenCtx,
+    cuGreenCtxStreamCreate,
     cuGetProcAddress,
     cuGetProcAddress_v2,
     cuGetProcAddress_v2_ptsz,

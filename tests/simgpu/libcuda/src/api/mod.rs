@@ -12,6 +12,7 @@ pub mod device;
 pub mod entry;
 pub mod event;
 pub mod graph;
+pub mod green;
 pub mod launch;
 pub mod memory;
 pub mod module;
