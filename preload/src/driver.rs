@@ -98,6 +98,7 @@ static EVENT_CREATE: Lazy = Lazy::new(c"cuEventCreate");
 static EVENT_RECORD: Lazy = Lazy::new(c"cuEventRecord");
 static EVENT_SYNCHRONIZE: Lazy = Lazy::new(c"cuEventSynchronize");
 static EVENT_DESTROY: Lazy = Lazy::new(c"cuEventDestroy_v2");
+static CTX_FROM_GREEN_CTX: Lazy = Lazy::new(c"cuCtxFromGreenCtx");
 
 /// `CU_EVENT_DISABLE_TIMING`: the cheapest event, for completion only.
 const CU_EVENT_DISABLE_TIMING: libc::c_uint = 0x2;
@@ -129,6 +130,21 @@ pub fn current_context() -> Handle {
     match call!(CTX_GET_CURRENT, fn(*mut Handle), &mut context) {
         Some(CUDA_SUCCESS) => context,
         _ => 0,
+    }
+}
+
+/// The `CUcontext` of green context `green` (CUDA 12.4); the current context if the
+/// driver cannot say.
+pub fn context_of_green(green: Handle) -> Handle {
+    let mut context: Handle = 0;
+    match call!(
+        CTX_FROM_GREEN_CTX,
+        fn(*mut Handle, Handle),
+        &mut context,
+        green
+    ) {
+        Some(CUDA_SUCCESS) if context != 0 => context,
+        _ => current_context(),
     }
 }
 

@@ -73,6 +73,7 @@ extern "C" fn on_load() {
         log::set_level(settings.log);
         if config::install(settings) {
             fork::install_handlers();
+            gate::on_cold_admit(accounts::attach_after_context_creation);
             crate::log_info!(
                 "active for lease {}",
                 config::get().map_or("?", |c| c.lease.as_str())

@@ -90,13 +90,34 @@ pub fn find_in_driver(library: Library, name: &CStr) -> Option<*mut c_void> {
 /// exports (our wrapper of that very name) did not find the driver, and forwarding to
 /// it would make the wrapper call itself. Cold (`dladdr` takes the loader's lock).
 fn in_this_library(address: *mut c_void) -> bool {
-    let base = |p: *const c_void| {
-        // SAFETY: Dl_info is plain data, zeroed is a valid "nothing found".
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: dladdr only reads `p` as an address and fills `info`.
-        let found = unsafe { libc::dladdr(p, &mut info) } != 0;
-        found.then_some(info.dli_fbase)
+    let ours = object_base(in_this_library as *const c_void);
+    ours.is_some() && object_base(address) == ours
+}
+
+/// Whether `address` lies in the loaded driver library itself (not in another object
+/// that interposes on it). Cold, like `in_this_library`.
+pub fn in_driver_library(library: Library, address: *mut c_void) -> bool {
+    let (soname, anchor) = match library {
+        Library::Cuda => (c"libcuda.so.1", c"cuGetProcAddress"),
+        Library::Nvml => (c"libnvidia-ml.so.1", c"nvmlInit_v2"),
     };
-    let ours = base(in_this_library as *const c_void);
-    ours.is_some() && base(address) == ours
+    // SAFETY: as in find_in_driver: RTLD_NOLOAD only finds an already loaded library.
+    let handle = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        return false;
+    }
+    // SAFETY: a handle dlopen just returned; a lookup through it finds the library's
+    // own definition first.
+    let inside = unsafe { real_dlsym(handle, anchor) };
+    let driver = object_base(inside);
+    !inside.is_null() && driver.is_some() && object_base(address) == driver
+}
+
+/// The load address of the object `p` lies in, if any.
+fn object_base(p: *const c_void) -> Option<*mut c_void> {
+    // SAFETY: Dl_info is plain data, zeroed is a valid "nothing found".
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads `p` as an address and fills `info`.
+    let found = unsafe { libc::dladdr(p, &mut info) } != 0;
+    found.then_some(info.dli_fbase)
 }

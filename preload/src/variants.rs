@@ -16,7 +16,8 @@
 //!   `cuMemAlloc_v2`), so a caller built for an older CUDA never gets a newer ABI.
 //!   `PerThread`: what a per-thread-default-stream request gets (the driver's `_ptsz` /
 //!   `_ptds` function); a base name with no `PerThread` line takes no stream, the flag
-//!   changes nothing. `()`: not reached through `cuGetProcAddress` (NVML).
+//!   changes nothing. `()`: not reached through `cuGetProcAddress` (NVML, and the
+//!   export-only `cuGetProcAddress_v2_ptsz`).
 //! - `wrapper`: a path resolved where the list is expanded with it (the front door,
 //!   which sees every layer); this module itself names nothing above it.
 //!
@@ -29,11 +30,12 @@
 macro_rules! for_each_variant {
     ($callback:ident) => {
         $callback! {
-        // Under per-thread-default-stream compilation cuda.h's cuGetProcAddress is
-        // cuGetProcAddress_v2_ptsz (CUDA 12+).
+        // The resolver takes no stream: the driver answers a per-thread request for it
+        // with cuGetProcAddress_v2. cuda.h declares cuGetProcAddress_v2_ptsz for
+        // per-thread-default-stream builds, reachable only as an export.
         cuGetProcAddress: Cuda (cuGetProcAddress 11030 Legacy) => procaddr::cuGetProcAddress,
         cuGetProcAddress_v2: Cuda (cuGetProcAddress 12000 Legacy) => procaddr::cuGetProcAddress_v2,
-        cuGetProcAddress_v2_ptsz: Cuda (cuGetProcAddress 12000 PerThread) => procaddr::cuGetProcAddress_v2_ptsz,
+        cuGetProcAddress_v2_ptsz: Cuda () => procaddr::cuGetProcAddress_v2_ptsz,
         // Launches: one gate.
         cuLaunchKernel: Cuda (cuLaunchKernel 4000 Legacy) => launch::cuLaunchKernel,
         cuLaunchKernel_ptsz: Cuda (cuLaunchKernel 7000 PerThread) => launch::cuLaunchKernel_ptsz,
@@ -129,6 +131,11 @@ macro_rules! for_each_variant {
         cuMemcpy3DBatchAsync_ptsz: Cuda (cuMemcpy3DBatchAsync 12080 PerThread) => copy::cuMemcpy3DBatchAsync_ptsz,
         cuMemcpy3DBatchAsync_v2: Cuda (cuMemcpy3DBatchAsync 13000 Legacy) => copy::cuMemcpy3DBatchAsync_v2,
         cuMemcpy3DBatchAsync_v2_ptsz: Cuda (cuMemcpy3DBatchAsync 13000 PerThread) => copy::cuMemcpy3DBatchAsync_v2_ptsz,
+        // CUDA 13.2: single copies with attributes.
+        cuMemcpyWithAttributesAsync: Cuda (cuMemcpyWithAttributesAsync 13020 Legacy) => copy::cuMemcpyWithAttributesAsync,
+        cuMemcpyWithAttributesAsync_ptsz: Cuda (cuMemcpyWithAttributesAsync 13020 PerThread) => copy::cuMemcpyWithAttributesAsync_ptsz,
+        cuMemcpy3DWithAttributesAsync: Cuda (cuMemcpy3DWithAttributesAsync 13020 Legacy) => copy::cuMemcpy3DWithAttributesAsync,
+        cuMemcpy3DWithAttributesAsync_ptsz: Cuda (cuMemcpy3DWithAttributesAsync 13020 PerThread) => copy::cuMemcpy3DWithAttributesAsync_ptsz,
         // Memory: charged before, credited after.
         cuMemAlloc_v2: Cuda (cuMemAlloc 3020 Legacy) => memory::cuMemAlloc_v2,
         cuMemAllocPitch_v2: Cuda (cuMemAllocPitch 3020 Legacy) => memory::cuMemAllocPitch_v2,
@@ -163,6 +170,10 @@ macro_rules! for_each_variant {
         cuStreamBeginCapture_v2_ptsz: Cuda (cuStreamBeginCapture 10010 PerThread) => work::cuStreamBeginCapture_v2_ptsz,
         cuStreamBeginCaptureToGraph: Cuda (cuStreamBeginCaptureToGraph 12030 Legacy) => work::cuStreamBeginCaptureToGraph,
         cuStreamBeginCaptureToGraph_ptsz: Cuda (cuStreamBeginCaptureToGraph 12030 PerThread) => work::cuStreamBeginCaptureToGraph_ptsz,
+        cuStreamBeginCaptureToCig: Cuda (cuStreamBeginCaptureToCig 13020 Legacy) => work::cuStreamBeginCaptureToCig,
+        cuStreamBeginCaptureToCig_ptsz: Cuda (cuStreamBeginCaptureToCig 13020 PerThread) => work::cuStreamBeginCaptureToCig_ptsz,
+        cuStreamEndCaptureToCig: Cuda (cuStreamEndCaptureToCig 13020 Legacy) => work::cuStreamEndCaptureToCig,
+        cuStreamEndCaptureToCig_ptsz: Cuda (cuStreamEndCaptureToCig 13020 PerThread) => work::cuStreamEndCaptureToCig_ptsz,
         cuStreamEndCapture: Cuda (cuStreamEndCapture 10000 Legacy) => work::cuStreamEndCapture,
         cuStreamEndCapture_ptsz: Cuda (cuStreamEndCapture 10000 PerThread) => work::cuStreamEndCapture_ptsz,
         cuDevicePrimaryCtxRetain: Cuda (cuDevicePrimaryCtxRetain 7000 Legacy) => work::cuDevicePrimaryCtxRetain,
@@ -175,6 +186,7 @@ macro_rules! for_each_variant {
         cuCtxCreate_v4: Cuda (cuCtxCreate 12050 Legacy) => work::cuCtxCreate_v4,
         cuCtxDestroy_v2: Cuda (cuCtxDestroy 4000 Legacy) => work::cuCtxDestroy_v2,
         cuGreenCtxCreate: Cuda (cuGreenCtxCreate 12040 Legacy) => work::cuGreenCtxCreate,
+        cuGreenCtxStreamCreate: Cuda (cuGreenCtxStreamCreate 12050 Legacy) => work::cuGreenCtxStreamCreate,
         // Virtualised answers.
         cuMemGetInfo_v2: Cuda (cuMemGetInfo 3020 Legacy) => info::cuMemGetInfo_v2,
         cuDeviceTotalMem_v2: Cuda (cuDeviceTotalMem 3020 Legacy) => info::cuDeviceTotalMem_v2,

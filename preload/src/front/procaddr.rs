@@ -9,7 +9,10 @@
 //! for an older CUDA never gets a newer ABI, and a per-thread-default-stream request
 //! gets the `_ptsz` wrapper that calls the driver's `_ptsz` function. A request this
 //! table cannot place (an older ABI than any variant we wrap) keeps the driver's own
-//! answer.
+//! answer. Which answers are wrapped is `wraps_answer`: the driver's export of the
+//! variant and anything from outside the driver (another interposer, a tracer), never
+//! a driver function the table does not know. The resolver itself is wrapped like any
+//! variant, whatever the flags of the request for it, so nothing resolved later escapes.
 
 use libc::{c_char, c_int, c_void};
 use std::ffi::CStr;
@@ -75,13 +78,26 @@ pub fn per_thread_build_flags(flags: u64) -> u64 {
     }
 }
 
-/// Whether the driver's answer for `hook` may be wrapped: only when it is the very
-/// function the driver exports under that variant's name. The variant is computed from
-/// documented thresholds; a driver that handed out something else (a new ABI variant
-/// this library does not know) would be called with the old ABI through the wrapper,
-/// so its answer passes through untouched instead.
-pub fn answer_is_the_variant(found: *mut c_void, driver_export: Option<*mut c_void>) -> bool {
-    driver_export == Some(found)
+/// Whether the driver's answer to a request that selects a wrapped variant is wrapped.
+/// The driver's own export of that variant is. A function elsewhere in the driver
+/// library is not: the variant is computed from documented thresholds, so it is one
+/// this library does not know (a newer ABI), and calling it through the old variant's
+/// wrapper would use the wrong ABI. A function outside the driver is another
+/// interposer or a tracer answering for the driver: it has the ABI the request
+/// selects, and passing it through would let everything behind it go ungated and
+/// uncharged (a resolver answered that way would let every later lookup escape).
+pub fn wraps_answer(is_the_drivers_export: bool, in_driver_library: bool) -> bool {
+    is_the_drivers_export || !in_driver_library
+}
+
+/// `wraps_answer` for the pointer `found` that a request selecting `hook` got (cold:
+/// `dladdr` when it is not the export).
+fn wraps(hook: Hook, found: *mut c_void) -> bool {
+    let is_the_export = driver_export(hook) == Some(found);
+    wraps_answer(
+        is_the_export,
+        !is_the_export && crate::loader::in_driver_library(hook.library(), found),
+    )
 }
 
 const HOOKS: usize = Hook::ALL.len();
@@ -106,6 +122,17 @@ fn driver_export(hook: Hook) -> Option<*mut c_void> {
     found
 }
 
+/// Logs, once per variant, that a request's answer was passed through unwrapped.
+fn log_passed_through_once(hook: Hook, name: &CStr, cuda_version: c_int, flags: u64) {
+    if !MISMATCH_LOGGED[hook as usize].swap(true, Ordering::Relaxed) {
+        crate::log_error!(
+            "cuGetProcAddress({}, {cuda_version}, {flags}) answered a driver function that is not its {}: passed through unwrapped (this variant is neither gated nor charged)",
+            name.to_string_lossy(),
+            hook.name().to_string_lossy()
+        );
+    }
+}
+
 /// After a successful real lookup: swap in the wrapper for the selected variant.
 fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) {
     if symbol.is_null() || pfn.is_null() || !crate::config::is_active() {
@@ -118,18 +145,9 @@ fn substitute(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int,
         return;
     }
     match select(name.to_bytes(), cuda_version, flags) {
-        Some(hook)
-            if !answer_is_the_variant(found, driver_export(hook))
-                && !MISMATCH_LOGGED[hook as usize].swap(true, Ordering::Relaxed) =>
-        {
-            crate::log_error!(
-                "cuGetProcAddress({}, {cuda_version}, {flags}) answered a function that is not the driver's {}: passed through unwrapped (this variant is neither gated nor charged)",
-                name.to_string_lossy(),
-                hook.name().to_string_lossy()
-            );
+        Some(hook) if !wraps(hook, found) => {
+            log_passed_through_once(hook, name, cuda_version, flags);
         }
-        // Logged once already: passed through again.
-        Some(hook) if !answer_is_the_variant(found, driver_export(hook)) => {}
         Some(hook) => {
             super::record_real(hook, found);
             crate::log_debug!(
@@ -298,6 +316,18 @@ mod tests {
                 Some(Hook::cuMemFreeAsync_ptsz),
             ),
             ("cuGetProcAddress", 11030, 0, Some(Hook::cuGetProcAddress)),
+            (
+                "cuGetProcAddress",
+                11030,
+                PTDS,
+                Some(Hook::cuGetProcAddress),
+            ),
+            (
+                "cuGetProcAddress",
+                12040,
+                PTDS,
+                Some(Hook::cuGetProcAddress_v2),
+            ),
             ("cuGetProcAddress", 11080, 0, Some(Hook::cuGetProcAddress)),
             (
                 "cuGetProcAddress",
@@ -328,6 +358,19 @@ mod tests {
                 12040,
                 PTDS,
                 Some(Hook::cuMemsetD32Async_ptsz),
+            ),
+            ("cuMemcpyWithAttributesAsync", 13000, 0, None),
+            (
+                "cuMemcpyWithAttributesAsync",
+                13020,
+                PTDS,
+                Some(Hook::cuMemcpyWithAttributesAsync_ptsz),
+            ),
+            (
+                "cuMemcpy3DWithAttributesAsync",
+                13020,
+                0,
+                Some(Hook::cuMemcpy3DWithAttributesAsync),
             ),
             ("cuMemcpyBatchAsync", 12060, 0, None),
             (
@@ -361,25 +404,29 @@ mod tests {
             select(b"cuLaunchKernel", 12040, per_thread_build_flags(0)),
             Some(Hook::cuLaunchKernel_ptsz)
         );
+        // The resolver takes no stream: the driver answers with its plain _v2.
         assert_eq!(
             select(b"cuGetProcAddress", 12040, PTDS),
-            Some(Hook::cuGetProcAddress_v2_ptsz)
+            Some(Hook::cuGetProcAddress_v2)
         );
     }
 
     #[test]
-    fn only_the_driver_s_own_export_of_a_variant_is_wrapped() {
-        let f = 0x1000 as *mut c_void;
-        let other = 0x2000 as *mut c_void;
-        let rows: &[(Option<*mut c_void>, bool)] = &[
-            (Some(f), true),
-            // The driver handed out another function (a newer ABI variant).
-            (Some(other), false),
-            // No export of that name to compare with: not provably the variant.
-            (None, false),
+    fn an_unknown_driver_function_passes_through_and_a_foreign_answer_is_wrapped() {
+        // (is the driver's export of the variant, lies in the driver library, wrapped)
+        let rows: &[(bool, bool, bool)] = &[
+            (true, true, true),
+            // A driver function this table does not know (a newer ABI variant).
+            (false, true, false),
+            // Another interposer or a tracer answering for the driver.
+            (false, false, true),
         ];
-        for &(export, wrap) in rows {
-            assert_eq!(answer_is_the_variant(f, export), wrap, "{export:?}");
+        for &(export, in_driver, wrap) in rows {
+            assert_eq!(
+                wraps_answer(export, in_driver),
+                wrap,
+                "{export} {in_driver}"
+            );
         }
     }
 
@@ -393,10 +440,11 @@ mod tests {
         }
         for &hook in Hook::ALL {
             let reachable = TABLE.iter().any(|s| s.hook == hook);
-            let nvml = hook.name().to_bytes().starts_with(b"nvml");
+            let export_only = hook.name().to_bytes().starts_with(b"nvml")
+                || hook == Hook::cuGetProcAddress_v2_ptsz;
             assert!(
-                reachable != nvml,
-                "{hook:?}: every cu* variant is handed out by cuGetProcAddress, no NVML one"
+                reachable != export_only,
+                "{hook:?}: every cu* variant but cuGetProcAddress_v2_ptsz is handed out by cuGetProcAddress, no NVML one"
             );
         }
     }

@@ -173,6 +173,18 @@ pub fn admit(target: Target, what: What) -> Ticket {
     GATE.admit(target, what)
 }
 
+/// Called first in every cold admission: the crate root sets it to the accounts' attach
+/// (a layer above the gate). The CUDA runtime gets its primary context through the
+/// driver's private export table, past every creation wrapper, so a process may reach
+/// its first gated call unattached; attaching there (once: later calls return at a
+/// flag) registers it and teaches the gate its class before that call is admitted.
+static ON_COLD_ADMIT: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets what a cold admission calls first (once; later calls change nothing).
+pub fn on_cold_admit(attach: fn()) {
+    let _ = ON_COLD_ADMIT.set(attach);
+}
+
 /// After the real launch: a bounded launch records its completion event.
 #[inline(always)]
 pub fn launched(ticket: Ticket, result: CUresult) {
@@ -359,6 +371,9 @@ impl Gate {
     #[cold]
     #[inline(never)]
     fn admit_cold(&'static self, target: Target, what: What) -> Ticket {
+        if let Some(attach) = ON_COLD_ADMIT.get() {
+            attach();
+        }
         let client = self.client();
         client.start(self);
         if self.page().launch_ahead.load(Acquire) == 0 && holds(self.page()) {

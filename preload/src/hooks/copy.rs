@@ -201,6 +201,13 @@ gated_copy!(cuMemcpy3DBatchAsync_ptsz(true, stream, What::Copy(UNSIZED_BATCH_NS)
 gated_copy!(cuMemcpy3DBatchAsync_v2(false, stream, What::Copy(UNSIZED_BATCH_NS); num_ops: usize, ops: *mut c_void, flags: u64, stream: Handle));
 gated_copy!(cuMemcpy3DBatchAsync_v2_ptsz(true, stream, What::Copy(UNSIZED_BATCH_NS); num_ops: usize, ops: *mut c_void, flags: u64, stream: Handle));
 
+// CUDA 13.2: one copy with its attributes (the pointers decide the direction), and one 3D
+// operation (its extent sits in its descriptor, like a 3D batch's).
+gated_copy!(cuMemcpyWithAttributesAsync(false, stream, unified(size); dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut c_void, stream: Handle));
+gated_copy!(cuMemcpyWithAttributesAsync_ptsz(true, stream, unified(size); dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut c_void, stream: Handle));
+gated_copy!(cuMemcpy3DWithAttributesAsync(false, stream, What::Copy(UNSIZED_BATCH_NS); op: *mut c_void, flags: u64, stream: Handle));
+gated_copy!(cuMemcpy3DWithAttributesAsync_ptsz(true, stream, What::Copy(UNSIZED_BATCH_NS); op: *mut c_void, flags: u64, stream: Handle));
+
 #[cfg(test)]
 mod tests {
     use super::*;

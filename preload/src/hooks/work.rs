@@ -16,12 +16,24 @@ fn armed() -> bool {
 }
 
 fn created_stream(stream: *mut Handle, flags: c_uint, rc: CUresult) {
+    created_stream_in(stream, crate::driver::current_context, flags, rc);
+}
+
+/// Records a stream the driver created in the context `context` names.
+fn created_stream_in(
+    stream: *mut Handle,
+    context: impl FnOnce() -> Handle,
+    flags: c_uint,
+    rc: CUresult,
+) {
     if rc != CUDA_SUCCESS || stream.is_null() || !armed() {
         return;
     }
     // SAFETY: the driver wrote the new stream's handle there.
     let handle = unsafe { *stream };
-    gate::work().stream_created(handle, crate::driver::current_context(), flags);
+    // A stream means a context, maybe one no creation wrapper saw (the CUDA runtime's).
+    crate::accounts::attach_after_context_creation();
+    gate::work().stream_created(handle, context(), flags);
 }
 
 /// # Safety
@@ -301,6 +313,58 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(context: Handle) -> CUresult {
                 a.context_gone(context, None, false);
             }
         }
+        rc
+    })
+}
+
+// CUDA 13.2: capture into a graphics command list (CUDA-in-Graphics). A capture like any
+// other while it lasts: the agent must not synchronise the capturing stream.
+begin_capture!(cuStreamBeginCaptureToCig(false; stream: Handle, params: *mut c_void));
+begin_capture!(cuStreamBeginCaptureToCig_ptsz(true; stream: Handle, params: *mut c_void));
+
+/// Defines the end of a CIG capture (no graph comes back: the work went into the
+/// caller's command list).
+macro_rules! end_capture_to_cig {
+    ($name:ident ($per_thread:expr)) => {
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(stream: Handle) -> CUresult {
+            crate::guard::cuda(|| {
+                let real = real_fn!($name: fn(Handle) -> CUresult);
+                // SAFETY: the caller's argument, forwarded.
+                let rc = unsafe { real(stream) };
+                if armed() {
+                    // Success or not, as for cuStreamEndCapture.
+                    gate::work().capture_ended(stream, $per_thread);
+                }
+                rc
+            })
+        }
+    };
+}
+
+end_capture_to_cig!(cuStreamEndCaptureToCig(false));
+end_capture_to_cig!(cuStreamEndCaptureToCig_ptsz(true));
+
+/// # Safety
+/// The driver's contract for `cuGreenCtxStreamCreate` (CUDA 12.5). A green context's
+/// stream is recorded when created, like `cuStreamCreate`'s, so its launches are bounded
+/// per stream from the first one, under the green context's own `CUcontext` (not the
+/// calling thread's current one): events waited on for it must be of that context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGreenCtxStreamCreate(
+    stream: *mut Handle,
+    green: Handle,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real =
+            real_fn!(cuGreenCtxStreamCreate: fn(*mut Handle, Handle, c_uint, c_int) -> CUresult);
+        // SAFETY: the caller's arguments, forwarded.
+        let rc = unsafe { real(stream, green, flags, priority) };
+        created_stream_in(stream, || crate::driver::context_of_green(green), flags, rc);
         rc
     })
 }

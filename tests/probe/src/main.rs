@@ -4,14 +4,17 @@
 //! through it for one CUDA version and flags — and runs the steps named on its
 //! command line, printing one line per step: `<step> <CUDA result> [key=value ...]`.
 //!
-//! Options: `--cuda-version N` (default 12040), `--ptds` (per-thread default stream).
+//! Options: `--cuda-version N` (default 12040), `--ptds` (per-thread default stream),
+//! `--cudart-like` (the primary context through the driver's private `CUDART_INTERFACE`
+//! table, as the CUDA runtime gets it, instead of `cuDevicePrimaryCtxRetain`).
 //! Steps: `alloc B`, `linked-alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
 //! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
-//! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
+//! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `resolver-alloc FLAGS B`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async N B`, `reset`, `dlsym-launch N`,
+//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `cig-capture-begin`, `cig-capture-end`, `green-launch-ahead MS`,
+//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`,
 //! `max-alloc` (the largest single allocation granted, by binary search), `timeslice-trace MS`
 //! (when a kernel of MS ms was running, from the GPU's clock), `checkpoint PID`
 //! (cuCheckpointProcess* latencies on another process).
@@ -289,6 +292,78 @@ impl Probe {
     }
 }
 
+/// `sizeof(CUdevResource)` (cuda.h, CUDA 12.4).
+const DEV_RESOURCE_BYTES: usize = 144;
+
+/// A non-blocking stream of a new green context on all of `dev`'s SMs (CUDA 12.5):
+/// the creation's worst result, the green context and the stream.
+fn green_stream(c: &Cuda, dev: c_int) -> (R, H, H) {
+    let get_resource: unsafe extern "C" fn(c_int, *mut c_void, c_int) -> R =
+        c.get("cuDeviceGetDevResource");
+    let generate: unsafe extern "C" fn(*mut H, *const c_void, c_uint) -> R =
+        c.get("cuDevResourceGenerateDesc");
+    let create: unsafe extern "C" fn(*mut H, H, c_int, c_uint) -> R = c.get("cuGreenCtxCreate");
+    let create_stream: unsafe extern "C" fn(*mut H, H, c_uint, c_int) -> R =
+        c.get("cuGreenCtxStreamCreate");
+    let mut resource = [0u8; DEV_RESOURCE_BYTES];
+    let (mut desc, mut green, mut stream) = (0, 0, 0);
+    // SAFETY: each with live out-parameters of the types it writes; the SM resource type
+    // (1), CU_GREEN_CTX_DEFAULT_STREAM (1) and CU_STREAM_NON_BLOCKING (1) as cuda.h
+    // requires; the resource array is the one filled just before.
+    let rc = unsafe {
+        get_resource(dev, resource.as_mut_ptr().cast(), 1)
+            .max(generate(&mut desc, resource.as_ptr().cast(), 1))
+            .max(create(&mut green, desc, dev, 1))
+            .max(create_stream(&mut stream, green, 1, 0))
+    };
+    (rc, green, stream)
+}
+
+/// Room for a `CUstreamCigCaptureParams` (cuda.h: a type and a pointer).
+const CIG_CAPTURE_PARAMS_BYTES: usize = 16;
+
+/// `sizeof(CUmemcpyAttributes)` (cuda.h: an access order, two `CUmemLocation`s, flags).
+const MEMCPY_ATTRIBUTES_BYTES: usize = 24;
+
+/// A `CUDA_MEMCPY3D_BATCH_OP` (cuda.h, 112 bytes) copying `bytes` from device pointer
+/// `src` to `dst`: two pointer operands (type `CU_MEMCPY_OPERAND_TYPE_POINTER` = 1, then
+/// the pointer; 40 bytes each), the extent `bytes × 1 × 1` at offset 80.
+fn memcpy_3d_op(dst: Ptr, src: Ptr, bytes: usize) -> [u8; 112] {
+    let mut op = [0u8; 112];
+    let mut put = |offset: usize, value: u64| {
+        op[offset..offset + 8].copy_from_slice(&value.to_ne_bytes());
+    };
+    put(0, 1);
+    put(8, src);
+    put(40, 1);
+    put(48, dst);
+    put(80, bytes as u64);
+    put(88, 1);
+    put(96, 1);
+    op
+}
+
+/// Resolves `cuMemAlloc` through `get` (a `cuGetProcAddress_v2`-shaped resolver) and
+/// allocates `bytes` with the answer; returns its result and the function it called.
+fn alloc_through(p: &mut Probe, get: GetProc, version: c_int, bytes: usize) -> (R, *mut c_void) {
+    let (mut f, mut status) = (std::ptr::null_mut(), 0);
+    // SAFETY: a resolver with cuGetProcAddress_v2's signature, given a NUL-terminated name
+    // and live locals for the pointer and the query result.
+    let rc = unsafe { get(c"cuMemAlloc".as_ptr(), &mut f, version, 0, &mut status) };
+    if rc != 0 || f.is_null() {
+        fatal(&format!("resolving cuMemAlloc: {rc}"));
+    }
+    // SAFETY: `f` is non-null (checked above) and cuMemAlloc_v2's, of this type.
+    let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = unsafe { std::mem::transmute(f) };
+    let mut ptr = 0;
+    // SAFETY: cuMemAlloc_v2, given a live CUdeviceptr to write.
+    let rc = unsafe { alloc(&mut ptr, bytes) };
+    if rc == 0 {
+        p.held.push(Held::Device(ptr));
+    }
+    (rc, f)
+}
+
 fn num(args: &mut impl Iterator<Item = String>) -> u64 {
     let s = args.next().unwrap_or_else(|| fatal("missing number"));
     let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
@@ -304,11 +379,48 @@ fn num(args: &mut impl Iterator<Item = String>) -> u64 {
     }
 }
 
+/// `CUDART_INTERFACE`, the driver's private table the CUDA runtime asks for.
+const CUDART_INTERFACE: [u8; 16] = [
+    0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9,
+];
+
+/// The primary context the way the CUDA runtime gets it (`--cudart-like`): through entry 2
+/// of the driver's `CUDART_INTERFACE` export table, not `cuDevicePrimaryCtxRetain`.
+fn cudart_primary_context(cuda: &Cuda, ctx: &mut H, dev: c_int) -> R {
+    let get_table: unsafe extern "C" fn(*mut *const usize, *const u8) -> R =
+        cuda.get("cuGetExportTable");
+    let mut table = std::ptr::null();
+    // SAFETY: cuGetExportTable, given a live pointer to write and a 16-byte GUID.
+    let rc = unsafe { get_table(&mut table, CUDART_INTERFACE.as_ptr()) };
+    if rc != 0 || table.is_null() {
+        return rc.max(1);
+    }
+    // SAFETY: the table the driver returned: its first word is its size in bytes, and
+    // entry 2 lies inside it (checked).
+    let entry = unsafe {
+        if *table < 3 * std::mem::size_of::<usize>() {
+            return 1;
+        }
+        *table.add(2)
+    };
+    if entry == 0 {
+        return 1;
+    }
+    // SAFETY: entry 2 has this signature (a CUcontext out-parameter and a CUdevice).
+    let primary: unsafe extern "C" fn(*mut H, c_int) -> R = unsafe { std::mem::transmute(entry) };
+    // SAFETY: a live CUcontext to write and the device the probe got.
+    unsafe { primary(ctx, dev) }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
-    let (mut version, mut flags) = (12040, 0);
+    let (mut version, mut flags, mut cudart_like) = (12040, 0, false);
     while let Some(a) = args.peek() {
         match a.as_str() {
+            "--cudart-like" => {
+                args.next();
+                cudart_like = true;
+            }
             "--cuda-version" => {
                 args.next();
                 version = num(&mut args) as c_int;
@@ -338,7 +450,11 @@ fn main() {
     let ok = unsafe {
         init(0) == 0
             && device_get(&mut dev, 0) == 0
-            && retain(&mut ctx, dev) == 0
+            && if cudart_like {
+                cudart_primary_context(&cuda, &mut ctx, dev)
+            } else {
+                retain(&mut ctx, dev)
+            } == 0
             && set_current(ctx) == 0
             && load_module(&mut module, SPIN_PTX.as_ptr().cast()) == 0
             && get_function(&mut function, module, c"gpushare_spin_ns".as_ptr()) == 0
@@ -765,23 +881,32 @@ fn run_step(
             }
             // SAFETY: cuGetProcAddress_v2_ptsz has cuGetProcAddress_v2's signature.
             let get: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(sym) };
-            let (mut f, mut status) = (std::ptr::null_mut(), 0);
-            // SAFETY: cuGetProcAddress_v2_ptsz, given a NUL-terminated name and live
-            // locals for the pointer and the query result.
-            let rc = unsafe { get(c"cuMemAlloc".as_ptr(), &mut f, c.version, 0, &mut status) };
-            if rc != 0 || f.is_null() {
-                fatal(&format!("cuGetProcAddress_v2_ptsz(cuMemAlloc): {rc}"));
-            }
-            // SAFETY: `f` is non-null (checked above) and cuMemAlloc_v2's, of this type.
-            let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R =
-                unsafe { std::mem::transmute(f) };
-            let mut ptr = 0;
-            // SAFETY: cuMemAlloc_v2, given a live CUdeviceptr to write.
-            let rc = unsafe { alloc(&mut ptr, bytes) };
-            if rc == 0 {
-                p.held.push(Held::Device(ptr));
-            }
+            let (rc, f) = alloc_through(p, get, c.version, bytes);
             p.report(step, rc, &format!("bytes={bytes} via={}", who(f)));
+        }
+        "resolver-alloc" => {
+            // The resolver asked for through the resolver (with the given flags), then
+            // cuMemAlloc through the answer: what a library handed cuGetProcAddress does.
+            let flags = num(args);
+            let bytes = num(args) as usize;
+            let (rc, resolver) = c.lookup("cuGetProcAddress", c.version, flags);
+            if rc != 0 || resolver.is_null() || c.version < 12000 {
+                fatal(&format!(
+                    "cuGetProcAddress_v2(cuGetProcAddress, {flags}): {rc}"
+                ));
+            }
+            // SAFETY: non-null (checked), and for CUDA 12.0+ the answer is cuGetProcAddress_v2.
+            let get: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(resolver) };
+            let (rc, f) = alloc_through(p, get, c.version, bytes);
+            p.report(
+                step,
+                rc,
+                &format!(
+                    "bytes={bytes} resolver_via={} via={}",
+                    who(resolver),
+                    who(f)
+                ),
+            );
         }
         "ctx-create" => {
             // A second context on the device, made current (pushed) like cuCtxCreate does;
@@ -834,6 +959,29 @@ fn run_step(
             let rc = unsafe { begin(stream, mode) };
             p.capture = Some((stream, 0));
             p.report(step, rc, &format!("mode={mode}"));
+        }
+        "cig-capture-begin" => {
+            // CUDA 13.2 (run with --cuda-version 13020): a non-blocking stream starts
+            // capturing into a graphics command list (zeroed parameters: none of the
+            // simulated driver's concern).
+            let begin: unsafe extern "C" fn(H, *mut c_void) -> R =
+                c.get("cuStreamBeginCaptureToCig");
+            let stream = p.new_stream(1);
+            let mut params = [0u8; CIG_CAPTURE_PARAMS_BYTES];
+            // SAFETY: a stream this probe created and live CUstreamCigCaptureParams.
+            let rc = unsafe { begin(stream, params.as_mut_ptr().cast()) };
+            p.capture = Some((stream, 0));
+            p.report(step, rc, "");
+        }
+        "cig-capture-end" => {
+            let end: unsafe extern "C" fn(H) -> R = c.get("cuStreamEndCaptureToCig");
+            let (stream, _) = p
+                .capture
+                .take()
+                .unwrap_or_else(|| fatal("cig-capture-end before cig-capture-begin"));
+            // SAFETY: cuStreamEndCaptureToCig of the stream this probe began capturing.
+            let rc = unsafe { end(stream) };
+            p.report(step, rc, "");
         }
         "capture-launch" => {
             let n = num(args);
@@ -896,6 +1044,36 @@ fn run_step(
                 .next()
                 .unwrap_or_else(|| fatal("capture-join-at N TOUCH WAIT"));
             capture_join(p, step, n, Some((touch, wait)));
+        }
+        "green-launch-ahead" => {
+            // CUDA 12.5 (run with --cuda-version 12050): a stream of a green context on
+            // all of the device's SMs, a kernel of N ms on it, then how long a second
+            // launch into that stream took (a launch-ahead bound of 1 waits for the first).
+            // The green context is current meanwhile (events and the stream share it).
+            let ms = num(args);
+            let (rc, green, stream) = green_stream(c, dev);
+            let from_green: unsafe extern "C" fn(*mut H, H) -> R = c.get("cuCtxFromGreenCtx");
+            let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
+            let mut green_ctx = 0;
+            // SAFETY: a live CUcontext to write and the green context created above.
+            let rc = rc.max(unsafe { from_green(&mut green_ctx, green) });
+            // SAFETY: cuCtxSetCurrent of a context the driver just named.
+            let rc = rc.max(unsafe { set_current(green_ctx) });
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+            let first = p.kernel_on(f, ms * 1_000_000, stream);
+            let start = Instant::now();
+            let second = p.kernel_on(f, 1000, stream);
+            let same_us = start.elapsed().as_micros();
+            // SAFETY: cuStreamSynchronize of the stream created above.
+            let synced = unsafe { sync(stream) };
+            // SAFETY: cuCtxSetCurrent of the probe's primary context, current before.
+            let restored = unsafe { set_current(ctx) };
+            p.report(
+                step,
+                rc.max(first).max(second).max(synced).max(restored),
+                &format!("same_stream_launch_us={same_us}"),
+            );
         }
         "two-streams" => {
             // A kernel of N ms on one stream, then a short one on another: how long the
@@ -1092,8 +1270,42 @@ fn run_step(
                         let synced = unsafe { sync() };
                         queued.unwrap_or(0).max(synced)
                     }
+                    "attributes" => {
+                        // CUDA 13.2 (run with --cuda-version 13020): the pointers decide
+                        // the direction; the attributes are required, zeroed is valid.
+                        let copy: unsafe extern "C" fn(Ptr, Ptr, usize, *mut c_void, H) -> R =
+                            c.get("cuMemcpyWithAttributesAsync");
+                        // cuCtxSynchronize is cuCtxSynchronize_v2 (a context argument) for 13.0+.
+                        let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+                        let mut attributes = [0u8; MEMCPY_ATTRIBUTES_BYTES];
+                        let queued = (0..n)
+                            // SAFETY: cuMemcpyWithAttributesAsync between the two live device
+                            // buffers of `bytes`, with a live zeroed CUmemcpyAttributes, on
+                            // the legacy stream.
+                            .map(|_| unsafe { copy(b, a, bytes, attributes.as_mut_ptr().cast(), 0) })
+                            .max();
+                        // SAFETY: cuStreamSynchronize of the legacy stream.
+                        let synced = unsafe { sync(0) };
+                        queued.unwrap_or(0).max(synced)
+                    }
+                    "attributes-3d" => {
+                        let copy: unsafe extern "C" fn(*mut c_void, u64, H) -> R =
+                            c.get("cuMemcpy3DWithAttributesAsync");
+                        // cuCtxSynchronize is cuCtxSynchronize_v2 (a context argument) for 13.0+.
+                        let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
+                        let mut op = memcpy_3d_op(b, a, bytes);
+                        let queued = (0..n)
+                            // SAFETY: cuMemcpy3DWithAttributesAsync of one operation between
+                            // the two live device buffers of `bytes` (pointer operands, a
+                            // bytes × 1 × 1 extent), on the legacy stream.
+                            .map(|_| unsafe { copy(op.as_mut_ptr().cast(), 0, 0) })
+                            .max();
+                        // SAFETY: cuStreamSynchronize of the legacy stream.
+                        let synced = unsafe { sync(0) };
+                        queued.unwrap_or(0).max(synced)
+                    }
                     other => fatal(&format!(
-                        "copies sync|async|memset|memset-async, not {other}"
+                        "copies sync|async|memset|memset-async|attributes|attributes-3d, not {other}"
                     )),
                 };
             }

@@ -71,6 +71,8 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuThreadExchangeStreamCaptureMode", &[(10010, "cuThreadExchangeStreamCaptureMode")], &[]),
     ("cuStreamGetCaptureInfo", &[(12030, "cuStreamGetCaptureInfo_v3"), (11030, "cuStreamGetCaptureInfo_v2"), (10010, "cuStreamGetCaptureInfo")], &[(12030, "cuStreamGetCaptureInfo_v3_ptsz"), (11030, "cuStreamGetCaptureInfo_v2_ptsz"), (10010, "cuStreamGetCaptureInfo_ptsz")]),
     ("cuStreamGetCtx", &[(12050, "cuStreamGetCtx_v2"), (9020, "cuStreamGetCtx")], &[(12050, "cuStreamGetCtx_v2_ptsz"), (9020, "cuStreamGetCtx_ptsz")]),
+    ("cuStreamBeginCaptureToCig", &[(13020, "cuStreamBeginCaptureToCig")], &[(13020, "cuStreamBeginCaptureToCig_ptsz")]),
+    ("cuStreamEndCaptureToCig", &[(13020, "cuStreamEndCaptureToCig")], &[(13020, "cuStreamEndCaptureToCig_ptsz")]),
     ("cuStreamEndCapture", &[(10000, "cuStreamEndCapture")], &[(10000, "cuStreamEndCapture_ptsz")]),
     ("cuEventCreate", &[(2000, "cuEventCreate")], &[]),
     ("cuEventDestroy", &[(4000, "cuEventDestroy_v2")], &[]),
@@ -119,6 +121,8 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuMemcpyHtoDAsync", &[(3020, "cuMemcpyHtoDAsync_v2")], &[(7000, "cuMemcpyHtoDAsync_v2_ptsz")]),
     ("cuMemcpyDtoHAsync", &[(3020, "cuMemcpyDtoHAsync_v2")], &[(7000, "cuMemcpyDtoHAsync_v2_ptsz")]),
     ("cuMemcpyDtoDAsync", &[(3020, "cuMemcpyDtoDAsync_v2")], &[(7000, "cuMemcpyDtoDAsync_v2_ptsz")]),
+    ("cuMemcpyWithAttributesAsync", &[(13020, "cuMemcpyWithAttributesAsync")], &[(13020, "cuMemcpyWithAttributesAsync_ptsz")]),
+    ("cuMemcpy3DWithAttributesAsync", &[(13020, "cuMemcpy3DWithAttributesAsync")], &[(13020, "cuMemcpy3DWithAttributesAsync_ptsz")]),
     ("cuMemsetD8", &[(3020, "cuMemsetD8_v2")], &[(7000, "cuMemsetD8_v2_ptds")]),
     ("cuMemsetD32", &[(3020, "cuMemsetD32_v2")], &[(7000, "cuMemsetD32_v2_ptds")]),
     ("cuMemsetD8Async", &[(3020, "cuMemsetD8Async")], &[(7000, "cuMemsetD8Async_ptsz")]),
@@ -131,11 +135,19 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuGraphLaunch", &[(10000, "cuGraphLaunch")], &[(10000, "cuGraphLaunch_ptsz")]),
     ("cuGraphDestroy", &[(10000, "cuGraphDestroy")], &[]),
     ("cuGraphExecDestroy", &[(10000, "cuGraphExecDestroy")], &[]),
+    ("cuDeviceGetDevResource", &[(12040, "cuDeviceGetDevResource")], &[]),
+    ("cuDevResourceGenerateDesc", &[(12040, "cuDevResourceGenerateDesc")], &[]),
+    ("cuGreenCtxCreate", &[(12040, "cuGreenCtxCreate")], &[]),
+    ("cuGreenCtxDestroy", &[(12040, "cuGreenCtxDestroy")], &[]),
+    ("cuCtxFromGreenCtx", &[(12040, "cuCtxFromGreenCtx")], &[]),
+    ("cuGreenCtxStreamCreate", &[(12050, "cuGreenCtxStreamCreate")], &[]),
+    ("cuGetExportTable", &[(3000, "cuGetExportTable")], &[]),
     ("cuGetErrorString", &[(6000, "cuGetErrorString")], &[]),
     ("cuGetErrorName", &[(6000, "cuGetErrorName")], &[]),
-    // cuda.h's cuGetProcAddress macro becomes cuGetProcAddress_v2_ptsz under per-thread
-    // default stream compilation; there is no per-thread form before 12.0.
-    ("cuGetProcAddress", &[(12000, "cuGetProcAddress_v2"), (11030, "cuGetProcAddress")], &[(12000, "cuGetProcAddress_v2_ptsz"), (11030, "cuGetProcAddress")]),
+    // The resolver takes no stream: a per-thread request gets the plain resolver, as in the
+    // real driver's table. cuGetProcAddress_v2_ptsz is reached only through its export
+    // (cuda.h declares it for per-thread default stream builds).
+    ("cuGetProcAddress", &[(12000, "cuGetProcAddress_v2"), (11030, "cuGetProcAddress")], &[]),
 ];
 
 /// Resolves `name` for a caller built against `cuda_version`, on a driver of `driver_version`.
@@ -210,7 +222,7 @@ mod tests {
                 "cuGetProcAddress",
                 12000,
                 PTDS,
-                Found("cuGetProcAddress_v2_ptsz"),
+                Found("cuGetProcAddress_v2"),
             ),
             ("cuGetProcAddress", 11030, PTDS, Found("cuGetProcAddress")),
             (
@@ -265,6 +277,21 @@ mod tests {
                 "{name} {version} {flags}"
             );
         }
+    }
+
+    #[test]
+    fn copies_with_attributes_need_a_13_2_caller_and_driver() {
+        let name = "cuMemcpyWithAttributesAsync";
+        assert_eq!(resolve(name, 13000, 0, 13000), VersionNotSufficient);
+        assert_eq!(resolve(name, 13020, 0, 13000), InvalidRequest);
+        assert_eq!(
+            resolve(name, 13020, PTDS, 13020),
+            Found("cuMemcpyWithAttributesAsync_ptsz")
+        );
+        assert_eq!(
+            resolve("cuMemcpy3DWithAttributesAsync", 13020, 0, 13020),
+            Found("cuMemcpy3DWithAttributesAsync")
+        );
     }
 
     #[test]

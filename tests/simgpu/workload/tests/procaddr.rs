@@ -67,6 +67,10 @@ fn versions_and_flags_select_the_abi() {
         "cuDevicePrimaryCtxRelease_v2",
     );
     found("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2");
+    // The real driver's table: a per-thread request for the resolver itself is answered
+    // with the plain resolver (its flags are per call, not per function).
+    found("cuGetProcAddress", 12040, PTDS, "cuGetProcAddress_v2");
+    found("cuGetProcAddress", 11030, PTDS, "cuGetProcAddress");
 
     let (rc, pfn, status) = lib.get("cuMemAlloc", 2000, 0);
     assert_eq!(
@@ -93,12 +97,12 @@ fn the_per_thread_get_proc_address_defaults_to_per_thread_variants() {
     found_ptsz(&lib);
 }
 
-/// cuda.h's `cuGetProcAddress` under per-thread default stream compilation is
-/// `cuGetProcAddress_v2_ptsz`: flags 0 there mean CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
+/// cuda.h declares `cuGetProcAddress_v2_ptsz` for per-thread default stream compilation:
+/// flags 0 there mean CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. Only its export reaches
+/// it; `cuGetProcAddress` never hands it out.
 fn found_ptsz(lib: &Lib) {
-    let (rc, pfn, status) = lib.get("cuGetProcAddress", 12040, PTDS);
-    assert_eq!((rc, status), (0, 0));
-    assert_eq!(pfn, lib.sym("cuGetProcAddress_v2_ptsz"));
+    let pfn = lib.sym("cuGetProcAddress_v2_ptsz");
+    assert!(!pfn.is_null(), "exported");
     // SAFETY: the export has cuGetProcAddress_v2's signature.
     let ptsz: GetProcAddressV2 = unsafe { std::mem::transmute(pfn) };
     let get = |name: &str, flags: u64| {

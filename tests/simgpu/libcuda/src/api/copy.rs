@@ -255,6 +255,147 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2_ptsz(
     })
 }
 
+/// A copy whose direction the pointers decide (unified addressing, CUDA 13.2's
+/// `...WithAttributesAsync`): a pointer inside a device allocation is device memory, any
+/// other non-null pointer host memory. Device to device at device bandwidth, anything
+/// else at host bandwidth; stream-ordered.
+fn copy_unified(
+    dst: DevicePtr,
+    src: DevicePtr,
+    bytes: usize,
+    stream: Handle,
+    per_thread: bool,
+) -> Result<(), CudaError> {
+    if dst == 0 || src == 0 {
+        return Err(CudaError::InvalidValue);
+    }
+    let (dst_on_device, src_on_device) = {
+        let d = driver()?;
+        let state = d.state();
+        (
+            state.is_device_range(dst, bytes as u64),
+            state.is_device_range(src, bytes as u64),
+        )
+    };
+    let on_device: Vec<DevicePtr> = [(dst, dst_on_device), (src, src_on_device)]
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(p, _)| *p)
+        .collect();
+    let (dir, host) = match (dst_on_device, src_on_device) {
+        (true, true) => (Direction::DeviceToDevice, std::ptr::null()),
+        (true, false) => (Direction::HostToDevice, src as *const c_void),
+        (false, _) => (Direction::DeviceToHost, dst as *const c_void),
+    };
+    copy(dir, &on_device, host, bytes, stream, per_thread, false)
+}
+
+/// `cuMemcpyWithAttributesAsync`: one copy with its `CUmemcpyAttributes`, which the
+/// driver requires (cuda.h: `attr` is not optional).
+fn copy_with_attributes(
+    dst: DevicePtr,
+    src: DevicePtr,
+    bytes: usize,
+    attr: *const c_void,
+    stream: Handle,
+    per_thread: bool,
+) -> Result<(), CudaError> {
+    if attr.is_null() {
+        return Err(CudaError::InvalidValue);
+    }
+    copy_unified(dst, src, bytes, stream, per_thread)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyWithAttributesAsync(
+    dst: DevicePtr,
+    src: DevicePtr,
+    bytes: usize,
+    attr: *const c_void,
+    stream: Handle,
+) -> CUresult {
+    guard(|| copy_with_attributes(dst, src, bytes, attr, stream, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemcpyWithAttributesAsync_ptsz(
+    dst: DevicePtr,
+    src: DevicePtr,
+    bytes: usize,
+    attr: *const c_void,
+    stream: Handle,
+) -> CUresult {
+    guard(|| copy_with_attributes(dst, src, bytes, attr, stream, true))
+}
+
+/// `CUmemcpy3DOperandType`'s `CU_MEMCPY_OPERAND_TYPE_POINTER`.
+const OPERAND_POINTER: u32 = 1;
+/// `CUDA_MEMCPY3D_BATCH_OP` (cuda.h): two 40-byte `CUmemcpy3DOperand`s (a 4-byte type, then
+/// the union whose pointer form starts with the `CUdeviceptr`), then the `CUextent3D`.
+const OP_SRC: usize = 0;
+const OP_DST: usize = 40;
+const OP_EXTENT: usize = 80;
+
+/// `cuMemcpy3DWithAttributesAsync`: one 3D operation. The simulated driver supports pointer
+/// operands (its arrays hold no layout); the copy moves `width × height × depth` bytes.
+/// No flags are defined: any is refused, as the driver refuses unknown flags.
+///
+/// # Safety
+/// `op` is null or a `CUDA_MEMCPY3D_BATCH_OP`.
+unsafe fn copy_3d_with_attributes(
+    op: *const c_void,
+    flags: u64,
+    stream: Handle,
+    per_thread: bool,
+) -> Result<(), CudaError> {
+    if op.is_null() || flags != 0 {
+        return Err(CudaError::InvalidValue);
+    }
+    let read = |offset: usize| {
+        // SAFETY: a field inside the caller's CUDA_MEMCPY3D_BATCH_OP (offsets above).
+        unsafe { op.cast::<u8>().add(offset).cast::<u64>().read_unaligned() }
+    };
+    let operand_type = |offset: usize| read(offset) as u32;
+    if operand_type(OP_SRC) != OPERAND_POINTER || operand_type(OP_DST) != OPERAND_POINTER {
+        return Err(CudaError::NotSupported);
+    }
+    let bytes = (0..3)
+        .map(|i| read(OP_EXTENT + 8 * i))
+        .fold(1u64, u64::saturating_mul);
+    let bytes = usize::try_from(bytes).map_err(|_| CudaError::InvalidValue)?;
+    copy_unified(
+        read(OP_DST + 8),
+        read(OP_SRC + 8),
+        bytes,
+        stream,
+        per_thread,
+    )
+}
+
+/// # Safety
+/// The driver's contract: `op` points at a `CUDA_MEMCPY3D_BATCH_OP`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DWithAttributesAsync(
+    op: *const c_void,
+    flags: u64,
+    stream: Handle,
+) -> CUresult {
+    // SAFETY: the caller's contract, passed on.
+    guard(|| unsafe { copy_3d_with_attributes(op, flags, stream, false) })
+}
+
+/// # Safety
+/// As `cuMemcpy3DWithAttributesAsync`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpy3DWithAttributesAsync_ptsz(
+    op: *const c_void,
+    flags: u64,
+    stream: Handle,
+) -> CUresult {
+    // SAFETY: the caller's contract, passed on.
+    guard(|| unsafe { copy_3d_with_attributes(op, flags, stream, true) })
+}
+
 /// A memset of `bytes` (`count` elements) at `dst`: device memory written at device
 /// bandwidth, in stream order. The synchronous forms are asynchronous to the host for
 /// device memory (cuda.h): they return once queued on the legacy (or per-thread) stream.

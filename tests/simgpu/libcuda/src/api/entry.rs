@@ -113,6 +113,58 @@ pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
     guard(|| get_proc_address(symbol, pfn, cuda_version, flags, status))
 }
 
+/// `CUDART_INTERFACE`: the private table the CUDA runtime asks `cuGetExportTable` for (the
+/// GUID as ZLUDA's dump of the real driver records it).
+const CUDART_INTERFACE: [u8; 16] = [
+    0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9,
+];
+/// Its entries: the table's size in bytes first, then functions; entry 2 hands the runtime
+/// a device's primary context without `cuDevicePrimaryCtxRetain` (what cudart's lazy
+/// initialisation uses, so an interposer never sees the context created). The other
+/// entries are not simulated (NULL).
+const CUDART_INTERFACE_ENTRIES: usize = 10;
+const CUDART_PRIMARY_CONTEXT_ENTRY: usize = 2;
+
+/// The table, as pointer-sized words (a `usize` size, then function addresses).
+struct ExportTable([usize; CUDART_INTERFACE_ENTRIES]);
+
+static CUDART_TABLE: OnceLock<ExportTable> = OnceLock::new();
+
+fn cudart_table() -> &'static ExportTable {
+    CUDART_TABLE.get_or_init(|| {
+        let mut entries = [0usize; CUDART_INTERFACE_ENTRIES];
+        entries[0] = std::mem::size_of::<ExportTable>();
+        entries[CUDART_PRIMARY_CONTEXT_ENTRY] = cudart_primary_context as *const () as usize;
+        ExportTable(entries)
+    })
+}
+
+/// Entry 2 of `CUDART_INTERFACE`: the device's primary context, retained (created if it
+/// does not exist), written to `pctx`.
+extern "C" fn cudart_primary_context(pctx: *mut usize, dev: libc::c_int) -> CUresult {
+    // SAFETY: the runtime's contract: `pctx` is an out-parameter for a CUcontext.
+    unsafe { super::context::cuDevicePrimaryCtxRetain(pctx, dev) }
+}
+
+/// `cuGetExportTable`: the driver's private interfaces by GUID. Only `CUDART_INTERFACE` is
+/// simulated; any other GUID is `CUDA_ERROR_INVALID_VALUE`, as are NULL arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, id: *const u8) -> CUresult {
+    guard(|| {
+        if table.is_null() || id.is_null() {
+            return Err(CudaError::InvalidValue);
+        }
+        // SAFETY: a CUuuid is 16 bytes, per the API contract.
+        let id = unsafe { std::slice::from_raw_parts(id, 16) };
+        if id != CUDART_INTERFACE {
+            return Err(CudaError::InvalidValue);
+        }
+        let entries: *const c_void = cudart_table().0.as_ptr().cast();
+        // SAFETY: checked non-null; out-parameter per the API contract.
+        unsafe { write_out(table, entries) }
+    })
+}
+
 fn error_text(error: CUresult, out: *mut *const c_char, name: bool) -> Result<(), CudaError> {
     let text: &'static [u8] = match (error, CudaError::from_code(error)) {
         (0, _) if name => b"CUDA_SUCCESS\0",

@@ -5,12 +5,14 @@
 //! the safety documentation of these `unsafe fn`s.
 #![allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
 
+pub mod cig;
 pub mod context;
 pub mod copy;
 pub mod device;
 pub mod entry;
 pub mod event;
 pub mod graph;
+pub mod green;
 pub mod launch;
 pub mod memory;
 pub mod module;

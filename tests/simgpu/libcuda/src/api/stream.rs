@@ -199,7 +199,11 @@ pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(stream: Handle, status: *mut c
     guard(|| is_capturing(stream, status, true))
 }
 
-fn begin_capture(stream: Handle, mode: c_int, per_thread: bool) -> Result<(), CudaError> {
+pub(crate) fn begin_capture(
+    stream: Handle,
+    mode: c_int,
+    per_thread: bool,
+) -> Result<(), CudaError> {
     let d = driver()?;
     let mode = CaptureMode::from_raw(mode)?;
     let mut state = d.state();
@@ -255,7 +259,11 @@ pub extern "C" fn cuStreamBeginCapture_v2_ptsz(stream: Handle, mode: c_int) -> C
     guard(|| begin_capture(stream, mode, true))
 }
 
-fn end_capture(stream: Handle, graph: *mut Handle, per_thread: bool) -> Result<(), CudaError> {
+pub(crate) fn end_capture(
+    stream: Handle,
+    graph: *mut Handle,
+    per_thread: bool,
+) -> Result<(), CudaError> {
     let d = driver()?;
     let mut state = d.state();
     if graph.is_null() {
