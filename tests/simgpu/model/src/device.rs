@@ -1389,7 +1389,10 @@ mod tests {
             l.submit(ctx, 10_000_000_000, NO_EVENT).unwrap();
             ctx
         };
-        std::thread::sleep(std::time::Duration::from_millis(150));
+        // Past one whole window (10 buckets of 100 ms) after the submit, so no idle time
+        // before it (the device's creation, slow on a loaded machine) is in the window: with
+        // only 150 ms here, 15 ms of set-up read as 91 % busy.
+        std::thread::sleep(std::time::Duration::from_millis(1_250));
         let mut l = dev.lock().unwrap();
         let snap = l.snapshot(1).unwrap();
         assert!(
