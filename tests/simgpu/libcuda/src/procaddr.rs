@@ -131,6 +131,9 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuGraphLaunch", &[(10000, "cuGraphLaunch")], &[(10000, "cuGraphLaunch_ptsz")]),
     ("cuGraphDestroy", &[(10000, "cuGraphDestroy")], &[]),
     ("cuGraphExecDestroy", &[(10000, "cuGraphExecDestroy")], &[]),
+    ("cuGraphGetNodes", &[(10000, "cuGraphGetNodes")], &[]),
+    ("cuGraphNodeGetType", &[(10000, "cuGraphNodeGetType")], &[]),
+    ("cuGraphMemAllocNodeGetParams", &[(11040, "cuGraphMemAllocNodeGetParams")], &[]),
     ("cuGetErrorString", &[(6000, "cuGetErrorString")], &[]),
     ("cuGetErrorName", &[(6000, "cuGetErrorName")], &[]),
     // cuda.h's cuGetProcAddress macro becomes cuGetProcAddress_v2_ptsz under per-thread
