@@ -650,6 +650,20 @@ impl<L: Ledger, D: DeviceMemory> Accounts<L, D> {
         }
     }
 
+    /// Before launching a graph whose allocation nodes will grow `device`'s graph
+    /// memory pool to `prospective` bytes: charges the growth over what the pool is
+    /// charged now, so a launch past the quota is refused before anything runs (the
+    /// driver reserves the pool's memory inside `cuGraphLaunch`, with no later chance
+    /// to refuse). The launch's settle brings the charge to the pool's real size.
+    pub fn reserve_graph_pool(&mut self, device: CUdevice, prospective: u64) -> Outcome<()> {
+        let charged = self.graph_pools.get(&device).copied().unwrap_or(0);
+        if prospective > charged {
+            self.charge(prospective - charged, "graph memory pool growth")?;
+            self.graph_pools.insert(device, prospective);
+        }
+        Ok(())
+    }
+
     fn settle_graph_pools(&mut self) {
         let devices: Vec<CUdevice> = self.graph_pools.keys().copied().collect();
         for device in devices {
@@ -683,30 +697,43 @@ impl<L: Ledger, D: DeviceMemory> Accounts<L, D> {
 
 // ----- graph memory, read from the driver -----
 
-/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: what the device's graph memory pool
+/// `CUgraphMem_attribute`: what the device's graph memory pool has in use and what it
 /// holds from the device.
-const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: libc::c_int = 2;
+pub(crate) const GRAPH_MEM_ATTR_USED_MEM_CURRENT: libc::c_int = 0;
+pub(crate) const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: libc::c_int = 2;
 
 static GRAPH_MEM_ATTRIBUTE: AtomicPtr<libc::c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The driver's function `name`, looked up once into `slot` (None: this driver has none).
+pub(crate) fn driver_function(
+    slot: &AtomicPtr<libc::c_void>,
+    name: &std::ffi::CStr,
+) -> Option<*mut libc::c_void> {
+    let mut f = slot.load(Ordering::Acquire);
+    if f.is_null() {
+        f = crate::loader::find_in_driver(crate::variants::Library::Cuda, name)?;
+        slot.store(f, Ordering::Release);
+    }
+    Some(f)
+}
 
 /// The graph memory pool's reserved bytes on `device` (None: the driver has no
 /// `cuDeviceGetGraphMemAttribute`, before CUDA 11.4, or it failed).
 fn graph_reserved(device: CUdevice) -> Option<u64> {
-    let mut f = GRAPH_MEM_ATTRIBUTE.load(Ordering::Acquire);
-    if f.is_null() {
-        f = crate::loader::find_in_driver(
-            crate::variants::Library::Cuda,
-            c"cuDeviceGetGraphMemAttribute",
-        )?;
-        GRAPH_MEM_ATTRIBUTE.store(f, Ordering::Release);
-    }
+    graph_mem_attribute(device, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+}
+
+/// A `cuuint64_t` attribute of `device`'s graph memory pool (`CUgraphMem_attribute`).
+pub(crate) fn graph_mem_attribute(device: CUdevice, attribute: libc::c_int) -> Option<u64> {
+    let f = driver_function(&GRAPH_MEM_ATTRIBUTE, c"cuDeviceGetGraphMemAttribute")?;
     type GetAttr = unsafe extern "C" fn(CUdevice, libc::c_int, *mut libc::c_void) -> CUresult;
     let mut value: u64 = 0;
-    // SAFETY: cuDeviceGetGraphMemAttribute(device, attr, void*): this attribute is a cuuint64_t.
+    // SAFETY: cuDeviceGetGraphMemAttribute(device, attr, void*): the *_MEM_CURRENT
+    // attributes are cuuint64_t.
     let rc = unsafe {
         std::mem::transmute::<*mut libc::c_void, GetAttr>(f)(
             device,
-            CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            attribute,
             (&mut value as *mut u64).cast(),
         )
     };
@@ -1099,5 +1126,36 @@ mod tests {
         );
         a.settle_graph_pool(0, None);
         assert_eq!(a.link.held(), 100, "unreadable: unchanged");
+    }
+
+    #[test]
+    fn graph_pool_growth_is_reserved_before_the_launch_and_refused_over_quota() {
+        let mut a = accounts(1000);
+        assert_eq!(a.reserve_graph_pool(0, 400), Ok(()));
+        assert_eq!(
+            a.link.held(),
+            400,
+            "the growth is charged before the launch"
+        );
+        assert_eq!(a.reserve_graph_pool(0, 300), Ok(()));
+        assert_eq!(
+            a.link.held(),
+            400,
+            "no growth: nothing charged, nothing credited"
+        );
+        assert_eq!(
+            a.reserve_graph_pool(0, 1200),
+            Err(CUDA_ERROR_OUT_OF_MEMORY),
+            "growth past the quota is refused"
+        );
+        assert_eq!(a.link.held(), 400, "and nothing of it charged");
+        a.settle_graph_pool(0, Some(400));
+        assert_eq!(
+            a.link.held(),
+            400,
+            "the refused launch reserved nothing more"
+        );
+        assert_eq!(a.reserve_graph_pool(1, 500), Ok(()));
+        assert_eq!(a.link.held(), 900, "each device's pool is its own");
     }
 }

@@ -43,6 +43,10 @@ macro_rules! for_each_variant {
         cuLaunchCooperativeKernel_ptsz: Cuda (cuLaunchCooperativeKernel 9000 PerThread) => launch::cuLaunchCooperativeKernel_ptsz,
         cuGraphLaunch: Cuda (cuGraphLaunch 10000 Legacy) => launch::cuGraphLaunch,
         cuGraphLaunch_ptsz: Cuda (cuGraphLaunch 10000 PerThread) => launch::cuGraphLaunch_ptsz,
+        // Graph instantiation: what its memory nodes need, charged at each launch.
+        cuGraphInstantiate_v2: Cuda (cuGraphInstantiate 11000 Legacy) => memory::cuGraphInstantiate_v2,
+        cuGraphInstantiateWithFlags: Cuda (cuGraphInstantiateWithFlags 11040 Legacy) => memory::cuGraphInstantiateWithFlags,
+        cuGraphExecDestroy: Cuda (cuGraphExecDestroy 10000 Legacy) => memory::cuGraphExecDestroy,
         cuLaunch: Cuda (cuLaunch 2000 Legacy) => launch::cuLaunch,
         cuLaunchGrid: Cuda (cuLaunchGrid 2000 Legacy) => launch::cuLaunchGrid,
         cuLaunchGridAsync: Cuda (cuLaunchGridAsync 2000 Legacy) => launch::cuLaunchGridAsync,

@@ -411,11 +411,10 @@ fn context(c: &Cuda) {
     }
 }
 
-/// A graph with a memory node: `bytes` allocated and freed inside a stream
-/// capture, instantiated and launched, which reserves the graph pool's memory.
-fn graph_program(c: &Cuda, bytes: usize) {
-    context(c);
-    step("meminfo", 0, &format!("free={}", c.free_memory()));
+/// A stream capturing a graph whose allocation nodes have `sizes`, all live at once and
+/// freed inside the graph, instantiated: the worst result, the stream and the
+/// executable graph.
+fn memory_node_graph(c: &Cuda, sizes: &[usize]) -> (R, usize, usize) {
     let create: unsafe extern "C" fn(*mut usize, u32) -> R = c.get("cuStreamCreate");
     let begin: unsafe extern "C" fn(usize, i32) -> R = c.get("cuStreamBeginCapture");
     let alloc: unsafe extern "C" fn(*mut u64, usize, usize) -> R = c.get("cuMemAllocAsync");
@@ -423,26 +422,52 @@ fn graph_program(c: &Cuda, bytes: usize) {
     let end: unsafe extern "C" fn(usize, *mut usize) -> R = c.get("cuStreamEndCapture");
     let instantiate: unsafe extern "C" fn(*mut usize, usize, u64) -> R =
         c.get("cuGraphInstantiateWithFlags");
-    let launch: unsafe extern "C" fn(usize, usize) -> R = c.get("cuGraphLaunch");
-    let sync: unsafe extern "C" fn(usize) -> R = c.get("cuStreamSynchronize");
-    let attribute: unsafe extern "C" fn(i32, i32, *mut u64) -> R =
-        c.get("cuDeviceGetGraphMemAttribute");
-    let (mut stream, mut graph, mut exec, mut ptr) = (0, 0, 0, 0u64);
+    let (mut stream, mut graph, mut exec) = (0, 0, 0);
+    let mut pointers = vec![0u64; sizes.len()];
     // SAFETY: the driver API's signatures; valid out-pointers.
     let rc = unsafe {
         let mut rc = create(&mut stream, 1);
         rc = rc.max(begin(stream, 2)); // relaxed
-        rc = rc.max(alloc(&mut ptr, bytes, stream));
-        rc = rc.max(free(ptr, stream));
+        for (ptr, &bytes) in pointers.iter_mut().zip(sizes) {
+            rc = rc.max(alloc(ptr, bytes, stream));
+        }
+        for &ptr in &pointers {
+            rc = rc.max(free(ptr, stream));
+        }
         rc = rc.max(end(stream, &mut graph));
-        rc = rc.max(instantiate(&mut exec, graph, 0));
-        rc = rc.max(launch(exec, stream));
-        rc.max(sync(stream))
+        rc.max(instantiate(&mut exec, graph, 0))
     };
+    (rc, stream, exec)
+}
+
+/// Launches `exec` on `stream` and waits: the launch's result and the wait's.
+fn launch_and_wait(c: &Cuda, exec: usize, stream: usize) -> (R, R) {
+    let launch: unsafe extern "C" fn(usize, usize) -> R = c.get("cuGraphLaunch");
+    let sync: unsafe extern "C" fn(usize) -> R = c.get("cuStreamSynchronize");
+    // SAFETY: the driver API's signatures, handles it gave.
+    unsafe { (launch(exec, stream), sync(stream)) }
+}
+
+/// What device 0's graph memory pool reserves (and the query's result).
+fn graph_pool_reserved(c: &Cuda) -> (R, u64) {
+    let attribute: unsafe extern "C" fn(i32, i32, *mut u64) -> R =
+        c.get("cuDeviceGetGraphMemAttribute");
     let mut reserved = 0u64;
     // SAFETY: CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT (2) is a cuuint64_t.
-    let attr_rc = unsafe { attribute(0, 2, &mut reserved) };
-    step("graph", rc.max(attr_rc), &format!("reserved={reserved}"));
+    let rc = unsafe { attribute(0, 2, &mut reserved) };
+    (rc, reserved)
+}
+
+/// A graph with a memory node: `bytes` allocated and freed inside a stream
+/// capture, instantiated and launched, which reserves the graph pool's memory.
+fn graph_program(c: &Cuda, bytes: usize) {
+    context(c);
+    step("meminfo", 0, &format!("free={}", c.free_memory()));
+    let (rc, stream, exec) = memory_node_graph(c, &[bytes]);
+    let (launched, synced) = launch_and_wait(c, exec, stream);
+    let (attr_rc, reserved) = graph_pool_reserved(c);
+    let rc = rc.max(launched).max(synced).max(attr_rc);
+    step("graph", rc, &format!("reserved={reserved}"));
     // At once: the launch settled the graph pool (accounts::graph_launched).
     step("meminfo", 0, &format!("free={}", c.free_memory()));
     // After a few watchdog passes (200 ms each), which measure the graph pool in
@@ -451,9 +476,30 @@ fn graph_program(c: &Cuda, bytes: usize) {
     let seen = c.free_memory();
     step("meminfo", 0, &format!("free={seen}"));
     let alloc_sync: unsafe extern "C" fn(*mut u64, usize) -> R = c.get("cuMemAlloc");
+    let mut ptr = 0u64;
     // SAFETY: valid out-pointer.
     let rc = unsafe { alloc_sync(&mut ptr, (seen + MI) as usize) };
     step("alloc-beyond", rc, "");
+}
+
+/// A graph whose two memory nodes need the whole quota together (the context already
+/// uses some of it): captured, instantiated, launched. Reports the launch's result
+/// and what the device's graph pool reserved after it.
+fn graph_over_quota_program(c: &Cuda) {
+    context(c);
+    // Each node alone fits in what the context leaves of the quota; both together,
+    // live at once in the graph, do not.
+    let half = (QUOTA / 2) as usize;
+    let (rc, stream, exec) = memory_node_graph(c, &[half, half]);
+    step("capture", rc, "");
+    let (launched, synced) = launch_and_wait(c, exec, stream);
+    let (attr_rc, reserved) = graph_pool_reserved(c);
+    step(
+        "launch",
+        launched,
+        &format!("reserved={reserved} sync={synced} attr={attr_rc}"),
+    );
+    step("meminfo", 0, &format!("free={}", c.free_memory()));
 }
 
 #[repr(C)]
@@ -579,6 +625,7 @@ fn program() {
     let c = Cuda::load();
     match which.as_str() {
         "graph" => graph_program(&c, (64 * MI) as usize),
+        "graph-over-quota" => graph_over_quota_program(&c),
         "exporter" => exporter_program(&c, (64 * MI) as usize),
         "importer" => importer_program(&c),
         other => panic!("no program {other:?}"),
@@ -719,6 +766,30 @@ fn graph_memory_nodes_count_against_the_quota_after_the_launch() {
         "and the arbiter's measurements agree (not counted twice)"
     );
     assert_eq!(s.result("alloc-beyond", 0), "2", "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
+/// The driver reserves a graph's memory nodes inside `cuGraphLaunch`, where nothing
+/// after it can refuse: a graph whose nodes need more than the quota left must be
+/// refused at its launch, nothing run or reserved, the lease never over its quota.
+#[test]
+fn a_graph_whose_memory_nodes_exceed_the_quota_is_refused_at_its_launch() {
+    let mut m = NvmlMachine::start();
+    let lease = m.lease("1Gi");
+    let s = m.program(&lease, "graph-over-quota");
+    assert_eq!(s.result("capture", 0), "0", "{}", s.stderr);
+    assert_eq!(
+        (s.result("launch", 0), s.number("launch", 0, "reserved")),
+        ("2", 0),
+        "CUDA_ERROR_OUT_OF_MEMORY, and the graph pool reserved nothing\n{}",
+        s.stderr
+    );
+    assert_eq!(
+        s.number("meminfo", 0, "free"),
+        QUOTA - CONTEXT,
+        "the refused growth is not left charged"
+    );
+    let status = m.control().status().unwrap();
+    assert!(status.violations.is_empty(), "{:?}", status.violations);
 }
 
 #[test]

@@ -602,3 +602,46 @@ pub unsafe extern "C" fn cuMemUnmap(address: CUdeviceptr, size: usize) -> CUresu
         )
     })
 }
+
+// ----- graph memory nodes -----
+
+/// Instantiation reads what the graph's allocation nodes need (`graph_memory`), so
+/// that each launch can charge the graph pool's growth before it runs.
+macro_rules! instantiate {
+    ($name:ident ($($arg:ident: $ty:ty),*)) => {
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(exec: *mut Handle, graph: Handle $(, $arg: $ty)*) -> CUresult {
+            crate::guard::cuda(|| {
+                let real = real_fn!($name: fn(*mut Handle, Handle $(, $ty)*) -> CUresult);
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
+                let rc = unsafe { real(exec, graph $(, $arg)*) };
+                if rc == CUDA_SUCCESS {
+                    if let Some(exec) = written(exec) {
+                        crate::graph_memory::instantiated(exec, graph);
+                    }
+                }
+                rc
+            })
+        }
+    };
+}
+
+instantiate!(cuGraphInstantiate_v2(error_node: *mut Handle, log: *mut libc::c_char, log_size: usize));
+instantiate!(cuGraphInstantiateWithFlags(flags: u64));
+
+/// # Safety
+/// The driver's contract for `cuGraphExecDestroy`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuGraphExecDestroy: fn(Handle) -> CUresult);
+        // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
+        let rc = unsafe { real(exec) };
+        if rc == CUDA_SUCCESS {
+            crate::graph_memory::forget(exec);
+        }
+        rc
+    })
+}
