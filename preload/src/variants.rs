@@ -157,6 +157,7 @@ macro_rules! for_each_variant {
         cuMemMap: Cuda (cuMemMap 10020 Legacy) => memory::cuMemMap,
         cuMemUnmap: Cuda (cuMemUnmap 10020 Legacy) => memory::cuMemUnmap,
         cuMemExportToShareableHandle: Cuda (cuMemExportToShareableHandle 10020 Legacy) => memory::cuMemExportToShareableHandle,
+        cuMemImportFromShareableHandle: Cuda (cuMemImportFromShareableHandle 10020 Legacy) => memory::cuMemImportFromShareableHandle,
         // The gate's record of the process's work: contexts, streams, captures.
         cuStreamCreate: Cuda (cuStreamCreate 2000 Legacy) => work::cuStreamCreate,
         cuStreamCreateWithPriority: Cuda (cuStreamCreateWithPriority 5050 Legacy) => work::cuStreamCreateWithPriority,

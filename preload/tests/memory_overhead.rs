@@ -572,7 +572,10 @@ fn exporter_program(c: &Cuda, bytes: usize) {
     step("release", rc, "");
     step("meminfo", 0, &format!("free={}", c.free_memory()));
     std::fs::write(dir.join("released"), "").unwrap();
-    wait_for(&dir.join("finish"));
+    // Told to, it exits with the importer still holding the memory.
+    if !dir.join("exporter-exits").exists() {
+        wait_for(&dir.join("finish"));
+    }
 }
 
 /// Imports the exporter's allocation (its descriptor through /proc) and maps it.
@@ -613,6 +616,14 @@ fn importer_program(c: &Cuda) {
     std::thread::sleep(2 * gpushare::accounts::VIEW_MAX_AGE);
     step("meminfo", 0, &format!("free={}", c.free_memory()));
     std::fs::write(dir.join("imported"), "").unwrap();
+    // Lets go of it when told: unmapped and released, the last holder.
+    wait_for(&dir.join("let-go"));
+    let unmap: unsafe extern "C" fn(u64, usize) -> R = c.get("cuMemUnmap");
+    let release: unsafe extern "C" fn(u64) -> R = c.get("cuMemRelease");
+    // SAFETY: the range mapped above and the handle imported above.
+    let rc = unsafe { unmap(address, bytes).max(release(handle)) };
+    step("let-go", rc, "");
+    std::fs::write(dir.join("let-go-done"), "").unwrap();
     wait_for(&dir.join("finish"));
 }
 
@@ -792,32 +803,63 @@ fn a_graph_whose_memory_nodes_exceed_the_quota_is_refused_at_its_launch() {
     assert!(status.violations.is_empty(), "{:?}", status.violations);
 }
 
-#[test]
-fn exported_memory_stays_charged_to_the_exporter_while_an_importer_maps_it() {
-    let mut m = NvmlMachine::start();
+/// The exporter and the importer, on leases of their own, through the exporter's
+/// release (the importer maps the memory then); `exporter_exits`: the exporter exits
+/// after its release instead of waiting.
+fn export_then_release(
+    m: &mut NvmlMachine,
+    dir: &Path,
+    exporter_exits: bool,
+) -> (String, String, Child, Child) {
     let exporter_lease = m.lease("1Gi");
     let importer_lease = m.lease("1Gi");
-    let dir = tempfile::tempdir().unwrap();
+    if exporter_exits {
+        std::fs::write(dir.join("exporter-exits"), "").unwrap();
+    }
     let exporter = m
         .program_command(&exporter_lease, "exporter")
-        .env(HANDSHAKE_ENV, dir.path())
+        .env(HANDSHAKE_ENV, dir)
         .spawn()
         .unwrap();
     let importer = m
         .program_command(&importer_lease, "importer")
-        .env(HANDSHAKE_ENV, dir.path())
+        .env(HANDSHAKE_ENV, dir)
         .spawn()
         .unwrap();
-    wait_for(&dir.path().join("released"));
-    // The exporter let go of its handle; the importer maps the memory, which NVML
-    // counts for the exporter. Whatever the watchdog measures meanwhile, the
-    // exporter's lease pays for it and the importer's does not.
+    wait_for(&dir.join("released"));
+    (exporter_lease, importer_lease, exporter, importer)
+}
+
+/// The importer lets go (unmaps and releases: the last holder) and finishes.
+fn importer_lets_go(dir: &Path) {
+    std::fs::write(dir.join("let-go"), "").unwrap();
+    wait_for(&dir.join("let-go-done"));
+}
+
+/// Exported memory lives while any process holds it: released by the exporter and
+/// mapped by an importer (another lease), it stays charged to the exporter's lease,
+/// not the importer's, and is credited when the importer, the last holder, lets go
+/// — then, while the exporter still runs, not at its exit.
+#[test]
+fn exported_memory_is_credited_when_the_last_holder_releases_it() {
+    let mut m = NvmlMachine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (exporter_lease, importer_lease, exporter, importer) =
+        export_then_release(&mut m, dir.path(), false);
+    // Whatever the watchdog measures meanwhile (NVML counts the memory for the
+    // exporter), the exporter's lease pays for it once and the importer's does not.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         (m.used(&exporter_lease), m.used(&importer_lease)),
         (CONTEXT + 64 * MI, CONTEXT),
         "{}",
         m.log()
+    );
+    importer_lets_go(dir.path());
+    assert_eq!(
+        m.used(&exporter_lease),
+        CONTEXT,
+        "credited at the importer's release, the exporter still running"
     );
     std::fs::write(dir.path().join("finish"), "").unwrap();
     let e = program_steps(exporter, "exporter");
@@ -828,22 +870,49 @@ fn exported_memory_stays_charged_to_the_exporter_while_an_importer_maps_it() {
         (&e, "release"),
         (&i, "import"),
         (&i, "map"),
+        (&i, "let-go"),
     ] {
         assert_eq!(s.result(step, 0), "0", "{step}: {}", s.stderr);
     }
     assert_eq!(
         e.number("meminfo", 0, "free"),
         QUOTA - CONTEXT - 64 * MI,
-        "released by the exporter, still charged to it at once"
+        "released by the exporter, still charged to its lease at once"
     );
     assert_eq!(
         i.number("meminfo", 0, "free"),
         QUOTA - CONTEXT,
         "the importer is not charged for what it maps"
     );
-    wait_until(
-        "the exporter's exit to credit it",
-        Duration::from_secs(10),
-        || m.used(&exporter_lease) == 0,
+}
+
+/// The exporter releases and exits while the importer still maps the memory: the
+/// memory lives on, so it stays charged to the exporter's lease until the importer
+/// lets go, and then nothing remains charged.
+#[test]
+fn exported_memory_stays_charged_after_its_exporter_exits_until_the_importer_releases_it() {
+    let mut m = NvmlMachine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (exporter_lease, importer_lease, exporter, importer) =
+        export_then_release(&mut m, dir.path(), true);
+    let e = program_steps(exporter, "exporter");
+    assert_eq!(e.result("release", 0), "0", "{}", e.stderr);
+    // The exporter's connection closed with its exit; give the watchdog a few
+    // passes (200 ms each) to measure the node without it.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        (m.used(&exporter_lease), m.used(&importer_lease)),
+        (64 * MI, CONTEXT),
+        "the importer still maps it: charged to the exporter's lease\n{}",
+        m.log()
     );
+    importer_lets_go(dir.path());
+    assert_eq!(
+        m.used(&exporter_lease),
+        0,
+        "the last holder let go: nothing remains charged"
+    );
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    let i = program_steps(importer, "importer");
+    assert_eq!(i.result("let-go", 0), "0", "{}", i.stderr);
 }
