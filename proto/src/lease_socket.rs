@@ -9,8 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The largest request the arbiter reads on a lease socket. The longest is a `Charge` or an
-/// `Attach` with a 20-digit count, under 60 bytes; the bound keeps what a container can make
+/// The largest request the arbiter reads on a lease socket. The longest is a `Share` with
+/// two keys and 20-digit counts, under 200 bytes; the bound keeps what a container can make
 /// the arbiter buffer to 4 KiB per connection (256 connections per lease: 1 MiB), where the
 /// general frame bound (1 MiB, sized for status reports) would allow 256 MiB.
 pub const MAX_LEASE_REQUEST_BYTES: usize = 4096;
