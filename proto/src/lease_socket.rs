@@ -138,3 +138,52 @@ pub enum LeaseResponse {
         message: String,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exported_allocation_requests_are_additive() {
+        let key = ShareKey {
+            dev: 64769,
+            ino: 1234,
+        };
+        let share = LeaseRequest::Share {
+            key,
+            bytes: 2 << 20,
+            same_as: None,
+        };
+        let text = serde_json::to_string(&share).unwrap();
+        assert_eq!(
+            text,
+            r#"{"op":"share","key":{"dev":64769,"ino":1234},"bytes":2097152}"#
+        );
+        assert_eq!(serde_json::from_str::<LeaseRequest>(&text).unwrap(), share);
+        for request in [LeaseRequest::Hold { key }, LeaseRequest::Unhold { key }] {
+            let text = serde_json::to_string(&request).unwrap();
+            assert_eq!(
+                serde_json::from_str::<LeaseRequest>(&text).unwrap(),
+                request
+            );
+        }
+        // An older arbiter's quota has no `shares`: the client must not send them.
+        let quota = Quota {
+            lease: LeaseId("l1".into()),
+            state: LeaseState::Confirmed,
+            gpus: Vec::new(),
+            priority: Priority::Low,
+            memory_quota: 1,
+            memory_used: 0,
+            memory_held: 0,
+            memory_overhead: 0,
+            shares: true,
+            compute_request: Fraction::ZERO,
+            compute_limit: Fraction::ZERO,
+        };
+        let mut older = serde_json::to_value(&quota).unwrap();
+        older.as_object_mut().unwrap().remove("shares").unwrap();
+        let quota: Quota = serde_json::from_value(older).unwrap();
+        assert!(!quota.shares);
+    }
+}
