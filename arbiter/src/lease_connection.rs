@@ -2,12 +2,13 @@
 //! request may come in which phase, and what the connection does with it.
 //!
 //! `Hello` first (answered with our version, and the connection closed when the
-//! client's differs); `Attach` before `Charge`/`Credit`, once; `Query` any time
-//! after `Hello`; or, on a connection that has not attached, `Schedule`, which
+//! client's differs); `Attach` before `Charge`/`Credit`/`Share`/`Hold`/`Unhold`,
+//! once; `Query` any time after `Hello`; or, on a connection that has not attached,
+//! `Schedule`, which
 //! hands the connection to the token service. Anything else is answered with a
 //! protocol error and closes the connection.
 
-use gpushare_proto::{LeaseRequest, PROTOCOL_VERSION};
+use gpushare_proto::{LeaseRequest, ShareKey, PROTOCOL_VERSION};
 
 /// Where a connection is in its protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +38,28 @@ pub enum Step {
     Credit {
         bytes: u64,
     },
+    /// An exported allocation shared, held or let go of.
+    Share(ShareChange),
     /// From here on the token service serves the connection.
     Schedule,
     /// A protocol error: answer it and close.
     Refuse(&'static str),
+}
+
+/// A change to an exported allocation's record (`Ledger::share`, `hold`, `unhold`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareChange {
+    Share {
+        key: ShareKey,
+        bytes: u64,
+        same_as: Option<ShareKey>,
+    },
+    Hold {
+        key: ShareKey,
+    },
+    Unhold {
+        key: ShareKey,
+    },
 }
 
 /// The step `request` takes in `phase`.
@@ -58,9 +77,28 @@ pub fn step(phase: Phase, request: &LeaseRequest) -> Step {
             memory_held: *memory_held,
         },
         (P::Attached, R::Attach { .. }) => Step::Refuse("attach sent twice"),
-        (P::Greeted, R::Charge { .. } | R::Credit { .. }) => {
-            Step::Refuse("attach before charging or crediting")
-        }
+        (
+            P::Greeted,
+            R::Charge { .. }
+            | R::Credit { .. }
+            | R::Share { .. }
+            | R::Hold { .. }
+            | R::Unhold { .. },
+        ) => Step::Refuse("attach before charging or crediting"),
+        (
+            P::Attached,
+            R::Share {
+                key,
+                bytes,
+                same_as,
+            },
+        ) => Step::Share(ShareChange::Share {
+            key: *key,
+            bytes: *bytes,
+            same_as: *same_as,
+        }),
+        (P::Attached, R::Hold { key }) => Step::Share(ShareChange::Hold { key: *key }),
+        (P::Attached, R::Unhold { key }) => Step::Share(ShareChange::Unhold { key: *key }),
         (P::Attached, R::Charge { bytes }) => Step::Charge { bytes: *bytes },
         (P::Attached, R::Credit { bytes }) => Step::Credit { bytes: *bytes },
         (P::Greeted, R::Schedule) => Step::Schedule,
@@ -96,10 +134,18 @@ mod tests {
         let attach = R::Attach { memory_held: 7 };
         let charge = R::Charge { bytes: 5 };
         let credit = R::Credit { bytes: 3 };
+        let key = ShareKey { dev: 1, ino: 2 };
+        let share = R::Share {
+            key,
+            bytes: 4,
+            same_as: None,
+        };
+        let hold = R::Hold { key };
+        let unhold = R::Unhold { key };
         let first = Step::Refuse("the first message must be hello");
         let twice = Step::Refuse("hello sent twice");
         let unattached = Step::Refuse("attach before charging or crediting");
-        let rows: [(Phase, &LeaseRequest, Step); 21] = [
+        let rows: [(Phase, &LeaseRequest, Step); 27] = [
             (AwaitingHello, &hello, Step::Greet { accepted: true }),
             (
                 AwaitingHello,
@@ -129,6 +175,20 @@ mod tests {
             ),
             (Attached, &other_version, twice),
             (Greeted, &other_version, twice),
+            (Greeted, &share, unattached),
+            (Greeted, &hold, unattached),
+            (Greeted, &unhold, unattached),
+            (
+                Attached,
+                &share,
+                Step::Share(ShareChange::Share {
+                    key,
+                    bytes: 4,
+                    same_as: None,
+                }),
+            ),
+            (Attached, &hold, Step::Share(ShareChange::Hold { key })),
+            (Attached, &unhold, Step::Share(ShareChange::Unhold { key })),
         ];
         for (phase, request, want) in rows {
             assert_eq!(step(phase, request), want, "{request:?} when {phase:?}");

@@ -20,10 +20,16 @@
 //! is unattached until its interposer re-attaches (well under a second), and a
 //! process that bypasses the interposer never attaches. Without this a sibling
 //! could be granted memory those processes already hold.
+//!
+//! Exported VMM memory (`cuMemExportToShareableHandle`) lives while any process
+//! holds it, the exporter's exit included: its charge moves from the exporter's
+//! connection to the lease (`share`), and every process that imports it says so
+//! (`hold`, from any lease); the lease pays until the last holder lets go
+//! (`unhold`) or exits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use gpushare_proto::LeaseId;
+use gpushare_proto::{LeaseId, ShareKey};
 
 /// One lease-socket connection.
 pub type ConnectionId = u64;
@@ -60,6 +66,17 @@ pub fn next_overhead(previous: Option<u64>, measured: u64) -> u64 {
     previous.map_or(measured, |p| p.max(measured))
 }
 
+/// An exported allocation charged to a lease until its last holder lets go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shared {
+    pub bytes: u64,
+    /// The exporting process: NVML counts the memory for it while it lives, which is
+    /// not its overhead.
+    pub exporter_pid: u32,
+    /// The connections (of any lease) holding it.
+    pub holders: BTreeSet<ConnectionId>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaseLedger {
     pub quota: u64,
@@ -70,6 +87,8 @@ pub struct LeaseLedger {
     /// it is charged on its own lease from then on, and a stale sum would charge it
     /// twice (once here, once there) until the watchdog looks again.
     pub unattached: BTreeMap<u32, u64>,
+    /// Exported allocations charged to the lease, by the key first shared.
+    pub shared: BTreeMap<ShareKey, Shared>,
 }
 
 impl LeaseLedger {
@@ -81,9 +100,30 @@ impl LeaseLedger {
             .unattached
             .values()
             .fold(0u64, |sum, &bytes| sum.saturating_add(bytes));
+        let shared = self
+            .shared
+            .values()
+            .fold(unattached, |sum, a| sum.saturating_add(a.bytes));
         self.clients
             .values()
-            .fold(unattached, |sum, c| sum.saturating_add(c.used()))
+            .fold(shared, |sum, c| sum.saturating_add(c.used()))
+    }
+
+    /// Takes `bytes` off what `connection` charged (credited, or moved to an exported
+    /// allocation's record); returns its pid.
+    fn take_held(&mut self, connection: ConnectionId, bytes: u64) -> Result<u32, LedgerError> {
+        let client = self
+            .clients
+            .get_mut(&connection)
+            .ok_or(LedgerError::NotAttached)?;
+        if bytes > client.held {
+            return Err(LedgerError::CreditTooLarge {
+                asked: bytes,
+                held: client.held,
+            });
+        }
+        client.held -= bytes;
+        Ok(client.pid)
     }
 
     /// The part of `used` that is overhead (measured or estimated).
@@ -113,6 +153,11 @@ impl LeaseLedger {
         for c in self.clients.values() {
             let h = held_by_pid.entry(c.pid).or_default();
             *h = h.saturating_add(c.held);
+        }
+        for a in self.shared.values() {
+            if let Some(h) = held_by_pid.get_mut(&a.exporter_pid) {
+                *h = h.saturating_add(a.bytes);
+            }
         }
         let mut done = std::collections::BTreeSet::new();
         for c in self.clients.values_mut() {
@@ -159,6 +204,8 @@ pub struct Charge {
 #[derive(Debug, Default)]
 pub struct Ledger {
     leases: BTreeMap<LeaseId, LeaseLedger>,
+    /// Every key an exported allocation was shared under: its lease and first key.
+    share_keys: BTreeMap<ShareKey, (LeaseId, ShareKey)>,
 }
 
 impl Ledger {
@@ -169,6 +216,7 @@ impl Ledger {
 
     /// Forgets a released lease; returns its clients, whose connections are now stale.
     pub fn close(&mut self, lease: &LeaseId) -> Vec<ConnectionId> {
+        self.share_keys.retain(|_, (l, _)| l != lease);
         self.leases
             .remove(lease)
             .map(|l| l.clients.into_keys().collect())
@@ -242,13 +290,86 @@ impl Ledger {
             .any(|l| l.clients.values().any(|c| c.pid == pid))
     }
 
-    /// Credits everything the connection held; returns how much.
+    /// Credits everything the connection held, and lets go of the exported
+    /// allocations it held; returns how much it held itself.
     pub fn detach(&mut self, lease: &LeaseId, connection: ConnectionId) -> u64 {
+        let held: Vec<ShareKey> = self
+            .leases
+            .values()
+            .flat_map(|l| l.shared.iter())
+            .filter(|(_, a)| a.holders.contains(&connection))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in held {
+            self.unhold(connection, key);
+        }
         self.leases
             .get_mut(lease)
             .and_then(|l| l.clients.remove(&connection))
             .map(|c| c.held)
             .unwrap_or(0)
+    }
+
+    /// `bytes` the connection charged are exported under `key` (or, with `same_as`,
+    /// the allocation it shared under that key before is exported again): from now
+    /// on they are charged to the lease while any holder has them. Returns the
+    /// lease's use.
+    pub fn share(
+        &mut self,
+        lease: &LeaseId,
+        connection: ConnectionId,
+        key: ShareKey,
+        bytes: u64,
+        same_as: Option<ShareKey>,
+    ) -> Result<u64, LedgerError> {
+        if let Some(first) = same_as.and_then(|k| self.share_keys.get(&k).cloned()) {
+            self.share_keys.insert(key, first);
+            return Ok(self.lease_mut(lease)?.used());
+        }
+        let l = self.lease_mut(lease)?;
+        let exporter_pid = l.take_held(connection, bytes)?;
+        l.shared.insert(
+            key,
+            Shared {
+                bytes,
+                exporter_pid,
+                holders: BTreeSet::from([connection]),
+            },
+        );
+        let used = l.used();
+        self.share_keys.insert(key, (lease.clone(), key));
+        Ok(used)
+    }
+
+    /// The connection holds the exported allocation `key` (imported it); a key no
+    /// one shared (exported outside any lease) is ignored.
+    pub fn hold(&mut self, connection: ConnectionId, key: ShareKey) {
+        if let Some(a) = self.shared_mut(key) {
+            a.holders.insert(connection);
+        }
+    }
+
+    /// The connection let go of `key`; the last holder's lets the charge go.
+    pub fn unhold(&mut self, connection: ConnectionId, key: ShareKey) {
+        let Some((lease, first)) = self.share_keys.get(&key).cloned() else {
+            return;
+        };
+        let Some(l) = self.leases.get_mut(&lease) else {
+            return;
+        };
+        let Some(a) = l.shared.get_mut(&first) else {
+            return;
+        };
+        a.holders.remove(&connection);
+        if a.holders.is_empty() {
+            l.shared.remove(&first);
+            self.share_keys.retain(|_, (_, f)| *f != first);
+        }
+    }
+
+    fn shared_mut(&mut self, key: ShareKey) -> Option<&mut Shared> {
+        let (lease, first) = self.share_keys.get(&key)?;
+        self.leases.get_mut(lease)?.shared.get_mut(first)
     }
 
     pub fn charge(
@@ -291,17 +412,7 @@ impl Ledger {
         bytes: u64,
     ) -> Result<u64, LedgerError> {
         let l = self.lease_mut(lease)?;
-        let client = l
-            .clients
-            .get_mut(&connection)
-            .ok_or(LedgerError::NotAttached)?;
-        if bytes > client.held {
-            return Err(LedgerError::CreditTooLarge {
-                asked: bytes,
-                held: client.held,
-            });
-        }
-        client.held -= bytes;
+        l.take_held(connection, bytes)?;
         Ok(l.used())
     }
 }
@@ -543,5 +654,90 @@ mod tests {
         ledger.attach(&b, 1, 20, 0, 256).unwrap();
         assert_eq!(ledger.get(&a).unwrap().used(), 100, "pid 21 still counts");
         assert_eq!(ledger.get(&b).unwrap().used(), 256);
+    }
+
+    const KEY: ShareKey = ShareKey { dev: 7, ino: 42 };
+    const AGAIN: ShareKey = ShareKey { dev: 7, ino: 43 };
+
+    /// Exporter (connection 1, pid 10) on lease l1 with 300 charged, of them 200
+    /// exported; importer (connection 2, pid 20) on lease l2 holding it.
+    fn exported() -> (Ledger, LeaseId) {
+        let mut l = ledger(1000);
+        let other = LeaseId("l2".into());
+        l.open(&other, 1000);
+        l.attach(&lease(), 1, 10, 0, 0).unwrap();
+        l.attach(&other, 2, 20, 0, 0).unwrap();
+        assert!(l.charge(&lease(), 1, 300).unwrap().granted);
+        assert_eq!(l.share(&lease(), 1, KEY, 200, None), Ok(300));
+        l.hold(2, KEY);
+        (l, other)
+    }
+
+    #[test]
+    fn exported_memory_is_charged_to_the_exporters_lease_until_the_last_holder_exits() {
+        let (mut l, other) = exported();
+        assert_eq!(l.get(&lease()).unwrap().clients[&1].held, 100, "moved off");
+        assert_eq!(l.detach(&lease(), 1), 100, "the exporter exits");
+        assert_eq!(l.get(&lease()).unwrap().used(), 200, "still charged");
+        assert_eq!(l.get(&other).unwrap().used(), 0, "not to the importer");
+        l.detach(&other, 2);
+        assert_eq!(l.get(&lease()).unwrap().used(), 0, "the last holder left");
+    }
+
+    #[test]
+    fn exported_memory_is_credited_when_the_last_holder_lets_go_not_before_or_after() {
+        let (mut l, _) = exported();
+        l.unhold(1, KEY); // the exporter released and unmapped it
+        assert_eq!(
+            l.get(&lease()).unwrap().used(),
+            300,
+            "the importer holds it"
+        );
+        l.unhold(2, KEY);
+        assert_eq!(l.get(&lease()).unwrap().used(), 100, "credited then");
+        assert_eq!(l.detach(&lease(), 1), 100, "and not again at the exit");
+        assert_eq!(l.get(&lease()).unwrap().used(), 0);
+        l.hold(3, KEY);
+        assert_eq!(l.get(&lease()).unwrap().used(), 0, "a gone key is ignored");
+    }
+
+    #[test]
+    fn a_second_export_names_the_same_allocation() {
+        let (mut l, _) = exported();
+        assert_eq!(l.share(&lease(), 1, AGAIN, 0, Some(KEY)), Ok(300));
+        l.hold(3, AGAIN);
+        l.unhold(1, KEY);
+        l.unhold(2, KEY);
+        assert_eq!(
+            l.get(&lease()).unwrap().used(),
+            300,
+            "held through the other key"
+        );
+        l.unhold(3, AGAIN);
+        assert_eq!(l.get(&lease()).unwrap().used(), 100);
+        assert!(l.share_keys.is_empty(), "both keys forgotten");
+    }
+
+    #[test]
+    fn sharing_more_than_the_connection_charged_is_refused() {
+        let mut l = ledger(1000);
+        l.attach(&lease(), 1, 10, 0, 0).unwrap();
+        assert_eq!(
+            l.share(&lease(), 1, KEY, 5, None),
+            Err(LedgerError::CreditTooLarge { asked: 5, held: 0 })
+        );
+        assert_eq!(
+            l.share(&lease(), 9, KEY, 0, None),
+            Err(LedgerError::NotAttached)
+        );
+    }
+
+    #[test]
+    fn nvml_counting_exported_memory_for_its_exporter_is_not_its_overhead() {
+        let (mut l, _) = exported();
+        l.record_usage(&lease(), &BTreeMap::from([(10, 300 + 50)]));
+        let ledger = l.get(&lease()).unwrap();
+        assert_eq!(ledger.clients[&1].overhead, 50, "its context only");
+        assert_eq!(ledger.used(), 350);
     }
 }

@@ -535,6 +535,10 @@ async fn handle_lease_connection(
                 Ok(used) => (LeaseResponse::Credited { memory_used: used }, false),
                 Err(e) => (lease_error(e.kind(), e.to_string()), false),
             },
+            Step::Share(change) => match arbiter.share(lease, connection, change) {
+                Ok(quota) => (LeaseResponse::Quota(quota), false),
+                Err(e) => (lease_error(e.kind(), e.to_string()), false),
+            },
         };
         if !matches!(step, Step::Attach { .. }) || attachment.attached {
             phase = lease_connection::after(phase, step);

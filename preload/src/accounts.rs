@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use crate::cuda::*;
 use crate::ledger::{LeaseLink, QuotaView, Refusal};
 use crate::watch::{self, Reattach};
+use gpushare_proto::ShareKey;
 
 /// The arbiter's ledger, as the accounts use it: one round trip per charge, credit or
 /// query. `LeaseLink` in the library; a recording stand-in in the unit tests.
@@ -39,6 +40,11 @@ pub trait Ledger {
     fn heard_within(&self, now: Instant, max_age: Duration) -> Option<QuotaView>;
     /// The lease's share, asked now.
     fn query(&mut self) -> Option<QuotaView>;
+    /// Moves `bytes` of the charge to the exported allocation `key` (see
+    /// `LeaseLink::share`); false: this process keeps the charge.
+    fn share(&mut self, key: ShareKey, bytes: u64, same_as: Option<ShareKey>) -> bool;
+    fn hold(&mut self, key: ShareKey);
+    fn unhold(&mut self, key: ShareKey);
 }
 
 impl Ledger for LeaseLink {
@@ -53,6 +59,15 @@ impl Ledger for LeaseLink {
     }
     fn query(&mut self) -> Option<QuotaView> {
         LeaseLink::query(self)
+    }
+    fn share(&mut self, key: ShareKey, bytes: u64, same_as: Option<ShareKey>) -> bool {
+        LeaseLink::share(self, key, bytes, same_as)
+    }
+    fn hold(&mut self, key: ShareKey) {
+        LeaseLink::hold(self, key);
+    }
+    fn unhold(&mut self, key: ShareKey) {
+        LeaseLink::unhold(self, key);
     }
 }
 
@@ -101,9 +116,14 @@ struct Physical {
     bytes: u64,
     released: bool,
     mappings: u32,
-    /// Exported (`cuMemExportToShareableHandle`): another process may map it after
-    /// this one let go, so it stays charged here until the process exits.
+    /// Exported (`cuMemExportToShareableHandle`) while the arbiter could not take it
+    /// over: another process may map it after this one let go, so it stays charged
+    /// here until the process exits.
     exported: bool,
+    /// The key the arbiter knows the allocation by, once exported (its charge moved
+    /// to the lease) or imported (never charged here): letting go tells the arbiter,
+    /// which credits the lease when the last holder has.
+    share: Option<ShareKey>,
 }
 
 /// How old the lease's share may be when `cuMemGetInfo` (or NVML's memory info)
@@ -505,6 +525,7 @@ impl<L: Ledger, D: DeviceMemory> Accounts<L, D> {
                         released: false,
                         mappings: 0,
                         exported: false,
+                        share: None,
                     },
                 );
                 CUDA_SUCCESS
@@ -525,7 +546,9 @@ impl<L: Ledger, D: DeviceMemory> Accounts<L, D> {
         if let Some(p) = self.physical.get(&handle).copied() {
             if p.released && p.mappings == 0 {
                 self.physical.remove(&handle);
-                if p.exported {
+                if let Some(key) = p.share {
+                    self.link.unhold(key);
+                } else if p.exported {
                     self.exported_released += p.bytes;
                 } else {
                     self.credit(p.bytes);
@@ -534,11 +557,43 @@ impl<L: Ledger, D: DeviceMemory> Accounts<L, D> {
         }
     }
 
-    /// After a successful `cuMemExportToShareableHandle` of `handle`.
-    pub fn physical_exported(&mut self, handle: PhysicalHandle) {
+    /// After a successful `cuMemExportToShareableHandle` of `handle`; `key`: the
+    /// shareable descriptor's identity (None: not a descriptor, or unreadable). The
+    /// memory lives while any process holds it, so its charge moves to the lease,
+    /// which keeps it until the last holder lets go, this process's exit included;
+    /// where the arbiter cannot take it, this process keeps it until it exits.
+    pub fn physical_exported(&mut self, handle: PhysicalHandle, key: Option<ShareKey>) {
+        let Some(p) = self.physical.get(&handle).copied() else {
+            return;
+        };
+        let moved = match (key, p.share) {
+            (Some(key), None) => self.link.share(key, p.bytes, None).then_some(key),
+            (Some(key), Some(first)) => {
+                self.link.share(key, 0, Some(first));
+                Some(first)
+            }
+            (None, share) => share,
+        };
         if let Some(p) = self.physical.get_mut(&handle) {
-            p.exported = true;
+            p.share = moved;
+            p.exported = moved.is_none();
         }
+    }
+
+    /// After a successful `cuMemImportFromShareableHandle`: another process's
+    /// allocation, charged to its lease (never here), which this process now holds.
+    pub fn physical_imported(&mut self, handle: PhysicalHandle, key: ShareKey) {
+        self.physical.insert(
+            handle,
+            Physical {
+                bytes: 0,
+                released: false,
+                mappings: 0,
+                exported: false,
+                share: Some(key),
+            },
+        );
+        self.link.hold(key);
     }
 
     /// Exported memory this process released and still pays for.
@@ -650,6 +705,20 @@ impl<L: Ledger, D: DeviceMemory> Accounts<L, D> {
         }
     }
 
+    /// Before launching a graph whose allocation nodes will grow `device`'s graph
+    /// memory pool to `prospective` bytes: charges the growth over what the pool is
+    /// charged now, so a launch past the quota is refused before anything runs (the
+    /// driver reserves the pool's memory inside `cuGraphLaunch`, with no later chance
+    /// to refuse). The launch's settle brings the charge to the pool's real size.
+    pub fn reserve_graph_pool(&mut self, device: CUdevice, prospective: u64) -> Outcome<()> {
+        let charged = self.graph_pools.get(&device).copied().unwrap_or(0);
+        if prospective > charged {
+            self.charge(prospective - charged, "graph memory pool growth")?;
+            self.graph_pools.insert(device, prospective);
+        }
+        Ok(())
+    }
+
     fn settle_graph_pools(&mut self) {
         let devices: Vec<CUdevice> = self.graph_pools.keys().copied().collect();
         for device in devices {
@@ -683,30 +752,43 @@ impl<L: Ledger, D: DeviceMemory> Accounts<L, D> {
 
 // ----- graph memory, read from the driver -----
 
-/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: what the device's graph memory pool
+/// `CUgraphMem_attribute`: what the device's graph memory pool has in use and what it
 /// holds from the device.
-const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: libc::c_int = 2;
+pub(crate) const GRAPH_MEM_ATTR_USED_MEM_CURRENT: libc::c_int = 0;
+pub(crate) const GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: libc::c_int = 2;
 
 static GRAPH_MEM_ATTRIBUTE: AtomicPtr<libc::c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The driver's function `name`, looked up once into `slot` (None: this driver has none).
+pub(crate) fn driver_function(
+    slot: &AtomicPtr<libc::c_void>,
+    name: &std::ffi::CStr,
+) -> Option<*mut libc::c_void> {
+    let mut f = slot.load(Ordering::Acquire);
+    if f.is_null() {
+        f = crate::loader::find_in_driver(crate::variants::Library::Cuda, name)?;
+        slot.store(f, Ordering::Release);
+    }
+    Some(f)
+}
 
 /// The graph memory pool's reserved bytes on `device` (None: the driver has no
 /// `cuDeviceGetGraphMemAttribute`, before CUDA 11.4, or it failed).
 fn graph_reserved(device: CUdevice) -> Option<u64> {
-    let mut f = GRAPH_MEM_ATTRIBUTE.load(Ordering::Acquire);
-    if f.is_null() {
-        f = crate::loader::find_in_driver(
-            crate::variants::Library::Cuda,
-            c"cuDeviceGetGraphMemAttribute",
-        )?;
-        GRAPH_MEM_ATTRIBUTE.store(f, Ordering::Release);
-    }
+    graph_mem_attribute(device, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+}
+
+/// A `cuuint64_t` attribute of `device`'s graph memory pool (`CUgraphMem_attribute`).
+pub(crate) fn graph_mem_attribute(device: CUdevice, attribute: libc::c_int) -> Option<u64> {
+    let f = driver_function(&GRAPH_MEM_ATTRIBUTE, c"cuDeviceGetGraphMemAttribute")?;
     type GetAttr = unsafe extern "C" fn(CUdevice, libc::c_int, *mut libc::c_void) -> CUresult;
     let mut value: u64 = 0;
-    // SAFETY: cuDeviceGetGraphMemAttribute(device, attr, void*): this attribute is a cuuint64_t.
+    // SAFETY: cuDeviceGetGraphMemAttribute(device, attr, void*): the *_MEM_CURRENT
+    // attributes are cuuint64_t.
     let rc = unsafe {
         std::mem::transmute::<*mut libc::c_void, GetAttr>(f)(
             device,
-            CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            attribute,
             (&mut value as *mut u64).cast(),
         )
     };
@@ -831,6 +913,9 @@ mod tests {
         held: u64,
         queries: usize,
         heard: Option<QuotaView>,
+        /// Whether the arbiter takes exported allocations; what it was told of them.
+        arbiter_shares: bool,
+        holds: Vec<(&'static str, ShareKey)>,
     }
 
     impl FakeLedger {
@@ -871,6 +956,19 @@ mod tests {
             self.queries += 1;
             Some(self.view())
         }
+        fn share(&mut self, key: ShareKey, bytes: u64, _: Option<ShareKey>) -> bool {
+            if self.arbiter_shares {
+                self.held -= bytes;
+                self.holds.push(("share", key));
+            }
+            self.arbiter_shares
+        }
+        fn hold(&mut self, key: ShareKey) {
+            self.holds.push(("hold", key));
+        }
+        fn unhold(&mut self, key: ShareKey) {
+            self.holds.push(("unhold", key));
+        }
     }
 
     /// The driver as the tests set it: everything made in context 0, pools read from
@@ -903,6 +1001,8 @@ mod tests {
             held: 0,
             queries: 0,
             heard: None,
+            arbiter_shares: false,
+            holds: Vec::new(),
         };
         Accounts::with(ledger, FakeMemory::default())
     }
@@ -1067,19 +1167,51 @@ mod tests {
         assert_eq!(a.link.held(), 700);
     }
 
+    const KEY: ShareKey = ShareKey { dev: 1, ino: 99 };
+
     #[test]
     fn exported_physical_memory_stays_charged_after_release_and_unmap() {
         let mut a = accounts(1 << 30);
         assert_eq!(a.create_physical(2 << 20, || Ok(42)), CUDA_SUCCESS);
-        a.physical_exported(42);
+        a.physical_exported(42, Some(KEY));
         a.mapped(0x1000_0000, 2 << 20, 42);
         a.physical_released(42);
         a.unmapped(0x1000_0000, 2 << 20);
         assert_eq!(
             (a.link.held(), a.exported_released()),
             (2 << 20, 2 << 20),
-            "an importer may still map it: the exporter pays until it exits"
+            "an arbiter that cannot take it over: the exporter pays until it exits"
         );
+    }
+
+    #[test]
+    fn exported_physical_memory_moves_to_the_lease_and_letting_go_is_told() {
+        let mut a = accounts(1 << 30);
+        a.link.arbiter_shares = true;
+        assert_eq!(a.create_physical(2 << 20, || Ok(42)), CUDA_SUCCESS);
+        a.physical_exported(42, Some(KEY));
+        assert_eq!(a.link.held(), 0, "the lease pays while any holder has it");
+        a.mapped(0x1000_0000, 2 << 20, 42);
+        a.physical_released(42);
+        assert_eq!(a.link.holds, [("share", KEY)], "still mapped here");
+        a.unmapped(0x1000_0000, 2 << 20);
+        assert_eq!(
+            (a.link.holds.clone(), a.exported_released()),
+            (vec![("share", KEY), ("unhold", KEY)], 0),
+            "released and unmapped: let go, nothing credited here"
+        );
+    }
+
+    #[test]
+    fn imported_physical_memory_is_held_never_charged() {
+        let mut a = accounts(1 << 30);
+        a.link.arbiter_shares = true;
+        a.physical_imported(7, KEY);
+        a.mapped(0x2000_0000, 2 << 20, 7);
+        a.physical_released(7);
+        a.unmapped(0x2000_0000, 2 << 20);
+        assert_eq!(a.link.held(), 0);
+        assert_eq!(a.link.holds, [("hold", KEY), ("unhold", KEY)]);
     }
 
     #[test]
@@ -1099,5 +1231,36 @@ mod tests {
         );
         a.settle_graph_pool(0, None);
         assert_eq!(a.link.held(), 100, "unreadable: unchanged");
+    }
+
+    #[test]
+    fn graph_pool_growth_is_reserved_before_the_launch_and_refused_over_quota() {
+        let mut a = accounts(1000);
+        assert_eq!(a.reserve_graph_pool(0, 400), Ok(()));
+        assert_eq!(
+            a.link.held(),
+            400,
+            "the growth is charged before the launch"
+        );
+        assert_eq!(a.reserve_graph_pool(0, 300), Ok(()));
+        assert_eq!(
+            a.link.held(),
+            400,
+            "no growth: nothing charged, nothing credited"
+        );
+        assert_eq!(
+            a.reserve_graph_pool(0, 1200),
+            Err(CUDA_ERROR_OUT_OF_MEMORY),
+            "growth past the quota is refused"
+        );
+        assert_eq!(a.link.held(), 400, "and nothing of it charged");
+        a.settle_graph_pool(0, Some(400));
+        assert_eq!(
+            a.link.held(),
+            400,
+            "the refused launch reserved nothing more"
+        );
+        assert_eq!(a.reserve_graph_pool(1, 500), Ok(()));
+        assert_eq!(a.link.held(), 900, "each device's pool is its own");
     }
 }

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use gpushare_proto::frame::{read_message, write_message, FrameError};
 
 use crate::watch::{self, Reattach};
-use gpushare_proto::{ErrorKind, LeaseRequest, LeaseResponse, LeaseState, Quota, PROTOCOL_VERSION};
+use gpushare_proto::{
+    ErrorKind, LeaseRequest, LeaseResponse, LeaseState, Quota, ShareKey, PROTOCOL_VERSION,
+};
 
 /// Bound on every read and write: a wedged arbiter cannot hang an allocation for ever.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -189,6 +191,9 @@ pub struct LeaseLink {
     /// When `last.used` was last heard (any answer that carries it).
     heard_at: Option<Instant>,
     backoff: Backoff,
+    /// Whether the arbiter takes exported allocations (`Share`/`Hold`/`Unhold`), as its
+    /// last attach said.
+    arbiter_shares: bool,
     /// The process's own link publishes its descriptor for a fork child to close, and
     /// starts the watcher with this step at its first attach; other links (tests)
     /// leave CONNECTION_FD alone.
@@ -204,6 +209,7 @@ impl LeaseLink {
             last: None,
             heard_at: None,
             backoff: Backoff::new(),
+            arbiter_shares: false,
             watcher: None,
         }
     }
@@ -352,6 +358,7 @@ impl LeaseLink {
                 }
                 self.connection = Some(c);
                 self.last = Some(view);
+                self.arbiter_shares = quota.shares;
                 self.heard();
                 Ok(())
             }
@@ -464,6 +471,59 @@ impl LeaseLink {
         }
     }
 
+    /// `bytes` this process charged are exported under `key` (`same_as`: the key it
+    /// first shared them under, `bytes` then 0): from now on the lease pays for them
+    /// until their last holder lets go, not this process. False when the arbiter
+    /// cannot take it (an older one, or away): the process keeps the charge.
+    pub fn share(&mut self, key: ShareKey, bytes: u64, same_as: Option<ShareKey>) -> bool {
+        let request = LeaseRequest::Share {
+            key,
+            bytes,
+            same_as,
+        };
+        if !self.shared_call(&request) {
+            return false;
+        }
+        self.held = self.held.saturating_sub(bytes);
+        true
+    }
+
+    /// This process holds the exported allocation `key` (imported it).
+    pub fn hold(&mut self, key: ShareKey) {
+        self.shared_call(&LeaseRequest::Hold { key });
+    }
+
+    /// This process let go of the exported allocation `key`.
+    pub fn unhold(&mut self, key: ShareKey) {
+        self.shared_call(&LeaseRequest::Unhold { key });
+    }
+
+    /// A `Share`/`Hold`/`Unhold` on the current connection (never resent after a
+    /// reconnect, like a credit); whether the arbiter took it.
+    fn shared_call(&mut self, request: &LeaseRequest) -> bool {
+        if !self.arbiter_shares {
+            return false;
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return false;
+        };
+        match connection.call(request) {
+            Ok(LeaseResponse::Quota(q)) => {
+                self.last = Some(QuotaView::from_quota(&q));
+                self.heard();
+                true
+            }
+            Ok(other) => {
+                crate::log_error!("{request:?} answered with {other:?}");
+                false
+            }
+            Err(e) => {
+                crate::log_error!("{request:?}: {e}");
+                false
+            }
+        }
+    }
+
     /// The lease's share as the arbiter sees it now, or what was last heard.
     pub fn query(&mut self) -> Option<QuotaView> {
         match self.request(&LeaseRequest::Query, QUERY_PATIENCE) {
@@ -552,6 +612,7 @@ pub(crate) mod tests {
                     memory_used: used,
                     memory_held: used - overhead,
                     memory_overhead: overhead,
+                    shares: false,
                     compute_request: Fraction::ZERO,
                     compute_limit: Fraction::ONE,
                 };
@@ -583,9 +644,12 @@ pub(crate) mod tests {
                             used -= bytes;
                             LeaseResponse::Credited { memory_used: used }
                         }
-                        LeaseRequest::Schedule => LeaseResponse::Error {
+                        LeaseRequest::Schedule
+                        | LeaseRequest::Share { .. }
+                        | LeaseRequest::Hold { .. }
+                        | LeaseRequest::Unhold { .. } => LeaseResponse::Error {
                             kind: gpushare_proto::ErrorKind::InvalidRequest,
-                            message: "this stand-in does not schedule".into(),
+                            message: "this stand-in does not schedule or share".into(),
                         },
                     };
                     if write_message(&mut s, &resp).is_err() {

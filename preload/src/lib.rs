@@ -33,8 +33,9 @@
 //! 4. **Driver calls** ([`driver`]): entry points the library calls for itself.
 //! 5. **Accounts and gate**: [`gate`] (the launch gate), [`watch`] (re-attach after an
 //!    arbiter restart), [`ledger`] (the arbiter's ledger connection), [`accounts`] (what
-//!    each allocation was charged, over the `Ledger` and `DeviceMemory` traits), [`fork`]
-//!    (the fork child's reset).
+//!    each allocation was charged, over the `Ledger` and `DeviceMemory` traits),
+//!    [`graph_memory`] (what executable graphs' memory nodes need, charged before their
+//!    launch), [`fork`] (the fork child's reset).
 //! 6. **Exported hooks** ([`hooks`]): one wrapper per variant.
 //! 7. **The front door** ([`front`]): `dlsym` and `cuGetProcAddress`, which hand the
 //!    wrappers out.
@@ -49,6 +50,7 @@ pub mod driver;
 pub mod fork;
 pub mod front;
 pub mod gate;
+pub mod graph_memory;
 pub mod guard;
 pub mod hooks;
 pub mod ledger;

@@ -45,6 +45,10 @@ macro_rules! for_each_variant {
         cuLaunchCooperativeKernel_ptsz: Cuda (cuLaunchCooperativeKernel 9000 PerThread) => launch::cuLaunchCooperativeKernel_ptsz,
         cuGraphLaunch: Cuda (cuGraphLaunch 10000 Legacy) => launch::cuGraphLaunch,
         cuGraphLaunch_ptsz: Cuda (cuGraphLaunch 10000 PerThread) => launch::cuGraphLaunch_ptsz,
+        // Graph instantiation: what its memory nodes need, charged at each launch.
+        cuGraphInstantiate_v2: Cuda (cuGraphInstantiate 11000 Legacy) => memory::cuGraphInstantiate_v2,
+        cuGraphInstantiateWithFlags: Cuda (cuGraphInstantiateWithFlags 11040 Legacy) => memory::cuGraphInstantiateWithFlags,
+        cuGraphExecDestroy: Cuda (cuGraphExecDestroy 10000 Legacy) => memory::cuGraphExecDestroy,
         cuLaunch: Cuda (cuLaunch 2000 Legacy) => launch::cuLaunch,
         cuLaunchGrid: Cuda (cuLaunchGrid 2000 Legacy) => launch::cuLaunchGrid,
         cuLaunchGridAsync: Cuda (cuLaunchGridAsync 2000 Legacy) => launch::cuLaunchGridAsync,
@@ -160,6 +164,7 @@ macro_rules! for_each_variant {
         cuMemMap: Cuda (cuMemMap 10020 Legacy) => memory::cuMemMap,
         cuMemUnmap: Cuda (cuMemUnmap 10020 Legacy) => memory::cuMemUnmap,
         cuMemExportToShareableHandle: Cuda (cuMemExportToShareableHandle 10020 Legacy) => memory::cuMemExportToShareableHandle,
+        cuMemImportFromShareableHandle: Cuda (cuMemImportFromShareableHandle 10020 Legacy) => memory::cuMemImportFromShareableHandle,
         // The gate's record of the process's work: contexts, streams, captures.
         cuStreamCreate: Cuda (cuStreamCreate 2000 Legacy) => work::cuStreamCreate,
         cuStreamCreateWithPriority: Cuda (cuStreamCreateWithPriority 5050 Legacy) => work::cuStreamCreateWithPriority,

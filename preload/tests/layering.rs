@@ -20,6 +20,7 @@ const RANKS: &[(&str, &str)] = &[
     ("watch", "accounts and gate"),
     ("ledger", "accounts and gate"),
     ("accounts", "accounts and gate"),
+    ("graph_memory", "accounts and gate"),
     ("fork", "accounts and gate"),
     ("hooks", "exported hooks"),
     ("front", "front door"),

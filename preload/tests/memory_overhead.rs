@@ -385,11 +385,10 @@ fn context(c: &Cuda) {
     }
 }
 
-/// A graph with a memory node: `bytes` allocated and freed inside a stream
-/// capture, instantiated and launched, which reserves the graph pool's memory.
-fn graph_program(c: &Cuda, bytes: usize) {
-    context(c);
-    step("meminfo", 0, &format!("free={}", c.free_memory()));
+/// A stream capturing a graph whose allocation nodes have `sizes`, all live at once and
+/// freed inside the graph, instantiated: the worst result, the stream and the
+/// executable graph.
+fn memory_node_graph(c: &Cuda, sizes: &[usize]) -> (R, usize, usize) {
     let create: unsafe extern "C" fn(*mut usize, u32) -> R = c.get("cuStreamCreate");
     let begin: unsafe extern "C" fn(usize, i32) -> R = c.get("cuStreamBeginCapture");
     let alloc: unsafe extern "C" fn(*mut u64, usize, usize) -> R = c.get("cuMemAllocAsync");
@@ -397,26 +396,52 @@ fn graph_program(c: &Cuda, bytes: usize) {
     let end: unsafe extern "C" fn(usize, *mut usize) -> R = c.get("cuStreamEndCapture");
     let instantiate: unsafe extern "C" fn(*mut usize, usize, u64) -> R =
         c.get("cuGraphInstantiateWithFlags");
-    let launch: unsafe extern "C" fn(usize, usize) -> R = c.get("cuGraphLaunch");
-    let sync: unsafe extern "C" fn(usize) -> R = c.get("cuStreamSynchronize");
-    let attribute: unsafe extern "C" fn(i32, i32, *mut u64) -> R =
-        c.get("cuDeviceGetGraphMemAttribute");
-    let (mut stream, mut graph, mut exec, mut ptr) = (0, 0, 0, 0u64);
+    let (mut stream, mut graph, mut exec) = (0, 0, 0);
+    let mut pointers = vec![0u64; sizes.len()];
     // SAFETY: the driver API's signatures; valid out-pointers.
     let rc = unsafe {
         let mut rc = create(&mut stream, 1);
         rc = rc.max(begin(stream, 2)); // relaxed
-        rc = rc.max(alloc(&mut ptr, bytes, stream));
-        rc = rc.max(free(ptr, stream));
+        for (ptr, &bytes) in pointers.iter_mut().zip(sizes) {
+            rc = rc.max(alloc(ptr, bytes, stream));
+        }
+        for &ptr in &pointers {
+            rc = rc.max(free(ptr, stream));
+        }
         rc = rc.max(end(stream, &mut graph));
-        rc = rc.max(instantiate(&mut exec, graph, 0));
-        rc = rc.max(launch(exec, stream));
-        rc.max(sync(stream))
+        rc.max(instantiate(&mut exec, graph, 0))
     };
+    (rc, stream, exec)
+}
+
+/// Launches `exec` on `stream` and waits: the launch's result and the wait's.
+fn launch_and_wait(c: &Cuda, exec: usize, stream: usize) -> (R, R) {
+    let launch: unsafe extern "C" fn(usize, usize) -> R = c.get("cuGraphLaunch");
+    let sync: unsafe extern "C" fn(usize) -> R = c.get("cuStreamSynchronize");
+    // SAFETY: the driver API's signatures, handles it gave.
+    unsafe { (launch(exec, stream), sync(stream)) }
+}
+
+/// What device 0's graph memory pool reserves (and the query's result).
+fn graph_pool_reserved(c: &Cuda) -> (R, u64) {
+    let attribute: unsafe extern "C" fn(i32, i32, *mut u64) -> R =
+        c.get("cuDeviceGetGraphMemAttribute");
     let mut reserved = 0u64;
     // SAFETY: CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT (2) is a cuuint64_t.
-    let attr_rc = unsafe { attribute(0, 2, &mut reserved) };
-    step("graph", rc.max(attr_rc), &format!("reserved={reserved}"));
+    let rc = unsafe { attribute(0, 2, &mut reserved) };
+    (rc, reserved)
+}
+
+/// A graph with a memory node: `bytes` allocated and freed inside a stream
+/// capture, instantiated and launched, which reserves the graph pool's memory.
+fn graph_program(c: &Cuda, bytes: usize) {
+    context(c);
+    step("meminfo", 0, &format!("free={}", c.free_memory()));
+    let (rc, stream, exec) = memory_node_graph(c, &[bytes]);
+    let (launched, synced) = launch_and_wait(c, exec, stream);
+    let (attr_rc, reserved) = graph_pool_reserved(c);
+    let rc = rc.max(launched).max(synced).max(attr_rc);
+    step("graph", rc, &format!("reserved={reserved}"));
     // At once: the launch settled the graph pool (accounts::graph_launched).
     step("meminfo", 0, &format!("free={}", c.free_memory()));
     // After a few watchdog passes (200 ms each), which measure the graph pool in
@@ -425,9 +450,30 @@ fn graph_program(c: &Cuda, bytes: usize) {
     let seen = c.free_memory();
     step("meminfo", 0, &format!("free={seen}"));
     let alloc_sync: unsafe extern "C" fn(*mut u64, usize) -> R = c.get("cuMemAlloc");
+    let mut ptr = 0u64;
     // SAFETY: valid out-pointer.
     let rc = unsafe { alloc_sync(&mut ptr, (seen + MI) as usize) };
     step("alloc-beyond", rc, "");
+}
+
+/// A graph whose two memory nodes need the whole quota together (the context already
+/// uses some of it): captured, instantiated, launched. Reports the launch's result
+/// and what the device's graph pool reserved after it.
+fn graph_over_quota_program(c: &Cuda) {
+    context(c);
+    // Each node alone fits in what the context leaves of the quota; both together,
+    // live at once in the graph, do not.
+    let half = (QUOTA / 2) as usize;
+    let (rc, stream, exec) = memory_node_graph(c, &[half, half]);
+    step("capture", rc, "");
+    let (launched, synced) = launch_and_wait(c, exec, stream);
+    let (attr_rc, reserved) = graph_pool_reserved(c);
+    step(
+        "launch",
+        launched,
+        &format!("reserved={reserved} sync={synced} attr={attr_rc}"),
+    );
+    step("meminfo", 0, &format!("free={}", c.free_memory()));
 }
 
 #[repr(C)]
@@ -500,7 +546,10 @@ fn exporter_program(c: &Cuda, bytes: usize) {
     step("release", rc, "");
     step("meminfo", 0, &format!("free={}", c.free_memory()));
     std::fs::write(dir.join("released"), "").unwrap();
-    wait_for(&dir.join("finish"));
+    // Told to, it exits with the importer still holding the memory.
+    if !dir.join("exporter-exits").exists() {
+        wait_for(&dir.join("finish"));
+    }
 }
 
 /// Imports the exporter's allocation (its descriptor through /proc) and maps it.
@@ -541,6 +590,14 @@ fn importer_program(c: &Cuda) {
     std::thread::sleep(2 * gpushare::accounts::VIEW_MAX_AGE);
     step("meminfo", 0, &format!("free={}", c.free_memory()));
     std::fs::write(dir.join("imported"), "").unwrap();
+    // Lets go of it when told: unmapped and released, the last holder.
+    wait_for(&dir.join("let-go"));
+    let unmap: unsafe extern "C" fn(u64, usize) -> R = c.get("cuMemUnmap");
+    let release: unsafe extern "C" fn(u64) -> R = c.get("cuMemRelease");
+    // SAFETY: the range mapped above and the handle imported above.
+    let rc = unsafe { unmap(address, bytes).max(release(handle)) };
+    step("let-go", rc, "");
+    std::fs::write(dir.join("let-go-done"), "").unwrap();
     wait_for(&dir.join("finish"));
 }
 
@@ -553,6 +610,7 @@ fn program() {
     let c = Cuda::load();
     match which.as_str() {
         "graph" => graph_program(&c, (64 * MI) as usize),
+        "graph-over-quota" => graph_over_quota_program(&c),
         "exporter" => exporter_program(&c, (64 * MI) as usize),
         "importer" => importer_program(&c),
         other => panic!("no program {other:?}"),
@@ -695,32 +753,87 @@ fn graph_memory_nodes_count_against_the_quota_after_the_launch() {
     assert_eq!(s.result("alloc-beyond", 0), "2", "CUDA_ERROR_OUT_OF_MEMORY");
 }
 
+/// The driver reserves a graph's memory nodes inside `cuGraphLaunch`, where nothing
+/// after it can refuse: a graph whose nodes need more than the quota left must be
+/// refused at its launch, nothing run or reserved, the lease never over its quota.
 #[test]
-fn exported_memory_stays_charged_to_the_exporter_while_an_importer_maps_it() {
+fn a_graph_whose_memory_nodes_exceed_the_quota_is_refused_at_its_launch() {
     let mut m = NvmlMachine::start();
+    let lease = m.lease("1Gi");
+    let s = m.program(&lease, "graph-over-quota");
+    assert_eq!(s.result("capture", 0), "0", "{}", s.stderr);
+    assert_eq!(
+        (s.result("launch", 0), s.number("launch", 0, "reserved")),
+        ("2", 0),
+        "CUDA_ERROR_OUT_OF_MEMORY, and the graph pool reserved nothing\n{}",
+        s.stderr
+    );
+    assert_eq!(
+        s.number("meminfo", 0, "free"),
+        QUOTA - CONTEXT,
+        "the refused growth is not left charged"
+    );
+    let status = m.control().status().unwrap();
+    assert!(status.violations.is_empty(), "{:?}", status.violations);
+}
+
+/// The exporter and the importer, on leases of their own, through the exporter's
+/// release (the importer maps the memory then); `exporter_exits`: the exporter exits
+/// after its release instead of waiting.
+fn export_then_release(
+    m: &mut NvmlMachine,
+    dir: &Path,
+    exporter_exits: bool,
+) -> (String, String, Child, Child) {
     let exporter_lease = m.lease("1Gi");
     let importer_lease = m.lease("1Gi");
-    let dir = tempfile::tempdir().unwrap();
+    if exporter_exits {
+        std::fs::write(dir.join("exporter-exits"), "").unwrap();
+    }
     let exporter = m
         .program_command(&exporter_lease, "exporter")
-        .env(HANDSHAKE_ENV, dir.path())
+        .env(HANDSHAKE_ENV, dir)
         .spawn()
         .unwrap();
     let importer = m
         .program_command(&importer_lease, "importer")
-        .env(HANDSHAKE_ENV, dir.path())
+        .env(HANDSHAKE_ENV, dir)
         .spawn()
         .unwrap();
-    wait_for(&dir.path().join("released"));
-    // The exporter let go of its handle; the importer maps the memory, which NVML
-    // counts for the exporter. Whatever the watchdog measures meanwhile, the
-    // exporter's lease pays for it and the importer's does not.
+    wait_for(&dir.join("released"));
+    (exporter_lease, importer_lease, exporter, importer)
+}
+
+/// The importer lets go (unmaps and releases: the last holder) and finishes.
+fn importer_lets_go(dir: &Path) {
+    std::fs::write(dir.join("let-go"), "").unwrap();
+    wait_for(&dir.join("let-go-done"));
+}
+
+/// Exported memory lives while any process holds it: released by the exporter and
+/// mapped by an importer (another lease), it stays charged to the exporter's lease,
+/// not the importer's, and is credited when the importer, the last holder, lets go
+/// — then, while the exporter still runs, not at its exit.
+#[test]
+fn exported_memory_is_credited_when_the_last_holder_releases_it() {
+    let mut m = NvmlMachine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (exporter_lease, importer_lease, exporter, importer) =
+        export_then_release(&mut m, dir.path(), false);
+    // Whatever the watchdog measures meanwhile (NVML counts the memory for the
+    // exporter), the exporter's lease pays for it once and the importer's does not.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         (m.used(&exporter_lease), m.used(&importer_lease)),
         (CONTEXT + 64 * MI, CONTEXT),
         "{}",
         m.log()
+    );
+    importer_lets_go(dir.path());
+    assert_eq!(
+        m.used(&exporter_lease),
+        CONTEXT,
+        "credited at the importer's release, the exporter still running"
     );
     std::fs::write(dir.path().join("finish"), "").unwrap();
     let e = program_steps(exporter, "exporter");
@@ -731,22 +844,49 @@ fn exported_memory_stays_charged_to_the_exporter_while_an_importer_maps_it() {
         (&e, "release"),
         (&i, "import"),
         (&i, "map"),
+        (&i, "let-go"),
     ] {
         assert_eq!(s.result(step, 0), "0", "{step}: {}", s.stderr);
     }
     assert_eq!(
         e.number("meminfo", 0, "free"),
         QUOTA - CONTEXT - 64 * MI,
-        "released by the exporter, still charged to it at once"
+        "released by the exporter, still charged to its lease at once"
     );
     assert_eq!(
         i.number("meminfo", 0, "free"),
         QUOTA - CONTEXT,
         "the importer is not charged for what it maps"
     );
-    wait_until(
-        "the exporter's exit to credit it",
-        Duration::from_secs(10),
-        || m.used(&exporter_lease) == 0,
+}
+
+/// The exporter releases and exits while the importer still maps the memory: the
+/// memory lives on, so it stays charged to the exporter's lease until the importer
+/// lets go, and then nothing remains charged.
+#[test]
+fn exported_memory_stays_charged_after_its_exporter_exits_until_the_importer_releases_it() {
+    let mut m = NvmlMachine::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (exporter_lease, importer_lease, exporter, importer) =
+        export_then_release(&mut m, dir.path(), true);
+    let e = program_steps(exporter, "exporter");
+    assert_eq!(e.result("release", 0), "0", "{}", e.stderr);
+    // The exporter's connection closed with its exit; give the watchdog a few
+    // passes (200 ms each) to measure the node without it.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        (m.used(&exporter_lease), m.used(&importer_lease)),
+        (64 * MI, CONTEXT),
+        "the importer still maps it: charged to the exporter's lease\n{}",
+        m.log()
     );
+    importer_lets_go(dir.path());
+    assert_eq!(
+        m.used(&exporter_lease),
+        0,
+        "the last holder let go: nothing remains charged"
+    );
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    let i = program_steps(importer, "importer");
+    assert_eq!(i.result("let-go", 0), "0", "{}", i.stderr);
 }

@@ -18,7 +18,7 @@ pub mod token_client;
 pub use client::{ChargeOutcome, ClientError, ContainerRef, ControlClient, LeaseClient};
 pub use grant::{Grant, GrantAmount, GrantId, GrantRequest, PodBinding};
 pub use lease::{Lease, LeaseId, LeaseState};
-pub use lease_socket::{LeaseRequest, LeaseResponse, Quota};
+pub use lease_socket::{LeaseRequest, LeaseResponse, Quota, ShareKey};
 pub use message::{
     AdmissionRejections, AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest,
     ControlResponse, ErrorKind, GpuStatus, GpuTimeline, GpuUtilization, LeaseGpuTime, LeaseUsage,

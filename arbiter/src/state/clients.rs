@@ -2,6 +2,7 @@
 //! detach and queries.
 
 use super::*;
+use crate::lease_connection::ShareChange;
 
 impl Arbiter {
     // ----- lease sockets -----
@@ -29,6 +30,7 @@ impl Arbiter {
                 .map(|c| c.held)
                 .unwrap_or(0),
             memory_overhead: ledger.map(|x| x.overhead()).unwrap_or(0),
+            shares: true,
             compute_request: l.compute_request,
             compute_limit: l.compute_limit,
         })
@@ -46,6 +48,7 @@ impl Arbiter {
             memory_used: 0,
             memory_held: 0,
             memory_overhead: 0,
+            shares: true,
             compute_request: gpushare_proto::Fraction::ZERO,
             compute_limit: gpushare_proto::Fraction::ZERO,
         })
@@ -125,6 +128,29 @@ impl Arbiter {
         bytes: u64,
     ) -> Result<u64, StateError> {
         Ok(self.ledger.credit(id, connection, bytes)?)
+    }
+
+    /// An exported allocation's charge moves from `connection` to the lease (see
+    /// `Ledger::share`), or its holders change (`hold`, `unhold`).
+    pub fn lease_share(
+        &mut self,
+        id: &LeaseId,
+        connection: ConnectionId,
+        change: ShareChange,
+    ) -> Result<Quota, StateError> {
+        match change {
+            ShareChange::Share {
+                key,
+                bytes,
+                same_as,
+            } => {
+                self.ledger.share(id, connection, key, bytes, same_as)?;
+                tracing::debug!(lease = %id, ?key, bytes, "exported allocation shared");
+            }
+            ShareChange::Hold { key } => self.ledger.hold(connection, key),
+            ShareChange::Unhold { key } => self.ledger.unhold(connection, key),
+        }
+        self.quota(id, connection)
     }
 
     pub fn lease_detach(&mut self, id: &LeaseId, connection: ConnectionId) {

@@ -310,6 +310,15 @@ impl ArbiterHandle {
         self.lock().lease_credit(lease, connection, bytes)
     }
 
+    pub fn share(
+        &self,
+        lease: &LeaseId,
+        connection: ConnectionId,
+        change: crate::lease_connection::ShareChange,
+    ) -> Result<Quota, StateError> {
+        self.lock().lease_share(lease, connection, change)
+    }
+
     pub fn detach(&self, lease: &LeaseId, connection: ConnectionId) {
         self.lock().lease_detach(lease, connection)
     }

@@ -64,8 +64,10 @@ gated!(cuLaunchCooperativeKernel_ptsz(true, stream, f; f: Handle, grid_x: c_uint
     grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint,
     shared_mem: c_uint, stream: Handle, params: Params));
 /// Defines a gated graph launch: a graph with memory nodes reserves its memory from
-/// the device's graph pool at launch, which no allocation wrapper sees, so the pool is
-/// settled against the ledger afterwards — at most every [`GRAPH_SETTLE_NS`], so a
+/// the device's graph pool at launch, which no allocation wrapper sees. The pool's
+/// growth for a graph whose needs instantiation read (`graph_memory`) is charged
+/// before the launch, refused over the quota; the pool is settled against the ledger
+/// afterwards — for other graphs at most every [`GRAPH_SETTLE_NS`], so a
 /// program launching graphs back to back takes the accounts' lock ten times a second,
 /// not per launch (the arbiter's reconciliation with NVML covers the gap).
 macro_rules! gated_graph {
@@ -78,6 +80,14 @@ macro_rules! gated_graph {
         pub unsafe extern "C" fn $name(exec: Handle, stream: Handle) -> CUresult {
             crate::guard::cuda(|| {
                 let real = real_fn!($name: fn(Handle, Handle) -> CUresult);
+                // Memory nodes reserve their memory inside the launch: charged first.
+                let memory_nodes = crate::graph_memory::needs(exec);
+                if let Some(needed) = memory_nodes {
+                    let rc = crate::graph_memory::reserve_before_launch(needed);
+                    if rc != CUDA_SUCCESS {
+                        return rc;
+                    }
+                }
                 let ticket = gate::admit(
                     Target { stream, per_thread: $per_thread },
                     What::Graph(exec),
@@ -85,7 +95,10 @@ macro_rules! gated_graph {
                 // SAFETY: the caller's arguments, forwarded unchanged.
                 let result = unsafe { real(exec, stream) };
                 gate::launched(ticket, result);
-                if result == CUDA_SUCCESS {
+                if memory_nodes.is_some() {
+                    // The charge made before becomes the pool's real size at once.
+                    settle_graph_memory_now();
+                } else if result == CUDA_SUCCESS {
                     settle_graph_memory();
                 }
                 result

@@ -1,7 +1,7 @@
 //! Allocation wrappers: charge the container's ledger before the driver allocates,
 //! credit it after the driver frees. Inert library: straight to the driver.
 
-use libc::{c_uint, c_void};
+use libc::{c_int, c_uint, c_void};
 
 use super::real_fn;
 use crate::accounts::{self, Accounts};
@@ -545,12 +545,62 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
                 // SAFETY: the caller's arguments, forwarded.
                 let rc = unsafe { real(shareable, handle, handle_type, flags) };
                 if rc == CUDA_SUCCESS {
-                    // An importer may map it after we release it: keep it charged.
-                    a.physical_exported(handle);
+                    // An importer may map it after we release it, or after we exit.
+                    let key = (handle_type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                        .then(|| written(shareable as *const c_int))
+                        .flatten()
+                        .and_then(descriptor_key);
+                    a.physical_exported(handle, key);
                 }
                 rc
             },
         )
+    })
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: the shareable handle is an `int`
+/// descriptor (the other types, Win32 and fabric, are not tracked across processes).
+const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 0x1;
+
+/// What names an exported allocation in every process its descriptor reaches
+/// (SCM_RIGHTS, pidfd_getfd, /proc/PID/fd): the descriptor's file, device and inode.
+fn descriptor_key(fd: c_int) -> Option<gpushare_proto::ShareKey> {
+    // SAFETY: all-zero is a valid `stat`; fstat writes it for a descriptor we were
+    // handed (a bad one fails with EBADF, nothing else).
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some(gpushare_proto::ShareKey {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    })
+}
+
+/// # Safety
+/// The driver's contract for `cuMemImportFromShareableHandle`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut PhysicalHandle,
+    os_handle: *mut c_void,
+    handle_type: c_uint,
+) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuMemImportFromShareableHandle: fn(*mut PhysicalHandle, *mut c_void, c_uint) -> CUresult);
+        // SAFETY: the caller's arguments, forwarded.
+        let rc = unsafe { real(handle, os_handle, handle_type) };
+        if rc != CUDA_SUCCESS || handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+            return rc;
+        }
+        // For a descriptor the "pointer" is the descriptor's value (cuda.h).
+        let key = descriptor_key(os_handle as usize as c_int);
+        if let (Some(key), Some(imported)) = (key, written(handle)) {
+            if let Some(mut a) = accounts::lock() {
+                a.physical_imported(imported, key);
+            }
+        }
+        rc
     })
 }
 
@@ -600,5 +650,48 @@ pub unsafe extern "C" fn cuMemUnmap(address: CUdeviceptr, size: usize) -> CUresu
                 rc
             },
         )
+    })
+}
+
+// ----- graph memory nodes -----
+
+/// Instantiation reads what the graph's allocation nodes need (`graph_memory`), so
+/// that each launch can charge the graph pool's growth before it runs.
+macro_rules! instantiate {
+    ($name:ident ($($arg:ident: $ty:ty),*)) => {
+        /// # Safety
+        /// The driver's contract for this entry point.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(exec: *mut Handle, graph: Handle $(, $arg: $ty)*) -> CUresult {
+            crate::guard::cuda(|| {
+                let real = real_fn!($name: fn(*mut Handle, Handle $(, $ty)*) -> CUresult);
+                // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
+                let rc = unsafe { real(exec, graph $(, $arg)*) };
+                if rc == CUDA_SUCCESS {
+                    if let Some(exec) = written(exec) {
+                        crate::graph_memory::instantiated(exec, graph);
+                    }
+                }
+                rc
+            })
+        }
+    };
+}
+
+instantiate!(cuGraphInstantiate_v2(error_node: *mut Handle, log: *mut libc::c_char, log_size: usize));
+instantiate!(cuGraphInstantiateWithFlags(flags: u64));
+
+/// # Safety
+/// The driver's contract for `cuGraphExecDestroy`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CUresult {
+    crate::guard::cuda(|| {
+        let real = real_fn!(cuGraphExecDestroy: fn(Handle) -> CUresult);
+        // SAFETY: forwarded unchanged to the driver's function for this variant; the caller accepted its contract.
+        let rc = unsafe { real(exec) };
+        if rc == CUDA_SUCCESS {
+            crate::graph_memory::forget(exec);
+        }
+        rc
     })
 }

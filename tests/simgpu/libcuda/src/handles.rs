@@ -16,9 +16,11 @@ pub enum Kind {
     Array = 8,
     MipmappedArray = 9,
     MemPool = 10,
+    /// A node of a graph (`api::graph`): its graph's index and its own, not a slab's.
+    GraphNode = 11,
 }
 
-const TAG_SHIFT: u32 = 40;
+pub const TAG_SHIFT: u32 = 40;
 
 pub struct Slab<T> {
     kind: Kind,

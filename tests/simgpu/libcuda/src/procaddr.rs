@@ -142,6 +142,9 @@ pub const TABLE: &[(&str, Variants, Variants)] = &[
     ("cuCtxFromGreenCtx", &[(12040, "cuCtxFromGreenCtx")], &[]),
     ("cuGreenCtxStreamCreate", &[(12050, "cuGreenCtxStreamCreate")], &[]),
     ("cuGetExportTable", &[(3000, "cuGetExportTable")], &[]),
+    ("cuGraphGetNodes", &[(10000, "cuGraphGetNodes")], &[]),
+    ("cuGraphNodeGetType", &[(10000, "cuGraphNodeGetType")], &[]),
+    ("cuGraphMemAllocNodeGetParams", &[(11040, "cuGraphMemAllocNodeGetParams")], &[]),
     ("cuGetErrorString", &[(6000, "cuGetErrorString")], &[]),
     ("cuGetErrorName", &[(6000, "cuGetErrorName")], &[]),
     // The resolver takes no stream: a per-thread request gets the plain resolver, as in the

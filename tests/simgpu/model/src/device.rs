@@ -53,6 +53,9 @@ pub struct ProcessId {
     pub generation: u64,
 }
 
+/// The owner of a shared allocation whose exporter exited while others held it.
+const NO_OWNER: u32 = u32::MAX;
+
 /// A physical allocation registered for sharing between processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SharedAllocId {
@@ -556,25 +559,29 @@ impl Locked<'_> {
                 self.free_context_slot(c);
             }
         }
-        // Its references to shared allocations die with it; an allocation it exported stops
-        // being charged (its memory goes below) whoever still maps it.
-        for a in self.state.shared_allocs.iter_mut() {
-            if a.state != SLOT_LIVE {
+        // Its references to shared allocations die with it. An allocation it exported lives
+        // on while another process holds a reference (as on the real driver: the physical
+        // memory is freed when the last handle goes), no longer any process's in the listing.
+        for a in 0..self.state.shared_allocs.len() {
+            if self.state.shared_allocs[a].state != SLOT_LIVE {
                 continue;
             }
-            a.refs[slot] = 0;
-            if a.owner == slot as u32 {
-                a.state = SLOT_FREE;
-            } else if a.refs.iter().all(|&r| r == 0) {
-                a.state = SLOT_FREE;
-                let owner = &mut self.state.processes[a.owner as usize];
-                if owner.state == SLOT_LIVE && owner.generation == a.owner_generation {
-                    let held = &mut owner.memory[a.gpu as usize];
-                    let bytes = a.bytes.min(*held);
-                    *held -= bytes;
-                    let used = &mut self.state.gpus[a.gpu as usize].memory_used;
-                    *used = used.saturating_sub(bytes);
-                }
+            self.state.shared_allocs[a].refs[slot] = 0;
+            let alloc = &self.state.shared_allocs[a];
+            let (gpu, bytes) = (alloc.gpu, alloc.bytes);
+            let referenced = alloc.refs.iter().any(|&r| r > 0);
+            if alloc.owner == slot as u32 && referenced {
+                let owner = &mut self.state.processes[slot];
+                let held = &mut owner.memory[gpu as usize];
+                *held = held.saturating_sub(bytes);
+                let alloc = &mut self.state.shared_allocs[a];
+                alloc.owner = NO_OWNER;
+                alloc.owner_generation = 0;
+            } else if alloc.owner == slot as u32 {
+                // Freed with the exporter's memory below.
+                self.state.shared_allocs[a].state = SLOT_FREE;
+            } else if !referenced {
+                self.free_shared(a);
             }
         }
         let p = &mut self.state.processes[slot];
@@ -755,17 +762,30 @@ impl Locked<'_> {
         if a.refs.iter().any(|&r| r > 0) {
             return Ok(());
         }
+        self.free_shared(slot);
+        Ok(())
+    }
+
+    /// Frees a shared allocation nobody references: from its exporter's charge, or, once
+    /// the exporter is gone, from the GPU's use alone.
+    fn free_shared(&mut self, slot: usize) {
+        let a = &mut self.state.shared_allocs[slot];
         a.state = SLOT_FREE;
         let (owner, generation, gpu, bytes) = (a.owner, a.owner_generation, a.gpu, a.bytes);
-        let owner = &mut self.state.processes[owner as usize];
-        if owner.state == SLOT_LIVE && owner.generation == generation {
+        let bytes = if owner == NO_OWNER {
+            bytes
+        } else {
+            let owner = &mut self.state.processes[owner as usize];
+            if owner.state != SLOT_LIVE || owner.generation != generation {
+                return;
+            }
             let held = &mut owner.memory[gpu as usize];
             let bytes = bytes.min(*held);
             *held -= bytes;
-            let used = &mut self.state.gpus[gpu as usize].memory_used;
-            *used = used.saturating_sub(bytes);
-        }
-        Ok(())
+            bytes
+        };
+        let used = &mut self.state.gpus[gpu as usize].memory_used;
+        *used = used.saturating_sub(bytes);
     }
 
     /// (free, total) bytes of GPU `gpu` as CUDA sees them (`cuMemGetInfo`): the total is what
@@ -1230,6 +1250,35 @@ mod tests {
         let mut l = exporter.lock().unwrap();
         l.reap_dead();
         assert_eq!(l.memory_info(0).0, 4 << 30);
+    }
+
+    #[test]
+    fn a_shared_allocation_outlives_its_exporter_while_an_importer_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let vars = [("SIMGPU_MEMORY", "4Gi"), ("SIMGPU_CONTEXT_MEMORY", "0")];
+        let (exporter, importer) = (device(dir.path(), &vars), device(dir.path(), &vars));
+        let p = exporter.lock().unwrap().attach_process().unwrap();
+        let q = importer.lock().unwrap().attach_process().unwrap();
+        let mut l = exporter.lock().unwrap();
+        l.reserve_memory(p, 0, 1 << 30).unwrap();
+        let id = l.share_allocation(p, 0, 1 << 30).unwrap();
+        drop(l);
+        importer.lock().unwrap().import_allocation(q, id).unwrap();
+        exporter.simulate_death(p);
+        let mut l = importer.lock().unwrap();
+        l.reap_dead();
+        let snap = l.snapshot(0).unwrap();
+        assert_eq!(snap.memory_used, 1 << 30, "the importer's handle keeps it");
+        assert!(
+            snap.processes.iter().all(|u| u.memory_bytes == 0),
+            "no process's in the listing: {:?}",
+            snap.processes
+                .iter()
+                .map(|u| u.memory_bytes)
+                .collect::<Vec<_>>()
+        );
+        l.release_shared(q, id).unwrap();
+        assert_eq!(l.memory_info(0).0, 4 << 30, "freed with the last handle");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! a memfd naming the allocation in the shared device model, which any process that receives it
 //! (SCM_RIGHTS, pidfd_getfd) imports with `cuMemImportFromShareableHandle`. As on the real
 //! driver, the memory stays allocated, and charged to the exporting process (as `nvidia-smi`
-//! shows it), until every handle of every process is released and every mapping is gone.
+//! shows it), until every handle of every process is released and every mapping is gone; an
+//! exporter's exit does not free it while another process holds it.
 
 use super::DevicePtr;
 use crate::driver::{driver, Mapping, Physical};
