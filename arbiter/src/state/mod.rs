@@ -46,8 +46,9 @@ pub enum StateError {
     #[error("container id {0:?}: must be 1 to 1024 printable characters")]
     BadContainerId(String),
     /// A number the control socket carried that no honest client sends.
-    #[error("reserve request {field} = {value}: {accepted}")]
+    #[error("{request} request {field} = {value}: {accepted}")]
     BadRequest {
+        request: &'static str,
         field: &'static str,
         value: String,
         accepted: &'static str,

@@ -16,6 +16,7 @@ pub(super) fn check_compute_shares(request: &ReserveRequest) -> Result<(), State
     ] {
         if Fraction::new(value).is_none() {
             return Err(StateError::BadRequest {
+                request: "reserve",
                 field,
                 value: value.to_string(),
                 accepted: SHARE,
@@ -24,6 +25,7 @@ pub(super) fn check_compute_shares(request: &ReserveRequest) -> Result<(), State
     }
     if request.compute_limit.get() < request.compute_request.get() {
         return Err(StateError::BadRequest {
+            request: "reserve",
             field: "compute_limit",
             value: format!(
                 "{} (below compute_request = {})",

@@ -697,3 +697,17 @@ fn attach_refuses_a_held_memory_claim_beyond_the_leases_quota() {
     arbiter.lease_attach(&id, 2, 21, GI / 2).unwrap();
     assert_eq!(arbiter.status().usage[0].memory_used, GI);
 }
+
+/// Pid 0 names no process: to kill(2) it is the caller's own process group, so a
+/// lease confirmed with it would look alive for ever.
+#[test]
+fn a_confirm_with_pid_zero_is_refused_naming_the_pid() {
+    let (_dir, mut arbiter, _) = setup();
+    arbiter
+        .reserve_now(request("c", "1Gi", Priority::Low))
+        .unwrap();
+    let err = arbiter.confirm("c", 0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    assert!(err.to_string().contains("pid = 0"), "{err}");
+    assert_eq!(arbiter.status().leases[0].state, LeaseState::Reserved);
+}
