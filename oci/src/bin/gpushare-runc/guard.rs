@@ -146,11 +146,17 @@ pub fn wait_for_exit(pid: u32) {
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: polls one live pollfd; readable once the process has exited.
-        while unsafe { libc::poll(&mut poll, 1, -1) } < 0 {}
-        return;
+        loop {
+            // SAFETY: polls one live pollfd; readable once the process has exited.
+            if unsafe { libc::poll(&mut poll, 1, -1) } >= 0 {
+                return;
+            }
+            if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                break;
+            }
+        }
     }
-    // No pidfd (a kernel before 5.3) or already gone: ask until it is.
+    // No pidfd (a kernel before 5.3), already gone, or poll failed: ask until it is.
     // SAFETY: signal 0 only checks that the process exists.
     while unsafe { libc::kill(pid as libc::pid_t, 0) } == 0 {
         std::thread::sleep(std::time::Duration::from_millis(100));
