@@ -2,7 +2,8 @@
 //! reloading its configuration on SIGHUP, and taking it apart again on a clean
 //! stop. Shared by the binary and the recovery benchmark.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,10 +45,18 @@ pub fn lock_state_dir(config: &ArbiterConfig) -> Result<Flock<File>, DaemonError
         source,
     })?;
     let path = dir.join("arbiter.lock");
-    let file = File::create(&path).map_err(|source| DaemonError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    // Whoever can open it can flock it, and so keep the arbiter from starting.
+    crate::store::owner_only(&path)?;
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(crate::store::OWNER_ONLY)
+        .open(&path)
+        .map_err(|source| DaemonError::Io {
+            path: path.clone(),
+            source,
+        })?;
     Flock::lock(file, FlockArg::LockExclusiveNonblock)
         .map_err(|_| DaemonError::AlreadyRunning(path))
 }
@@ -307,6 +316,22 @@ mod tests {
     use super::*;
     use gpushare_config::{DeclaredDevice, PlacementPolicy, SchedulingPolicy};
     use gpushare_types::ByteSize;
+
+    /// A host user who can open the lock file can flock it too, and so keep the
+    /// arbiter from starting: it is root's alone, an older readable one closed.
+    #[test]
+    fn the_state_lock_is_openable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::state::tests::config(dir.path());
+        let path = config.state_dir.join("arbiter.lock");
+        drop(lock_state_dir(&config).unwrap());
+        assert_eq!(mode(&path), 0o600, "as created");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(lock_state_dir(&config).unwrap());
+        assert_eq!(mode(&path), 0o600, "an older one after a start");
+    }
 
     /// Every key of the configuration (a file setting each one), with the effect
     /// decided for it: a key added to the configuration fails here until decided.

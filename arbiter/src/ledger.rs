@@ -188,6 +188,12 @@ pub enum LedgerError {
     AlreadyAttached,
     #[error("credit of {asked} bytes exceeds the {held} bytes this process has charged")]
     CreditTooLarge { asked: u64, held: u64 },
+    #[error("attach memory_held = {claimed}: a process can hold at most what the lease's quota of {quota} bytes leaves beside its other processes' {others} bytes")]
+    HeldBeyondQuota {
+        claimed: u64,
+        quota: u64,
+        others: u64,
+    },
 }
 
 /// The result of a charge: `granted` or not, and the lease's state after it.
@@ -248,6 +254,19 @@ impl Ledger {
         let l = self.lease_mut(lease)?;
         if l.clients.contains_key(&connection) {
             return Err(LedgerError::AlreadyAttached);
+        }
+        // What a process already holds (it re-attaches after an arbiter restart)
+        // was charged against this quota, so an honest claim always fits in it.
+        let others = l
+            .clients
+            .values()
+            .fold(0u64, |sum, c| sum.saturating_add(c.held));
+        if held > l.quota.saturating_sub(others) {
+            return Err(LedgerError::HeldBeyondQuota {
+                claimed: held,
+                quota: l.quota,
+                others,
+            });
         }
         // From now on the process is counted on this lease; wherever the last
         // measurement counted it as unattached (this lease, or, for host processes
@@ -479,10 +498,10 @@ mod tests {
     }
 
     #[test]
-    fn reattach_after_restart_records_what_is_held_even_over_quota() {
+    fn reattach_after_restart_records_what_is_held_up_to_the_quota() {
         let mut l = ledger(100);
-        l.attach(&lease(), 7, 10, 120, 0).unwrap();
-        assert_eq!(l.get(&lease()).unwrap().used(), 120);
+        l.attach(&lease(), 7, 10, 100, 0).unwrap();
+        assert_eq!(l.get(&lease()).unwrap().used(), 100);
         assert!(!l.charge(&lease(), 7, 1).unwrap().granted);
         assert_eq!(
             l.attach(&lease(), 7, 10, 0, 0),
@@ -490,22 +509,26 @@ mod tests {
         );
     }
 
+    /// Charges fail closed while the arbiter is away, so what a process holds
+    /// was charged against this quota: a claim beyond it is not memory it has.
     #[test]
-    fn hostile_held_claims_saturate_instead_of_wrapping() {
+    fn held_claims_beyond_the_quota_are_refused_and_count_nothing() {
         let mut l = ledger(100);
-        l.attach(&lease(), 1, 10, u64::MAX, 0).unwrap();
-        l.attach(&lease(), 2, 11, u64::MAX, 0).unwrap();
-        assert_eq!(
-            l.get(&lease()).unwrap().used(),
-            u64::MAX,
-            "no wrap-around to a small number"
-        );
-        l.attach(&lease(), 3, 12, 0, 0).unwrap();
-        let charge = l.charge(&lease(), 3, 1).unwrap();
-        assert!(
-            !charge.granted,
-            "a lease that claims everything has no room left"
-        );
+        let beyond = |claimed, others| {
+            Err(LedgerError::HeldBeyondQuota {
+                claimed,
+                quota: 100,
+                others,
+            })
+        };
+        assert_eq!(l.attach(&lease(), 1, 10, u64::MAX, 0), beyond(u64::MAX, 0));
+        assert_eq!(l.attach(&lease(), 1, 10, 101, 0), beyond(101, 0));
+        l.attach(&lease(), 1, 10, 60, 0).unwrap();
+        assert_eq!(l.attach(&lease(), 2, 11, 41, 0), beyond(41, 60));
+        l.attach(&lease(), 2, 11, 40, 0).unwrap();
+        assert_eq!(l.get(&lease()).unwrap().used(), 100);
+        let charge = l.charge(&lease(), 2, 1).unwrap();
+        assert!(!charge.granted, "a full lease has no room left");
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod setup;
 pub mod shutdown;
 pub mod state;
 pub mod store;
+pub mod terminal;
 pub mod timeline;
 pub mod timeslice;
 pub mod tokens;

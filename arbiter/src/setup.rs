@@ -14,6 +14,13 @@
 //!   still what setup wrote; edited since, undo removes exactly the entry setup added
 //!   (and the tables it created), keeping the later edits.
 //!
+//! Files are written as root, so symlink-safely: a config that is a symbolic link
+//! (into a managed tree) is edited where the link points and stays a link; the new
+//! text goes through a randomly named temporary file created exclusively beside it
+//! and renamed over it; the backup is created exclusively and read without
+//! following a link, so a link planted at either name is never written, chmodded or
+//! read through.
+//!
 //! The engine is never restarted: the report names what to restart.
 
 use std::fmt;
@@ -534,6 +541,35 @@ fn backup_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// How many links deep an engine's config may lie (the kernel's own bound).
+const MAX_LINKS: usize = 40;
+
+/// The file an edit of `path` lands in: `path` itself, or where its symbolic links
+/// lead (a dangling one too: setup then creates the file it names). Replacing the
+/// link by a file would cut the config off from whatever manages it.
+fn edited_file(path: &Path) -> Result<PathBuf, SetupError> {
+    let mut file = path.to_owned();
+    for _ in 0..MAX_LINKS {
+        match std::fs::symlink_metadata(&file) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = std::fs::read_link(&file).map_err(io_error("read the link", &file))?;
+                file = match file.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                };
+            }
+            Ok(_) => return Ok(file),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(file),
+            Err(e) => return Err(io_error("inspect", &file)(e)),
+        }
+    }
+    Err(SetupError::Io {
+        what: "resolve",
+        path: path.to_owned(),
+        reason: format!("more than {MAX_LINKS} symbolic links"),
+    })
+}
+
 fn read_optional(path: &Path) -> Result<Option<String>, SetupError> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
@@ -557,23 +593,96 @@ fn io_error<'a>(
     }
 }
 
-/// Writes through a temporary file in the same directory, renamed over `path`, keeping
-/// the old file's permissions: the engine never reads half a file.
-fn write_atomically(path: &Path, text: &str) -> Result<(), SetupError> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io_error("create the directory of", path))?;
+/// Setup's backups are plain files it created itself; anything else at that name
+/// (a link someone planted in a directory they may write) is neither read nor
+/// written through.
+fn not_a_backup(backup: &Path) -> SetupError {
+    SetupError::Io {
+        what: "use the backup",
+        path: backup.to_owned(),
+        reason: "it is not a plain file (a symbolic link?); setup only keeps backups it \
+                 created as plain files: remove it, then run setup again"
+            .into(),
     }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".gpushare-tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, text).map_err(io_error("write", &tmp))?;
-    let mode = std::fs::metadata(path)
+}
+
+/// The original, once: a second setup after a change of path keeps the first.
+/// Created exclusively (`O_EXCL`), so a link planted at the name is never followed.
+fn write_backup(backup: &Path, original: &str) -> Result<(), SetupError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(backup);
+    match created {
+        Ok(mut file) => file
+            .write_all(original.as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(io_error("write the backup", backup)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            match std::fs::symlink_metadata(backup) {
+                Ok(meta) if meta.file_type().is_file() => Ok(()),
+                _ => Err(not_a_backup(backup)),
+            }
+        }
+        Err(e) => Err(io_error("write the backup", backup)(e)),
+    }
+}
+
+/// The backup, if there is one; never through a link (`O_NOFOLLOW`).
+fn read_backup(backup: &Path) -> Result<Option<String>, SetupError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(backup);
+    let mut file = match opened {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(not_a_backup(backup)),
+        Err(e) => return Err(io_error("read", backup)(e)),
+    };
+    if !file.metadata().map_err(io_error("read", backup))?.is_file() {
+        return Err(not_a_backup(backup));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(io_error("read", backup))?;
+    Ok(Some(text))
+}
+
+/// Writes `file` (never a link: see [`edited_file`]) through a fresh temporary file
+/// in its directory, renamed over it, keeping the old file's permissions: the engine
+/// never reads half a file. The temporary file gets a random name and is created
+/// exclusively, so nothing planted in the directory is written or chmodded through.
+fn write_atomically(file: &Path, text: &str) -> Result<(), SetupError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = match file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => dir,
+        None => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(io_error("create the directory of", file))?;
+    let mode = std::fs::metadata(file)
         .map(|m| m.permissions().mode())
         .unwrap_or(0o644);
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-        .map_err(io_error("set the permissions of", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_error("replace", path))
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".gpushare-setup-")
+        .tempfile_in(dir)
+        .map_err(io_error("create a temporary file beside", file))?;
+    tmp.write_all(text.as_bytes())
+        .and_then(|()| {
+            tmp.as_file()
+                .set_permissions(std::fs::Permissions::from_mode(mode))
+        })
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(io_error("write a temporary file beside", file))?;
+    tmp.persist(file)
+        .map_err(|e| io_error("replace", file)(e.error))?;
+    Ok(())
 }
 
 /// Configures (or with `undo`, unconfigures) the engine's file at `path`. With `dry_run`
@@ -585,8 +694,9 @@ pub fn apply(
     undo_it: bool,
     dry_run: bool,
 ) -> Result<Outcome, SetupError> {
-    let current = read_optional(path)?;
-    let backup_file = backup_path(path);
+    let file = edited_file(path)?;
+    let current = read_optional(&file)?;
+    let backup_file = backup_path(&file);
     let outcome = |action, content| Outcome {
         engine,
         path: path.to_owned(),
@@ -600,14 +710,10 @@ pub fn apply(
             return Ok(outcome(Action::Unchanged, Some(edited)));
         }
         if !dry_run {
-            // The original, once: a second setup after a change of path keeps the first.
             if let Some(original) = &current {
-                if !backup_file.exists() {
-                    std::fs::write(&backup_file, original)
-                        .map_err(io_error("write the backup", &backup_file))?;
-                }
+                write_backup(&backup_file, original)?;
             }
-            write_atomically(path, &edited)?;
+            write_atomically(&file, &edited)?;
         }
         return Ok(outcome(Action::Written, Some(edited)));
     }
@@ -615,15 +721,15 @@ pub fn apply(
     let Some(text) = current else {
         return Ok(outcome(Action::Unchanged, None));
     };
-    let backup = read_optional(&backup_file)?;
+    let backup = read_backup(&backup_file)?;
     let restored = undo(engine, &text, backup.as_deref(), programs)?;
     if restored.as_deref() == Some(text.as_str()) {
         return Ok(outcome(Action::Unchanged, restored));
     }
     if !dry_run {
         match &restored {
-            Some(content) => write_atomically(path, content)?,
-            None => std::fs::remove_file(path).map_err(io_error("remove", path))?,
+            Some(content) => write_atomically(&file, content)?,
+            None => std::fs::remove_file(&file).map_err(io_error("remove", &file))?,
         }
         if backup.is_some() {
             std::fs::remove_file(&backup_file).map_err(io_error("remove", &backup_file))?;

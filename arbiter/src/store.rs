@@ -32,6 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -291,8 +292,12 @@ impl LeaseStore {
     /// Loads the durable table and starts the writer.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<(Self, Table), StoreError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let mut table = load_snapshot(&dir.join(SNAPSHOT))?;
+        let snapshot_path = dir.join(SNAPSHOT);
         let log_path = dir.join(LOG);
+        for path in [&snapshot_path, &log_path] {
+            owner_only(path)?;
+        }
+        let mut table = load_snapshot(&snapshot_path)?;
         let (records, valid_len) = read_log(&log_path)?;
         for r in &records {
             table.apply(r);
@@ -300,6 +305,7 @@ impl LeaseStore {
         let log = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(OWNER_ONLY)
             .open(&log_path)
             .map_err(io_err(&log_path))?;
         // Drop a torn tail now, so new records do not follow garbage.
@@ -599,6 +605,25 @@ impl Io {
     }
 }
 
+/// The store's files name every container, its pod and its grants: root's alone,
+/// whatever the daemon's umask.
+pub(crate) const OWNER_ONLY: u32 = 0o600;
+
+/// Closes a state file an older version (or a umask) left readable to others.
+pub(crate) fn owner_only(path: &Path) -> Result<(), StoreError> {
+    match fs::metadata(path) {
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => {
+            fs::set_permissions(path, fs::Permissions::from_mode(OWNER_ONLY))
+                .map_err(io_err(path))?;
+            tracing::info!(path = %path.display(), "closed a state file other users could open (now 0600)");
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
 /// Atomic replace: temporary file, fsync, rename, fsync the directory.
 fn write_snapshot(dir: &Path, table: &Table) -> Result<(), StoreError> {
     let path = dir.join(SNAPSHOT);
@@ -610,7 +635,13 @@ fn write_snapshot(dir: &Path, table: &Table) -> Result<(), StoreError> {
         grants: table.grants.values().cloned().collect(),
     };
     let body = serde_json::to_vec(&snapshot).expect("snapshots always serialise");
-    let written = File::create(&tmp)
+    // A leftover from a crash keeps the mode it was made with: start afresh.
+    let _ = fs::remove_file(&tmp);
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(OWNER_ONLY)
+        .open(&tmp)
         .and_then(|mut file| {
             file.write_all(&body)?;
             file.sync_all()
@@ -794,6 +825,33 @@ mod tests {
             ["b"]
         );
         assert!(table.drained.contains("GPU-0"));
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    /// The store names every container, its pod and its grants: only root reads it,
+    /// whatever the umask, and files an older version left readable are closed at open.
+    #[test]
+    fn the_log_and_the_snapshot_are_readable_by_their_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path(), 4096);
+        let t = store.append(put("a")).unwrap();
+        store.wait_blocking(t).unwrap();
+        store.compact().unwrap();
+        let t = store.append(put("b")).unwrap();
+        store.wait_blocking(t).unwrap();
+        drop(store);
+        for name in [LOG, SNAPSHOT] {
+            assert_eq!(mode(&dir.path().join(name)), 0o600, "{name} as written");
+            fs::set_permissions(dir.path().join(name), fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let (_store, table) = open(dir.path(), 4096);
+        assert_eq!(table.leases.len(), 2);
+        for name in [LOG, SNAPSHOT] {
+            assert_eq!(mode(&dir.path().join(name)), 0o600, "{name} after open");
+        }
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 use gpushare_proto::{LeaseId, Priority, TimelineReport, TokenHold};
 use plotters::prelude::*;
 
+use crate::terminal::shown_name;
+
 /// Columns of the text strip: one per time bucket.
 pub const STRIP_COLUMNS: usize = 60;
 
@@ -58,7 +60,7 @@ fn letters(report: &TimelineReport) -> BTreeMap<LeaseId, Shown> {
                 lease,
                 Shown {
                     letter,
-                    container,
+                    container: shown_name(&container),
                     priority,
                 },
             )
@@ -340,6 +342,25 @@ mod tests {
         assert!(!text.contains("c-baseline"), "{text}");
         let svg = render_svg(&r).unwrap();
         assert!(svg.contains("A c-hi (high)") && !svg.contains("c-baseline"));
+    }
+
+    #[test]
+    fn container_names_are_shown_without_their_control_characters() {
+        let hostile = "evil\x1b[2J\x1b]0;owned\x07\r\nGPU 9 fake \u{9b}31m";
+        let mut r = report();
+        r.leases[0].container = hostile.into();
+        let text = render_text(&r);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("GPU 9")), "{text}");
+        assert!(text.contains("A evil"), "{text}");
+        let svg = render_svg(&r).unwrap();
+        assert!(
+            !svg.chars().any(|c| c.is_control() && c != '\n'),
+            "the SVG is XML, where these are not even allowed"
+        );
     }
 
     #[test]

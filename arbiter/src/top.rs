@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use gpushare_proto::{ByteSize, Lease, LeaseUsage, StatusReport};
 
+use crate::terminal::shown_name;
+
 /// "61 %", or "-" when unknown.
 fn percent(x: Option<f64>) -> String {
     x.map_or_else(|| "-".into(), |x| format!("{:.0} %", x * 100.0))
@@ -27,11 +29,13 @@ pub fn gpu_time(ms: u64) -> String {
 
 /// The name a person knows the lease's container by: the arbiter's display name,
 /// else (an older arbiter) the pod or short id worked out here.
+/// Made inert for a terminal: the name is whatever the container's creator wrote.
 pub fn container_of(lease: &Lease, usage: Option<&LeaseUsage>) -> String {
-    usage
+    let name = usage
         .map(|u| u.container.clone())
         .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| lease.display_name())
+        .unwrap_or_else(|| lease.display_name());
+    shown_name(&name)
 }
 
 /// One frame: per GPU its utilisation (10 s and 1 min), memory, the token's holder
@@ -126,7 +130,7 @@ pub fn render_frame(report: &StatusReport) -> String {
                 out,
                 "  {}. {} {} memory {} waited {} s",
                 q.position,
-                gpushare_proto::lease::short_container_id(&q.container_id),
+                shown_name(gpushare_proto::lease::short_container_id(&q.container_id)),
                 q.priority,
                 q.memory.map_or_else(|| "default".into(), |m| m.to_string()),
                 q.waited_ms / 1000
@@ -255,6 +259,37 @@ mod tests {
         });
         assert!(empty.contains("  no leases\n"), "{empty}");
         assert!(!empty.contains("QUEUE"), "{empty}");
+    }
+
+    /// A pod or engine name is whatever its creator wrote: shown, it must not move
+    /// the cursor, retitle the terminal or forge a row of its own.
+    #[test]
+    fn names_with_terminal_escapes_and_newlines_are_shown_inert() {
+        let hostile = "evil\x1b[2J\x1b]0;owned\x07\r\nGPU 9 fake \u{9b}31m";
+        let mut pod_lease = lease("l1", "c1", Priority::Low);
+        pod_lease.pod = Some(gpushare_proto::grant::PodBinding {
+            namespace: Some("ns".into()),
+            name: Some(hostile.into()),
+            container: Some("main".into()),
+            grants: vec![],
+        });
+        let report = StatusReport {
+            gpus: vec![GpuStatus {
+                uuid: "GPU-0".into(),
+                ..Default::default()
+            }],
+            leases: vec![pod_lease, lease("l2", "c2", Priority::Low)],
+            // l2: the name the arbiter worked out (an engine's); l1: none, so the pod's.
+            usage: vec![usage("l2", hostile, 0, 0, None)],
+            ..Default::default()
+        };
+        let frame = render_frame(&report);
+        assert!(
+            !frame.chars().any(|c| c.is_control() && c != '\n'),
+            "{frame:?}"
+        );
+        assert!(!frame.lines().any(|l| l.starts_with("GPU 9")), "{frame}");
+        assert_eq!(frame.matches("evil").count(), 2, "{frame}");
     }
 
     #[test]

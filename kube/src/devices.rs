@@ -84,6 +84,58 @@ pub fn device_lists(gpus: &[PoolGpu], memory_unit: u64) -> DeviceLists {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocatedIdError {
+    #[error("{resource}: device id {id:?} was never advertised; accepted: ids of the plugin's list ({listed})")]
+    NotAdvertised {
+        resource: &'static str,
+        id: String,
+        listed: String,
+    },
+    #[error(
+        "{resource}: device id {id:?} is named twice; accepted: each advertised id at most once"
+    )]
+    Repeated { resource: &'static str, id: String },
+}
+
+/// How the advertised ids read in an error: `memory-0 … memory-15`, or none.
+fn listed(devices: &[Device]) -> String {
+    match (devices.first(), devices.last()) {
+        (Some(first), Some(last)) if devices.len() > 1 => format!("{} … {}", first.id, last.id),
+        (Some(only), _) => only.id.clone(),
+        _ => "none advertised now".into(),
+    }
+}
+
+/// Pure: whether `asked`, the ids of one container's `Allocate`, are ids kubelet
+/// could have handed out: each advertised (healthy or not: kubelet may allocate an
+/// id just before the list that closed it reached it), and none twice. Together
+/// they bound a grant by the node's capacity, as kube-scheduler counted it.
+pub fn check_allocated(
+    resource: Resource,
+    asked: &[String],
+    advertised: &[Device],
+) -> Result<(), AllocatedIdError> {
+    let known: std::collections::HashSet<&str> = advertised.iter().map(|d| d.id.as_str()).collect();
+    let mut seen = std::collections::HashSet::with_capacity(asked.len());
+    for id in asked {
+        if !known.contains(id.as_str()) {
+            return Err(AllocatedIdError::NotAdvertised {
+                resource: resource.name(),
+                id: id.clone(),
+                listed: listed(advertised),
+            });
+        }
+        if !seen.insert(id.as_str()) {
+            return Err(AllocatedIdError::Repeated {
+                resource: resource.name(),
+                id: id.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The GPUs the plugin has seen, so one that disappears from the arbiter's report
 /// (failed, removed) still counts, closed, rather than renumbering every id kubelet
 /// may have handed out.
@@ -134,6 +186,53 @@ impl Inventory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_advertised_ids_each_once_are_allocatable() {
+        let lists = device_lists(
+            &[PoolGpu {
+                index: 0,
+                uuid: "GPU-0".into(),
+                memory_total: 4,
+                open: false,
+            }],
+            1,
+        );
+        let ids = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let not_advertised = |id: &str| {
+            Err(AllocatedIdError::NotAdvertised {
+                resource: Resource::Memory.name(),
+                id: id.into(),
+                listed: "memory-0 … memory-3".into(),
+            })
+        };
+        let beyond: Vec<String> = (0..5_000).map(|n| format!("memory-{n}")).collect();
+        for (asked, want) in [
+            (ids(&["memory-0"]), Ok(())),
+            // Unhealthy (its GPU closed) but advertised: kubelet may have raced it.
+            (ids(&["memory-3", "memory-1"]), Ok(())),
+            (ids(&["memory-4"]), not_advertised("memory-4")),
+            (ids(&["memory-0", "bogus"]), not_advertised("bogus")),
+            (ids(&["high-0"]), not_advertised("high-0")),
+            (ids(&[""]), not_advertised("")),
+            (beyond, not_advertised("memory-4")),
+            (
+                ids(&["memory-2", "memory-2"]),
+                Err(AllocatedIdError::Repeated {
+                    resource: Resource::Memory.name(),
+                    id: "memory-2".into(),
+                }),
+            ),
+        ] {
+            assert_eq!(
+                check_allocated(Resource::Memory, &asked, lists.of(Resource::Memory)),
+                want,
+                "{asked:?}"
+            );
+        }
+        let none = check_allocated(Resource::High, &ids(&["high-0"]), &[]).unwrap_err();
+        assert!(none.to_string().contains("none advertised now"), "{none}");
+    }
     use gpushare_proto::message::{GpuStatus, UnshareableGpuStatus};
 
     const GIB: u64 = 1 << 30;

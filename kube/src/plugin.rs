@@ -16,7 +16,7 @@ use crate::api::deviceplugin::{
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
 use crate::arbiter::{Arbiter, ArbiterError};
-use crate::devices::DeviceLists;
+use crate::devices::{check_allocated, DeviceLists};
 use crate::resource::Resource;
 use crate::{HEALTHY, UNHEALTHY};
 
@@ -130,12 +130,23 @@ impl DevicePlugin for ResourcePlugin {
         let mut answers = Vec::new();
         let mut granted = Vec::new();
         for container in request.into_inner().container_requests {
-            let amount = match resource.amount(container.devices_ids.len(), self.shared.memory_unit)
-            {
+            let checked = check_allocated(
+                resource,
+                &container.devices_ids,
+                self.shared.devices.borrow().of(resource),
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                resource
+                    .amount(container.devices_ids.len(), self.shared.memory_unit)
+                    .map_err(|e| e.to_string())
+            });
+            let amount = match checked {
                 Ok(amount) => amount,
                 Err(e) => {
+                    tracing::warn!(resource = resource.name(), error = %e, "Allocate refused");
                     self.release_all(granted).await;
-                    return Err(Status::invalid_argument(e.to_string()));
+                    return Err(Status::invalid_argument(e));
                 }
             };
             let request = GrantRequest {

@@ -136,6 +136,43 @@ fn more_than_one_high_slot_per_container_is_refused_by_name_and_value() {
     assert!(node.grants().is_empty());
 }
 
+/// Kubelet only hands out ids the plugin advertised, each once; anything else is
+/// not kubelet's (or a kubelet gone wrong), and a grant made of it would hold more
+/// than kube-scheduler counted on the node.
+#[test]
+fn ids_never_advertised_repeated_or_beyond_the_node_are_refused_by_name() {
+    let node = Node::start(2, "8Gi", |k| k.memory_unit.0 = GIB);
+    node.wait_healthy(MEMORY_RESOURCE, 16);
+    let ids = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let beyond: Vec<String> = (0..5_000).map(|n| format!("memory-{n}")).collect();
+    for (resource, asked, named) in [
+        (MEMORY_RESOURCE, ids(&["memory-0", "bogus"]), "bogus"),
+        (MEMORY_RESOURCE, ids(&["high-0"]), "high-0"),
+        (MEMORY_RESOURCE, ids(&["memory-3", "memory-3"]), "memory-3"),
+        (MEMORY_RESOURCE, beyond, "memory-16"),
+        (HIGH_RESOURCE, ids(&["high-7"]), "high-7"),
+        (COMPUTE_RESOURCE, ids(&["compute-200"]), "compute-200"),
+    ] {
+        let e = node
+            .kubelet
+            .allocate_ids(resource, asked)
+            .map(|granted| format!("granted {granted:?}"))
+            .unwrap_err();
+        let gpushare_cri::kubelet::KubeletError::Allocate { status, .. } = &e else {
+            panic!("{resource} {named}: {e}");
+        };
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{e}");
+        assert!(status.message().contains(named), "{named}: {e}");
+        assert!(status.message().contains(resource), "{named}: {e}");
+    }
+    assert!(node.grants().is_empty(), "{:?}", node.grants());
+    // What kubelet really sends is still granted.
+    node.kubelet
+        .allocate_ids(MEMORY_RESOURCE, ids(&["memory-15", "memory-0"]))
+        .unwrap_or_else(|e| panic!("{e}\nplugin log:\n{}", node.plugin_log()));
+    assert_eq!(node.grants().len(), 1);
+}
+
 #[test]
 fn a_fragmented_memory_grant_waits_rather_than_failing() {
     let node = Node::start(2, "4Gi", |_| {});

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use gpushare_arbiter::cli::{CtlArgs, CtlCommand as Command};
 use gpushare_arbiter::setup::{self, Engine, Programs};
+use gpushare_arbiter::terminal::shown_name;
 use gpushare_config::Config;
 use gpushare_proto::grant::{Grant, GrantAmount};
 use gpushare_proto::{ByteSize, ControlClient, Lease, LeaseId, Priority, StatusReport};
@@ -193,7 +194,7 @@ fn render_list(leases: &[Lease]) -> String {
             out,
             "{} container={} gpus={} priority={} memory={} state={:?}{}",
             l.id,
-            l.display_name(),
+            shown_name(&l.display_name()),
             l.gpus.join(","),
             l.priority,
             ByteSize(l.memory_bytes),
@@ -210,7 +211,7 @@ fn pod_of(lease: &Lease) -> String {
     let Some(pod) = &lease.pod else {
         return String::new();
     };
-    let part = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".into());
+    let part = |p: &Option<String>| p.as_deref().map_or_else(|| "-".into(), shown_name);
     let mut out = format!(
         " pod={}/{}/{}",
         part(&pod.namespace),
@@ -415,7 +416,7 @@ fn render_status(report: &StatusReport) -> String {
         out += &format!(
             "  {}. container={} priority={} memory={} gpu={} waited {}s\n",
             q.position,
-            q.container_id,
+            shown_name(&q.container_id),
             q.priority,
             q.memory
                 .map(|m| m.to_string())
@@ -702,6 +703,20 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("no leases"), "{text}");
+        // Pod names come from annotations the pod's creator wrote.
+        let mut hostile = lease("l3");
+        hostile.pod = Some(gpushare_proto::grant::PodBinding {
+            namespace: Some("ns\x1b[2J".into()),
+            name: Some("evil\x1b]0;owned\x07\r\nl9 container=fake".into()),
+            container: Some("main\u{9b}31m".into()),
+            grants: vec![],
+        });
+        let text = render_list(&[hostile]);
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
     }
 
     #[test]

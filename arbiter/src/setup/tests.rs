@@ -422,3 +422,87 @@ proptest! {
         prop_assert_eq!(structural, Some(text.clone()));
     }
 }
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// Engine configs are often symlinks into a managed tree (NixOS, config
+/// management): the edit lands in the file the link names, the link stays a link.
+#[test]
+fn a_symlinked_config_is_edited_where_it_points_and_stays_a_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let managed = dir.path().join("managed");
+    std::fs::create_dir(&managed).unwrap();
+    let real = managed.join("daemon.json");
+    std::fs::write(&real, DOCKER_IN_USE).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let link = dir.path().join("daemon.json");
+    std::os::unix::fs::symlink("managed/daemon.json", &link).unwrap();
+
+    apply(Engine::Docker, &link, &programs(), false, false).unwrap();
+    assert!(
+        std::fs::symlink_metadata(&link).unwrap().is_symlink(),
+        "the link was replaced by a file"
+    );
+    let written = std::fs::read_to_string(&real).unwrap();
+    assert!(written.contains(RUNTIME_NAME), "{written}");
+    assert_eq!(mode_of(&real), 0o640, "the file keeps its mode");
+    assert_eq!(
+        std::fs::read_to_string(managed.join("daemon.json.gpushare-backup")).unwrap(),
+        DOCKER_IN_USE
+    );
+
+    let undone = apply(Engine::Docker, &link, &programs(), true, false).unwrap();
+    assert_eq!(undone.action, Action::Restored);
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), DOCKER_IN_USE);
+    let left: Vec<_> = std::fs::read_dir(&managed).unwrap().collect();
+    assert_eq!(left.len(), 1, "no temporary file or backup left: {left:?}");
+}
+
+/// Setup runs as root in a directory someone else may write (a rootless engine's
+/// config directory): a link planted where it writes its temporary file or its
+/// backup must not make it write or chmod the file the link names.
+#[test]
+fn links_planted_at_the_temporary_and_backup_paths_are_never_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let absent_victim = dir.path().join("created-by-root");
+    let path = dir.path().join("daemon.json");
+    std::fs::write(&path, DOCKER_IN_USE).unwrap();
+    std::os::unix::fs::symlink(&victim, dir.path().join("daemon.json.gpushare-tmp")).unwrap();
+    let backup = dir.path().join("daemon.json.gpushare-backup");
+    std::os::unix::fs::symlink(&absent_victim, &backup).unwrap();
+
+    let result = apply(Engine::Docker, &path, &programs(), false, false);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert_eq!(mode_of(&victim), 0o600, "the victim was chmodded");
+    assert!(
+        !absent_victim.exists(),
+        "a file was created through the backup link"
+    );
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("daemon.json.gpushare-backup"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        DOCKER_IN_USE,
+        "nothing is written without its backup"
+    );
+
+    // Without the backup link the edit goes through, the tmp link untouched.
+    std::fs::remove_file(&backup).unwrap();
+    apply(Engine::Docker, &path, &programs(), false, false).unwrap();
+    assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+    assert!(std::fs::read_to_string(&path)
+        .unwrap()
+        .contains(RUNTIME_NAME));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert_eq!(mode_of(&victim), 0o600);
+    assert_eq!(std::fs::read_to_string(&backup).unwrap(), DOCKER_IN_USE);
+}

@@ -224,6 +224,25 @@ fn bad_grant_requests_name_the_field_the_value_and_what_is_accepted() {
     assert!(arbiter.make_grant(memory(1, &"x".repeat(128))).is_ok());
 }
 
+/// A memory grant is placed on one GPU: one larger than every GPU of the node
+/// would wait for room for ever, holding kube-scheduler's count of the node.
+#[test]
+fn a_memory_grant_beyond_every_gpu_is_refused_naming_the_largest() {
+    let (_dir, mut arbiter) = setup(2);
+    for gib in [9, 5_000] {
+        let err = arbiter.make_grant(memory(gib, "memory-0")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{gib} GiB: {err}");
+        let message = err.to_string();
+        assert!(
+            message.contains("amount.bytes") && message.contains(&(gib * GI).to_string()),
+            "{message}"
+        );
+        assert!(message.contains(&(8 * GI).to_string()), "{message}");
+    }
+    assert!(arbiter.grants().is_empty());
+    assert!(grant(&mut arbiter, memory(8, "memory-0")).gpu.is_some());
+}
+
 // ----- durability -----
 
 #[test]

@@ -43,6 +43,8 @@ pub enum GrantError {
         lease: LeaseId,
         container: String,
     },
+    #[error("grant request amount.bytes = {bytes}: a memory grant is placed on one GPU; accepted: at most the largest GPU's allocatable memory here, {largest} bytes")]
+    BeyondEveryGpu { bytes: u64, largest: u64 },
     /// The request asks for more than, or something other than, its grants hold.
     #[error("{0}")]
     Exceeds(String),
@@ -53,6 +55,7 @@ impl GrantError {
         match self {
             GrantError::Gone(_) => ErrorKind::NotFound,
             GrantError::Invalid { .. }
+            | GrantError::BeyondEveryGpu { .. }
             | GrantError::TwoOfAKind { .. }
             | GrantError::InUse { .. }
             | GrantError::Exceeds(_) => ErrorKind::InvalidRequest,
@@ -286,6 +289,12 @@ impl Arbiter {
         request: GrantRequest,
     ) -> Result<(Grant, Option<Ticket>), StateError> {
         validate(&request)?;
+        if let GrantAmount::Memory { bytes } = request.amount {
+            let largest = self.views().iter().map(|g| g.memory_allocatable).max();
+            if let Some(largest) = largest.filter(|&largest| bytes > largest) {
+                return Err(GrantError::BeyondEveryGpu { bytes, largest }.into());
+            }
+        }
         self.ensure_writable()?;
         let superseded: Vec<GrantId> = self
             .grants

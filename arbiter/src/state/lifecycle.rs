@@ -48,6 +48,7 @@ impl Arbiter {
         container: &ContainerRef,
         pid: u32,
     ) -> Result<Option<Ticket>, StateError> {
+        check_container_pid("confirm", pid)?;
         let id = self
             .lease_of(container)?
             .ok_or_else(|| StateError::NoLeaseForContainer(container.container_id.clone()))?;
@@ -86,6 +87,7 @@ impl Arbiter {
         container_id: &str,
         pid: u32,
     ) -> Result<Option<Ticket>, StateError> {
+        check_container_pid("bind", pid)?;
         let pending = self
             .leases
             .get(id)
@@ -155,4 +157,19 @@ impl Arbiter {
             None => Ok((false, self.last_ticket)),
         }
     }
+}
+
+/// Pure: a container's init pid as a confirm or bind names it. Pid 0 is no
+/// process: to kill(2) it means the caller's own process group, so a lease
+/// confirmed with it would look alive for ever.
+fn check_container_pid(request: &'static str, pid: u32) -> Result<(), StateError> {
+    if pid == 0 {
+        return Err(StateError::BadRequest {
+            request,
+            field: "pid",
+            value: pid.to_string(),
+            accepted: "the container's init pid, 1 or more",
+        });
+    }
+    Ok(())
 }

@@ -45,6 +45,14 @@ pub enum StateError {
     },
     #[error("container id {0:?}: must be 1 to 1024 printable characters")]
     BadContainerId(String),
+    /// A number the control socket carried that no honest client sends.
+    #[error("{request} request {field} = {value}: {accepted}")]
+    BadRequest {
+        request: &'static str,
+        field: &'static str,
+        value: String,
+        accepted: &'static str,
+    },
     #[error("container {0:?} holds no lease")]
     NoLeaseForContainer(String),
     #[error("container id {container:?} holds a lease in several namespaces ({namespaces}); name the namespace or the lease")]
@@ -91,6 +99,7 @@ impl StateError {
             StateError::Placement(PlacementError::NoFit { .. }) => ErrorKind::Unplaceable,
             StateError::Placement(_)
             | StateError::BadContainerId(_)
+            | StateError::BadRequest { .. }
             | StateError::NotPending(_)
             | StateError::AlreadyHoldsLease(_)
             | StateError::AmbiguousContainer { .. } => ErrorKind::InvalidRequest,
@@ -99,7 +108,9 @@ impl StateError {
             | StateError::LeaseReleased(_) => ErrorKind::NotFound,
             StateError::Store(_) | StateError::LeaseDir { .. } => ErrorKind::Internal,
             StateError::PeerRefused(_) => ErrorKind::PermissionDenied,
-            StateError::Ledger(LedgerError::CreditTooLarge { .. }) => ErrorKind::InvalidRequest,
+            StateError::Ledger(
+                LedgerError::CreditTooLarge { .. } | LedgerError::HeldBeyondQuota { .. },
+            ) => ErrorKind::InvalidRequest,
             StateError::Ledger(LedgerError::UnknownLease(_)) => ErrorKind::NotFound,
             StateError::Ledger(_) => ErrorKind::Protocol,
             StateError::BadLeaseId(_) => ErrorKind::InvalidRequest,

@@ -3,6 +3,39 @@
 
 use super::batch_admission::BatchPlan;
 use super::*;
+use gpushare_proto::Fraction;
+
+/// Pure: the compute shares of a reserve as the control socket carried them. The
+/// wire's `Fraction` is any JSON number, so a request of `-5` or a limit below
+/// the request reaches the arbiter unless it is refused here.
+pub(super) fn check_compute_shares(request: &ReserveRequest) -> Result<(), StateError> {
+    const SHARE: &str = "a share of one GPU from 0 to 1 (0.4, 40%)";
+    for (field, value) in [
+        ("compute_request", request.compute_request.get()),
+        ("compute_limit", request.compute_limit.get()),
+    ] {
+        if Fraction::new(value).is_none() {
+            return Err(StateError::BadRequest {
+                request: "reserve",
+                field,
+                value: value.to_string(),
+                accepted: SHARE,
+            });
+        }
+    }
+    if request.compute_limit.get() < request.compute_request.get() {
+        return Err(StateError::BadRequest {
+            request: "reserve",
+            field: "compute_limit",
+            value: format!(
+                "{} (below compute_request = {})",
+                request.compute_limit, request.compute_request
+            ),
+            accepted: "a limit at least the request",
+        });
+    }
+    Ok(())
+}
 
 impl Arbiter {
     // ----- requesters that went away -----
@@ -67,6 +100,10 @@ impl Arbiter {
             && !request.container_id.chars().any(char::is_control);
         if !id_ok {
             let _ = tx.send(Err(StateError::BadContainerId(request.container_id)));
+            return rx;
+        }
+        if let Err(e) = check_compute_shares(&request) {
+            let _ = tx.send(Err(e));
             return rx;
         }
         let priority = request.priority;

@@ -629,3 +629,85 @@ fn stale_lease_directories_are_removed_on_open() {
     assert!(!dir.path().join("run/leases/deadbeef").exists());
     drop(arbiter);
 }
+
+/// A fraction as a client can send it: serde takes any number, so the control
+/// socket can carry values no `Fraction::new` would make.
+fn raw_fraction(value: f64) -> Fraction {
+    serde_json::from_value(serde_json::json!(value)).unwrap()
+}
+
+#[test]
+fn a_reserve_with_compute_shares_outside_zero_to_one_is_refused_naming_the_field() {
+    let cases: &[(f64, f64, &str)] = &[
+        (-5.0, 1.0, "compute_request"),
+        (1.5, 1.0, "compute_request"),
+        (0.0, -0.1, "compute_limit"),
+        (0.0, 7.0, "compute_limit"),
+        (0.6, 0.3, "compute_limit"),
+    ];
+    for &(asked, limit, field) in cases {
+        let (_dir, mut arbiter, _) = setup();
+        let mut r = request("c", "1Gi", Priority::Low);
+        r.compute_request = raw_fraction(asked);
+        r.compute_limit = raw_fraction(limit);
+        let err = match arbiter.reserve_now(r) {
+            Ok(g) => panic!(
+                "request {asked} limit {limit}: granted lease {}",
+                g.lease.id
+            ),
+            Err(e) => e,
+        };
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+        let message = err.to_string();
+        assert!(message.contains(field), "{asked}/{limit}: {message}");
+        assert!(arbiter.status().leases.is_empty());
+    }
+    // The edges are accepted.
+    let (_dir, mut arbiter, _) = setup();
+    let mut r = request("c", "1Gi", Priority::Low);
+    r.compute_request = raw_fraction(1.0);
+    r.compute_limit = raw_fraction(1.0);
+    arbiter.reserve_now(r).unwrap();
+}
+
+#[test]
+fn attach_refuses_a_held_memory_claim_beyond_the_leases_quota() {
+    let (_dir, mut arbiter, procs) = setup();
+    for pid in [10, 20, 21] {
+        procs
+            .0
+            .lock()
+            .unwrap()
+            .insert(pid, (1, "pid:[9]".into(), "/ctr".into()));
+    }
+    let g = arbiter
+        .reserve_now(request("c", "1Gi", Priority::Low))
+        .unwrap();
+    arbiter.confirm("c", 10).unwrap();
+    let id = g.lease.id;
+    let err = arbiter.lease_attach(&id, 1, 20, u64::MAX).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    assert!(err.to_string().contains("memory_held"), "{err}");
+    assert_eq!(arbiter.status().usage[0].memory_used, 0, "nothing counted");
+    // What a process re-attaching after a restart honestly holds is kept...
+    arbiter.lease_attach(&id, 1, 20, GI / 2).unwrap();
+    // ...and two processes cannot claim more than the quota between them.
+    let err = arbiter.lease_attach(&id, 2, 21, GI / 2 + 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    arbiter.lease_attach(&id, 2, 21, GI / 2).unwrap();
+    assert_eq!(arbiter.status().usage[0].memory_used, GI);
+}
+
+/// Pid 0 names no process: to kill(2) it is the caller's own process group, so a
+/// lease confirmed with it would look alive for ever.
+#[test]
+fn a_confirm_with_pid_zero_is_refused_naming_the_pid() {
+    let (_dir, mut arbiter, _) = setup();
+    arbiter
+        .reserve_now(request("c", "1Gi", Priority::Low))
+        .unwrap();
+    let err = arbiter.confirm("c", 0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    assert!(err.to_string().contains("pid = 0"), "{err}");
+    assert_eq!(arbiter.status().leases[0].state, LeaseState::Reserved);
+}

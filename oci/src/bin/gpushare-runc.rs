@@ -5,7 +5,8 @@
 //! reserves a lease, edits the spec, and runs the next runtime with the very same
 //! arguments. Every other subcommand is handed over untouched with `exec`.
 //! `--version` and `--help` print gpushare's line, then hand over for the
-//! runtime's own answer.
+//! runtime's own answer. A create is watched by a forked guard (`guard`), which
+//! undoes it if the wrapper is killed before it finishes and no container came of it.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -21,6 +22,9 @@ use gpushare_oci::cli::{self, WrapperQuery};
 use gpushare_oci::mutate;
 use gpushare_oci::runc_args::{self, Invocation};
 use gpushare_oci::spec::{Process, Spec};
+
+#[path = "gpushare-runc/guard.rs"]
+mod guard;
 
 fn main() -> ExitCode {
     let given: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -137,12 +141,75 @@ fn create(
     let mut arbiter = ControlSocket::new(&config.arbiter);
     match admission::prepare_bundle(&bundle_dir, &identity, config, &mut arbiter)? {
         Admitted::Untouched(_) => Err(hand_over(runtime, args)),
-        Admitted::Edited(prepared) => run_and_wait(runtime, args, || {
-            // A fresh connection: runc may have run for long (`run` waits for the
-            // container), and the first may since have timed out.
-            let _ = prepared.undo(&mut ControlSocket::new(&config.arbiter));
-        }),
+        Admitted::Edited(prepared) => {
+            // A fresh connection for an undo: runc may have run for long (`run` waits
+            // for the container), and the first may since have timed out.
+            let undo = |prepared: admission::Prepared| {
+                prepared.undo(&mut ControlSocket::new(&config.arbiter))
+            };
+            let mut watch = match guard::start() {
+                guard::Started::Wrapper(watch) => watch,
+                guard::Started::Guard(wrapper_said) => {
+                    // The forked guard: it never returns into the wrapper's path.
+                    guard_create(wrapper_said, runtime, args, inv, || undo(prepared));
+                }
+            };
+            run_and_wait(runtime, args, &mut watch, || {
+                let _ = undo(prepared);
+            })
+        }
     }
+}
+
+/// The guard of a create whose wrapper died before it finished (SIGKILL from an
+/// engine's timeout, an OOM kill): without it the spec stays edited and the lease
+/// held until the reservation's bound. A create the runtime still completed is left
+/// to the engine's `delete`; one it did not is undone here.
+fn guard_create(
+    wrapper_said: Vec<u8>,
+    runtime: &Path,
+    args: &[OsString],
+    inv: &Invocation,
+    undo: impl FnOnce() -> Result<(), admission::UndoError>,
+) -> ! {
+    let outcome = match guard::wrapper_fate(&wrapper_said) {
+        guard::WrapperFate::Finished => None,
+        guard::WrapperFate::KilledBeforeRuntime => Some(undo()),
+        guard::WrapperFate::KilledWhileRuntimeRan(pid) => {
+            guard::wait_for_exit(pid);
+            if container_exists(runtime, args, inv) {
+                None
+            } else {
+                Some(undo())
+            }
+        }
+    };
+    let line = match outcome {
+        None => None,
+        Some(Ok(())) => Some(("warning", "gpushare: gpushare-runc was killed before its create finished and no container was created: the spec is restored and the lease released".to_owned())),
+        Some(Err(e)) => Some(("error", format!("gpushare: gpushare-runc was killed before its create finished; undoing it: {e}"))),
+    };
+    if let Some((level, line)) = line {
+        append_to_runtime_log(inv, level, &line);
+    }
+    guard::exit()
+}
+
+/// Whether the runtime knows the container (`state` answers): its create finished.
+fn container_exists(runtime: &Path, args: &[OsString], inv: &Invocation) -> bool {
+    let (Some(id), Some(index)) = (&inv.container_id, runc_args::scan(args).subcommand_index)
+    else {
+        return false;
+    };
+    Command::new(runtime)
+        .args(&args[..index])
+        .arg("state")
+        .arg(id)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// `exec --process <file>` (how containerd's shim and so `docker exec` run
@@ -182,10 +249,17 @@ fn exec(args: &[OsString], inv: &Invocation, runtime: &Path) -> anyhow::Result<E
 fn run_and_wait(
     runtime: &Path,
     args: &[OsString],
+    watch: &mut guard::Watch,
     undo: impl FnOnce(),
 ) -> anyhow::Result<ExitCode> {
-    let status = Command::new(runtime).args(args).status();
-    match status {
+    let status = Command::new(runtime)
+        .args(args)
+        .spawn()
+        .and_then(|mut child| {
+            watch.runtime_started(child.id());
+            child.wait()
+        });
+    let result = match status {
         Ok(s) if s.success() => Ok(ExitCode::SUCCESS),
         Ok(s) => {
             undo();
@@ -200,7 +274,9 @@ fn run_and_wait(
             undo();
             Err(anyhow!("cannot run {}: {e}", runtime.display()))
         }
-    }
+    };
+    watch.finished();
+    result
 }
 
 /// Replaces this process with the runtime; returns only on failure, with why.

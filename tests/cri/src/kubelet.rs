@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use gpushare_kube::api::deviceplugin::device_plugin_client::DevicePluginClient;
 use gpushare_kube::api::deviceplugin::registration_server::{Registration, RegistrationServer};
 use gpushare_kube::api::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, Empty, ListAndWatchResponse, RegisterRequest,
+    AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, Empty,
+    ListAndWatchResponse, RegisterRequest,
 };
 use gpushare_kube::api::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
@@ -581,25 +582,7 @@ impl TestKubelet {
                 let ids: Vec<String> = free.into_iter().take(wanted).cloned().collect();
                 (ids, plugin.client.clone())
             };
-            let request = AllocateRequest {
-                container_requests: vec![ContainerAllocateRequest {
-                    devices_ids: ids.clone(),
-                }],
-            };
-            let answer = self
-                .runtime
-                .block_on(client.allocate(request))
-                .map_err(|status| KubeletError::Allocate {
-                    resource: resource.into(),
-                    status: Box::new(status),
-                })?
-                .into_inner();
-            let [container] = <[_; 1]>::try_from(answer.container_responses).map_err(|all| {
-                KubeletError::Answers {
-                    resource: resource.into(),
-                    answers: all.len(),
-                }
-            })?;
+            let container = self.allocate_one(resource, &mut client, ids.clone())?;
             allocation.annotations.extend(container.annotations);
             allocation.envs.extend(container.envs);
             allocation.devices.insert(resource.into(), ids.clone());
@@ -614,6 +597,54 @@ impl TestKubelet {
         }
         lock(&self.state).assignments.extend(assigned);
         Ok(allocation)
+    }
+
+    /// One `Allocate` of exactly `ids` on `resource`'s plugin, whatever it
+    /// advertised: what a kubelet that lies (or a local caller of the plugin's
+    /// socket) could send. Nothing is recorded for PodResources.
+    pub fn allocate_ids(
+        &self,
+        resource: &str,
+        ids: Vec<String>,
+    ) -> Result<HashMap<String, String>, KubeletError> {
+        let mut client = {
+            let state = lock(&self.state);
+            let Some(plugin) = state.plugins.get(resource) else {
+                return Err(KubeletError::UnknownResource {
+                    resource: resource.into(),
+                    registered: state.plugins.keys().cloned().collect(),
+                });
+            };
+            plugin.client.clone()
+        };
+        Ok(self.allocate_one(resource, &mut client, ids)?.annotations)
+    }
+
+    /// The plugin's `Allocate` for one container of `ids`, and its one answer.
+    fn allocate_one(
+        &self,
+        resource: &str,
+        client: &mut DevicePluginClient<Channel>,
+        ids: Vec<String>,
+    ) -> Result<ContainerAllocateResponse, KubeletError> {
+        let request = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest { devices_ids: ids }],
+        };
+        let answer = self
+            .runtime
+            .block_on(client.allocate(request))
+            .map_err(|status| KubeletError::Allocate {
+                resource: resource.into(),
+                status: Box::new(status),
+            })?
+            .into_inner();
+        let [container] = <[_; 1]>::try_from(answer.container_responses).map_err(|all| {
+            KubeletError::Answers {
+                resource: resource.into(),
+                answers: all.len(),
+            }
+        })?;
+        Ok(container)
     }
 
     /// The pod is gone: its ids are free again and vanish from PodResources.
