@@ -166,6 +166,22 @@ fn container_without_request_passes_through_unchanged() {
     docker.ok(&["rm", "-f", &id]);
 }
 
+/// `docker run --runtime gpushare -e variable`, which must fail; its stderr.
+fn refused_run(docker: &Dockerd, variable: &str) -> String {
+    let out = docker.docker(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "gpushare",
+        "-e",
+        variable,
+        IMAGE,
+        "true",
+    ]);
+    assert!(!out.status.success(), "{variable} was granted");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn bad_memory_value_fails_the_run_with_a_clear_error_and_no_lease() {
     require_root();
@@ -173,18 +189,7 @@ fn bad_memory_value_fails_the_run_with_a_clear_error_and_no_lease() {
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
     let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
-    let out = docker.docker(&[
-        "run",
-        "--rm",
-        "--runtime",
-        "gpushare",
-        "-e",
-        "GPUSHARE_MEMORY=lots",
-        IMAGE,
-        "true",
-    ]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_run(&docker, "GPUSHARE_MEMORY=lots");
     assert!(
         stderr.contains("GPUSHARE_MEMORY"),
         "names the variable: {stderr}"
@@ -464,18 +469,7 @@ fn the_environment_cannot_ask_for_high_priority_and_the_profile_runtime_grants_i
         "GPUSHARE_TENANT=inference",
         "GPUSHARE_MEMORY=100%",
     ] {
-        let out = docker.docker(&[
-            "run",
-            "--rm",
-            "--runtime",
-            "gpushare",
-            "-e",
-            asked,
-            IMAGE,
-            "true",
-        ]);
-        assert!(!out.status.success(), "{asked} was granted");
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = refused_run(&docker, asked);
         let (key, _) = asked.split_once('=').unwrap();
         assert!(
             stderr.contains(key)
