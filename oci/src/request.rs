@@ -1348,6 +1348,33 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn memory_is_compared_directly_in_one_kind_and_on_a_gpu_across_kinds() {
+        let bytes = MemoryRequest::Bytes;
+        let share = |f| MemoryRequest::Fraction(Fraction::new(f).unwrap());
+        const GI: u64 = 1 << 30;
+        for (asked, ceiling, gpu, within) in [
+            (bytes(4 * GI), bytes(4 * GI), None, true),
+            (bytes(4 * GI + 1), bytes(4 * GI), None, false),
+            (share(0.25), share(0.25), None, true),
+            (share(0.26), share(0.25), None, false),
+            // Across kinds only a GPU tells.
+            (bytes(4 * GI), share(0.25), None, false),
+            (bytes(4 * GI), share(0.25), Some(16 * GI), true),
+            (bytes(4 * GI), share(0.25), Some(15 * GI), false),
+            (share(0.5), bytes(8 * GI), Some(16 * GI), true),
+            (share(0.5), bytes(8 * GI), Some(17 * GI), false),
+        ] {
+            assert_eq!(
+                at_most(asked, ceiling, gpu),
+                within,
+                "{asked} within {ceiling} on {gpu:?}"
+            );
+        }
+        assert_eq!(memory_text(share(0.25)), "25%");
+        assert_eq!(memory_text(bytes(4 * GI)), "4Gi");
+    }
+
     proptest::proptest! {
         /// Whatever a user writes, parsing returns an answer (never panics), and an
         /// error always names the key it came from.
