@@ -1,7 +1,15 @@
 //! What a container asks for, read from its OCI spec.
 //!
 //! Annotations first (`gpushare.io/*`), then `GPUSHARE_*` environment variables
-//! when the policy accepts them (docker 20.10 has no annotations). Every error
+//! when the policy accepts them (docker 20.10 has no annotations). An image's
+//! `ENV` cannot be told from its creator's `-e`, so the environment may ask only
+//! what the node grants any container (low priority, no tenant, memory and a
+//! compute request within `requests.env_*_ceiling`) unless the operator trusts it
+//! (`requests.trust_environment`); beyond that come annotations, which the creator
+//! sets through the engine's API, and the runtime profile an entry point was
+//! started with (`Profile`: the operator's grant, and the container's defaults).
+//! Memory is held to its ceiling once the GPUs are known
+//! (`ContainerRequest::check_environment_memory`). Every error
 //! names the key, the value and the accepted forms. An unknown key is refused, in
 //! either place: a misspelt one would otherwise leave the container without its
 //! share and without an error (`env_keys` says which variables are known).

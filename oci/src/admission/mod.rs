@@ -12,7 +12,10 @@
 //!    pod the CRI runtime recorded (`request::from_spec`); a bad one, or a pod's
 //!    share without a memory grant under `kubernetes.require_grant`, is refused
 //!    before anything is reserved; no request leaves the spec as it is (or, under the
-//!    `void` policy, hides the GPUs). The arbiter judges the grants themselves;
+//!    `void` policy, hides the GPUs). The arbiter judges the grants themselves. A
+//!    runtime profile (`admit_through`) is the operator's grant and a request by
+//!    itself; what the environment asks beyond the node's policy is refused, its
+//!    memory once the arbiter's status names the GPUs;
 //! 4. an image whose CUDA the driver cannot run is refused, before anything is reserved;
 //! 5. the lease is reserved and the spec edited; if the edit fails, the lease is
 //!    released before the error is returned.
