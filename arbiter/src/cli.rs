@@ -114,6 +114,11 @@ pub enum CtlCommand {
         /// Where gpushare-runc is (default: gpusharectl's own directory).
         #[arg(long, value_name = "DIR")]
         bin_dir: Option<PathBuf>,
+        /// docker only: also add the runtime "gpushare-NAME", which grants its containers
+        /// the runtime profile [runtime.profiles.NAME] of gpushare's configuration
+        /// (priority, memory, tenant beyond what their environment may ask). Repeatable.
+        #[arg(long, value_name = "NAME", value_parser = profile_name)]
+        profile: Vec<String>,
     },
     /// Live view per GPU: memory used/quota, GPU-time share per lease, priority, the
     /// token's holder and the queue, redrawn every second (one frame when stdout is
@@ -137,6 +142,18 @@ pub enum CtlCommand {
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
     },
+}
+
+/// A runtime profile's name, as gpushare's configuration accepts it.
+fn profile_name(name: &str) -> Result<String, String> {
+    if gpushare_config::is_profile_name(name) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "{name:?} is not a profile name: expected {}",
+            gpushare_config::PROFILE_NAME_FORMS
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -343,6 +343,11 @@ mod tests {
         every.arbiter.control_socket = Some("/run/x.sock".into());
         every.arbiter.metrics_address = Some("127.0.0.1:9400".into());
         every.requests.high_priority_tenants = Some(vec![]);
+        every.requests.env_memory_ceiling = Some(gpushare_types::MemoryRequest::Bytes(1 << 30));
+        every
+            .runtime
+            .profiles
+            .insert("high".into(), Default::default());
         let expected: Vec<(&str, Effect)> = vec![
             ("arbiter.admission_wait_ms", Applied),
             ("arbiter.client_timeout_ms", ReadAtEachUse),
@@ -388,14 +393,18 @@ mod tests {
             ("placement.utilization_window_ms", Applied),
             ("requests.accept_env", ReadAtEachUse),
             ("requests.allowed_env", ReadAtEachUse),
+            ("requests.env_compute_request_ceiling", ReadAtEachUse),
+            ("requests.env_memory_ceiling", ReadAtEachUse),
             ("requests.high_priority_tenants", ReadAtEachUse),
             ("requests.tenant_from", ReadAtEachUse),
+            ("requests.trust_environment", ReadAtEachUse),
             ("requests.unrequested", ReadAtEachUse),
             ("runtime.container_library", ReadAtEachUse),
             ("runtime.hook", ReadAtEachUse),
             ("runtime.hook_timeout_seconds", ReadAtEachUse),
             ("runtime.ld_so_preload", ReadAtEachUse),
             ("runtime.library", ReadAtEachUse),
+            ("runtime.profiles", ReadAtEachUse),
             ("runtime.runtimes", ReadAtEachUse),
             ("scheduler.admit_by_duration", restart),
             ("scheduler.high_active_ms", restart),

@@ -100,6 +100,12 @@ impl fmt::Display for Engine {
 pub struct Programs {
     /// gpushare-runc: docker's and podman's runtime, runc's BinaryName for containerd.
     pub runc: PathBuf,
+    /// Runtime profiles (`[runtime.profiles.NAME]` of gpushare's configuration) that
+    /// each get a docker runtime entry of their own, `gpushare-NAME`: docker 20.10
+    /// has no annotations, so a runtime entry only the operator writes is how a
+    /// container's creator, rather than its image, gets more than the environment
+    /// may ask.
+    pub docker_profiles: Vec<String>,
 }
 
 impl Programs {
@@ -107,8 +113,46 @@ impl Programs {
     pub fn in_dir(dir: &Path) -> Programs {
         Programs {
             runc: dir.join("gpushare-runc"),
+            docker_profiles: Vec::new(),
         }
     }
+
+    /// With a docker runtime entry for each of `profiles`.
+    pub fn with_docker_profiles(mut self, profiles: Vec<String>) -> Programs {
+        self.docker_profiles = profiles;
+        self
+    }
+}
+
+/// gpushare-runc's flag naming the runtime profile (`gpushare_oci::runc_args`).
+pub const PROFILE_FLAG: &str = "--gpushare-profile";
+
+/// The docker runtime that grants the runtime profile `profile`.
+pub fn docker_profile_runtime(profile: &str) -> String {
+    format!("{RUNTIME_NAME}-{profile}")
+}
+
+/// The docker runtime entry of `profile`. dockerd runs an entry with `runtimeArgs`
+/// through a script of its own, `path runtimeArgs $@`, so the flag comes before
+/// runc's global flags, as one word (a profile name has no character a shell
+/// would split or expand).
+fn docker_profile_entry(runc: &str, profile: &str) -> Value {
+    serde_json::json!({
+        "path": runc,
+        "runtimeArgs": [format!("{PROFILE_FLAG}={profile}")],
+    })
+}
+
+/// The profiles whose entries setup wrote into docker's `runtimes`, in their order.
+fn docker_profiles_in(runtimes: &Map<String, Value>) -> Vec<String> {
+    runtimes
+        .iter()
+        .filter_map(|(name, entry)| {
+            let profile = name.strip_prefix(&format!("{RUNTIME_NAME}-"))?;
+            let runc = entry.get("path")?.as_str()?;
+            (entry == &docker_profile_entry(runc, profile)).then(|| profile.to_owned())
+        })
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -158,6 +202,18 @@ pub fn undo(
     backup: Option<&str>,
     programs: &Programs,
 ) -> Result<Option<String>, SetupError> {
+    // The byte-for-byte test asks what setup made of the backup, profiles included.
+    let with_profiles;
+    let programs = match engine {
+        Engine::Docker => {
+            let profiles = docker_runtimes(&parse_json(current)?)
+                .map(docker_profiles_in)
+                .unwrap_or_default();
+            with_profiles = programs.clone().with_docker_profiles(profiles);
+            &with_profiles
+        }
+        _ => programs,
+    };
     if let Some(original) = backup {
         if configure(engine, original, programs)? == current {
             return Ok(Some(original.to_owned()));
@@ -263,10 +319,23 @@ fn configure_docker(text: &str, programs: &Programs) -> Result<String, SetupErro
             found: json_kind(runtimes),
         });
     };
-    if runtimes.get(RUNTIME_NAME) == Some(&wanted) {
+    let runc = utf8(&programs.runc)?;
+    let mut entries = vec![(RUNTIME_NAME.to_owned(), wanted)];
+    for profile in &programs.docker_profiles {
+        entries.push((
+            docker_profile_runtime(profile),
+            docker_profile_entry(runc, profile),
+        ));
+    }
+    if entries
+        .iter()
+        .all(|(name, entry)| runtimes.get(name) == Some(entry))
+    {
         return Ok(text.to_owned());
     }
-    runtimes.insert(RUNTIME_NAME.into(), wanted);
+    for (name, entry) in entries {
+        runtimes.insert(name, entry);
+    }
     Ok(render_json(&config))
 }
 
@@ -275,7 +344,14 @@ fn unconfigure_docker(text: &str) -> Result<String, SetupError> {
     let Some(Value::Object(runtimes)) = config.get_mut("runtimes") else {
         return Ok(text.to_owned());
     };
-    if runtimes.shift_remove(RUNTIME_NAME).is_none() {
+    let profiles = docker_profiles_in(runtimes);
+    let mut removed = runtimes.shift_remove(RUNTIME_NAME).is_some();
+    for profile in profiles {
+        removed |= runtimes
+            .shift_remove(&docker_profile_runtime(&profile))
+            .is_some();
+    }
+    if !removed {
         return Ok(text.to_owned());
     }
     if runtimes.is_empty() {

@@ -5,6 +5,7 @@
 //! and wrong types are errors that name the key and the file: a typo in a
 //! production node's configuration must not silently fall back to a default.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gpushare_types::layout::{CONTROL_SOCKET, LEASES_DIR};
@@ -434,6 +435,21 @@ pub struct RequestPolicy {
     /// otherwise refuse as misspelt requests (with `accept_env`): names, or prefixes
     /// ending in `*` (`"GPUSHARE_MYTOOL_*"`; `"GPUSHARE_*"` lets every name through).
     pub allowed_env: Vec<String>,
+    /// The environment is written by the image as much as by the container's creator,
+    /// and the runtime cannot tell the two apart; so by default a `GPUSHARE_*` request
+    /// may ask only what the node grants any container: low priority, no tenant,
+    /// memory up to `env_memory_ceiling` and a compute request up to
+    /// `env_compute_request_ceiling`. `true` reads the environment as annotations
+    /// are read, for nodes where whoever starts a container is trusted with its image.
+    pub trust_environment: bool,
+    /// The most memory an environment request may ask for; absent: the arbiter's
+    /// `default_memory`, what a container gets that names no amount.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env_memory_ceiling: Option<gpushare_types::MemoryRequest>,
+    /// The largest compute request an environment request may make. 0.25: at the
+    /// shipped `arbiter.low_nums_limit` of 4, the guarantees of the low-priority
+    /// containers on one GPU then add up to the whole GPU at most.
+    pub env_compute_request_ceiling: gpushare_types::Fraction,
 }
 
 /// What an `allowed_env` entry may be, for its error.
@@ -452,6 +468,14 @@ impl RequestPolicy {
     }
 
     fn validate(&self, problems: &mut Vec<Problem>) {
+        let ceiling = self.env_compute_request_ceiling.get();
+        if gpushare_types::Fraction::new(ceiling).is_none() {
+            problems.push(Problem::at(
+                "requests.env_compute_request_ceiling",
+                ceiling,
+                "must be a fraction from 0 to 1",
+            ));
+        }
         for entry in &self.allowed_env {
             let name = entry.strip_suffix('*').unwrap_or(entry);
             let is_ours = name
@@ -479,6 +503,10 @@ impl Default for RequestPolicy {
             high_priority_tenants: None,
             tenant_from: TenantSource::Auto,
             allowed_env: Vec::new(),
+            trust_environment: false,
+            env_memory_ceiling: None,
+            env_compute_request_ceiling: gpushare_types::Fraction::new(0.25)
+                .expect("a quarter is a fraction"),
         }
     }
 }
@@ -500,6 +528,83 @@ pub struct RuntimeConfig {
     /// Also mount an /etc/ld.so.preload naming the library: covers entrypoints
     /// that reset the environment and exec sessions (glibc only).
     pub ld_so_preload: bool,
+    /// What the operator grants the containers an engine starts through a runtime
+    /// entry naming a profile (`gpushare-runc --gpushare-profile NAME`: docker's
+    /// `runtimeArgs`), by name; see [`RuntimeProfile`].
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub profiles: BTreeMap<String, RuntimeProfile>,
+}
+
+/// A runtime profile (`[runtime.profiles.NAME]`): engines without annotations
+/// (docker 20.10) have no other way to say what the container's creator, rather
+/// than its image, asks for; a second runtime entry only the operator can add
+/// names the profile. Each term is what a container started through it gets
+/// when it asks nothing else, and the most its environment may ask for; a
+/// container started through it asks for a share even when it names nothing.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeProfile {
+    /// Absent: low.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<gpushare_types::Priority>,
+    /// Absent: `arbiter.default_memory`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<gpushare_types::MemoryRequest>,
+    /// Absent: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Absent: 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compute_request: Option<gpushare_types::Fraction>,
+}
+
+/// What a profile's name may be: it is written into docker's runtime names
+/// (`gpushare-NAME`) and command lines.
+pub const PROFILE_NAME_FORMS: &str = "1 to 32 characters from a-z, 0-9 and '-'";
+
+pub fn is_profile_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+impl RuntimeConfig {
+    fn validate_profiles(&self, problems: &mut Vec<Problem>) {
+        for (name, profile) in &self.profiles {
+            let key = format!("runtime.profiles.{name}");
+            if !is_profile_name(name) {
+                problems.push(Problem::about(
+                    "runtime.profiles",
+                    format!("profile name {name:?}: expected {PROFILE_NAME_FORMS}"),
+                ));
+            }
+            if let Some(tenant) = &profile.tenant {
+                let well_formed = (1..=63).contains(&tenant.len())
+                    && tenant.bytes().all(|b| {
+                        b.is_ascii_lowercase()
+                            || b.is_ascii_digit()
+                            || matches!(b, b'-' | b'_' | b'.')
+                    });
+                if !well_formed {
+                    problems.push(Problem::at(
+                        &format!("{key}.tenant"),
+                        format!("{tenant:?}"),
+                        "expected a name of 1 to 63 characters from a-z, 0-9, '-', '_' and '.'",
+                    ));
+                }
+            }
+            if let Some(share) = profile.compute_request {
+                if gpushare_types::Fraction::new(share.get()).is_none() {
+                    problems.push(Problem::at(
+                        &format!("{key}.compute_request"),
+                        share.get(),
+                        "must be a fraction from 0 to 1",
+                    ));
+                }
+            }
+        }
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -515,6 +620,7 @@ impl Default for RuntimeConfig {
             hook: PathBuf::from("/usr/local/bin/gpushare-hook"),
             hook_timeout_seconds: 10,
             ld_so_preload: false,
+            profiles: BTreeMap::new(),
         }
     }
 }
@@ -895,6 +1001,7 @@ impl Config {
             }
         }
         self.requests.validate(&mut problems);
+        self.runtime.validate_profiles(&mut problems);
         self.scheduler.validate(&mut problems);
         self.kubernetes.validate(&mut problems);
         self.placement.validate(&mut problems);
@@ -1033,6 +1140,9 @@ mod tests {
             high_priority_tenants: Some(vec!["team-a".into(), String::new()]),
             tenant_from: TenantSource::KubernetesNamespace,
             allowed_env: vec!["GPUSHARE_MYTOOL_*".into(), "GPUSHARE_OTHER".into()],
+            trust_environment: true,
+            env_memory_ceiling: Some("6Gi".parse().unwrap()),
+            env_compute_request_ceiling: gpushare_types::Fraction::new(0.5).unwrap(),
         };
         config.runtime = RuntimeConfig {
             runtimes: vec!["runc".into()],
@@ -1041,6 +1151,18 @@ mod tests {
             hook: PathBuf::from("/opt/gs/gpushare-hook"),
             hook_timeout_seconds: 3,
             ld_so_preload: true,
+            profiles: BTreeMap::from([
+                (
+                    "high".to_owned(),
+                    RuntimeProfile {
+                        priority: Some(gpushare_types::Priority::High),
+                        memory: Some("100%".parse().unwrap()),
+                        tenant: Some("inference".into()),
+                        compute_request: Some(gpushare_types::Fraction::new(0.5).unwrap()),
+                    },
+                ),
+                ("plain".to_owned(), RuntimeProfile::default()),
+            ]),
         };
         config.scheduler = SchedulerConfig {
             policy: SchedulingPolicy::RoundRobin,
@@ -1360,6 +1482,43 @@ mod tests {
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(key), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_environment_is_held_to_the_nodes_ceilings_by_default_and_profiles_are_read() {
+        let defaults = Config::default().requests;
+        assert!(!defaults.trust_environment);
+        assert_eq!(defaults.env_memory_ceiling, None, "absent: default_memory");
+        assert_eq!(defaults.env_compute_request_ceiling.get(), 0.25);
+        let c = parse(
+            "[requests]\nenv_memory_ceiling = \"8Gi\"\nenv_compute_request_ceiling = 0.5\n\
+             [runtime.profiles.high]\npriority = \"high\"\nmemory = \"100%\"\ntenant = \"inference\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.requests.env_memory_ceiling, Some("8Gi".parse().unwrap()));
+        let high = &c.runtime.profiles["high"];
+        assert_eq!(high.priority, Some(gpushare_types::Priority::High));
+        assert_eq!(high.tenant.as_deref(), Some("inference"));
+        for (text, named) in [
+            (
+                "[requests]\nenv_compute_request_ceiling = 2\n",
+                "requests.env_compute_request_ceiling",
+            ),
+            ("[runtime.profiles.High]\n", "\"High\""),
+            (
+                "[runtime.profiles.x]\ntenant = \"A B\"\n",
+                "runtime.profiles.x.tenant",
+            ),
+            (
+                "[runtime.profiles.x]\ncompute_request = 3\n",
+                "runtime.profiles.x.compute_request",
+            ),
+            ("[runtime.profiles.x]\npriority = \"urgent\"\n", "priority"),
+            ("[runtime.profiles.x]\nmemroy = \"1Gi\"\n", "memroy"),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(named), "{text}: {err}");
         }
     }
 

@@ -483,7 +483,7 @@ mod tests {
                 "runtime.libary",
                 "\"/x.so\"",
                 2,
-                "unknown key (accepted: runtimes, library, container_library, hook, hook_timeout_seconds, ld_so_preload)",
+                "unknown key (accepted: runtimes, library, container_library, hook, hook_timeout_seconds, ld_so_preload, profiles)",
                 Some("did you mean runtime.library?"),
             ),
             (

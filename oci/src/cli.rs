@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use clap::{Arg, ArgAction, Parser, Subcommand};
 
-use crate::runc_args::{self, GPUSHARE_CONFIG_FLAG};
+use crate::runc_args::{self, GPUSHARE_CONFIG_FLAG, GPUSHARE_PROFILE_FLAG};
 
 pub const HOOK: &str = "gpushare-hook";
 pub const RUNC_WRAPPER: &str = "gpushare-runc";
@@ -93,6 +93,16 @@ pub fn runc_wrapper_command() -> clap::Command {
                 ),
         )
         .arg(
+            Arg::new(GPUSHARE_PROFILE_FLAG)
+                .long(GPUSHARE_PROFILE_FLAG)
+                .value_name("NAME")
+                .help(
+                    "The runtime profile ([runtime.profiles.NAME]) this runtime entry grants \
+                     its containers: priority, memory and tenant beyond what their environment \
+                     may ask; removed before the runtime sees the command line",
+                ),
+        )
+        .arg(
             Arg::new("runtime-args")
                 .value_name("RUNC_ARGS")
                 .num_args(0..)
@@ -108,7 +118,8 @@ pub fn runc_wrapper_help() -> String {
     format!(
         "{}\n{RUNC_WRAPPER_ABOUT}.\n\ngpushare's own flag (before the command): \
          --{GPUSHARE_CONFIG_FLAG} FILE, gpushare's configuration (default: $GPUSHARE_CONFIG, \
-         then /etc/gpushare/config.toml).\n",
+         then /etc/gpushare/config.toml); --{GPUSHARE_PROFILE_FLAG} NAME, the runtime profile \
+         ([runtime.profiles.NAME]) this runtime entry grants its containers.\n",
         runc_wrapper_version_line()
     )
 }

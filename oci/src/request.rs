@@ -1,7 +1,15 @@
 //! What a container asks for, read from its OCI spec.
 //!
 //! Annotations first (`gpushare.io/*`), then `GPUSHARE_*` environment variables
-//! when the policy accepts them (docker 20.10 has no annotations). Every error
+//! when the policy accepts them (docker 20.10 has no annotations). An image's
+//! `ENV` cannot be told from its creator's `-e`, so the environment may ask only
+//! what the node grants any container (low priority, no tenant, memory and a
+//! compute request within `requests.env_*_ceiling`) unless the operator trusts it
+//! (`requests.trust_environment`); beyond that come annotations, which the creator
+//! sets through the engine's API, and the runtime profile an entry point was
+//! started with (`Profile`: the operator's grant, and the container's defaults).
+//! Memory is held to its ceiling once the GPUs are known
+//! (`ContainerRequest::check_environment_memory`). Every error
 //! names the key, the value and the accepted forms. An unknown key is refused, in
 //! either place: a misspelt one would otherwise leave the container without its
 //! share and without an error (`env_keys` says which variables are known).
@@ -13,7 +21,7 @@
 //! kubelet and its device plugins fill. The pod and container names come from the
 //! CRI runtime's own annotations.
 
-use gpushare_config::{KubernetesConfig, RequestPolicy, TenantSource};
+use gpushare_config::{Config, KubernetesConfig, RequestPolicy, RuntimeProfile, TenantSource};
 use gpushare_proto::quantity::{
     ambiguous_bytes, FRACTION_FORMS, GPU_FORMS, MEMORY_FORMS, PRIORITY_FORMS,
 };
@@ -39,9 +47,61 @@ pub struct ContainerRequest {
     pub tenant: Option<String>,
     /// The container's pod and its grants, where Kubernetes named any.
     pub pod: Option<PodBinding>,
+    /// The memory the environment asked for, still to be held to what it may ask
+    /// ([`ContainerRequest::check_environment_memory`]): a fraction and a size
+    /// compare only on a GPU.
+    pub environment_memory: Option<EnvironmentMemory>,
+}
+
+/// Memory asked for by a `GPUSHARE_MEMORY` variable, and the most the environment
+/// may ask for on this node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvironmentMemory {
+    key: String,
+    value: String,
+    asked: MemoryRequest,
+    /// Within any of these (the node's ceiling, a runtime profile's memory) is allowed.
+    ceilings: Vec<MemoryRequest>,
 }
 
 impl ContainerRequest {
+    /// Refuses memory asked for by the environment beyond what it may ask on any of
+    /// the node's GPUs (`allocatable`: the bytes each can allocate, as placement
+    /// resolves fractions against them): the lease may land on any of them.
+    pub fn check_environment_memory(&self, allocatable: &[u64]) -> Result<(), RequestError> {
+        let Some(env) = &self.environment_memory else {
+            return Ok(());
+        };
+        // No GPU listed: only what compares without one can be told.
+        let gpus: Vec<Option<u64>> = if allocatable.is_empty() {
+            vec![None]
+        } else {
+            allocatable.iter().copied().map(Some).collect()
+        };
+        let within = |gpu: &Option<u64>| {
+            env.ceilings
+                .iter()
+                .any(|&ceiling| at_most(env.asked, ceiling, *gpu))
+        };
+        if gpus.iter().all(within) {
+            return Ok(());
+        }
+        Err(RequestError::BeyondEnvironment {
+            key: env.key.clone(),
+            value: env.value.clone(),
+            allowed: format!(
+                "at most {} of GPU memory",
+                env.ceilings
+                    .iter()
+                    .map(|c| memory_text(*c))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
+            setting: "requests.env_memory_ceiling",
+            annotation: MEMORY.0,
+        })
+    }
+
     /// `namespace`: the id space of `container_id` as the entry point knows it from
     /// its engine (never from the spec): see `ReserveRequest::namespace`.
     pub fn into_reserve(
@@ -62,6 +122,25 @@ impl ContainerRequest {
             tenant: self.tenant,
             pod: self.pod,
         }
+    }
+}
+
+/// Whether `asked` is no more than `ceiling`: directly when both are sizes or
+/// both fractions, else on a GPU that can allocate `gpu` bytes.
+fn at_most(asked: MemoryRequest, ceiling: MemoryRequest, gpu: Option<u64>) -> bool {
+    match (asked, ceiling, gpu) {
+        (MemoryRequest::Bytes(a), MemoryRequest::Bytes(c), _) => a <= c,
+        (MemoryRequest::Fraction(a), MemoryRequest::Fraction(c), _) => a.get() <= c.get(),
+        (_, _, Some(gpu)) => asked.resolve(gpu) <= ceiling.resolve(gpu),
+        (_, _, None) => false,
+    }
+}
+
+/// A memory amount as users write it: `4Gi`, `25%`.
+fn memory_text(memory: MemoryRequest) -> String {
+    match memory {
+        MemoryRequest::Bytes(_) => memory.to_string(),
+        MemoryRequest::Fraction(f) => format!("{}%", f.get() * 100.0),
     }
 }
 
@@ -109,6 +188,26 @@ pub enum RequestError {
         tenant: String,
         allowed: String,
     },
+    #[error(
+        "invalid request {key}={value:?}: the environment may ask for {allowed} on this node \
+         ({setting}); an image's own environment cannot be told from its creator's, so more \
+         comes only from the {annotation} annotation (docker 24's --annotation, podman's, \
+         containerd's and Kubernetes') or a runtime profile the operator defined \
+         (runtime.profiles, a docker runtime entry such as gpushare-high); where every \
+         container's creator and image are trusted, the operator may set \
+         requests.trust_environment = true"
+    )]
+    BeyondEnvironment {
+        key: String,
+        value: String,
+        /// What the environment may ask for, in words: "low priority", "at most 25%".
+        allowed: String,
+        /// The setting (or profile) that decides it.
+        setting: &'static str,
+        annotation: &'static str,
+    },
+    #[error("unknown runtime profile {name:?}: this runtime entry names --gpushare-profile={name} but the configuration defines {} (runtime.profiles)", listed(.defined))]
+    UnknownProfile { name: String, defined: Vec<String> },
     #[error("invalid grant {key}={value:?}: expected {GRANT_ID_FORM} (the id gpushare-kube's Allocate answer names)")]
     InvalidGrant { key: String, value: String },
     #[error("unknown grant annotation {key:?}: accepted keys are {}", GRANT_KEYS.join(", "))]
@@ -177,13 +276,74 @@ const OUTPUT_ANNOTATIONS: [&str; 3] = [
     ANNOTATION_MARKER,
 ];
 
+/// The runtime profile an entry point was started with (`--gpushare-profile`).
+#[derive(Debug, Clone, Copy)]
+pub struct Profile<'a> {
+    pub name: &'a str,
+    pub terms: &'a RuntimeProfile,
+}
+
+impl<'a> Profile<'a> {
+    /// The profile `name` of `config`, or why there is none.
+    pub fn named(config: &'a Config, name: &'a str) -> Result<Profile<'a>, RequestError> {
+        match config.runtime.profiles.get(name) {
+            Some(terms) => Ok(Profile { name, terms }),
+            None => Err(RequestError::UnknownProfile {
+                name: name.to_owned(),
+                defined: config.runtime.profiles.keys().cloned().collect(),
+            }),
+        }
+    }
+}
+
+/// Everything that decides what a container may ask for, from the configuration
+/// and the entry point.
+#[derive(Debug, Clone, Copy)]
+pub struct Asking<'a> {
+    pub policy: &'a RequestPolicy,
+    pub kubernetes: &'a KubernetesConfig,
+    /// `requests.env_memory_ceiling`, else `arbiter.default_memory`.
+    pub env_memory_ceiling: MemoryRequest,
+    pub profile: Option<Profile<'a>>,
+}
+
+impl<'a> Asking<'a> {
+    pub fn new(config: &'a Config, profile: Option<Profile<'a>>) -> Asking<'a> {
+        Asking {
+            policy: &config.requests,
+            kubernetes: &config.kubernetes,
+            env_memory_ceiling: config
+                .requests
+                .env_memory_ceiling
+                .unwrap_or(config.arbiter.default_memory),
+            profile,
+        }
+    }
+}
+
+/// Where a request's value came from: only an annotation (or the operator's
+/// profile) may ask beyond what the node grants any container.
+fn from_environment(key: &str) -> bool {
+    key.starts_with(gpushare_config::ENV_PREFIX)
+}
+
 /// Reads the request; `Ok(None)` when the container asks for nothing. A grant
-/// annotation is a request by itself (its quota is the grant's).
-pub fn from_spec(
-    spec: &Spec,
-    policy: &RequestPolicy,
-    kubernetes_config: &KubernetesConfig,
-) -> Result<Option<ContainerRequest>, RequestError> {
+/// annotation is a request by itself (its quota is the grant's), and so is a
+/// runtime profile. What the environment asks is held to what the node grants
+/// any container, raised by the profile, unless `requests.trust_environment`.
+pub fn from_spec(spec: &Spec, asking: &Asking) -> Result<Option<ContainerRequest>, RequestError> {
+    let (policy, kubernetes_config) = (asking.policy, asking.kubernetes);
+    let profile = asking.profile.map(|p| p.terms);
+    let held = !policy.trust_environment;
+    let beyond = |key: &str, value: &str, allowed: String, setting: &'static str, annotation| {
+        RequestError::BeyondEnvironment {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            allowed,
+            setting,
+            annotation,
+        }
+    };
     if let Some(key) = spec.annotation_keys().find(|key| {
         key.starts_with("gpushare.io/")
             && !ANNOTATION_KEYS.contains(key)
@@ -221,7 +381,7 @@ pub fn from_spec(
     };
     let grants = grants_from(spec)?;
     let values: Vec<Option<(String, String)>> = FIELDS.iter().map(|&f| lookup(f)).collect();
-    if values.iter().all(Option::is_none) && grants.is_empty() {
+    if values.iter().all(Option::is_none) && grants.is_empty() && profile.is_none() {
         return Ok(None);
     }
     // With gpushare-kube deployed, kube-scheduler counts only what was granted: a
@@ -235,11 +395,61 @@ pub fn from_spec(
     }
     let [priority, memory, compute_request, compute_limit, gpu, tenant] =
         <[Option<(String, String)>; 6]>::try_from(values).expect("six fields");
+    let asked_by_env = |entry: &Option<(String, String)>| {
+        entry
+            .as_ref()
+            .filter(|(key, _)| held && from_environment(key))
+            .cloned()
+    };
 
-    let priority = parse(priority, PRIORITY_FORMS)?.unwrap_or_default();
+    let granted_priority = profile.and_then(|p| p.priority).unwrap_or_default();
+    let priority_from_env = asked_by_env(&priority);
+    let priority = parse(priority, PRIORITY_FORMS)?.unwrap_or(granted_priority);
+    if let Some((key, value)) = priority_from_env {
+        if priority > granted_priority {
+            return Err(beyond(
+                &key,
+                &value,
+                format!("{granted_priority} priority"),
+                setting(asking, "requests.trust_environment"),
+                PRIORITY.0,
+            ));
+        }
+    }
+    let environment_memory = asked_by_env(&memory);
     let memory = parse_memory(memory)?;
-    let compute_request_value =
-        parse::<Fraction>(compute_request, FRACTION_FORMS)?.unwrap_or(Fraction::ZERO);
+    let environment_memory = match (environment_memory, memory) {
+        (Some((key, value)), Some(asked)) => Some(EnvironmentMemory {
+            key,
+            value,
+            asked,
+            ceilings: std::iter::once(asking.env_memory_ceiling)
+                .chain(profile.and_then(|p| p.memory))
+                .collect(),
+        }),
+        _ => None,
+    };
+    let memory = memory.or(profile.and_then(|p| p.memory));
+    let granted_compute = profile.and_then(|p| p.compute_request);
+    let compute_from_env = asked_by_env(&compute_request);
+    let compute_request_value = parse::<Fraction>(compute_request, FRACTION_FORMS)?
+        .or(granted_compute)
+        .unwrap_or(Fraction::ZERO);
+    if let Some((key, value)) = compute_from_env {
+        let ceiling = policy
+            .env_compute_request_ceiling
+            .get()
+            .max(granted_compute.map_or(0.0, Fraction::get));
+        if compute_request_value.get() > ceiling {
+            return Err(beyond(
+                &key,
+                &value,
+                format!("a compute request of at most {ceiling}"),
+                setting(asking, "requests.env_compute_request_ceiling"),
+                COMPUTE_REQUEST.0,
+            ));
+        }
+    }
     let compute_limit_value =
         parse::<Fraction>(compute_limit, FRACTION_FORMS)?.unwrap_or(Fraction::ONE);
     if compute_request_value.get() > compute_limit_value.get() {
@@ -256,13 +466,33 @@ pub fn from_spec(
         TenantSource::KubernetesNamespace => true,
         TenantSource::Auto => pod_namespace.is_some(),
     };
+    let granted_tenant = profile.and_then(|p| p.tenant.clone());
     let tenant = if from_namespace {
         if let Some((key, value)) = tenant {
             return Err(RequestError::TenantNotAccepted { key, value });
         }
         pod_namespace
     } else {
-        tenant
+        if let Some((key, value)) = asked_by_env(&tenant) {
+            if granted_tenant.as_ref() != Some(&value) {
+                let allowed = match &granted_tenant {
+                    Some(t) => format!("tenant {t:?} only"),
+                    None => "no tenant".to_owned(),
+                };
+                return Err(beyond(
+                    &key,
+                    &value,
+                    allowed,
+                    setting(asking, "requests.trust_environment"),
+                    TENANT.0,
+                ));
+            }
+        }
+        let profile_tenant = |t: String| {
+            let name = asking.profile.map_or("", |p| p.name);
+            (format!("runtime.profiles.{name}.tenant"), t)
+        };
+        tenant.or_else(|| granted_tenant.clone().map(profile_tenant))
     };
     let tenant_key = tenant.as_ref().map(|(k, _)| k.clone());
     let tenant = match tenant {
@@ -311,7 +541,17 @@ pub fn from_spec(
         gpu,
         tenant,
         pod: pod_binding(spec, grants),
+        environment_memory,
     }))
+}
+
+/// The setting that decides what the environment may ask: the runtime profile
+/// where the container came through one, else the node's own `setting`.
+fn setting(asking: &Asking, setting: &'static str) -> &'static str {
+    match asking.profile {
+        Some(_) => "runtime.profiles",
+        None => setting,
+    }
 }
 
 /// The grants the spec's annotations name, in `GRANT_KEYS` order; every
@@ -402,8 +642,13 @@ mod tests {
         .unwrap()
     }
 
+    /// The parsing tests read the environment as annotations are read; what it
+    /// may ask by default is `the_environment_asks_*`'s subject.
     fn policy() -> RequestPolicy {
-        RequestPolicy::default()
+        RequestPolicy {
+            trust_environment: true,
+            ..RequestPolicy::default()
+        }
     }
 
     /// The request under `policy`, with the `[kubernetes]` table's defaults.
@@ -411,7 +656,21 @@ mod tests {
         spec: &Spec,
         policy: &RequestPolicy,
     ) -> Result<Option<ContainerRequest>, RequestError> {
-        from_spec(spec, policy, &KubernetesConfig::default())
+        request_in(spec, policy, &KubernetesConfig::default())
+    }
+
+    fn request_in(
+        spec: &Spec,
+        policy: &RequestPolicy,
+        kubernetes: &KubernetesConfig,
+    ) -> Result<Option<ContainerRequest>, RequestError> {
+        let asking = Asking {
+            policy,
+            kubernetes,
+            env_memory_ceiling: MemoryRequest::Fraction(Fraction::ONE),
+            profile: None,
+        };
+        from_spec(spec, &asking)
     }
 
     #[test]
@@ -737,7 +996,7 @@ mod tests {
         assert!(pod.grants.is_empty(), "{pod:?}");
         // Nor does an environment grant satisfy require_grant.
         assert_eq!(
-            from_spec(&asking, &policy(), &require_grant()),
+            request_in(&asking, &policy(), &require_grant()),
             Err(RequestError::GrantRequired)
         );
     }
@@ -852,7 +1111,7 @@ mod tests {
             ),
         ];
         for s in refused {
-            let error = from_spec(&s, &policy(), &k).unwrap_err();
+            let error = request_in(&s, &policy(), &k).unwrap_err();
             assert_eq!(error, RequestError::GrantRequired);
             let msg = error.to_string();
             assert!(
@@ -866,14 +1125,14 @@ mod tests {
             in_pod(json!({GRANT_MEMORY_ANNOTATION: "g-m", "gpushare.io/priority": "high"})),
             &[],
         );
-        assert!(from_spec(&granted, &policy(), &k).unwrap().is_some());
+        assert!(request_in(&granted, &policy(), &k).unwrap().is_some());
         // A pod's container asking for nothing, and containers outside Kubernetes, as before.
         assert_eq!(
-            from_spec(&spec(in_pod(json!({})), &[]), &policy(), &k),
+            request_in(&spec(in_pod(json!({})), &[]), &policy(), &k),
             Ok(None)
         );
         let docker = spec(json!({"gpushare.io/memory": "1Gi"}), &[]);
-        assert!(from_spec(&docker, &policy(), &k).unwrap().is_some());
+        assert!(request_in(&docker, &policy(), &k).unwrap().is_some());
         // Off (the default): the same pod container is admitted on its annotation.
         let pod = spec(in_pod(json!({"gpushare.io/memory": "1Gi"})), &[]);
         assert!(request_of(&pod, &policy()).unwrap().is_some());
@@ -1095,6 +1354,33 @@ mod tests {
             request_of(&s, &policy()),
             Err(RequestError::InvalidValue { .. })
         ));
+    }
+
+    #[test]
+    fn memory_is_compared_directly_in_one_kind_and_on_a_gpu_across_kinds() {
+        let bytes = MemoryRequest::Bytes;
+        let share = |f| MemoryRequest::Fraction(Fraction::new(f).unwrap());
+        const GI: u64 = 1 << 30;
+        for (asked, ceiling, gpu, within) in [
+            (bytes(4 * GI), bytes(4 * GI), None, true),
+            (bytes(4 * GI + 1), bytes(4 * GI), None, false),
+            (share(0.25), share(0.25), None, true),
+            (share(0.26), share(0.25), None, false),
+            // Across kinds only a GPU tells.
+            (bytes(4 * GI), share(0.25), None, false),
+            (bytes(4 * GI), share(0.25), Some(16 * GI), true),
+            (bytes(4 * GI), share(0.25), Some(15 * GI), false),
+            (share(0.5), bytes(8 * GI), Some(16 * GI), true),
+            (share(0.5), bytes(8 * GI), Some(17 * GI), false),
+        ] {
+            assert_eq!(
+                at_most(asked, ceiling, gpu),
+                within,
+                "{asked} within {ceiling} on {gpu:?}"
+            );
+        }
+        assert_eq!(memory_text(share(0.25)), "25%");
+        assert_eq!(memory_text(bytes(4 * GI)), "4Gi");
     }
 
     proptest::proptest! {

@@ -21,12 +21,20 @@ const GLOBAL_VALUE_FLAGS: &[&str] = &[
     "criu",
     "rootless",
     GPUSHARE_CONFIG_FLAG,
+    GPUSHARE_PROFILE_FLAG,
 ];
 /// `--gpushare-config PATH`: gpushare-runc's own global flag, removed before the
 /// command line is handed on. Engines that do not pass their environment to the
 /// runtime (podman through conmon) can set it with `--runtime-flag`, docker with
 /// `runtimeArgs`.
 pub const GPUSHARE_CONFIG_FLAG: &str = "gpushare-config";
+/// `--gpushare-profile NAME`: the runtime profile (`[runtime.profiles.NAME]`) this
+/// runtime entry grants its containers, removed like `--gpushare-config`. Only the
+/// engine's operator writes it: docker's `runtimeArgs`, which dockerd puts before
+/// runc's own global flags (it runs the entry as `path runtimeArgs… runc-args…`).
+pub const GPUSHARE_PROFILE_FLAG: &str = "gpushare-profile";
+/// gpushare-runc's own global flags.
+const GPUSHARE_FLAGS: [&str; 2] = [GPUSHARE_CONFIG_FLAG, GPUSHARE_PROFILE_FLAG];
 /// Flags of `create`, `run` and `exec` that take a value.
 const COMMAND_VALUE_FLAGS: &[&str] = &[
     "bundle",
@@ -66,6 +74,8 @@ pub struct Invocation {
     pub log: Option<PathBuf>,
     pub log_format_json: bool,
     pub gpushare_config: Option<PathBuf>,
+    /// `--gpushare-profile`.
+    pub gpushare_profile: Option<String>,
     /// `--root`: runc's state directory, the id space of its container ids (each
     /// containerd namespace, docker and podman use their own).
     pub root: Option<PathBuf>,
@@ -81,8 +91,9 @@ impl Invocation {
     }
 }
 
-/// Removes `--gpushare-config` (both `--flag value` and `--flag=value`, one or
-/// two dashes) from the global flags, leaving every other argument as it was.
+/// Removes gpushare-runc's own flags (`--gpushare-config`, `--gpushare-profile`;
+/// both `--flag value` and `--flag=value`, one or two dashes) from the global
+/// flags, leaving every other argument as it was.
 pub fn strip_gpushare_flags(args: &[OsString]) -> Vec<OsString> {
     let subcommand = scan(args).subcommand_index.unwrap_or(args.len());
     let mut kept = Vec::with_capacity(args.len());
@@ -91,11 +102,13 @@ pub fn strip_gpushare_flags(args: &[OsString]) -> Vec<OsString> {
         let arg = args[i].to_string_lossy();
         let name = arg.trim_start_matches('-');
         let dashed = arg.starts_with('-');
-        if i < subcommand && dashed && name == GPUSHARE_CONFIG_FLAG {
+        let own = |flag: &&str| name == *flag;
+        let own_with_value = |flag: &&str| name.starts_with(&format!("{flag}="));
+        if i < subcommand && dashed && GPUSHARE_FLAGS.iter().any(own) {
             i += 2;
             continue;
         }
-        if i < subcommand && dashed && name.starts_with(&format!("{GPUSHARE_CONFIG_FLAG}=")) {
+        if i < subcommand && dashed && GPUSHARE_FLAGS.iter().any(own_with_value) {
             i += 1;
             continue;
         }
@@ -142,6 +155,7 @@ pub fn scan(args: &[OsString]) -> Invocation {
                 (false, "root", Some(v)) => inv.root = Some(v.into()),
                 (false, "log-format", Some(v)) => inv.log_format_json = v == "json",
                 (false, GPUSHARE_CONFIG_FLAG, Some(v)) => inv.gpushare_config = Some(v.into()),
+                (false, GPUSHARE_PROFILE_FLAG, Some(v)) => inv.gpushare_profile = Some(v),
                 (true, "bundle" | "b", Some(v)) => inv.bundle = Some(v.into()),
                 (true, "process" | "p", Some(v)) => inv.process = Some(v.into()),
                 _ => {}
@@ -173,6 +187,15 @@ mod tests {
                 .map(OsString::from)
                 .collect::<Vec<_>>(),
         )
+    }
+
+    /// The command line the next runtime sees, as one line.
+    fn stripped(args: &[OsString]) -> String {
+        let kept: Vec<String> = strip_gpushare_flags(args)
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        kept.join(" ")
     }
 
     #[test]
@@ -251,13 +274,9 @@ mod tests {
         let inv = scan(&args);
         assert_eq!(inv.gpushare_config, Some(PathBuf::from("/etc/g.toml")));
         assert_eq!(inv.subcommand.as_deref(), Some("exec"));
-        let kept: Vec<String> = strip_gpushare_flags(&args)
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
         // The command's own arguments are not ours to touch, even if they look alike.
         assert_eq!(
-            kept.join(" "),
+            stripped(&args),
             "--root /r exec --process p.json id --gpushare-config x"
         );
         let eq: Vec<OsString> = ["-gpushare-config=/c.toml", "create", "x"]
@@ -269,6 +288,43 @@ mod tests {
             strip_gpushare_flags(&eq),
             vec![OsString::from("create"), OsString::from("x")]
         );
+    }
+
+    /// How dockerd runs a runtime entry with `runtimeArgs` (containerd's runc shim
+    /// adds runc's global flags and the command after them).
+    #[test]
+    fn the_profile_flag_from_dockers_runtime_args_is_read_and_stripped() {
+        for line in [
+            "--gpushare-profile=high --root /var/run/docker/runtime-runc/moby --log /b/log.json \
+             --log-format json create --bundle /b --pid-file /b/init.pid c1",
+            "--gpushare-profile high --root /var/run/docker/runtime-runc/moby --log /b/log.json \
+             --log-format json create --bundle /b --pid-file /b/init.pid c1",
+            "-gpushare-profile=high --gpushare-config /etc/g.toml --root /var/run/docker/runtime-runc/moby \
+             --log /b/log.json --log-format json create --bundle /b --pid-file /b/init.pid c1",
+        ] {
+            let args: Vec<OsString> = line.split_whitespace().map(OsString::from).collect();
+            let inv = scan(&args);
+            assert_eq!(inv.gpushare_profile.as_deref(), Some("high"), "{line}");
+            assert_eq!(inv.subcommand.as_deref(), Some("create"), "{line}");
+            assert_eq!(inv.container_id.as_deref(), Some("c1"), "{line}");
+            assert_eq!(
+                inv.namespace().key().as_deref(),
+                Some("runtime-root:/var/run/docker/runtime-runc/moby")
+            );
+            assert_eq!(
+                stripped(&args),
+                "--root /var/run/docker/runtime-runc/moby --log /b/log.json --log-format json \
+                 create --bundle /b --pid-file /b/init.pid c1",
+                "{line}"
+            );
+        }
+        // After the command it is the container's argument, not ours.
+        let exec: Vec<OsString> = "exec --process p.json c1 --gpushare-profile high"
+            .split_whitespace()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(scan(&exec).gpushare_profile, None);
+        assert_eq!(strip_gpushare_flags(&exec), exec);
     }
 
     #[test]

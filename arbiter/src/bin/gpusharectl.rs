@@ -59,15 +59,11 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
         undo,
         dry_run,
         bin_dir,
+        profile,
     } = &args.command
     {
-        return setup(
-            *engine,
-            args.config.as_deref(),
-            bin_dir.as_deref(),
-            *undo,
-            *dry_run,
-        );
+        let programs = setup_programs(bin_dir.as_deref(), *engine, profile, *undo)?;
+        return setup(*engine, args.config.as_deref(), programs, *undo, *dry_run);
     }
     let loaded = match &args.config {
         Some(path) => Config::load(path),
@@ -150,19 +146,10 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
 fn setup(
     engine: Engine,
     file: Option<&std::path::Path>,
-    bin_dir: Option<&std::path::Path>,
+    programs: Programs,
     undo: bool,
     dry_run: bool,
 ) -> anyhow::Result<String> {
-    let bin_dir = match bin_dir {
-        Some(dir) => dir.to_owned(),
-        None => std::env::current_exe()
-            .context("finding gpusharectl's own directory (name one with --bin-dir)")?
-            .parent()
-            .context("gpusharectl's path has no directory (name one with --bin-dir)")?
-            .to_owned(),
-    };
-    let programs = Programs::in_dir(&bin_dir);
     // An engine pointed at a missing program fails every gpushare container start later,
     // far from this command.
     if !undo && !programs.runc.is_file() {
@@ -180,6 +167,56 @@ fn setup(
         (true, _) => format!("(dry run) {outcome}\n"),
         (false, _) => format!("{outcome}\n"),
     })
+}
+
+/// The programs `setup` points the engine at, and the docker runtime entries of the
+/// runtime profiles named with --profile, each of which gpushare's configuration
+/// must define (an entry naming an undefined profile would fail every container
+/// started through it).
+fn setup_programs(
+    bin_dir: Option<&std::path::Path>,
+    engine: Engine,
+    profiles: &[String],
+    undo: bool,
+) -> anyhow::Result<Programs> {
+    if !profiles.is_empty() && engine != Engine::Docker {
+        anyhow::bail!(
+            "--profile is for docker, whose runtime entries are the only way its users can \
+             be granted more than their environment may ask; {engine}'s users set \
+             gpushare.io/* annotations, which the container's creator sets and its image cannot"
+        );
+    }
+    if !profiles.is_empty() && !undo {
+        let (config, path) = Config::load_default()?;
+        let file = path.map_or_else(
+            || format!("{} (absent)", gpushare_config::DEFAULT_PATH),
+            |p| p.display().to_string(),
+        );
+        for profile in profiles {
+            if !config.runtime.profiles.contains_key(profile) {
+                let defined: Vec<&str> =
+                    config.runtime.profiles.keys().map(String::as_str).collect();
+                anyhow::bail!(
+                    "--profile {profile:?}: gpushare's configuration {file} defines no \
+                     [runtime.profiles.{profile}] (defined: {}); define it there first",
+                    if defined.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        defined.join(", ")
+                    }
+                );
+            }
+        }
+    }
+    let bin_dir = match bin_dir {
+        Some(dir) => dir.to_owned(),
+        None => std::env::current_exe()
+            .context("finding gpusharectl's own directory (name one with --bin-dir)")?
+            .parent()
+            .context("gpusharectl's path has no directory (name one with --bin-dir)")?
+            .to_owned(),
+    };
+    Ok(Programs::in_dir(&bin_dir).with_docker_profiles(profiles.to_vec()))
 }
 
 /// One line a lease; an empty table says so, since a blank answer reads as a

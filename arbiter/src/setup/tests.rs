@@ -506,3 +506,57 @@ fn links_planted_at_the_temporary_and_backup_paths_are_never_followed() {
     assert_eq!(mode_of(&victim), 0o600);
     assert_eq!(std::fs::read_to_string(&backup).unwrap(), DOCKER_IN_USE);
 }
+
+#[test]
+fn a_docker_profile_gets_a_runtime_entry_of_its_own_and_undo_takes_it_out() {
+    let with_high = programs().with_docker_profiles(vec!["high".into()]);
+    let once = configure(Engine::Docker, DOCKER_IN_USE, &with_high).unwrap();
+    let mut expected = json(DOCKER_IN_USE);
+    expected["runtimes"]["gpushare"] = serde_json::json!({"path": "/usr/local/bin/gpushare-runc"});
+    expected["runtimes"]["gpushare-high"] = serde_json::json!({
+        "path": "/usr/local/bin/gpushare-runc",
+        "runtimeArgs": ["--gpushare-profile=high"],
+    });
+    assert_eq!(json(&once), expected);
+    // Twice: nothing changes; without the profile: the profile's entry stays.
+    assert_eq!(configure(Engine::Docker, &once, &with_high).unwrap(), once);
+    assert_eq!(configure(Engine::Docker, &once, &programs()).unwrap(), once);
+    // A second profile is added beside the first.
+    let both = configure(
+        Engine::Docker,
+        &once,
+        &programs().with_docker_profiles(vec!["batch".into()]),
+    )
+    .unwrap();
+    assert_eq!(
+        json(&both)["runtimes"]["gpushare-batch"]["runtimeArgs"],
+        serde_json::json!(["--gpushare-profile=batch"])
+    );
+    // Undo, with or without --profile: the file as it was, byte for byte, from the
+    // backup; without the backup every entry setup wrote goes and the rest stays.
+    for undoing in [programs(), with_high.clone()] {
+        assert_eq!(
+            undo(Engine::Docker, &once, Some(DOCKER_IN_USE), &undoing)
+                .unwrap()
+                .as_deref(),
+            Some(DOCKER_IN_USE)
+        );
+        let removed = undo(Engine::Docker, &both, None, &undoing)
+            .unwrap()
+            .unwrap();
+        assert_eq!(json(&removed), json(DOCKER_IN_USE));
+    }
+    // An operator's own entry named like a profile, running something else, is kept.
+    let mut theirs = json(&once);
+    theirs["runtimes"]["gpushare-mine"] = serde_json::json!({"path": "/opt/other-runtime"});
+    let removed = undo(Engine::Docker, &theirs.to_string(), None, &programs())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        json(&removed)["runtimes"],
+        serde_json::json!({
+            "nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []},
+            "gpushare-mine": {"path": "/opt/other-runtime"},
+        })
+    );
+}

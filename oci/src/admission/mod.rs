@@ -12,7 +12,10 @@
 //!    pod the CRI runtime recorded (`request::from_spec`); a bad one, or a pod's
 //!    share without a memory grant under `kubernetes.require_grant`, is refused
 //!    before anything is reserved; no request leaves the spec as it is (or, under the
-//!    `void` policy, hides the GPUs). The arbiter judges the grants themselves;
+//!    `void` policy, hides the GPUs). The arbiter judges the grants themselves. A
+//!    runtime profile (`admit_through`) is the operator's grant and a request by
+//!    itself; what the environment asks beyond the node's policy is refused, its
+//!    memory once the arbiter's status names the GPUs;
 //! 4. an image whose CUDA the driver cannot run is refused, before anything is reserved;
 //! 5. the lease is reserved and the spec edited; if the edit fails, the lease is
 //!    released before the error is returned.
@@ -263,6 +266,19 @@ pub fn admit(
     config: &Config,
     arbiter: &mut dyn Arbiter,
 ) -> Result<Admitted<Edit>, AdmissionError> {
+    admit_through(spec, identity, config, None, arbiter)
+}
+
+/// As [`admit`], for a container started through a runtime entry that names the
+/// runtime profile `profile` (`gpushare-runc --gpushare-profile`): the operator's
+/// grant, beyond what the environment may ask.
+pub fn admit_through(
+    spec: &Spec,
+    identity: &Identity,
+    config: &Config,
+    profile: Option<&str>,
+    arbiter: &mut dyn Arbiter,
+) -> Result<Admitted<Edit>, AdmissionError> {
     if kubernetes::is_pod_sandbox(spec) {
         return Ok(Admitted::Untouched(Untouched::PodSandbox));
     }
@@ -281,7 +297,12 @@ pub fn admit(
             })
         };
     }
-    let Some(wanted) = request::from_spec(spec, &config.requests, &config.kubernetes)? else {
+    let profile = match profile {
+        Some(name) => Some(request::Profile::named(config, name)?),
+        None => None,
+    };
+    let asking = request::Asking::new(config, profile);
+    let Some(wanted) = request::from_spec(spec, &asking)? else {
         if config.requests.unrequested == Unrequested::Void {
             let mut spec = spec.clone();
             mutate::apply_void(&mut spec)?;
@@ -293,10 +314,19 @@ pub fn admit(
         return Ok(Admitted::Untouched(Untouched::NoRequest));
     };
 
-    let driver = arbiter
+    let status = arbiter
         .status()
-        .map_err(AdmissionError::arbiter(identity))?
-        .driver_cuda_version;
+        .map_err(AdmissionError::arbiter(identity))?;
+    let allocatable: Vec<u64> = status
+        .gpus
+        .iter()
+        .map(|gpu| match gpu.memory_allocatable {
+            0 => gpu.memory_total,
+            bytes => bytes,
+        })
+        .collect();
+    wanted.check_environment_memory(&allocatable)?;
+    let driver = status.driver_cuda_version;
     cuda_compat::check_spec(spec, driver).map_err(|source| AdmissionError::Incompatible {
         container_id: identity.container_id().to_owned(),
         source,
@@ -385,8 +415,19 @@ pub fn prepare_bundle(
     config: &Config,
     arbiter: &mut dyn Arbiter,
 ) -> Result<Admitted<Prepared>, AdmissionError> {
+    prepare_bundle_through(bundle_dir, identity, config, None, arbiter)
+}
+
+/// As [`prepare_bundle`], through the runtime profile `profile` (see [`admit_through`]).
+pub fn prepare_bundle_through(
+    bundle_dir: &Path,
+    identity: &Identity,
+    config: &Config,
+    profile: Option<&str>,
+    arbiter: &mut dyn Arbiter,
+) -> Result<Admitted<Prepared>, AdmissionError> {
     let (bundle, spec) = BundleSpec::open(bundle_dir)?;
-    let edit = match admit(&spec, identity, config, arbiter)? {
+    let edit = match admit_through(&spec, identity, config, profile, arbiter)? {
         Admitted::Untouched(why) => return Ok(Admitted::Untouched(why)),
         Admitted::Edited(edit) => edit,
     };

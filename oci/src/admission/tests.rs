@@ -830,3 +830,177 @@ fn the_arbiters_verdict_on_a_grant_is_passed_on_as_given() {
         assert!(!arbiter.calls.iter().any(|c| matches!(c, Call::Release(_))));
     }
 }
+
+/// What an image can bake into its own environment (`ENV` in its Dockerfile): the
+/// runtime sees it exactly as a variable the container's creator set.
+const AN_IMAGES_OWN_ASKS: [&str; 3] = [
+    "GPUSHARE_PRIORITY=high",
+    "GPUSHARE_MEMORY=100%",
+    "GPUSHARE_TENANT=inference",
+];
+
+/// A node of one 16 GiB GPU (all of it allocatable) whose driver runs CUDA 12.2.
+fn one_gpu_node() -> StatusReport {
+    let gpu: gpushare_proto::GpuStatus = serde_json::from_value(json!({
+        "index": 0, "uuid": GPU, "name": "GPU 0", "memory_total": 16u64 << 30,
+        "memory_allocatable": 16u64 << 30, "memory_leased": 0,
+    }))
+    .unwrap();
+    StatusReport {
+        gpus: vec![gpu],
+        ..driver(12020)
+    }
+}
+
+#[test]
+fn an_images_own_environment_cannot_grant_it_priority_a_whole_gpu_or_a_tenant() {
+    // high_priority_tenants names the tenant the image claims: outside Kubernetes
+    // the tenant came from the request, so the image passed it too.
+    let mut config = config();
+    config.requests.high_priority_tenants = Some(vec!["inference".into()]);
+    for (ask, what) in [
+        ("GPUSHARE_PRIORITY=high", "low"),
+        ("GPUSHARE_MEMORY=100%", "25%"),
+        ("GPUSHARE_TENANT=inference", "no tenant"),
+        ("GPUSHARE_COMPUTE_REQUEST=1", "0.25"),
+    ] {
+        for env in [AN_IMAGES_OWN_ASKS.to_vec(), vec![ask]] {
+            let image = spec(json!({}), &env);
+            let mut arbiter = RecordingArbiter::default()
+                .status(Ok(one_gpu_node()))
+                .reserve(Ok(lease()));
+            let refused = admit(&image, &container(), &config, &mut arbiter);
+            assert!(
+                arbiter.reserved().is_empty(),
+                "{env:?} reserved {:?}",
+                arbiter.reserved()
+            );
+            let error = refused.unwrap_err();
+            assert_eq!(error.class(), ErrorClass::InvalidRequest, "{error}");
+            if env.len() > 1 {
+                continue;
+            }
+            let msg = error.to_string();
+            let (key, value) = ask.split_once('=').unwrap();
+            for said in [
+                format!("{key}={value:?}"),
+                what.to_owned(),
+                "requests.trust_environment".into(),
+                "runtime.profiles".into(),
+            ] {
+                assert!(msg.contains(&said), "{ask}: says {said:?}: {msg}");
+            }
+        }
+    }
+}
+
+#[test]
+fn what_the_environment_may_not_ask_an_annotation_or_the_operators_profile_grants() {
+    let reserved_for = |spec: &Spec, config: &Config, profile: Option<&str>| {
+        let mut arbiter = RecordingArbiter::default()
+            .status(Ok(one_gpu_node()))
+            .reserve(Ok(lease()));
+        admit_through(spec, &container(), config, profile, &mut arbiter)
+            .unwrap_or_else(|e| panic!("{e}"));
+        arbiter.reserved()[0].clone()
+    };
+    let mut config = config();
+    config.requests.high_priority_tenants = Some(vec!["inference".into()]);
+    let high_whole_inference = |r: &ReserveRequest| {
+        assert_eq!(
+            (r.priority, r.memory, r.tenant.as_deref()),
+            (
+                Priority::High,
+                Some(MemoryRequest::Fraction(Fraction::ONE)),
+                Some("inference")
+            ),
+            "{r:?}"
+        )
+    };
+    // The creator's annotations (docker 24, podman, containerd).
+    let annotated = spec(
+        json!({"gpushare.io/priority": "high", "gpushare.io/memory": "100%", "gpushare.io/tenant": "inference"}),
+        &[],
+    );
+    high_whole_inference(&reserved_for(&annotated, &config, None));
+    // A runtime profile the operator defined, and a container that names nothing.
+    config.runtime.profiles.insert(
+        "high".into(),
+        gpushare_config::RuntimeProfile {
+            priority: Some(Priority::High),
+            memory: Some(MemoryRequest::Fraction(Fraction::ONE)),
+            tenant: Some("inference".into()),
+            compute_request: None,
+        },
+    );
+    let plain = spec(json!({}), &["PATH=/bin"]);
+    high_whole_inference(&reserved_for(&plain, &config, Some("high")));
+    // Through the profile, the environment may ask what it grants, or less.
+    let image = spec(json!({}), &AN_IMAGES_OWN_ASKS);
+    high_whole_inference(&reserved_for(&image, &config, Some("high")));
+    let modest = spec(json!({}), &["GPUSHARE_PRIORITY=low", "GPUSHARE_MEMORY=2Gi"]);
+    let r = reserved_for(&modest, &config, Some("high"));
+    assert_eq!(
+        (r.priority, r.memory, r.tenant.as_deref()),
+        (
+            Priority::Low,
+            Some(MemoryRequest::Bytes(2 << 30)),
+            Some("inference")
+        )
+    );
+    // The operator's escape hatch: the environment is read as annotations are.
+    config.requests.trust_environment = true;
+    high_whole_inference(&reserved_for(&image, &config, None));
+    // A profile the configuration does not define refuses the container, naming it.
+    let mut arbiter = RecordingArbiter::default();
+    let error =
+        admit_through(&plain, &container(), &config, Some("hgih"), &mut arbiter).unwrap_err();
+    assert_eq!(error.class(), ErrorClass::InvalidRequest);
+    let msg = error.to_string();
+    assert!(
+        msg.contains("\"hgih\"") && msg.contains("high") && msg.contains("runtime.profiles"),
+        "{msg}"
+    );
+    assert!(arbiter.calls.is_empty());
+}
+
+#[test]
+fn the_environment_may_ask_up_to_the_nodes_ceilings() {
+    // Default ceilings: arbiter.default_memory (25 %) and a 0.25 compute request.
+    for env in [
+        vec!["GPUSHARE_MEMORY=4Gi"],
+        vec!["GPUSHARE_MEMORY=25%", "GPUSHARE_COMPUTE_REQUEST=0.25"],
+        vec!["GPUSHARE_PRIORITY=low", "GPUSHARE_MEMORY=0.1"],
+    ] {
+        let mut arbiter = RecordingArbiter::default()
+            .status(Ok(one_gpu_node()))
+            .reserve(Ok(lease()));
+        let admitted = admit(
+            &spec(json!({}), &env),
+            &container(),
+            &config(),
+            &mut arbiter,
+        );
+        assert!(admitted.is_ok(), "{env:?}: {:?}", admitted.err());
+    }
+    // 4 GiB and a byte more, of a 16 GiB GPU; then the ceiling set in bytes.
+    let over = spec(json!({}), &["GPUSHARE_MEMORY=4294967297"]);
+    let mut arbiter = RecordingArbiter::default().status(Ok(one_gpu_node()));
+    let error = admit(&over, &container(), &config(), &mut arbiter).unwrap_err();
+    assert!(
+        error.to_string().contains("requests.env_memory_ceiling"),
+        "{error}"
+    );
+    let mut config = config();
+    config.requests.env_memory_ceiling = Some(MemoryRequest::Bytes(8 << 30));
+    let mut arbiter = RecordingArbiter::default()
+        .status(Ok(one_gpu_node()))
+        .reserve(Ok(lease()));
+    admit(&over, &container(), &config, &mut arbiter).unwrap();
+    let half = spec(json!({}), &["GPUSHARE_MEMORY=51%"]);
+    let mut arbiter = RecordingArbiter::default().status(Ok(one_gpu_node()));
+    let msg = admit(&half, &container(), &config, &mut arbiter)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("at most 8Gi"), "{msg}");
+}

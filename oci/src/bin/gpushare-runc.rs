@@ -104,6 +104,11 @@ fn create_unconfigured(
     error: ConfigError,
     runtime: &Path,
 ) -> anyhow::Result<ExitCode> {
+    // A profile's container asks for its share by being started through it.
+    if let Some(profile) = &inv.gpushare_profile {
+        return Err(anyhow::Error::new(error)
+            .context(format!("runtime profile {profile:?} cannot be read")));
+    }
     let (_, spec) = BundleSpec::open(&bundle_dir(inv)?)?;
     match broken_config::decide(&spec, inv.container_id.as_deref(), error) {
         Decision::RunUntouched { warning } => {
@@ -139,7 +144,9 @@ fn create(
         .context("create: no container id on the command line")?;
     let identity = Identity::container(container_id, inv.namespace());
     let mut arbiter = ControlSocket::new(&config.arbiter);
-    match admission::prepare_bundle(&bundle_dir, &identity, config, &mut arbiter)? {
+    let profile = inv.gpushare_profile.as_deref();
+    match admission::prepare_bundle_through(&bundle_dir, &identity, config, profile, &mut arbiter)?
+    {
         Admitted::Untouched(_) => Err(hand_over(runtime, args)),
         Admitted::Edited(prepared) => {
             // A fresh connection for an undo: runc may have run for long (`run` waits

@@ -199,7 +199,22 @@ impl Arbiter {
     }
 }
 
-/// A private dockerd (Debian's docker.io 20.10) with gpushare-runc as a path runtime.
+/// The runtime profile of the private dockerd's second gpushare runtime,
+/// `gpushare-high`, as `gpusharectl setup docker --profile high` writes it.
+pub const HIGH_PROFILE: &str = "high";
+
+/// Defines `[runtime.profiles.high]`: high priority, and `memory` as its default
+/// and the most its containers' environment may ask.
+pub fn define_high_profile(config: &mut Config, memory: &str) {
+    let profile = serde_json::json!({ "priority": "high", "memory": memory });
+    config.runtime.profiles.insert(
+        HIGH_PROFILE.into(),
+        serde_json::from_value(profile).expect("a runtime profile"),
+    );
+}
+
+/// A private dockerd (Debian's docker.io 20.10) with gpushare-runc as a path runtime,
+/// `gpushare`, and again as `gpushare-high`, naming the runtime profile `high`.
 pub struct Dockerd {
     child: Child,
     pub dir: PathBuf,
@@ -212,7 +227,13 @@ pub const IMAGE: &str = "busybox:e2e";
 impl Dockerd {
     pub fn start(dir: &Path, gpushare_config: &Path) -> Dockerd {
         let daemon_json = serde_json::json!({
-            "runtimes": { "gpushare": { "path": bin("gpushare-runc") } },
+            "runtimes": {
+                "gpushare": { "path": bin("gpushare-runc") },
+                "gpushare-high": {
+                    "path": bin("gpushare-runc"),
+                    "runtimeArgs": [format!("--gpushare-profile={HIGH_PROFILE}")],
+                },
+            },
         });
         std::fs::write(dir.join("daemon.json"), daemon_json.to_string()).unwrap();
         Dockerd::start_on(dir, &dir.join("daemon.json"), gpushare_config)

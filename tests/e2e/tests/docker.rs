@@ -5,11 +5,25 @@ use std::time::Duration;
 use gpushare_e2e::*;
 use gpushare_testkit::config::PlacementPolicy;
 
+/// A node that defines the runtime profile `high` (the private dockerd's
+/// `gpushare-high` runtime), placing with `policy`; the environment may ask for
+/// 4 GiB, as the operator of a node of 16 GiB GPUs may set.
+fn with_high_profile(policy: PlacementPolicy) -> ArbiterOptions {
+    ArbiterOptions {
+        configure: Some(Box::new(move |config: &mut Config| {
+            config.placement.policy = policy;
+            config.requests.env_memory_ceiling = Some("4Gi".parse().unwrap());
+            define_high_profile(config, "4Gi");
+        })),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn docker_run_gets_lease_environment_and_releases_on_exit() {
     require_root();
     let dir = scratch();
-    let mut arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let mut arbiter = Arbiter::start(dir.path(), with_high_profile(PlacementPolicy::default()));
     let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
     let id = docker
@@ -85,16 +99,15 @@ fn docker_run_gets_lease_environment_and_releases_on_exit() {
         "the lease directory is removed with the lease"
     );
 
-    // A container that runs to completion releases its lease too.
+    // A container that runs to completion releases its lease too; high priority
+    // comes from the operator's runtime entry (`gpushare-high`), not the environment.
     let out = docker.ok(&[
         "run",
         "--rm",
         "--runtime",
-        "gpushare",
+        "gpushare-high",
         "-e",
         "GPUSHARE_MEMORY=512Mi",
-        "-e",
-        "GPUSHARE_PRIORITY=high",
         IMAGE,
         "env",
     ]);
@@ -153,6 +166,22 @@ fn container_without_request_passes_through_unchanged() {
     docker.ok(&["rm", "-f", &id]);
 }
 
+/// `docker run --runtime gpushare -e variable`, which must fail; its stderr.
+fn refused_run(docker: &Dockerd, variable: &str) -> String {
+    let out = docker.docker(&[
+        "run",
+        "--rm",
+        "--runtime",
+        "gpushare",
+        "-e",
+        variable,
+        IMAGE,
+        "true",
+    ]);
+    assert!(!out.status.success(), "{variable} was granted");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn bad_memory_value_fails_the_run_with_a_clear_error_and_no_lease() {
     require_root();
@@ -160,18 +189,7 @@ fn bad_memory_value_fails_the_run_with_a_clear_error_and_no_lease() {
     let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
     let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
-    let out = docker.docker(&[
-        "run",
-        "--rm",
-        "--runtime",
-        "gpushare",
-        "-e",
-        "GPUSHARE_MEMORY=lots",
-        IMAGE,
-        "true",
-    ]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_run(&docker, "GPUSHARE_MEMORY=lots");
     assert!(
         stderr.contains("GPUSHARE_MEMORY"),
         "names the variable: {stderr}"
@@ -304,9 +322,15 @@ fn a_crashed_container_releases_its_lease() {
     assert_eq!(arbiter.lease_dirs(), 0);
 }
 
-/// Runs a detached sleeping container with the given `-e` requests; returns (id, its GPU).
-fn place(docker: &Dockerd, arbiter: &Arbiter, requests: &[&str]) -> (String, String) {
-    let mut args = vec!["run", "-d", "--runtime", "gpushare"];
+/// Runs a detached sleeping container through `runtime` with the given `-e`
+/// requests; returns (id, its GPU).
+fn place(
+    docker: &Dockerd,
+    arbiter: &Arbiter,
+    runtime: &str,
+    requests: &[&str],
+) -> (String, String) {
+    let mut args = vec!["run", "-d", "--runtime", runtime];
     for r in requests {
         args.extend(["-e", r]);
     }
@@ -330,32 +354,26 @@ fn place(docker: &Dockerd, arbiter: &Arbiter, requests: &[&str]) -> (String, Str
 fn high_and_low_priority_containers_land_where_algorithm_1_says() {
     require_root();
     let dir = scratch();
-    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::placing(PlacementPolicy::Wang));
+    let arbiter = Arbiter::start(dir.path(), with_high_profile(PlacementPolicy::Wang));
     let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
-    let (_, high_a) = place(
-        &docker,
-        &arbiter,
-        &["GPUSHARE_PRIORITY=high", "GPUSHARE_MEMORY=4Gi"],
-    );
+    let (_, high_a) = place(&docker, &arbiter, "gpushare-high", &["GPUSHARE_MEMORY=4Gi"]);
     // Low priority soaks up a busy GPU's idle time rather than taking an unused GPU.
     let (_, low_b) = place(
         &docker,
         &arbiter,
+        "gpushare",
         &["GPUSHARE_PRIORITY=low", "GPUSHARE_MEMORY=4Gi"],
     );
     assert_eq!(low_b, high_a);
     // At most one high-priority job per GPU.
-    let (_, high_c) = place(
-        &docker,
-        &arbiter,
-        &["GPUSHARE_PRIORITY=high", "GPUSHARE_MEMORY=4Gi"],
-    );
+    let (_, high_c) = place(&docker, &arbiter, "gpushare-high", &["GPUSHARE_MEMORY=4Gi"]);
     assert_ne!(high_c, high_a);
     // Among GPUs with a high-priority job, the one with fewer low-priority jobs.
     let (_, low_d) = place(
         &docker,
         &arbiter,
+        "gpushare",
         &["GPUSHARE_PRIORITY=low", "GPUSHARE_MEMORY=4Gi"],
     );
     assert_eq!(low_d, high_c);
@@ -366,31 +384,21 @@ fn high_and_low_priority_containers_land_where_algorithm_1_says() {
 fn the_balanced_policy_spreads_jobs_while_a_gpu_is_unused() {
     require_root();
     let dir = scratch();
-    let arbiter = Arbiter::start(
-        dir.path(),
-        ArbiterOptions::placing(PlacementPolicy::Balanced),
-    );
+    let arbiter = Arbiter::start(dir.path(), with_high_profile(PlacementPolicy::Balanced));
     let docker = Dockerd::start(dir.path(), arbiter.config_path());
 
-    let (_, high_a) = place(
-        &docker,
-        &arbiter,
-        &["GPUSHARE_PRIORITY=high", "GPUSHARE_MEMORY=4Gi"],
-    );
+    let (_, high_a) = place(&docker, &arbiter, "gpushare-high", &["GPUSHARE_MEMORY=4Gi"]);
     // Where Algorithm 1 packs the low job beside the high one, the balanced policy
     // opens the unused GPU: a job alone on a GPU costs less than beside another.
     let (_, low_b) = place(
         &docker,
         &arbiter,
+        "gpushare",
         &["GPUSHARE_PRIORITY=low", "GPUSHARE_MEMORY=4Gi"],
     );
     assert_ne!(low_b, high_a);
     // Still at most one high-priority job per GPU.
-    let (_, high_c) = place(
-        &docker,
-        &arbiter,
-        &["GPUSHARE_PRIORITY=high", "GPUSHARE_MEMORY=4Gi"],
-    );
+    let (_, high_c) = place(&docker, &arbiter, "gpushare-high", &["GPUSHARE_MEMORY=4Gi"]);
     assert_ne!(high_c, high_a);
     assert_eq!(arbiter.leases().len(), 3);
 }
@@ -441,6 +449,39 @@ fn image_needing_a_newer_cuda_than_the_driver_is_rejected() {
         "true",
     ]);
     assert!(ok.is_empty());
+    wait_until("the lease to be released", Duration::from_secs(15), || {
+        arbiter.leases().is_empty()
+    });
+}
+
+/// An image's own `ENV GPUSHARE_PRIORITY=high` (here `-e`, which the runtime cannot
+/// tell from it) is refused naming the variable and how to get more; the operator's
+/// runtime entry grants it.
+#[test]
+fn the_environment_cannot_ask_for_high_priority_and_the_profile_runtime_grants_it() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), with_high_profile(PlacementPolicy::default()));
+    let docker = Dockerd::start(dir.path(), arbiter.config_path());
+
+    for asked in [
+        "GPUSHARE_PRIORITY=high",
+        "GPUSHARE_TENANT=inference",
+        "GPUSHARE_MEMORY=100%",
+    ] {
+        let stderr = refused_run(&docker, asked);
+        let (key, _) = asked.split_once('=').unwrap();
+        assert!(
+            stderr.contains(key)
+                && stderr.contains("the environment may ask for")
+                && stderr.contains("runtime.profiles"),
+            "{asked}: {stderr}"
+        );
+        assert!(arbiter.leases().is_empty(), "{asked}: nothing reserved");
+    }
+    let env = env_map(&docker.ok(&["run", "--rm", "--runtime", "gpushare-high", IMAGE, "env"]));
+    assert_eq!(env["GPUSHARE_QUOTA_PRIORITY"], "high");
+    assert_eq!(env["GPUSHARE_QUOTA_MEMORY"], (4u64 << 30).to_string());
     wait_until("the lease to be released", Duration::from_secs(15), || {
         arbiter.leases().is_empty()
     });

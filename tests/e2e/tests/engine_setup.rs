@@ -262,3 +262,53 @@ fn podman_runs_the_gpushare_runtime_named_in_containers_conf_and_undo_restores_i
     setup("podman", &conf, &["--undo"]);
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), original);
 }
+
+/// `gpusharectl setup docker --profile high`, with gpushare's configuration (which must
+/// define the profile) named as the runtimes find it.
+fn setup_profile(file: &Path, config: &Path, profile: &str) -> std::process::Output {
+    Command::new(bin("gpusharectl"))
+        .args(["setup", "docker", "--profile", profile, "--config"])
+        .arg(file)
+        .env("GPUSHARE_CONFIG", config)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn docker_grants_a_runtime_profile_through_the_entry_setup_wrote() {
+    require_root();
+    let dir = scratch();
+    let options = ArbiterOptions {
+        configure: Some(Box::new(|config: &mut Config| {
+            define_high_profile(config, "2Gi")
+        })),
+        ..Default::default()
+    };
+    let arbiter = Arbiter::start(dir.path(), options);
+    let daemon_json = dir.path().join("daemon.json");
+
+    // A profile the configuration does not define: refused, and nothing written.
+    let out = setup_profile(&daemon_json, arbiter.config_path(), "batch");
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("\"batch\"") && said.contains("[runtime.profiles.batch]"),
+        "{said}"
+    );
+    assert!(!daemon_json.exists());
+
+    let out = setup_profile(&daemon_json, arbiter.config_path(), HIGH_PROFILE);
+    assert!(out.status.success(), "{}", text(&out));
+    {
+        let docker = Dockerd::start_on(dir.path(), &daemon_json, arbiter.config_path());
+        let env = env_map(&docker.ok(&["run", "--rm", "--runtime", "gpushare-high", IMAGE, "env"]));
+        assert_eq!(env["GPUSHARE_QUOTA_PRIORITY"], "high");
+        assert_eq!(env["GPUSHARE_QUOTA_MEMORY"], (2u64 << 30).to_string());
+        wait_until("the lease's release", Duration::from_secs(10), || {
+            arbiter.leases().is_empty()
+        });
+    }
+    let said = setup("docker", &daemon_json, &["--undo"]);
+    assert!(said.contains("removed"), "{said}");
+    assert!(!daemon_json.exists(), "setup created it, undo removes it");
+}
