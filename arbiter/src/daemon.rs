@@ -105,7 +105,12 @@ pub fn recover(
         tracing::warn!(uuid = %set_aside.gpu.uuid, "{}", set_aside.describe());
     }
     let (store, table) = LeaseStore::open(&config.state_dir, StoreOptions::default())?;
-    let tokens = TokenService::new(scheduler.clone());
+    let tokens = TokenService::with_budget(
+        scheduler.clone(),
+        crate::connections::ConnectionBudget::for_this_process_with_floor(
+            config.lease_connection_floor,
+        ),
+    );
     let (endpoints, endpoint_events) = SocketEndpoints::new(
         config.run_dir.clone(),
         tokio::runtime::Handle::current(),
