@@ -33,11 +33,20 @@ const ADDRESS_ENV: &str = "GPUSHARE_TEST_SHARE_ADDRESS";
 /// A private arbiter started through a wrapper that sets both descriptor limits
 /// to [`ARBITER_DESCRIPTORS`], so the arbiter cannot raise its soft limit further.
 fn small_daemon(gpus: u32, configure: impl FnOnce(&mut gpushare_config::Config)) -> Arbiter {
+    limited_daemon(gpus, ARBITER_DESCRIPTORS, configure)
+}
+
+/// A private arbiter whose descriptor limits are both `descriptors`.
+fn limited_daemon(
+    gpus: u32,
+    descriptors: u64,
+    configure: impl FnOnce(&mut gpushare_config::Config),
+) -> Arbiter {
     let builder = daemon(gpus, "16Gi").configure(configure);
     let wrapper = builder.dir().join("limited-arbiter.sh");
     std::fs::write(
         &wrapper,
-        format!("#!/bin/sh\nulimit -n {ARBITER_DESCRIPTORS} || exit 1\nexec {ARBITER} \"$@\"\n"),
+        format!("#!/bin/sh\nulimit -n {descriptors} || exit 1\nexec {ARBITER} \"$@\"\n"),
     )
     .unwrap();
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -299,6 +308,17 @@ fn metrics_flood_helper() {
     }
 }
 
+/// [`metrics_flood_helper`] as uid 65534, keeping `size` connections open.
+fn metrics_flood(address: SocketAddr, size: usize) -> Helper {
+    let mut command = helper_command(&[], "metrics_flood_helper");
+    command
+        .env(ADDRESS_ENV, address.to_string())
+        .env(COUNT_ENV, size.to_string())
+        .uid(65534)
+        .gid(65534);
+    Helper::spawn(command)
+}
+
 fn descriptors(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -333,13 +353,7 @@ fn an_unprivileged_metrics_flood_is_capped_and_leaves_the_control_socket_working
     assert!(get(address, "/healthz").contains("200 OK"));
     let before = descriptors(d.pid());
 
-    let mut command = helper_command(&[], "metrics_flood_helper");
-    command
-        .env(ADDRESS_ENV, address.to_string())
-        .env(COUNT_ENV, flood_size.to_string())
-        .uid(65534)
-        .gid(65534);
-    let mut flood = Helper::spawn(command);
+    let mut flood = metrics_flood(address, flood_size);
     flood.next("open");
 
     // Root's control socket answers while the flood is open...
@@ -353,6 +367,37 @@ fn an_unprivileged_metrics_flood_is_capped_and_leaves_the_control_socket_working
         "{during} descriptors during the flood, {before} before, cap {cap}"
     );
 
+    drop(flood);
+    wait_until("the metrics endpoint to answer again", T, || {
+        get(address, "/metrics").contains("200 OK")
+    });
+    d.client().status().expect("status after the flood");
+}
+
+/// Where a cap is set above what the descriptor limit leaves (a misjudged
+/// bound), the flood takes every descriptor: accepts fail with EMFILE. The accept
+/// loops neither die nor stop: root's status is answered during the flood (at
+/// the latest when flood connections reach their header deadline and free
+/// descriptors; the control socket's reserve descriptor often lets it in at once),
+/// and both sockets answer after it.
+#[test]
+fn out_of_descriptors_the_control_socket_still_answers_root() {
+    const TINY_LIMIT: u64 = 64;
+    raise_descriptor_limit(1_024);
+    let address = free_port();
+    let d = limited_daemon(1, TINY_LIMIT, |c| {
+        c.arbiter.metrics_address = Some(address.to_string());
+        c.arbiter.metrics_max_connections = TINY_LIMIT as usize;
+    });
+    let mut flood = metrics_flood(address, 2 * TINY_LIMIT as usize);
+    flood.next("open");
+    wait_until("the flood to take every descriptor", T, || {
+        descriptors(d.pid()) as u64 >= TINY_LIMIT - 1
+    });
+    for _ in 0..3 {
+        let status = d.client().status();
+        assert!(status.is_ok(), "status out of descriptors: {status:?}");
+    }
     drop(flood);
     wait_until("the metrics endpoint to answer again", T, || {
         get(address, "/metrics").contains("200 OK")
