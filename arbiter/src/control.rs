@@ -6,6 +6,12 @@
 //! the hello must come within `HELLO_TIMEOUT`, and a frame once begun must be
 //! finished (and an answer taken) within `FRAME_TIMEOUT`. A reserve whose client
 //! disconnects while it waits in the admission queue is withdrawn.
+//!
+//! Root must reach the arbiter even when something else took every descriptor
+//! (the other listeners are bounded, but a bound can be misjudged): one
+//! descriptor is held in reserve and closed to accept root's connection when an
+//! accept fails with EMFILE/ENFILE. Other accept failures wait, doubling up to a
+//! second, rather than spin.
 
 use std::fs;
 use std::io;
@@ -13,7 +19,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::lease_socket::HELLO_TIMEOUT;
@@ -23,6 +28,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::connections::{out_of_descriptors, say_and_close, AcceptFailures};
 use crate::server::{read_frame, read_started_frame, write_frame, ServerError, FRAME_TIMEOUT};
 use crate::state::{ArbiterHandle, StateError};
 
@@ -55,19 +61,48 @@ pub fn bind_control_socket(path: &Path) -> Result<UnixListener, ServerError> {
 /// 1 MiB frame each) well inside the descriptor headroom kept for this socket.
 pub const MAX_CONTROL_CONNECTIONS: usize = 512;
 
+/// One descriptor held back for the control socket: when the process has none
+/// left (whatever took them), it is closed so that root's next connection can
+/// still be accepted, and taken again once descriptors are free.
+struct ReserveDescriptor(Option<fs::File>);
+
+impl ReserveDescriptor {
+    fn take() -> ReserveDescriptor {
+        ReserveDescriptor(fs::File::open("/dev/null").ok())
+    }
+
+    /// Gives the descriptor back to the process; false when it was already.
+    fn release(&mut self) -> bool {
+        self.0.take().is_some()
+    }
+
+    fn restore(&mut self) {
+        if self.0.is_none() {
+            self.0 = fs::File::open("/dev/null").ok();
+        }
+    }
+}
+
 /// Serves the control socket until the task is stopped; the connections in
 /// flight end with it (they are this task's).
 pub async fn serve(listener: UnixListener, arbiter: ArbiterHandle) {
     let slots = Arc::new(Semaphore::new(MAX_CONTROL_CONNECTIONS));
     let mut connections = JoinSet::new();
     let mut refused: u64 = 0;
+    let mut reserve = ReserveDescriptor::take();
+    let mut failures = AcceptFailures::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {
+                reserve.restore();
+                continue;
+            }
         };
         match accepted {
             Ok((stream, _)) => {
+                failures.accepted();
+                reserve.restore();
                 let Ok(permit) = slots.clone().try_acquire_owned() else {
                     refused += 1;
                     if refused.is_power_of_two() {
@@ -77,18 +112,14 @@ pub async fn serve(listener: UnixListener, arbiter: ArbiterHandle) {
                             "too many control connections; refusing"
                         );
                     }
-                    // Say why, without waiting on a client that does not read: one
-                    // non-blocking write straight to the socket (tokio's try_write
-                    // may refuse before the reactor has seen it writable), which an
-                    // empty socket buffer always takes whole.
                     let message = format!(
                         "too many control connections ({MAX_CONTROL_CONNECTIONS} open); try again"
                     );
-                    if let (Ok(bytes), Ok(mut socket)) = (
+                    if let (Ok(bytes), Ok(socket)) = (
                         frame::encode(&error_response(ErrorKind::Internal, message)),
                         stream.into_std(),
                     ) {
-                        let _ = io::Write::write(&mut socket, &bytes);
+                        say_and_close(socket, &bytes);
                     }
                     continue;
                 };
@@ -100,10 +131,12 @@ pub async fn serve(listener: UnixListener, arbiter: ArbiterHandle) {
                     drop(permit);
                 });
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            // Out of descriptors: the reserve makes room for root's connection
+            // waiting in the backlog, which the next accept takes.
+            Err(e) if out_of_descriptors(&e) && reserve.release() => {
+                tracing::warn!(error = %e, "out of descriptors; using the control socket's reserve");
             }
+            Err(e) => failures.wait_after(&"control socket", &e).await,
         }
     }
 }

@@ -114,7 +114,12 @@ pub fn recover(
         tracing::warn!(uuid = %set_aside.gpu.uuid, "{}", set_aside.describe());
     }
     let (store, table) = LeaseStore::open(&config.state_dir, StoreOptions::default())?;
-    let tokens = TokenService::new(scheduler.clone());
+    let tokens = TokenService::with_budget(
+        scheduler.clone(),
+        crate::connections::ConnectionBudget::for_this_process_with_floor(
+            config.lease_connection_floor,
+        ),
+    );
     let (endpoints, endpoint_events) = SocketEndpoints::new(
         config.run_dir.clone(),
         tokio::runtime::Handle::current(),
@@ -357,8 +362,10 @@ mod tests {
             ("arbiter.devices", restart),
             ("arbiter.driver_reserved_fraction", restart),
             ("arbiter.gpu_util_limit", Applied),
+            ("arbiter.lease_connection_floor", restart),
             ("arbiter.low_nums_limit", Applied),
             ("arbiter.metrics_address", restart),
+            ("arbiter.metrics_max_connections", restart),
             ("arbiter.nvml_library", restart),
             ("arbiter.reconcile_grace_ms", Applied),
             ("arbiter.reservations", Applied),

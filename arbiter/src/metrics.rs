@@ -22,6 +22,8 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 use tokio::net::TcpListener;
 
+use crate::connections::{say_and_close, AcceptFailures};
+
 /// The version and the commit this arbiter was built from (`build.rs`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const COMMIT: &str = env!("GPUSHARE_COMMIT");
@@ -563,28 +565,47 @@ where
         })
 }
 
-/// Serves [`routes`] on `listener`, one request per connection.
+/// Answered, then closed, to a connection beyond the cap.
+const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 29\r\nconnection: close\r\n\r\ntoo many metrics connections\n";
+
+/// Serves [`routes`] on `listener`, one request per connection, at most
+/// `max_connections` at once (`arbiter.metrics_max_connections`): anyone who can
+/// reach the address may connect, and each connection is a descriptor the
+/// control socket and the lease sockets may need. One beyond the cap is answered
+/// 503 and closed at once.
 ///
 /// Not `axum::serve`: it spawns each connection as a task of its own, which
 /// stopping this one would leave running, and gives hyper no timer, so hyper's
 /// header-read timeout is off. Here the connections are this task's (stopping it
 /// ends them too) and each is bounded in time.
-pub async fn serve<F>(listener: TcpListener, report: F)
+pub async fn serve<F>(listener: TcpListener, report: F, max_connections: usize)
 where
     F: Fn() -> String + Send + Sync + Clone + 'static,
 {
     let routes = routes(report);
     let mut connections = tokio::task::JoinSet::new();
+    let mut failures = AcceptFailures::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
-        let Ok((stream, _)) = accepted else {
-            // Out of file descriptors, most likely: give closing ones a moment.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                failures.wait_after(&"metrics endpoint", &e).await;
+                continue;
+            }
         };
+        failures.accepted();
+        // Connections that ended but are not yet reaped do not count.
+        while connections.try_join_next().is_some() {}
+        if connections.len() >= max_connections {
+            if let Ok(socket) = stream.into_std() {
+                say_and_close(socket, TOO_MANY);
+            }
+            continue;
+        }
         let service = TowerToHyperService::new(routes.clone());
         connections.spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()
@@ -614,10 +635,11 @@ fn render_connections(out: &mut Exposition, report: &StatusReport) {
     );
     out.counters(
         "gpushare_lease_connections_refused_total",
-        "Lease-socket connections refused: over the per-lease or node-wide bound, or from a peer outside the lease's container.",
+        "Lease-socket connections refused: over the per-lease or node-wide bound, beyond the lease's floor on a full node, or from a peer outside the lease's container.",
         [
             ("lease_limit", c.refused_lease_limit),
             ("total_limit", c.refused_total_limit),
+            ("fair_share", c.refused_fair_share),
             ("peer", c.refused_peer),
         ]
         .into_iter()
@@ -1088,6 +1110,7 @@ mod tests {
                 open: 5,
                 refused_lease_limit: 9_744,
                 refused_total_limit: 8,
+                refused_fair_share: 3,
                 refused_peer: 2,
                 ..Default::default()
             },
@@ -1290,7 +1313,7 @@ mod tests {
             let (report, totals) = full_report();
             render(&report, &totals)
         };
-        (tokio::spawn(serve(listener, report)), address)
+        (tokio::spawn(serve(listener, report, 64)), address)
     }
 
     /// A raw request, and the answer up to the server's close.
@@ -1355,6 +1378,39 @@ mod tests {
                 && took < HEADER_READ_LIMIT + Duration::from_secs(3),
             "closed after {took:?}"
         );
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_connection_beyond_the_cap_is_answered_503_and_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, String::new, 1));
+        // A client that has not sent its request holds the only place; the
+        // backlog is accepted in order, so it is served before the next.
+        let holder = tokio::net::TcpStream::connect(address).await.unwrap();
+        // Nothing sent: closing a socket with an unread request would reset it
+        // and could lose the answer before this test reads it.
+        let refused = ask(address, "").await;
+        assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+        assert!(
+            refused.ends_with("too many metrics connections\n"),
+            "{refused}"
+        );
+        // Its place is free again once it goes.
+        drop(holder);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer = ask(address, "GET /metrics HTTP/1.0\r\n\r\n").await;
+            if answer.contains(" 200 OK") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still refused: {answer}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         server.abort();
     }
 

@@ -29,7 +29,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::connections::{ConnectionBudget, Permit, Refusal};
+use crate::connections::{say_and_close, AcceptFailures, ConnectionBudget, Permit, Refusal};
 use crate::lease_connection::{self, Phase, Step};
 use crate::state::{ArbiterHandle, LeaseDirs, LeaseEndpoints, StateError};
 use crate::tokens::{TokenLease, TokenService};
@@ -264,38 +264,76 @@ async fn serve_lease(
     tokens: Arc<TokenService>,
 ) {
     let budget = tokens.budget().clone();
+    // The lease has a floor of connections for as long as its socket is served.
+    let _live = budget.live(&lease);
     let mut connections = JoinSet::new();
     let mut refusals = RefusalLog::default();
+    let mut failures = AcceptFailures::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => match budget.admit(&lease) {
-                    Err(why) => {
-                        // Closed without an answer: the client sees the arbiter as
-                        // unreachable and retries with backoff, under its loss policy,
-                        // rather than taking a refusal as "run ungated".
-                        drop(stream);
-                        refusals.note(&lease, why, Instant::now(), &budget);
+                Ok((stream, _)) => {
+                    failures.accepted();
+                    match admit_connection(stream, &lease, &arbiter, &budget) {
+                        Err(Some(why)) => refusals.note(&lease, why, Instant::now(), &budget),
+                        Err(None) => {}
+                        Ok(admitted) => {
+                            let lease = lease.clone();
+                            let arbiter = arbiter.clone();
+                            let tokens = tokens.clone();
+                            connections.spawn(async move {
+                                if let Err(e) = handle_lease_connection(admitted, &lease, &arbiter, &tokens).await {
+                                    tracing::debug!(%lease, error = %e, "lease connection closed");
+                                }
+                            });
+                        }
                     }
-                    Ok(permit) => {
-                        let lease = lease.clone();
-                        let arbiter = arbiter.clone();
-                        let tokens = tokens.clone();
-                        connections.spawn(async move {
-                            if let Err(e) = handle_lease_connection(stream, &lease, &arbiter, &tokens, permit).await {
-                                tracing::debug!(%lease, error = %e, "lease connection closed");
-                            }
-                        });
-                    }
-                },
-                Err(e) => {
-                    tracing::warn!(%lease, error = %e, "lease socket accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
+                Err(e) => failures.wait_after(&lease, &e).await,
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
+}
+
+/// A connection the accept loop admitted: its peer is inside the lease's
+/// container, and it holds a place in the budget.
+struct Admitted {
+    stream: UnixStream,
+    peer_pid: u32,
+    permit: Permit,
+}
+
+/// Decides a new connection at once, in this order: the peer first, so that a
+/// process outside the lease's container never holds one of its places, even
+/// for a moment (a host flood would otherwise fill the lease's bound); then the
+/// budget. Err(None): a foreign peer, already answered; Err(Some): no place left,
+/// closed without an answer (the client sees the arbiter as unreachable and
+/// retries with backoff under its loss policy, rather than taking a refusal as
+/// "run ungated").
+fn admit_connection(
+    stream: UnixStream,
+    lease: &LeaseId,
+    arbiter: &ArbiterHandle,
+    budget: &Arc<ConnectionBudget>,
+) -> Result<Admitted, Option<Refusal>> {
+    let peer_pid = match admit_peer(&stream, lease, arbiter) {
+        Ok(pid) => pid,
+        Err(why) => {
+            budget.refused_peer();
+            let refusal = lease_error(ErrorKind::PermissionDenied, why);
+            if let (Ok(bytes), Ok(socket)) = (frame::encode(&refusal), stream.into_std()) {
+                say_and_close(socket, &bytes);
+            }
+            return Err(None);
+        }
+    };
+    let permit = budget.admit(lease).map_err(Some)?;
+    Ok(Admitted {
+        stream,
+        peer_pid,
+        permit,
+    })
 }
 
 /// Logs the first refused connection of a burst and then a count at most every
@@ -331,6 +369,9 @@ impl RefusalLog {
             }
             Refusal::TotalLimit => {
                 tracing::warn!(%lease, limit = status.total_limit, refused, "too many lease-socket connections on the node; refusing")
+            }
+            Refusal::FairShare => {
+                tracing::warn!(%lease, floor = budget.floor(), refused, "lease beyond its share of a full node's connections; refusing")
             }
         }
     }
@@ -439,23 +480,17 @@ fn refusal(e: &StateError) -> (LeaseResponse, bool) {
 }
 
 async fn handle_lease_connection(
-    mut stream: UnixStream,
+    admitted: Admitted,
     lease: &LeaseId,
     arbiter: &ArbiterHandle,
     tokens: &Arc<TokenService>,
-    permit: Permit,
 ) -> Result<(), FrameError> {
+    let Admitted {
+        mut stream,
+        peer_pid,
+        permit,
+    } = admitted;
     let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
-    let peer_pid = match admit_peer(&stream, lease, arbiter) {
-        Ok(pid) => pid,
-        Err(why) => {
-            tokens.budget().refused_peer();
-            let refusal = lease_error(ErrorKind::PermissionDenied, why);
-            // Best effort and bounded: a foreign peer gets one answer, never a wait.
-            let _ = tokio::time::timeout(FRAME_TIMEOUT, write_frame(&mut stream, &refusal)).await;
-            return Ok(());
-        }
-    };
     let mut attachment = Attachment {
         arbiter,
         lease,
@@ -582,14 +617,16 @@ mod tests {
         (dir, arbiter, tokens, lease)
     }
 
-    /// Serves one connection of `lease` and returns the client's end.
+    /// Admits and serves one connection of `lease` as the accept loop does, and
+    /// returns the client's end.
     fn connect(arbiter: &ArbiterHandle, tokens: &Arc<TokenService>, lease: &LeaseId) -> UnixStream {
         let (client, served) = UnixStream::pair().unwrap();
-        let permit = tokens.budget().admit(lease).unwrap();
-        let (arbiter, tokens, lease) = (arbiter.clone(), tokens.clone(), lease.clone());
-        tokio::spawn(async move {
-            let _ = handle_lease_connection(served, &lease, &arbiter, &tokens, permit).await;
-        });
+        if let Ok(admitted) = admit_connection(served, lease, arbiter, tokens.budget()) {
+            let (arbiter, tokens, lease) = (arbiter.clone(), tokens.clone(), lease.clone());
+            tokio::spawn(async move {
+                let _ = handle_lease_connection(admitted, &lease, &arbiter, &tokens).await;
+            });
+        }
         client
     }
 
@@ -731,6 +768,8 @@ mod tests {
         let answer: LeaseResponse = read_frame(&mut client).await.unwrap();
         assert_eq!(kind(&answer), "PermissionDenied", "{answer:?}");
         assert_eq!(tokens.budget().status().refused_peer, 1);
+        // It never held one of the lease's places.
+        assert_eq!(tokens.budget().status().open, 0);
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -49,16 +49,6 @@ fn threads_and_descriptors(pid: u32) -> (usize, usize) {
         .unwrap()
         .count();
     (threads, fds)
-}
-
-/// This test process needs a descriptor per flood connection.
-fn raise_descriptor_limit(want: u64) {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    if soft < want {
-        // Root may raise the hard limit too (up to fs.nr_open).
-        setrlimit(Resource::RLIMIT_NOFILE, want, hard.max(want)).unwrap();
-    }
 }
 
 /// Hello then Schedule: what made a token connection, and with it an arbiter
@@ -243,17 +233,8 @@ fn outsider_helper() {
 /// Runs [`outsider_helper`] through `command` (a prefix such as nsenter) or as
 /// `uid`, and returns its lines.
 fn outsider(socket: &Path, prefix: &[String], uid: Option<u32>) -> Vec<String> {
-    let exe = std::env::current_exe().unwrap();
-    let mut command = match prefix.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg(&exe);
-            c
-        }
-        None => Command::new(&exe),
-    };
+    let mut command = helper_command(prefix, "outsider_helper");
     command
-        .args(["--ignored", "--exact", "outsider_helper", "--nocapture"])
         .env(HELPER_ENV, socket)
         .stdout(Stdio::piped())
         .stderr(Stdio::null());

@@ -294,6 +294,17 @@ pub struct ArbiterConfig {
     /// an operator chooses to expose it (normally on loopback, e.g. `127.0.0.1:9400`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_address: Option<String>,
+    /// Connections to the metrics endpoint served at once; one beyond it is
+    /// answered 503 and closed. Anyone who can reach the address may connect, so
+    /// without a cap a flood could take the descriptors the control socket needs.
+    /// 64: a scrape or health check is one short connection every few seconds.
+    pub metrics_max_connections: usize,
+    /// Lease-socket connections every served lease is guaranteed whatever other
+    /// containers hold (narrowed where the node's bound cannot give every lease
+    /// that many, and never above the per-lease bound of 256). 64: 32 CUDA
+    /// processes (a ledger and a token connection each). 0 shares the node's
+    /// bound first come, first served.
+    pub lease_connection_floor: usize,
 }
 
 /// GPUs set aside for one tenant.
@@ -329,6 +340,8 @@ impl Default for ArbiterConfig {
             reconcile_grace_ms: 5_000,
             reserved_timeout_ms: 300_000,
             metrics_address: None,
+            metrics_max_connections: 64,
+            lease_connection_floor: 64,
         }
     }
 }
@@ -834,6 +847,10 @@ const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
 /// Past half a GPU the value is surely a percentage written as a whole number.
 const MAX_DRIVER_RESERVED_FRACTION: f64 = 0.5;
+/// The arbiter's per-lease connection bound: no floor can exceed it.
+const MAX_LEASE_CONNECTION_FLOOR: usize = 256;
+/// Far beyond any set of scrapers, well inside the arbiter's descriptor headroom.
+const MAX_METRICS_CONNECTIONS: usize = 512;
 
 /// Durations become `Instant + Duration` deadlines, which panic on overflow: a
 /// value like 18446744073709551615 must be refused here, naming the key, rather
@@ -990,6 +1007,22 @@ impl Config {
             ),
         ] {
             check_duration(&mut problems, key, value, min, max);
+        }
+        if !(1..=MAX_METRICS_CONNECTIONS).contains(&a.metrics_max_connections) {
+            problems.push(Problem::at(
+                "arbiter.metrics_max_connections",
+                a.metrics_max_connections.to_string(),
+                format!("expected 1 to {MAX_METRICS_CONNECTIONS}"),
+            ));
+        }
+        if a.lease_connection_floor > MAX_LEASE_CONNECTION_FLOOR {
+            problems.push(Problem::at(
+                "arbiter.lease_connection_floor",
+                a.lease_connection_floor.to_string(),
+                format!(
+                    "expected 0 to {MAX_LEASE_CONNECTION_FLOOR} (a lease's own bound); 0 turns the floor off"
+                ),
+            ));
         }
         if let Some(address) = &a.metrics_address {
             if address.parse::<std::net::SocketAddr>().is_err() {
@@ -1471,6 +1504,14 @@ mod tests {
             ("[requests]\nunrequested = \"drop\"\n", "unrequested"),
             ("[arbiter]\ngpu_util_limit = 1.5\n", "arbiter.gpu_util_limit"),
             ("[arbiter]\nlow_nums_limit = 0\n", "arbiter.low_nums_limit"),
+            (
+                "[arbiter]\nmetrics_max_connections = 0\n",
+                "arbiter.metrics_max_connections",
+            ),
+            (
+                "[arbiter]\nlease_connection_floor = 257\n",
+                "arbiter.lease_connection_floor",
+            ),
             (
                 "[arbiter]\nmetrics_address = \"localhost\"\n",
                 "arbiter.metrics_address",

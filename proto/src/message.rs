@@ -393,6 +393,10 @@ pub struct ConnectionStatus {
     pub refused_lease_limit: u64,
     /// Refused because the node had `total_limit` connections.
     pub refused_total_limit: u64,
+    /// Refused because their lease was beyond its floor while the rest of the
+    /// node's bound was kept for other leases' floors.
+    #[serde(default)]
+    pub refused_fair_share: u64,
     /// Refused because the peer is not inside the lease's confirmed container.
     pub refused_peer: u64,
 }

@@ -83,7 +83,8 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("binding the metrics endpoint {address}"))?;
             tracing::info!(address, "serving metrics at /metrics");
             let arbiter = arbiter.clone();
-            tasks.spawn(metrics::serve(tcp, move || arbiter.metrics()));
+            let cap = config.metrics_max_connections;
+            tasks.spawn(metrics::serve(tcp, move || arbiter.metrics(), cap));
         }
         tasks.spawn(daemon::reload_on_hangup(
             hangups,

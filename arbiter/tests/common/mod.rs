@@ -101,3 +101,29 @@ impl Drop for NamespacedContainer {
         let _ = self.unshare.wait();
     }
 }
+
+/// This test process's descriptor limit raised to at least `want`.
+pub fn raise_descriptor_limit(want: u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if soft < want {
+        // Root may raise the hard limit too (up to fs.nr_open).
+        setrlimit(Resource::RLIMIT_NOFILE, want, hard.max(want)).unwrap();
+    }
+}
+
+/// This test binary running only the ignored helper `test`, through `prefix`
+/// (such as nsenter) when there is one.
+pub fn helper_command(prefix: &[String], test: &str) -> Command {
+    let exe = std::env::current_exe().unwrap();
+    let mut command = match prefix.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    command.args(["--ignored", "--exact", test, "--nocapture"]);
+    command
+}
