@@ -123,7 +123,7 @@ fn start_daemon() -> Arbiter {
         .start()
 }
 
-/// Issue 27, 2(b): a holder whose work outlasts its window (kernels queued past the
+/// A holder whose work outlasts its window (kernels queued past the
 /// gate) was only "overdue": nothing reported it.
 #[test]
 fn a_holder_running_past_the_grace_beside_an_active_high_job_is_reported_as_an_overrun() {
@@ -167,7 +167,7 @@ fn a_holder_running_past_the_grace_beside_an_active_high_job_is_reported_as_an_o
     );
 }
 
-/// Issue 27, 2(a): a new process per kernel started with empty estimates each time
+/// A new process per kernel started with empty estimates each time
 /// and was admitted into the high job's window every time.
 #[test]
 fn a_fresh_process_of_a_lease_that_overran_gets_the_gpu_only_once_the_high_job_is_quiet() {
