@@ -423,6 +423,7 @@ mod tests {
             ("scheduler.low_on_arbiter_loss", restart),
             ("scheduler.max_slice_ms", restart),
             ("scheduler.min_slice_ms", restart),
+            ("scheduler.overrun_penalty_ms", restart),
             ("scheduler.policy", restart),
             ("scheduler.revoke_grace_ms", restart),
             ("scheduler.slice_ms", restart),

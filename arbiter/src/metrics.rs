@@ -361,6 +361,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
             (ViolationKind::Unregistered, "unregistered"),
             (ViolationKind::OverQuota, "over_quota"),
             (ViolationKind::Ungated, "ungated"),
+            (ViolationKind::Overrun, "overrun"),
         ]
         .into_iter()
         .map(|(kind, name)| {
@@ -372,7 +373,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     out.counters(
         "gpushare_watchdog_violations_total",
         "Violations seen by the watchdog, summed over its passes.",
-        ["unregistered", "over_quota", "ungated"]
+        ["unregistered", "over_quota", "ungated", "overrun"]
             .into_iter()
             .map(|name| {
                 let n = violation_totals.get(name).copied().unwrap_or(0);
@@ -657,7 +658,7 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
         Gauge,
     }
     use Kind::{Counter, Gauge};
-    let families: [(&str, Kind, &str, Field); 13] = [
+    let families: [(&str, Kind, &str, Field); 16] = [
         (
             "gpushare_token_grants_total",
             Counter,
@@ -735,6 +736,24 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
             Counter,
             "Their total time past the window's end, in microseconds.",
             |t| t.admission.launches.overran_ns / 1_000,
+        ),
+        (
+            "gpushare_admission_measured_overruns_total",
+            Counter,
+            "Low-priority holders revoked beside an active high-priority job and still running after scheduler.revoke_grace_ms, on the arbiter's clock.",
+            |t| t.admission.measured_overruns,
+        ),
+        (
+            "gpushare_admission_measured_overrun_milliseconds_total",
+            Counter,
+            "Their GPU time past the grace, in milliseconds (ended drains).",
+            |t| t.admission.measured_overrun_ms,
+        ),
+        (
+            "gpushare_admission_penalized_leases",
+            Gauge,
+            "Leases that overran recently: granted only while no high-priority job is active.",
+            |t| t.admission.penalized_leases.len() as u64,
         ),
     ];
     for (name, kind, help, field) in families {

@@ -55,6 +55,14 @@
 //!   kernel. A client whose waiting launch does not fit (`Need`) is not granted until a
 //!   window it fits opens or the high client goes quiet — no grants it cannot use. A
 //!   high client that returns inside a window it predicted is counted (`early_returns`).
+//! * Overrun: a low holder revoked while a high-priority client is active and still
+//!   draining when the grace ends ran into the high job's time, whatever its
+//!   interposer admitted (a kernel never measured, a fresh process whose estimates
+//!   started empty, launches that bypassed the gate). It is reported (`Overrun`, on
+//!   the arbiter's clock: the drain's end is its release or nothing) and its *lease*
+//!   — every client of it, present and future — is granted only while no high client
+//!   is active, for `overrun_penalty`. Keyed by lease, not connection: a container
+//!   that starts a new process per kernel inherits the record.
 //! * Leave (death, disconnect) loses the token at once; it passes on in the same step.
 //! * `round-robin` (a baseline): no priority, FIFO order of wanting, fixed `slice`,
 //!   no launch-ahead bound, no limits.
@@ -69,6 +77,9 @@ use crate::rhythm::{HighRhythm, Window};
 
 /// One token connection, numbered by the I/O layer.
 pub type ClientId = u64;
+/// The lease a connection belongs to, numbered by the I/O layer: its clients share one
+/// overrun record.
+pub type LeaseKey = u64;
 
 const MS: u64 = 1_000_000;
 
@@ -78,6 +89,7 @@ pub enum Event {
     /// fractions (0..=1).
     Join {
         client: ClientId,
+        lease: LeaseKey,
         priority: Priority,
         request: f64,
         limit: f64,
@@ -130,6 +142,14 @@ pub enum Action {
     Overdue {
         client: ClientId,
     },
+    /// The client just went overdue after a revocation beside an active high-priority
+    /// client: its drain from `from_ns` on is the high job's time (report it; its
+    /// lease is penalised).
+    Overrun {
+        client: ClientId,
+        lease: LeaseKey,
+        from_ns: u64,
+    },
     /// An overdue client released at last and is an ordinary client again: report it.
     Recovered {
         client: ClientId,
@@ -159,6 +179,11 @@ pub struct PolicySnapshot {
     pub high_gaps: Vec<u64>,
     /// Waiting clients whose next launch fits no window now: (client, need ns).
     pub needs: Vec<(ClientId, u64)>,
+    /// Revoked low holders still draining beside an active high client after the
+    /// grace (a total).
+    pub overruns: u64,
+    /// Leases whose overrun penalty runs now.
+    pub penalized: Vec<LeaseKey>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -174,10 +199,12 @@ struct Settings {
     high_active: u64,
     admit_by_duration: bool,
     risk_percent: u32,
+    overrun_penalty: u64,
 }
 
 #[derive(Debug)]
 struct Client {
+    lease: LeaseKey,
     priority: Priority,
     request: f64,
     limit: f64,
@@ -281,6 +308,11 @@ pub struct TokenPolicy {
     window: Option<Window>,
     windows: u64,
     early_returns: u64,
+    overruns: u64,
+    /// Until when each lease that overran gets no grant while a high client is active.
+    penalties: BTreeMap<LeaseKey, u64>,
+    /// The latest instant an event was handled at (`next_wakeup` has no clock).
+    last_now: u64,
 }
 
 impl TokenPolicy {
@@ -300,6 +332,7 @@ impl TokenPolicy {
                 high_active: config.high_active_ms * MS,
                 admit_by_duration: config.admit_by_duration,
                 risk_percent: config.high_return_risk_percent,
+                overrun_penalty: config.overrun_penalty_ms.saturating_mul(MS),
             },
             clients: BTreeMap::new(),
             holder: None,
@@ -313,6 +346,9 @@ impl TokenPolicy {
             window: None,
             windows: 0,
             early_returns: 0,
+            overruns: 0,
+            penalties: BTreeMap::new(),
+            last_now: 0,
         }
     }
 
@@ -358,6 +394,7 @@ impl TokenPolicy {
             high_quiet,
             window,
             waiter_unblocked,
+            self.penalty_ends(),
         ]
         .into_iter()
         .flatten()
@@ -393,18 +430,22 @@ impl TokenPolicy {
                 .filter(|(&id, c)| c.wanting && c.need_ns > 0 && !self.holds(id))
                 .map(|(&id, c)| (id, c.need_ns))
                 .collect(),
+            overruns: self.overruns,
+            penalized: self.penalties.keys().copied().collect(),
         }
     }
 
     pub fn handle(&mut self, now: u64, event: Event) -> Vec<Action> {
         let mut actions = Vec::new();
+        self.last_now = self.last_now.max(now);
         match event {
             Event::Join {
                 client,
+                lease,
                 priority,
                 request,
                 limit,
-            } => self.join(now, client, priority, request, limit),
+            } => self.join(now, client, lease, priority, request, limit),
             Event::Want { client } => self.want(now, client, &mut actions),
             Event::Release { client, again } => self.release(now, client, again, &mut actions),
             Event::Leave { client } => self.leave(now, client),
@@ -487,7 +528,15 @@ impl TokenPolicy {
             || fit_by.saturating_sub(now) >= client.need_ns
     }
 
-    fn join(&mut self, now: u64, client: ClientId, priority: Priority, request: f64, limit: f64) {
+    fn join(
+        &mut self,
+        now: u64,
+        client: ClientId,
+        lease: LeaseKey,
+        priority: Priority,
+        request: f64,
+        limit: f64,
+    ) {
         let limit = limit.clamp(0.0, 1.0);
         // Enough for one contended slice at the limit's pace, and never less than two
         // of the shortest slices, so a low limit still gets slices worth a handoff.
@@ -496,6 +545,7 @@ impl TokenPolicy {
         self.clients.insert(
             client,
             Client {
+                lease,
                 priority,
                 request: request.clamp(0.0, 1.0),
                 limit,
@@ -673,6 +723,7 @@ impl TokenPolicy {
                 && c.revoked_at.is_none()
                 && !self.is_preemptive(c)
                 && self.need_fits(now, c)
+                && !self.penalized(now, c)
                 && (self.settings.round_robin
                     || c.budget(now).is_none_or(|b| b >= self.settings.min_slice));
             ok.then_some((id, c))
@@ -769,16 +820,32 @@ impl TokenPolicy {
             }
         }
         let grace = self.settings.revoke_grace;
+        let high_active = self.high_active(now);
         for (&id, client) in self.clients.iter_mut() {
-            let past_grace = client
-                .revoked_at
-                .is_some_and(|at| now >= at.saturating_add(grace));
-            if past_grace && !client.overdue {
+            let Some(revoked_at) = client.revoked_at else {
+                continue;
+            };
+            let grace_ends = revoked_at.saturating_add(grace);
+            if now >= grace_ends && !client.overdue {
                 client.overdue = true;
                 self.overdue_total += 1;
                 actions.push(Action::Overdue { client: id });
+                if high_active {
+                    self.overruns += 1;
+                    actions.push(Action::Overrun {
+                        client: id,
+                        lease: client.lease,
+                        from_ns: grace_ends,
+                    });
+                    if self.settings.overrun_penalty > 0 {
+                        let until = now.saturating_add(self.settings.overrun_penalty);
+                        let entry = self.penalties.entry(client.lease).or_insert(until);
+                        *entry = (*entry).max(until);
+                    }
+                }
             }
         }
+        self.penalties.retain(|_, until| *until > now);
 
         if let Some(mut holder) = self.holder {
             let contended = self.others_eligible(now, holder.client);
@@ -834,6 +901,34 @@ impl TokenPolicy {
         }
     }
 
+    /// Whether `client`'s lease overran recently and a high client is active now: then
+    /// it is not granted (the window it would get is what it overran).
+    fn penalized(&self, now: u64, client: &Client) -> bool {
+        self.high_active(now)
+            && self
+                .penalties
+                .get(&client.lease)
+                .is_some_and(|&until| now < until)
+    }
+
+    /// When a waiter held back by its lease's penalty may be granted: the penalty
+    /// ends, or the high client goes quiet. None when no waiter is held back now (so
+    /// the timer never spins on an instant already past).
+    fn penalty_ends(&self) -> Option<u64> {
+        let now = self.last_now;
+        self.clients
+            .iter()
+            .filter(|(&id, c)| c.wanting && !self.holds(id) && self.penalized(now, c))
+            .filter_map(|(_, c)| {
+                let until = self.penalties.get(&c.lease).copied()?;
+                Some(
+                    self.high_active_until()
+                        .map_or(until, |quiet| quiet.min(until)),
+                )
+            })
+            .min()
+    }
+
     /// When a waiter held back by its limit will have `min_slice` of credit again: it
     /// earns `limit` per ns while it waits, so the instant is exact.
     fn budget_returns_at(&self, now: u64, client: &Client) -> Option<u64> {
@@ -854,11 +949,13 @@ mod tests {
     const LOW: Priority = Priority::Low;
     const HIGH: Priority = Priority::High;
 
-    /// The rules before admission windows: the tables below predate them (windows
-    /// have tables of their own, with the shipped default).
+    /// The rules before admission windows and overrun penalties: the tables below
+    /// predate them (windows and penalties have tables of their own, with the shipped
+    /// default). Overruns are still reported.
     fn config() -> SchedulerConfig {
         SchedulerConfig {
             admit_by_duration: false,
+            overrun_penalty_ms: 0,
             ..SchedulerConfig::default()
         }
     }
@@ -866,6 +963,7 @@ mod tests {
     fn join(client: ClientId, priority: Priority) -> Event {
         Event::Join {
             client,
+            lease: client,
             priority,
             request: 0.0,
             limit: 1.0,
@@ -1075,6 +1173,11 @@ mod tests {
         let snapshot = policy.snapshot();
         assert_eq!((snapshot.overdue_total, snapshot.revocations), (1, 1));
         assert_eq!(snapshot.overdue, vec![1]);
+        assert_eq!(
+            (snapshot.overruns, snapshot.penalized.len()),
+            (0, 0),
+            "no high client was active: a slow drain, not an overrun"
+        );
         assert_eq!((snapshot.holders, snapshot.clients), (vec![2], 2));
         assert_ne!(
             policy.next_wakeup(),
@@ -1112,7 +1215,11 @@ mod tests {
                 // The low job's 2 s kernel keeps running; it wants more afterwards.
                 (10, want(1), &[]),
                 (509, Event::Tick, &[]),
-                (510, Event::Tick, &[Overdue { client: 1 }]),
+                (
+                    510,
+                    Event::Tick,
+                    &[Overdue { client: 1 }, overrun(1, 1, 510)],
+                ),
                 (1_500, Event::Tick, &[]),
                 (
                     2_010,
@@ -1154,7 +1261,11 @@ mod tests {
                 (0, join(2, HIGH), &[]),
                 (0, want(1), &[grant(1, 0, 200, 0)]),
                 (1, want(2), &[Revoke { client: 1 }, high_grant(2)]),
-                (501, Event::Tick, &[Overdue { client: 1 }]),
+                (
+                    501,
+                    Event::Tick,
+                    &[Overdue { client: 1 }, overrun(1, 1, 501)],
+                ),
                 (600, release(2, false), &[]),
                 (700, want(1), &[]),
             ],
@@ -1191,7 +1302,8 @@ mod tests {
         );
         assert_eq!(
             policy.handle(501 * MS, Event::Tick),
-            vec![Overdue { client: 1 }]
+            vec![Overdue { client: 1 }, overrun(1, 1, 501)],
+            "revoked for a high client that is still active: an overrun too"
         );
     }
 
@@ -1460,6 +1572,159 @@ mod tests {
         );
     }
 
+    /// The high job's rhythm is known; low client 1 (lease 1) is granted a window at
+    /// 13 and preempted at 15 by the high job, which then holds; client 1 does not
+    /// release (a blind 400 ms kernel, or 25 kernels launched past the gate, drain).
+    fn overrun_setup(config: &SchedulerConfig) -> TokenPolicy {
+        let mut policy = TokenPolicy::new(config);
+        run_rows(&mut policy, &rhythm_rows(), false);
+        run_rows(
+            &mut policy,
+            &[
+                (13, want(1), &[fit_by(1, 16), grant(1, 13, 200, 1)]),
+                (15, want(2), &[Revoke { client: 1 }, high_grant(2)]),
+            ],
+            true,
+        );
+        policy
+    }
+
+    fn overrun(client: ClientId, lease: LeaseKey, from_ms: u64) -> Action {
+        Overrun {
+            client,
+            lease,
+            from_ns: from_ms * MS,
+        }
+    }
+
+    /// A fresh process of lease 1 (client 3) wants at 601, after client 1 drained
+    /// until 600 and exited; the high job releases at 605.
+    fn fresh_process_of_the_same_lease() -> [(u64, Event, &'static [Action]); 4] {
+        [
+            (
+                600,
+                release(1, false),
+                &[Recovered {
+                    client: 1,
+                    drained_ns: 585 * MS,
+                }],
+            ),
+            (600, Event::Leave { client: 1 }, &[]),
+            (
+                600,
+                Event::Join {
+                    client: 3,
+                    lease: 1,
+                    priority: LOW,
+                    request: 0.0,
+                    limit: 1.0,
+                },
+                &[],
+            ),
+            (601, want(3), &[]),
+        ]
+    }
+
+    #[test]
+    fn a_drain_past_the_grace_beside_an_active_high_job_is_an_overrun_and_its_lease_waits_for_the_high_job_to_go_quiet(
+    ) {
+        let mut policy = overrun_setup(&SchedulerConfig::default());
+        assert_eq!(policy.next_wakeup(), Some(515 * MS), "the grace's end");
+        run_rows(
+            &mut policy,
+            &[(
+                515,
+                Event::Tick,
+                &[Overdue { client: 1 }, overrun(1, 1, 515)],
+            )],
+            true,
+        );
+        let snapshot = policy.snapshot();
+        assert_eq!((snapshot.overruns, snapshot.penalized), (1, vec![1]));
+        run_rows(&mut policy, &fresh_process_of_the_same_lease(), true);
+        run_rows(
+            &mut policy,
+            &[
+                // The high job's gap: an honest lease would get a window now; this one
+                // overran, and its new process inherits that.
+                (605, release(2, false), &[]),
+                (608, want(2), &[high_grant(2)]),
+                (613, release(2, false), &[]),
+            ],
+            true,
+        );
+        assert_eq!(
+            policy.next_wakeup(),
+            Some(1113 * MS),
+            "the high job goes quiet before the penalty ends"
+        );
+        run_rows(
+            &mut policy,
+            &[(1113, Event::Tick, &[grant(3, 1113, 200, 0)])],
+            true,
+        );
+    }
+
+    #[test]
+    fn an_overrun_penalty_ends_and_without_one_an_overrun_is_only_reported() {
+        let short = SchedulerConfig {
+            overrun_penalty_ms: 100,
+            ..SchedulerConfig::default()
+        };
+        let off = SchedulerConfig {
+            overrun_penalty_ms: 0,
+            ..SchedulerConfig::default()
+        };
+        for (config, granted_at_605) in [(short, false), (off, true)] {
+            let mut policy = overrun_setup(&config);
+            let actions = policy.handle(515 * MS, Event::Tick);
+            assert_eq!(actions, [Overdue { client: 1 }, overrun(1, 1, 515)]);
+            run_rows(&mut policy, &fresh_process_of_the_same_lease(), true);
+            let granted =
+                |actions: &[Action]| actions.iter().any(|a| matches!(a, Grant { client: 3, .. }));
+            // A penalty of 100 ms from 515 still runs at 605; none lets it in at once.
+            assert_eq!(
+                granted(&policy.handle(605 * MS, release(2, false))),
+                granted_at_605,
+                "{config:?}"
+            );
+            assert_eq!(policy.snapshot().overruns, 1);
+            if !granted_at_605 {
+                assert_eq!(policy.next_wakeup(), Some(615 * MS), "the penalty's end");
+                assert!(granted(&policy.handle(615 * MS, Event::Tick)));
+                assert!(policy.snapshot().penalized.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn a_penalised_lease_waits_while_an_honest_one_gets_the_window() {
+        let mut policy = overrun_setup(&SchedulerConfig::default());
+        policy.handle(515 * MS, Event::Tick);
+        run_rows(&mut policy, &fresh_process_of_the_same_lease(), true);
+        // An honest lease's client wants too; it is granted the gap, client 3 is not.
+        policy.handle(
+            602 * MS,
+            Event::Join {
+                client: 4,
+                lease: 4,
+                priority: LOW,
+                request: 0.0,
+                limit: 1.0,
+            },
+        );
+        policy.handle(602 * MS, want(4));
+        let actions = policy.handle(605 * MS, release(2, false));
+        let granted: Vec<ClientId> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Grant { client, .. } => Some(*client),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(granted, [4], "{actions:?}");
+    }
+
     #[test]
     fn without_duration_admission_no_window_is_ever_published() {
         let mut policy = TokenPolicy::new(&config());
@@ -1508,6 +1773,7 @@ mod tests {
                 0,
                 Event::Join {
                     client,
+                    lease: client,
                     priority: LOW,
                     request,
                     limit: 1.0,
@@ -1531,6 +1797,7 @@ mod tests {
             0,
             Event::Join {
                 client: 1,
+                lease: 1,
                 priority: LOW,
                 request: 0.0,
                 limit: 0.05,
@@ -1587,6 +1854,7 @@ mod tests {
                 0,
                 Event::Join {
                     client,
+                    lease: client,
                     priority: LOW,
                     request,
                     limit,

@@ -11,7 +11,7 @@
 //! open thousands of token connections and with them thousands of arbiter threads;
 //! an idle connection now costs a descriptor, a page and a slot in the GPU's table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -19,7 +19,7 @@ use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpushare_config::{SchedulerConfig, SchedulingPolicy};
 use gpushare_proto::frame::{self, FrameError};
@@ -28,7 +28,7 @@ use gpushare_proto::token_client::futex_wake;
 use gpushare_proto::{
     AdmissionStatus, ErrorKind, FitCounts, GpuTimeline, LeaseGpuTime, LeaseId, LeaseResponse,
     Priority, ScheduleTerms, TimelineReport, TokenHold, TokenHolder, TokenPage, TokenRequest,
-    TokenStatus, WindowWaiter,
+    TokenStatus, Violation, ViolationKind, WindowWaiter,
 };
 
 use crate::connections::{ConnectionBudget, Permit};
@@ -160,7 +160,9 @@ impl PageMapping {
             Action::SetFitBy { fit_by_ns, .. } => {
                 page.fit_by_ns.store(fit_by_ns, Ordering::Release)
             }
-            Action::Overdue { .. } | Action::Recovered { .. } => return false,
+            Action::Overdue { .. } | Action::Overrun { .. } | Action::Recovered { .. } => {
+                return false
+            }
         }
         self.bump();
         true
@@ -198,6 +200,9 @@ struct Registered {
     held_ns: u64,
     /// Its lease's account on this GPU (`GpuState::accounts`).
     account: u64,
+    /// It overran beside an active high-priority job: from this instant on its hold is
+    /// the high job's time, counted as overrun and not as token time.
+    overrun_from: Option<u64>,
 }
 
 impl Registered {
@@ -222,6 +227,7 @@ struct LeaseAccount {
     revocations: u64,
     cut_offs: u64,
     overdue: u64,
+    overruns: u64,
 }
 
 /// Holds the timeline keeps per GPU, at most: at a hold every 10 ms (a tight
@@ -241,10 +247,15 @@ struct GpuState {
     fit_totals: FitCounts,
     /// What the timer thread sleeps until (None: until notified).
     timer_at: Option<u64>,
+    /// Drains past the grace beside an active high job, summed (ns, ended ones).
+    overrun_ns: u64,
+    /// Overruns found in the current step, reported once the GPU's lock is dropped.
+    to_report: Vec<Violation>,
 }
 
 struct GpuToken {
     gpu: String,
+    overruns: Arc<OverrunLog>,
     state: Mutex<GpuState>,
     timer: Condvar,
     /// Hands new connections to the GPU's I/O thread.
@@ -261,7 +272,13 @@ impl GpuState {
         let Some(since) = registered.held_since.take() else {
             return;
         };
-        registered.held_ns += now.saturating_sub(since);
+        // The part of a drain past the grace beside an active high job is not token
+        // time: it was taken from the high job (the watchdog's ungated check must not
+        // count it as gated).
+        let overrun_from = registered.overrun_from.take().map(|from| from.max(since));
+        let gated_until = overrun_from.map_or(now, |from| from.min(now));
+        registered.held_ns += gated_until.saturating_sub(since);
+        self.overrun_ns += now.saturating_sub(gated_until);
         let account = registered.account;
         if let Some(a) = self.accounts.get_mut(&account) {
             a.held_ns += now.saturating_sub(since);
@@ -295,6 +312,7 @@ impl GpuToken {
     fn handle(&self, event: Event) {
         let mut wakes: Vec<Arc<PageMapping>> = Vec::new();
         let notify_timer;
+        let reports;
         {
             let mut state = self.lock();
             let now = monotonic_ns();
@@ -317,6 +335,12 @@ impl GpuToken {
                 (Some(_), None) => true,
                 (None, _) => false,
             };
+            reports = std::mem::take(&mut state.to_report);
+        }
+        // The reporter takes the arbiter's lock, and the arbiter's status reads GPU
+        // time under it (a GPU's lock inside the arbiter's): ours is dropped first.
+        for violation in reports {
+            self.overruns.report(violation);
         }
         for page in wakes {
             futex_wake(&page.page().seq);
@@ -333,6 +357,7 @@ impl GpuToken {
             | Action::SetLaunchAhead { client, .. }
             | Action::SetFitBy { client, .. }
             | Action::Overdue { client }
+            | Action::Overrun { client, .. }
             | Action::Recovered { client, .. } => client,
         };
         let Some(registered) = state.clients.get_mut(&client) else {
@@ -349,7 +374,25 @@ impl GpuToken {
             match action {
                 Action::Revoke { .. } => a.revocations += 1,
                 Action::Overdue { .. } => a.overdue += 1,
+                Action::Overrun { .. } => a.overruns += 1,
                 _ => {}
+            }
+        }
+        if let Action::Overrun { from_ns, .. } = *action {
+            if let Some(registered) = state.clients.get_mut(&client) {
+                registered.overrun_from = Some(from_ns);
+            }
+            if let Some(registered) = state.clients.get(&client) {
+                let violation = Violation {
+                    kind: ViolationKind::Overrun,
+                    gpu: self.gpu.clone(),
+                    pid: registered.pid.unwrap_or(0),
+                    lease: Some(registered.lease.clone()),
+                    memory_used: 0,
+                    memory_quota: None,
+                    killed: false,
+                };
+                state.to_report.push(violation);
             }
         }
         let Some(registered) = state.clients.get(&client) else {
@@ -358,6 +401,9 @@ impl GpuToken {
         match *action {
             Action::Overdue { .. } => {
                 tracing::warn!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, "token client overdue: revoked and not released within scheduler.revoke_grace_ms; no longer waited for (a long kernel or CUDA graph is still draining, or its agent is stuck)");
+            }
+            Action::Overrun { .. } => {
+                tracing::warn!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, "token client overran: revoked while a high-priority job is active and still running after scheduler.revoke_grace_ms; its lease gets no admission window for scheduler.overrun_penalty_ms (a launch its interposer had never measured, a new process, or launches past the gate)");
             }
             Action::Recovered { drained_ns, .. } => {
                 tracing::info!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, drained_ms = drained_ns / 1_000_000, "overdue token client released; scheduled as usual again");
@@ -436,6 +482,14 @@ impl GpuToken {
                             need_us: need / 1_000,
                         })
                     })
+                    .collect(),
+                measured_overruns: snapshot.overruns,
+                measured_overrun_ms: state.overrun_ns / 1_000_000,
+                penalized_leases: snapshot
+                    .penalized
+                    .iter()
+                    .filter_map(|account| state.accounts.get(account))
+                    .map(|a| a.lease.clone())
                     .collect(),
             },
         }
@@ -702,12 +756,48 @@ pub struct TokenService {
     next_account: AtomicU64,
     /// A lease's display name, asked once when its first client joins a GPU.
     namer: OnceLock<Namer>,
+    overruns: Arc<OverrunLog>,
     /// Every lease-socket connection's place, token connections included.
     budget: Arc<ConnectionBudget>,
 }
 
 /// Names a lease for people (its container's display name); None: the lease is gone.
 pub type Namer = Box<dyn Fn(&LeaseId) -> Option<String> + Send + Sync>;
+
+/// Hands a violation the token service measured to the arbiter's status.
+pub type Reporter = Box<dyn Fn(Violation) + Send + Sync>;
+
+/// Overruns, shared by every GPU's token: reported at once (the watchdog's pass may
+/// be seconds away) and kept a while so the watchdog's passes list them too.
+#[derive(Default)]
+struct OverrunLog {
+    reporter: OnceLock<Reporter>,
+    recent: Mutex<VecDeque<(Instant, Violation)>>,
+}
+
+/// Overruns kept for the watchdog's listing, at most (a bound, whatever clients do).
+const RECENT_OVERRUNS: usize = 256;
+
+impl OverrunLog {
+    fn report(&self, violation: Violation) {
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if recent.len() == RECENT_OVERRUNS {
+                recent.pop_front();
+            }
+            recent.push_back((Instant::now(), violation.clone()));
+        }
+        if let Some(report) = self.reporter.get() {
+            report(violation);
+        }
+    }
+
+    fn since(&self, from: Instant) -> Vec<Violation> {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.retain(|(at, _)| *at >= from);
+        recent.iter().map(|(_, v)| v.clone()).collect()
+    }
+}
 
 /// The short and the long window of [`LeaseTime`]'s recent shares.
 pub const SHARE_SHORT_NS: u64 = 10 * 1_000_000_000;
@@ -732,6 +822,8 @@ pub struct LeaseTime {
     pub revocations: u64,
     pub cut_offs: u64,
     pub overdue: u64,
+    /// Times a client of it overran beside an active high-priority job.
+    pub overruns: u64,
 }
 
 impl LeaseTime {
@@ -771,6 +863,7 @@ impl TokenService {
             next_client: AtomicU64::new(1),
             next_account: AtomicU64::new(1),
             namer: OnceLock::new(),
+            overruns: Arc::new(OverrunLog::default()),
             budget,
         })
     }
@@ -816,6 +909,16 @@ impl TokenService {
         let _ = self.namer.set(namer);
     }
 
+    /// Where overruns are reported (once; later calls are ignored).
+    pub fn set_reporter(&self, reporter: Reporter) {
+        let _ = self.overruns.reporter.set(reporter);
+    }
+
+    /// Overruns reported since `from` (for the watchdog's listing; already counted).
+    pub fn overruns_since(&self, from: Instant) -> Vec<Violation> {
+        self.overruns.since(from)
+    }
+
     /// Every lease's GPU time (leases that had a token client and are still live,
     /// or ended but still on the timeline), by lease id.
     pub fn lease_times(&self) -> Vec<LeaseTime> {
@@ -853,6 +956,7 @@ impl TokenService {
                     revocations: a.revocations,
                     cut_offs: a.cut_offs,
                     overdue: a.overdue,
+                    overruns: a.overruns,
                 };
                 match times.iter_mut().find(|t| t.lease == time.lease) {
                     Some(t) => {
@@ -864,6 +968,7 @@ impl TokenService {
                         t.revocations += time.revocations;
                         t.cut_offs += time.cut_offs;
                         t.overdue += time.overdue;
+                        t.overruns += time.overruns;
                     }
                     None => times.push(time),
                 }
@@ -945,11 +1050,14 @@ impl TokenService {
         let (io, poll) = IoHandoff::new().expect("creating a token I/O poller");
         let gpu = Arc::new(GpuToken {
             gpu: uuid.to_owned(),
+            overruns: self.overruns.clone(),
             state: Mutex::new(GpuState {
                 policy: TokenPolicy::new(&self.config),
                 clients: HashMap::new(),
                 fit_totals: FitCounts::default(),
                 timer_at: None,
+                overrun_ns: 0,
+                to_report: Vec::new(),
                 accounts: HashMap::new(),
                 timeline: HoldRing::new(TIMELINE_HOLDS, TIMELINE_KEEP_NS),
             }),
@@ -1049,6 +1157,7 @@ impl TokenService {
                         revocations: 0,
                         cut_offs: 0,
                         overdue: 0,
+                        overruns: 0,
                     },
                 );
                 id
@@ -1069,11 +1178,13 @@ impl TokenService {
                 held_since: None,
                 held_ns: 0,
                 account,
+                overrun_from: None,
             },
         );
         drop(state);
         gpu.handle(Event::Join {
             client,
+            lease: account,
             priority: lease.priority,
             request: lease.request,
             limit: lease.limit,

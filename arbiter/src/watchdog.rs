@@ -489,6 +489,9 @@ pub async fn run(
     let mut tick = tokio::time::interval(interval);
     let mut reported: Vec<Violation> = Vec::new();
     let mut previous: Option<Baseline> = None;
+    // Overruns are reported by the token service when they happen; a pass lists those
+    // of the last ungated window beside its own findings.
+    let overrun_listing = watchdog.timing().ungated_window;
     loop {
         tick.tick().await;
         arbiter.reconcile(Instant::now());
@@ -533,6 +536,8 @@ pub async fn run(
         // The same listing measures every process's overhead.
         arbiter.record_process_memory(&processes, Instant::now());
         let mut found = watchdog.audit(now, &processes, &input.views(), activity.as_ref());
+        let listed_from = now.checked_sub(overrun_listing).unwrap_or(now);
+        found.extend(tokens.overruns_since(listed_from));
         let own = std::process::id();
         for v in &mut found {
             let is_new = !reported
@@ -542,10 +547,14 @@ pub async fn run(
                 let used = watchdog.ungated_use(&v.gpu, v.pid);
                 let ms = |f: fn(&UngatedUse) -> u64| used.as_ref().map_or(0, |u| f(u) / 1_000_000);
                 tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, busy_ms = ms(|u| u.busy_ns), token_held_ms = ms(|u| u.held_ns), over_ms = ms(|u| u.span_ns), "watchdog violation: busy on the GPU without holding its time-slice token (it bypassed the interposer's gate)");
-            } else if is_new {
+            } else if is_new && v.kind != ViolationKind::Overrun {
+                // (An overrun was logged by the token service when it happened.)
                 tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, memory = v.memory_used, quota = ?v.memory_quota, "watchdog violation");
             }
-            if kill && v.pid > 1 && v.pid != own {
+            // An overrun may be an honest long kernel measured for the first time: its
+            // lease loses window admission, the process is not killed for it.
+            let killable = v.kind != ViolationKind::Overrun;
+            if kill && killable && v.pid > 1 && v.pid != own {
                 match nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(v.pid as i32),
                     nix::sys::signal::Signal::SIGKILL,

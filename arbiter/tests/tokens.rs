@@ -13,24 +13,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
+use common::{open_token as open, reserve_here as reserve};
 use gpushare_config::SchedulingPolicy;
 use gpushare_proto::token::{FLAG_CUT_OFF, HELD_UNTIL_RELEASED, NOT_HELD};
 use gpushare_proto::token_client::{TokenClientError, TokenConnection};
-use gpushare_proto::{GpuSelector, Lease, Priority, TokenRequest};
+use gpushare_proto::{GpuSelector, Priority, TokenRequest};
 
 const T: Duration = Duration::from_secs(10);
 const HELPER_ENV: &str = "GPUSHARE_TEST_TOKEN_HOLDER";
-
-fn reserve(d: &Arbiter, container: &str, priority: Priority) -> Lease {
-    let mut c = d.client();
-    let lease = c.reserve(request(container, "1Gi", priority)).unwrap();
-    confirm_here(&mut c, container);
-    lease
-}
-
-fn open(d: &Arbiter, lease: &Lease) -> TokenConnection {
-    TokenConnection::open(&d.lease_socket(&lease.id.0), T).unwrap()
-}
 
 fn deadline(c: &TokenConnection) -> u64 {
     c.page().deadline_ns.load(Ordering::Acquire)

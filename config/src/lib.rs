@@ -742,6 +742,16 @@ pub struct SchedulerConfig {
     /// bounded queue of ordinary kernels, so an overdue report means a long kernel or
     /// graph, or a stuck agent, and other low waiters wait at most this long for it.
     pub revoke_grace_ms: u64,
+    /// A low-priority holder revoked while a high-priority job is active that is still
+    /// draining after `revoke_grace_ms` *overran* the high job's window: its work runs
+    /// into the high job's time whatever its interposer said (a blind launch, a new
+    /// process per kernel, launches that bypassed the gate). The arbiter reports it (a
+    /// violation of kind `overrun`) and, for this long, grants that lease's clients
+    /// the token only while no high-priority job is active. Per lease, not per process,
+    /// so a fresh process inherits its lease's record. 10 000 ms: many high-job
+    /// iterations, so a lease that overruns every time it is admitted gets a window at
+    /// most once per penalty. 0: report only.
+    pub overrun_penalty_ms: u64,
     /// Duration-aware admission (issue 14): while a high-priority client is active, a
     /// low-priority holder submits a launch only if the interposer's estimate of how
     /// long it will occupy the GPU ends before the high-priority job is expected back
@@ -777,6 +787,7 @@ impl Default for SchedulerConfig {
             window_ms: 2_000,
             high_active_ms: 500,
             revoke_grace_ms: 500,
+            overrun_penalty_ms: 10_000,
             admit_by_duration: true,
             high_return_risk_percent: 10,
             high_on_arbiter_loss: LossPolicy::Run,
@@ -806,6 +817,14 @@ impl SchedulerConfig {
         ] {
             check_duration(problems, key, value, 1, max);
         }
+        // 0 turns the penalty off (overruns are still reported).
+        check_duration(
+            problems,
+            "scheduler.overrun_penalty_ms",
+            self.overrun_penalty_ms,
+            0,
+            HOUR_MS,
+        );
         if !(1..=100).contains(&self.high_return_risk_percent) {
             problems.push(Problem::at(
                 "scheduler.high_return_risk_percent",
@@ -1208,6 +1227,7 @@ mod tests {
             window_ms: 1000,
             high_active_ms: 3,
             revoke_grace_ms: HOUR_MS,
+            overrun_penalty_ms: 0,
             admit_by_duration: false,
             high_return_risk_percent: 100,
             high_on_arbiter_loss: LossPolicy::Wait,
@@ -1280,7 +1300,7 @@ mod tests {
             "[scheduler]\npolicy = \"round-robin\"\nslice_ms = 10\nmin_slice_ms = 1\nmax_slice_ms = 100\n\
              idle_us = 500\nlaunch_ahead = 8\nlaunch_ahead_with_high = 2\nwindow_ms = 1000\n\
              revoke_grace_ms = 50\nhigh_active_ms = 250\nhigh_on_arbiter_loss = \"wait\"\nlow_on_arbiter_loss = \"run\"\n\
-             admit_by_duration = false\nhigh_return_risk_percent = 25\n",
+             admit_by_duration = false\nhigh_return_risk_percent = 25\noverrun_penalty_ms = 0\n",
         )
         .unwrap();
         let s = &config.scheduler;
@@ -1298,6 +1318,7 @@ mod tests {
             (s.admit_by_duration, s.high_return_risk_percent),
             (false, 25)
         );
+        assert_eq!(s.overrun_penalty_ms, 0);
         assert_eq!(
             s.on_arbiter_loss(gpushare_types::Priority::High),
             LossPolicy::Wait

@@ -276,6 +276,11 @@ pub enum ViolationKind {
     /// than it held the time-slice token (or without a token connection at all): its
     /// work bypassed the interposer's gate.
     Ungated,
+    /// A low-priority holder, revoked while a high-priority job was active, was still
+    /// draining after `scheduler.revoke_grace_ms`: its work ran into the high job's
+    /// time, measured on the arbiter's clock (whatever its interposer admitted or
+    /// reported). Its lease loses window admission for `scheduler.overrun_penalty_ms`.
+    Overrun,
 }
 
 /// Something the watchdog saw on a shared GPU that should not be there.
@@ -462,6 +467,15 @@ pub struct AdmissionStatus {
     pub launches: crate::token::FitCounts,
     /// Clients waiting for a window their next launch fits.
     pub waiting_for_window: Vec<WindowWaiter>,
+    /// Low-priority holders revoked beside an active high-priority job and still
+    /// draining after `scheduler.revoke_grace_ms`, as the arbiter measured them (the
+    /// interposers' own `overran` counts are what they admit to).
+    pub measured_overruns: u64,
+    /// GPU time those drains took past the grace, on the arbiter's clock (ms, ended
+    /// drains only).
+    pub measured_overrun_ms: u64,
+    /// Leases that overran recently: granted only while no high-priority job is active.
+    pub penalized_leases: Vec<LeaseId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -535,6 +535,23 @@ fn render_status(report: &StatusReport) -> String {
                 );
             }
         }
+        if a.measured_overruns > 0 {
+            // Measured by the arbiter, whatever the interposers reported above.
+            out += &format!(
+                "    overruns: {} ({} ms past the grace); penalised now: {}\n",
+                a.measured_overruns,
+                a.measured_overrun_ms,
+                if a.penalized_leases.is_empty() {
+                    "-".to_string()
+                } else {
+                    a.penalized_leases
+                        .iter()
+                        .map(|l| l.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                }
+            );
+        }
     }
     out
 }

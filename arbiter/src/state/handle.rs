@@ -46,6 +46,13 @@ impl ArbiterHandle {
                 let arbiter = state.lock().unwrap_or_else(|p| p.into_inner());
                 arbiter.lease(lease).map(|l| arbiter.container_name(l))
             }));
+            let state = Arc::downgrade(&handle.state);
+            tokens.set_reporter(Box::new(move |violation| {
+                if let Some(state) = state.upgrade() {
+                    let mut arbiter = state.lock().unwrap_or_else(|p| p.into_inner());
+                    arbiter.record_token_violation(violation);
+                }
+            }));
         }
         handle
     }

@@ -48,10 +48,20 @@ impl Arbiter {
                 ViolationKind::Unregistered => "unregistered",
                 ViolationKind::OverQuota => "over_quota",
                 ViolationKind::Ungated => "ungated",
+                // Counted once, when the token service reports it (below); the
+                // watchdog's passes only keep it listed for a while.
+                ViolationKind::Overrun => continue,
             };
             *self.violation_totals.entry(kind).or_default() += 1;
         }
         self.violations = violations;
+    }
+
+    /// A violation the token service measured on its own clock (an overrun): counted
+    /// and listed at once, not at the watchdog's next pass.
+    pub fn record_token_violation(&mut self, violation: Violation) {
+        *self.violation_totals.entry("overrun").or_default() += 1;
+        self.violations.push(violation);
     }
 
     pub fn violation_totals(&self) -> &BTreeMap<&'static str, u64> {

@@ -6,7 +6,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gpushare_proto::{ControlClient, Fraction, GpuSelector, Priority, ReserveRequest};
+use gpushare_proto::token_client::TokenConnection;
+use gpushare_proto::{ControlClient, Fraction, GpuSelector, Lease, Priority, ReserveRequest};
 pub use gpushare_testkit::simgpu::{self, gpu_uuid as sim_uuid, SimMachine};
 pub use gpushare_testkit::{binaries, wait_until, Arbiter, ArbiterBuilder};
 
@@ -35,6 +36,19 @@ pub fn request(container: &str, memory: &str, priority: Priority) -> ReserveRequ
         tenant: None,
         pod: None,
     }
+}
+
+/// A lease of 1 GiB for `container`, confirmed with this test process as its init.
+pub fn reserve_here(d: &Arbiter, container: &str, priority: Priority) -> Lease {
+    let mut c = d.client();
+    let lease = c.reserve(request(container, "1Gi", priority)).unwrap();
+    confirm_here(&mut c, container);
+    lease
+}
+
+/// A token connection on `lease`'s socket.
+pub fn open_token(d: &Arbiter, lease: &Lease) -> TokenConnection {
+    TokenConnection::open(&d.lease_socket(&lease.id.0), Duration::from_secs(10)).unwrap()
 }
 
 /// A stand-in container: a real process whose pid confirms a lease.

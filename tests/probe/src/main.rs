@@ -15,6 +15,7 @@
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
 //! `capture-join N`, `capture-join-at N TOUCH WAIT`, `cig-capture-begin`, `cig-capture-end`, `green-launch-ahead MS`,
 //! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`,
+//! `raw-launch N MS` (N kernels of MS ms through the driver's own cuLaunchKernel, past the interposer),
 //! `max-alloc` (the largest single allocation granted, by binary search), `timeslice-trace MS`
 //! (when a kernel of MS ms was running, from the GPU's clock), `checkpoint PID`
 //! (cuCheckpointProcess* latencies on another process).
@@ -145,6 +146,32 @@ fn fatal(msg: &str) -> ! {
 }
 
 /// `libfile:symbol` of a function pointer, from the loader (which library answers).
+/// `name` as the library behind `handle` defines it, looked up with glibc's own `dlsym`
+/// (found with `dlvsym`, which an interposer exporting `dlsym` does not replace).
+fn driver_symbol(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    type Dlsym = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: dlopen of the already-loaded C library (RTLD_NOLOAD) and dlvsym with
+        // NUL-terminated literals; the handle is never closed.
+        let real = unsafe {
+            let libc_handle =
+                libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            if libc_handle.is_null() {
+                continue;
+            }
+            libc::dlvsym(libc_handle, c"dlsym".as_ptr(), version.as_ptr())
+        };
+        if !real.is_null() {
+            // SAFETY: glibc's dlsym has Dlsym's signature; `handle` is a live dlopen
+            // handle and `name` is NUL-terminated.
+            return unsafe {
+                std::mem::transmute::<*mut c_void, Dlsym>(real)(handle, name.as_ptr())
+            };
+        }
+    }
+    std::ptr::null_mut()
+}
+
 fn who(p: *mut c_void) -> String {
     // SAFETY: Dl_info is four raw pointers, for which all-zero (null) is a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
@@ -1199,6 +1226,26 @@ fn run_step(
             let synced = unsafe { sync() };
             let rc = rc.max(synced);
             p.report(step, rc, &format!("kernels={n} via={}", who(sym)));
+        }
+        "raw-launch" => {
+            // `raw-launch N MS`: a liar. N kernels of MS ms queued on the legacy stream
+            // through the driver's own cuLaunchKernel, past the interposer: glibc's
+            // dlsym taken with `dlvsym` (not hooked), asked for the driver library's
+            // symbol. No synchronisation: the work is left queued, as a process that
+            // took the token with one gated launch would leave it.
+            let (n, ms) = (num(args), num(args));
+            let sym = driver_symbol(c.handle, c"cuLaunchKernel");
+            if sym.is_null() {
+                fatal("no cuLaunchKernel past the interposer");
+            }
+            // SAFETY: `sym` is non-null (checked above); Launch11 is cuLaunchKernel's
+            // signature (cuda.h).
+            let f: Launch11 = unsafe { std::mem::transmute::<*mut c_void, Launch11>(sym) };
+            let rc = (0..n)
+                .map(|_| p.kernel(f, ms * 1_000_000))
+                .max()
+                .unwrap_or(0);
+            p.report(step, rc, &format!("kernels={n} ms={ms} via={}", who(sym)));
         }
         "stamp" => {
             // Wall-clock microseconds, to order steps of different processes.
