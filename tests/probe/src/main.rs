@@ -6,7 +6,9 @@
 //!
 //! Options: `--cuda-version N` (default 12040), `--ptds` (per-thread default stream),
 //! `--cudart-like` (the primary context through the driver's private `CUDART_INTERFACE`
-//! table, as the CUDA runtime gets it, instead of `cuDevicePrimaryCtxRetain`).
+//! table, as the CUDA runtime gets it, instead of `cuDevicePrimaryCtxRetain`),
+//! `--driver-library PATH` (`dlopen` PATH instead of `libcuda.so.1`: a library that
+//! fronts the driver, as a tracer does, answers `cuGetProcAddress_v2`).
 //! Steps: `alloc B`, `linked-alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
 //! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
@@ -73,16 +75,19 @@ struct Cuda {
 }
 
 impl Cuda {
-    fn load(version: c_int, flags: u64) -> Cuda {
+    /// `library`: the object whose `cuGetProcAddress_v2` the program resolves through
+    /// (`libcuda.so.1`, or a library fronting the driver).
+    fn load(version: c_int, flags: u64, library: &CStr) -> Cuda {
         // SAFETY: dlopen and dlsym get NUL-terminated C-string literals; dlerror is read
         // right after the failed dlopen, so it is a NUL-terminated message; `sym` is
         // non-null when transmuted, and cuGetProcAddress_v2 has GetProc's signature
         // (cuda.h). The handle is never closed, so `sym` stays valid.
         unsafe {
-            let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+            let handle = libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
             if handle.is_null() {
                 fatal(&format!(
-                    "dlopen(libcuda.so.1): {}",
+                    "dlopen({}): {}",
+                    library.to_string_lossy(),
                     CStr::from_ptr(libc::dlerror()).to_string_lossy()
                 ));
             }
@@ -415,6 +420,7 @@ fn cudart_primary_context(cuda: &Cuda, ctx: &mut H, dev: c_int) -> R {
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
     let (mut version, mut flags, mut cudart_like) = (12040, 0, false);
+    let mut driver_library = CString::from(c"libcuda.so.1");
     while let Some(a) = args.peek() {
         match a.as_str() {
             "--cudart-like" => {
@@ -429,10 +435,18 @@ fn main() {
                 args.next();
                 flags = PTDS;
             }
+            "--driver-library" => {
+                args.next();
+                let path = args
+                    .next()
+                    .unwrap_or_else(|| fatal("--driver-library: missing path"));
+                driver_library = CString::new(path)
+                    .unwrap_or_else(|_| fatal("--driver-library: a path without NUL bytes"));
+            }
             _ => break,
         }
     }
-    let cuda = Cuda::load(version, flags);
+    let cuda = Cuda::load(version, flags, &driver_library);
     let init: unsafe extern "C" fn(c_uint) -> R = cuda.get("cuInit");
     let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> R = cuda.get("cuDeviceGet");
     let retain: unsafe extern "C" fn(*mut H, c_int) -> R = cuda.get("cuDevicePrimaryCtxRetain");
