@@ -174,7 +174,7 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
     let lease = m.lease_of("1Gi", Priority::High);
     let dir = tempfile::tempdir().unwrap();
     let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
-    let mut child = m
+    let child = m
         .probe(
             Some(&lease),
             &[
@@ -197,18 +197,11 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
     );
     m.kill_arbiter();
     std::fs::write(&go, b"").unwrap();
-    let finished = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if finished.elapsed() > std::time::Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!(
-                "the high-priority launch waited for the arbiter: {}",
-                finish(child).stderr
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let s = finish(child);
+    let s = finish_within(
+        child,
+        std::time::Duration::from_secs(20),
+        "the high-priority launch waited for the arbiter",
+    );
     assert_eq!(s.result("launch", 0), "CUDA_SUCCESS", "{}", s.stderr);
 }
 

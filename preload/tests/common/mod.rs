@@ -8,6 +8,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Once, OnceLock};
+use std::time::Duration;
 
 use gpushare_proto::{ControlClient, Fraction, GpuSelector, Priority, ReserveRequest};
 use gpushare_testkit::Config;
@@ -333,4 +334,19 @@ pub fn finish(child: Child) -> Steps {
         steps.stderr
     );
     steps
+}
+
+/// Waits for a child probe to exit, at most `limit` (a bound that catches a hang, not a
+/// speed): past it the probe is killed and the test fails with `hung` and its stderr.
+pub fn finish_within(mut child: Child, limit: Duration, hung: &str) -> Steps {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{hung}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    finish(child)
 }

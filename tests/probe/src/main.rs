@@ -16,7 +16,7 @@
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
 //! `capture-join N`, `capture-join-at N TOUCH WAIT`, `cig-capture-begin`, `cig-capture-end`, `green-launch-ahead MS`,
-//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`,
+//! `two-streams MS`, `stream-create`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`,
 //! `max-alloc` (the largest single allocation granted, by binary search), `timeslice-trace MS`
 //! (when a kernel of MS ms was running, from the GPU's clock), `checkpoint PID`
 //! (cuCheckpointProcess* latencies on another process).
@@ -949,6 +949,11 @@ fn run_step(
                 p.function = function;
             }
             p.report(step, rc, "");
+        }
+        "stream-create" => {
+            // One stream (default flags), kept: the first stream a CUDA runtime creates.
+            p.new_stream(0);
+            p.report(step, 0, "");
         }
         "kernel-ms" => {
             // One kernel of N ms on the legacy stream (long kernels: drains, overdue).
