@@ -212,48 +212,12 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
 #[test]
 fn a_revoked_holder_drains_every_context() {
     let mut m = Machine::start_with(|c| c.scheduler.revoke_grace_ms = 200);
-    let low = m.lease_of("2Gi", Priority::Low);
-    let high = m.lease_of("2Gi", Priority::High);
-    let dir = tempfile::tempdir().unwrap();
-    let started = dir.path().join("started");
-    let started = started.to_str().unwrap();
-    // The high-priority job is up and watching before the kernel starts, so the
-    // revocation lands early in the kernel however slowly processes start.
-    let high_job = m
-        .probe(
-            Some(&high),
-            &["wait", started, "launch", "1", "sleep", "600"],
-        )
-        .spawn()
-        .unwrap();
-    let low_job = m
-        .probe(
-            Some(&low),
-            &[
-                "launch",
-                "1",
-                "ctx-create",
-                "kernel-ms",
-                "3000",
-                "touch",
-                started,
-                "sleep",
-                "3500",
-            ],
-        )
-        .spawn()
-        .unwrap();
-    let h = finish(high_job);
+    let Revoked {
+        high: h,
+        low: s,
+        token,
+    } = revoke_mid_work(&mut m, "2Gi", &[], &["ctx-create", "kernel-ms", "3000"]);
     assert_eq!(h.result("launch", 0), "CUDA_SUCCESS", "{}", h.stderr);
-    let token = m
-        .control()
-        .status()
-        .unwrap()
-        .tokens
-        .into_iter()
-        .next()
-        .unwrap();
-    let s = finish(low_job);
     assert_eq!(s.result("ctx-create", 0), "CUDA_SUCCESS", "{}", s.stderr);
     assert_eq!(s.result("kernel-ms", 0), "CUDA_SUCCESS", "{}", s.stderr);
     assert!(

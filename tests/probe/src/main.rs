@@ -15,7 +15,7 @@
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `resolver-alloc FLAGS B`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `cig-capture-begin`, `cig-capture-end`, `green-launch-ahead MS`,
+//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `cig-capture-begin`, `cig-capture-end`, `green-launch-ahead MS`, `green-kernel-ms MS`,
 //! `two-streams MS`, `stream-create`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`,
 //! `max-alloc` (the largest single allocation granted, by binary search), `timeslice-trace MS`
 //! (when a kernel of MS ms was running, from the GPU's clock), `checkpoint PID`
@@ -300,9 +300,10 @@ impl Probe {
 /// `sizeof(CUdevResource)` (cuda.h, CUDA 12.4).
 const DEV_RESOURCE_BYTES: usize = 144;
 
-/// A non-blocking stream of a new green context on all of `dev`'s SMs (CUDA 12.5):
-/// the creation's worst result, the green context and the stream.
-fn green_stream(c: &Cuda, dev: c_int) -> (R, H, H) {
+/// A non-blocking stream of a new green context on all of `dev`'s SMs (CUDA 12.5), with
+/// the green context's `CUcontext` made current (events and the stream share it): the
+/// worst result and the stream.
+fn green_stream_current(c: &Cuda, dev: c_int) -> (R, H) {
     let get_resource: unsafe extern "C" fn(c_int, *mut c_void, c_int) -> R =
         c.get("cuDeviceGetDevResource");
     let generate: unsafe extern "C" fn(*mut H, *const c_void, c_uint) -> R =
@@ -321,7 +322,13 @@ fn green_stream(c: &Cuda, dev: c_int) -> (R, H, H) {
             .max(create(&mut green, desc, dev, 1))
             .max(create_stream(&mut stream, green, 1, 0))
     };
-    (rc, green, stream)
+    let from_green: unsafe extern "C" fn(*mut H, H) -> R = c.get("cuCtxFromGreenCtx");
+    let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
+    let mut green_ctx = 0;
+    // SAFETY: a live CUcontext to write and the green context created above.
+    let rc = rc.max(unsafe { from_green(&mut green_ctx, green) });
+    // SAFETY: cuCtxSetCurrent of a context the driver just named.
+    (rc.max(unsafe { set_current(green_ctx) }), stream)
 }
 
 /// Room for a `CUstreamCigCaptureParams` (cuda.h: a type and a pointer).
@@ -1068,16 +1075,9 @@ fn run_step(
             // CUDA 12.5 (run with --cuda-version 12050): a stream of a green context on
             // all of the device's SMs, a kernel of N ms on it, then how long a second
             // launch into that stream took (a launch-ahead bound of 1 waits for the first).
-            // The green context is current meanwhile (events and the stream share it).
             let ms = num(args);
-            let (rc, green, stream) = green_stream(c, dev);
-            let from_green: unsafe extern "C" fn(*mut H, H) -> R = c.get("cuCtxFromGreenCtx");
+            let (rc, stream) = green_stream_current(c, dev);
             let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
-            let mut green_ctx = 0;
-            // SAFETY: a live CUcontext to write and the green context created above.
-            let rc = rc.max(unsafe { from_green(&mut green_ctx, green) });
-            // SAFETY: cuCtxSetCurrent of a context the driver just named.
-            let rc = rc.max(unsafe { set_current(green_ctx) });
             let f: Launch11 = c.get("cuLaunchKernel");
             let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
             let first = p.kernel_on(f, ms * 1_000_000, stream);
@@ -1093,6 +1093,19 @@ fn run_step(
                 rc.max(first).max(second).max(synced).max(restored),
                 &format!("same_stream_launch_us={same_us}"),
             );
+        }
+        "green-kernel-ms" => {
+            // CUDA 12.5 (run with --cuda-version 12050): a kernel of N ms on a green
+            // context's stream, left running (no synchronisation): work only that
+            // non-blocking stream, in the green context's own CUcontext, holds.
+            let ms = num(args);
+            let (rc, stream) = green_stream_current(c, dev);
+            let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let launched = p.kernel_on(f, ms * 1_000_000, stream);
+            // SAFETY: cuCtxSetCurrent of the probe's primary context, current before.
+            let restored = unsafe { set_current(ctx) };
+            p.report(step, rc.max(launched).max(restored), "");
         }
         "two-streams" => {
             // A kernel of N ms on one stream, then a short one on another: how long the
