@@ -174,7 +174,7 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
     let lease = m.lease_of("1Gi", Priority::High);
     let dir = tempfile::tempdir().unwrap();
     let (ready, go) = (dir.path().join("ready"), dir.path().join("go"));
-    let mut child = m
+    let child = m
         .probe(
             Some(&lease),
             &[
@@ -197,18 +197,11 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
     );
     m.kill_arbiter();
     std::fs::write(&go, b"").unwrap();
-    let finished = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if finished.elapsed() > std::time::Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!(
-                "the high-priority launch waited for the arbiter: {}",
-                finish(child).stderr
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let s = finish(child);
+    let s = finish_within(
+        child,
+        std::time::Duration::from_secs(20),
+        "the high-priority launch waited for the arbiter",
+    );
     assert_eq!(s.result("launch", 0), "CUDA_SUCCESS", "{}", s.stderr);
 }
 
@@ -219,48 +212,12 @@ fn a_high_priority_first_launch_runs_while_the_arbiter_is_away() {
 #[test]
 fn a_revoked_holder_drains_every_context() {
     let mut m = Machine::start_with(|c| c.scheduler.revoke_grace_ms = 200);
-    let low = m.lease_of("2Gi", Priority::Low);
-    let high = m.lease_of("2Gi", Priority::High);
-    let dir = tempfile::tempdir().unwrap();
-    let started = dir.path().join("started");
-    let started = started.to_str().unwrap();
-    // The high-priority job is up and watching before the kernel starts, so the
-    // revocation lands early in the kernel however slowly processes start.
-    let high_job = m
-        .probe(
-            Some(&high),
-            &["wait", started, "launch", "1", "sleep", "600"],
-        )
-        .spawn()
-        .unwrap();
-    let low_job = m
-        .probe(
-            Some(&low),
-            &[
-                "launch",
-                "1",
-                "ctx-create",
-                "kernel-ms",
-                "3000",
-                "touch",
-                started,
-                "sleep",
-                "3500",
-            ],
-        )
-        .spawn()
-        .unwrap();
-    let h = finish(high_job);
+    let Revoked {
+        high: h,
+        low: s,
+        token,
+    } = revoke_mid_work(&mut m, "2Gi", &[], &["ctx-create", "kernel-ms", "3000"]);
     assert_eq!(h.result("launch", 0), "CUDA_SUCCESS", "{}", h.stderr);
-    let token = m
-        .control()
-        .status()
-        .unwrap()
-        .tokens
-        .into_iter()
-        .next()
-        .unwrap();
-    let s = finish(low_job);
     assert_eq!(s.result("ctx-create", 0), "CUDA_SUCCESS", "{}", s.stderr);
     assert_eq!(s.result("kernel-ms", 0), "CUDA_SUCCESS", "{}", s.stderr);
     assert!(

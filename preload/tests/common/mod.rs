@@ -8,6 +8,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Once, OnceLock};
+use std::time::Duration;
 
 use gpushare_proto::{ControlClient, Fraction, GpuSelector, Priority, ReserveRequest};
 use gpushare_testkit::Config;
@@ -333,4 +334,67 @@ pub fn finish(child: Child) -> Steps {
         steps.stderr
     );
     steps
+}
+
+/// Waits for a child probe to exit, at most `limit` (a bound that catches a hang, not a
+/// speed): past it the probe is killed and the test fails with `hung` and its stderr.
+pub fn finish_within(mut child: Child, limit: Duration, hung: &str) -> Steps {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{hung}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    finish(child)
+}
+
+/// What [`revoke_mid_work`] saw.
+pub struct Revoked {
+    pub high: Steps,
+    pub low: Steps,
+    /// The GPU's token status once the high-priority job finished.
+    pub token: gpushare_proto::TokenStatus,
+}
+
+/// On a low- and a high-priority lease of `memory` each: a low-priority probe (`options`, then `launch 1` to hold the token, then `work`, then
+/// 3.5 s alive) revoked mid-work: a high-priority probe waits until `work` was submitted,
+/// launches (revoking the low holder) and stays 600 ms. The high job starts first, so the
+/// revocation lands early in work of some seconds however slowly processes start.
+pub fn revoke_mid_work(m: &mut Machine, memory: &str, options: &[&str], work: &[&str]) -> Revoked {
+    let low = &m.lease_of(memory, Priority::Low);
+    let high = &m.lease_of(memory, Priority::High);
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let started = started.to_str().unwrap();
+    let high_job = m
+        .probe(
+            Some(high),
+            &["wait", started, "launch", "1", "sleep", "600"],
+        )
+        .spawn()
+        .unwrap();
+    let steps = [
+        options,
+        &["launch", "1"],
+        work,
+        &["touch", started, "sleep", "3500"],
+    ];
+    let low_job = m.probe(Some(low), &steps.concat()).spawn().unwrap();
+    let high = finish(high_job);
+    let token = m
+        .control()
+        .status()
+        .unwrap()
+        .tokens
+        .into_iter()
+        .next()
+        .unwrap();
+    Revoked {
+        high,
+        low: finish(low_job),
+        token,
+    }
 }

@@ -6,15 +6,17 @@
 //!
 //! Options: `--cuda-version N` (default 12040), `--ptds` (per-thread default stream),
 //! `--cudart-like` (the primary context through the driver's private `CUDART_INTERFACE`
-//! table, as the CUDA runtime gets it, instead of `cuDevicePrimaryCtxRetain`).
+//! table, as the CUDA runtime gets it, instead of `cuDevicePrimaryCtxRetain`),
+//! `--driver-library PATH` (`dlopen` PATH instead of `libcuda.so.1`: a library that
+//! fronts the driver, as a tracer does, answers `cuGetProcAddress_v2`).
 //! Steps: `alloc B`, `linked-alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
 //! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `resolver-alloc FLAGS B`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
 //! `ctx-create`, `kernel-ms N`, `capture-begin global|thread-local|relaxed`, `capture-launch N`, `capture-end`,
-//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `cig-capture-begin`, `cig-capture-end`, `green-launch-ahead MS`,
-//! `two-streams MS`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`,
+//! `capture-join N`, `capture-join-at N TOUCH WAIT`, `cig-capture-begin`, `cig-capture-end`, `green-launch-ahead MS`, `green-kernel-ms MS`,
+//! `two-streams MS`, `stream-create`, `stamp`, `copies sync|async|memset|memset-async|attributes|attributes-3d N B`, `reset`, `dlsym-launch N`,
 //! `raw-launch N MS` (N kernels of MS ms through the driver's own cuLaunchKernel, past the interposer),
 //! `max-alloc` (the largest single allocation granted, by binary search), `timeslice-trace MS`
 //! (when a kernel of MS ms was running, from the GPU's clock), `checkpoint PID`
@@ -74,16 +76,19 @@ struct Cuda {
 }
 
 impl Cuda {
-    fn load(version: c_int, flags: u64) -> Cuda {
+    /// `library`: the object whose `cuGetProcAddress_v2` the program resolves through
+    /// (`libcuda.so.1`, or a library fronting the driver).
+    fn load(version: c_int, flags: u64, library: &CStr) -> Cuda {
         // SAFETY: dlopen and dlsym get NUL-terminated C-string literals; dlerror is read
         // right after the failed dlopen, so it is a NUL-terminated message; `sym` is
         // non-null when transmuted, and cuGetProcAddress_v2 has GetProc's signature
         // (cuda.h). The handle is never closed, so `sym` stays valid.
         unsafe {
-            let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+            let handle = libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
             if handle.is_null() {
                 fatal(&format!(
-                    "dlopen(libcuda.so.1): {}",
+                    "dlopen({}): {}",
+                    library.to_string_lossy(),
                     CStr::from_ptr(libc::dlerror()).to_string_lossy()
                 ));
             }
@@ -322,9 +327,10 @@ impl Probe {
 /// `sizeof(CUdevResource)` (cuda.h, CUDA 12.4).
 const DEV_RESOURCE_BYTES: usize = 144;
 
-/// A non-blocking stream of a new green context on all of `dev`'s SMs (CUDA 12.5):
-/// the creation's worst result, the green context and the stream.
-fn green_stream(c: &Cuda, dev: c_int) -> (R, H, H) {
+/// A non-blocking stream of a new green context on all of `dev`'s SMs (CUDA 12.5), with
+/// the green context's `CUcontext` made current (events and the stream share it): the
+/// worst result and the stream.
+fn green_stream_current(c: &Cuda, dev: c_int) -> (R, H) {
     let get_resource: unsafe extern "C" fn(c_int, *mut c_void, c_int) -> R =
         c.get("cuDeviceGetDevResource");
     let generate: unsafe extern "C" fn(*mut H, *const c_void, c_uint) -> R =
@@ -343,7 +349,13 @@ fn green_stream(c: &Cuda, dev: c_int) -> (R, H, H) {
             .max(create(&mut green, desc, dev, 1))
             .max(create_stream(&mut stream, green, 1, 0))
     };
-    (rc, green, stream)
+    let from_green: unsafe extern "C" fn(*mut H, H) -> R = c.get("cuCtxFromGreenCtx");
+    let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
+    let mut green_ctx = 0;
+    // SAFETY: a live CUcontext to write and the green context created above.
+    let rc = rc.max(unsafe { from_green(&mut green_ctx, green) });
+    // SAFETY: cuCtxSetCurrent of a context the driver just named.
+    (rc.max(unsafe { set_current(green_ctx) }), stream)
 }
 
 /// Room for a `CUstreamCigCaptureParams` (cuda.h: a type and a pointer).
@@ -442,6 +454,7 @@ fn cudart_primary_context(cuda: &Cuda, ctx: &mut H, dev: c_int) -> R {
 fn main() {
     let mut args = std::env::args().skip(1).peekable();
     let (mut version, mut flags, mut cudart_like) = (12040, 0, false);
+    let mut driver_library = CString::from(c"libcuda.so.1");
     while let Some(a) = args.peek() {
         match a.as_str() {
             "--cudart-like" => {
@@ -456,10 +469,18 @@ fn main() {
                 args.next();
                 flags = PTDS;
             }
+            "--driver-library" => {
+                args.next();
+                let path = args
+                    .next()
+                    .unwrap_or_else(|| fatal("--driver-library: missing path"));
+                driver_library = CString::new(path)
+                    .unwrap_or_else(|_| fatal("--driver-library: a path without NUL bytes"));
+            }
             _ => break,
         }
     }
-    let cuda = Cuda::load(version, flags);
+    let cuda = Cuda::load(version, flags, &driver_library);
     let init: unsafe extern "C" fn(c_uint) -> R = cuda.get("cuInit");
     let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> R = cuda.get("cuDeviceGet");
     let retain: unsafe extern "C" fn(*mut H, c_int) -> R = cuda.get("cuDevicePrimaryCtxRetain");
@@ -963,6 +984,11 @@ fn run_step(
             }
             p.report(step, rc, "");
         }
+        "stream-create" => {
+            // One stream (default flags), kept: the first stream a CUDA runtime creates.
+            p.new_stream(0);
+            p.report(step, 0, "");
+        }
         "kernel-ms" => {
             // One kernel of N ms on the legacy stream (long kernels: drains, overdue).
             let ms = num(args);
@@ -1076,16 +1102,9 @@ fn run_step(
             // CUDA 12.5 (run with --cuda-version 12050): a stream of a green context on
             // all of the device's SMs, a kernel of N ms on it, then how long a second
             // launch into that stream took (a launch-ahead bound of 1 waits for the first).
-            // The green context is current meanwhile (events and the stream share it).
             let ms = num(args);
-            let (rc, green, stream) = green_stream(c, dev);
-            let from_green: unsafe extern "C" fn(*mut H, H) -> R = c.get("cuCtxFromGreenCtx");
+            let (rc, stream) = green_stream_current(c, dev);
             let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
-            let mut green_ctx = 0;
-            // SAFETY: a live CUcontext to write and the green context created above.
-            let rc = rc.max(unsafe { from_green(&mut green_ctx, green) });
-            // SAFETY: cuCtxSetCurrent of a context the driver just named.
-            let rc = rc.max(unsafe { set_current(green_ctx) });
             let f: Launch11 = c.get("cuLaunchKernel");
             let sync: unsafe extern "C" fn(H) -> R = c.get("cuStreamSynchronize");
             let first = p.kernel_on(f, ms * 1_000_000, stream);
@@ -1101,6 +1120,19 @@ fn run_step(
                 rc.max(first).max(second).max(synced).max(restored),
                 &format!("same_stream_launch_us={same_us}"),
             );
+        }
+        "green-kernel-ms" => {
+            // CUDA 12.5 (run with --cuda-version 12050): a kernel of N ms on a green
+            // context's stream, left running (no synchronisation): work only that
+            // non-blocking stream, in the green context's own CUcontext, holds.
+            let ms = num(args);
+            let (rc, stream) = green_stream_current(c, dev);
+            let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
+            let f: Launch11 = c.get("cuLaunchKernel");
+            let launched = p.kernel_on(f, ms * 1_000_000, stream);
+            // SAFETY: cuCtxSetCurrent of the probe's primary context, current before.
+            let restored = unsafe { set_current(ctx) };
+            p.report(step, rc.max(launched).max(restored), "");
         }
         "two-streams" => {
             // A kernel of N ms on one stream, then a short one on another: how long the
