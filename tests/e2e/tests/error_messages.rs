@@ -37,6 +37,10 @@ struct Case {
     env: &'static [(&'static str, &'static str)],
     /// Fragments the message must contain (the key, the value, what is accepted).
     names: &'static [&'static str],
+    /// Where the memory asked for is above what the environment may ask, what
+    /// an entry point that can ask only through variables (docker 20.10) must say
+    /// instead: the ceiling, and the ways to more.
+    names_through_environment: Option<&'static [&'static str]>,
     /// Whether the arbiter being down is the true cause.
     arbiter_down: bool,
 }
@@ -47,6 +51,7 @@ const INVALID_ANNOTATION_VALUE: Case = Case {
     annotations: &[("gpushare.io/memory", "lots")],
     env: &[],
     names: &["gpushare.io/memory", "\"lots\"", "512Mi", "0.4"],
+    names_through_environment: None,
     arbiter_down: false,
 };
 
@@ -56,6 +61,7 @@ const INVALID_VARIABLE_VALUE: Case = Case {
     annotations: &[],
     env: &[("GPUSHARE_MEMORY", "lots")],
     names: &["GPUSHARE_MEMORY", "\"lots\"", "512Mi", "0.4"],
+    names_through_environment: None,
     arbiter_down: false,
 };
 
@@ -65,6 +71,7 @@ const UNKNOWN_ANNOTATION_KEY: Case = Case {
     annotations: &[("gpushare.io/memroy", "1Gi")],
     env: &[],
     names: &["gpushare.io/memroy", "accepted keys", "gpushare.io/memory"],
+    names_through_environment: None,
     arbiter_down: false,
 };
 
@@ -80,6 +87,7 @@ const UNKNOWN_VARIABLE: Case = Case {
         "accepted keys",
         "requests.allowed_env",
     ],
+    names_through_environment: None,
     arbiter_down: false,
 };
 
@@ -89,6 +97,12 @@ const LARGER_THAN_ANY_GPU: Case = Case {
     annotations: &[("gpushare.io/memory", "64Gi")],
     env: &[],
     names: &["memory 64", "more than any candidate GPU has", "16"],
+    names_through_environment: Some(&[
+        "GPUSHARE_MEMORY=\"64Gi\"",
+        "requests.env_memory_ceiling",
+        "gpushare.io/memory annotation",
+        "runtime.profiles",
+    ]),
     arbiter_down: false,
 };
 
@@ -102,6 +116,7 @@ const BELOW_PROCESS_OVERHEAD: Case = Case {
         "arbiter.context_memory_estimate",
         "ask for more",
     ],
+    names_through_environment: None,
     arbiter_down: false,
 };
 
@@ -121,6 +136,12 @@ const NO_ROOM_NOW: Case = Case {
     annotations: &[("gpushare.io/memory", "8Gi")],
     env: &[],
     names: &["no GPU can take", "free", "wanted"],
+    names_through_environment: Some(&[
+        "GPUSHARE_MEMORY=\"8Gi\"",
+        "requests.env_memory_ceiling",
+        "gpushare.io/memory annotation",
+        "runtime.profiles",
+    ]),
     arbiter_down: false,
 };
 
@@ -135,6 +156,7 @@ const ARBITER_DOWN: Case = Case {
         "control.sock does not exist",
         "is gpushare-arbiter running?",
     ],
+    names_through_environment: None,
     arbiter_down: true,
 };
 
@@ -142,6 +164,8 @@ const ARBITER_DOWN: Case = Case {
 struct Captured {
     case: &'static str,
     entry: &'static str,
+    /// Whether the entry point asked through variables alone.
+    through_environment: bool,
     command: String,
     message: String,
 }
@@ -153,6 +177,10 @@ trait EntryPoint: Sync {
     /// type it, and the message they see; None where this entry point has no way
     /// to make the mistake.
     fn attempt(&self, n: usize, case: &Case) -> Option<(String, String)>;
+    /// Whether this entry point can ask only through variables.
+    fn asks_through_environment(&self) -> bool {
+        false
+    }
 }
 
 /// Written in place of a message where the container ran: a fault, with the rest.
@@ -171,6 +199,9 @@ struct Docker(Dockerd);
 impl EntryPoint for Docker {
     fn name(&self) -> &'static str {
         "docker (gpushare-runc)"
+    }
+    fn asks_through_environment(&self) -> bool {
+        true
     }
     fn attempt(&self, _: usize, case: &Case) -> Option<(String, String)> {
         // dockerd 20.10 puts no annotations into the spec: its users ask with the
@@ -409,7 +440,11 @@ fn check(captured: &Captured, case: &Case) -> Vec<String> {
             faults.push(format!("Go format garbage {garbage:?}"));
         }
     }
-    for part in case.names {
+    let names = match case.names_through_environment {
+        Some(names) if captured.through_environment => names,
+        _ => case.names,
+    };
+    for part in names {
         if !message.contains(part) {
             faults.push(format!("does not say {part:?}"));
         }
@@ -461,6 +496,7 @@ fn run_phase(entries: &[&dyn EntryPoint], cases: &[&Case], first: usize) -> Vec<
                             Some(Captured {
                                 case: case.name,
                                 entry: entry.name(),
+                                through_environment: entry.asks_through_environment(),
                                 command,
                                 message,
                             })
@@ -498,6 +534,7 @@ fn gpusharectl(arbiter: &Arbiter, as_nobody: bool) -> Captured {
             "arbiter-down"
         },
         entry: "gpusharectl",
+        through_environment: false,
         command: format!(
             "{}gpusharectl status",
             if as_nobody { "(as nobody) " } else { "" }
@@ -512,6 +549,7 @@ const NOT_ROOT: Case = Case {
     annotations: &[],
     env: &[],
     names: &["permission denied on", "control.sock", "root"],
+    names_through_environment: None,
     arbiter_down: false,
 };
 
@@ -657,6 +695,7 @@ fn the_checks_catch_the_faults_the_review_found() {
             &Captured {
                 case: case.name,
                 entry: "test",
+                through_environment: false,
                 command: String::new(),
                 message: message.to_owned(),
             },
@@ -709,4 +748,31 @@ fn the_checks_catch_the_faults_the_review_found() {
         "ctr: failed to create shim task: gpushare: container c1: memory 64Gi per GPU is more \
                  than any candidate GPU has (16Gi at most): invalid argument";
     assert_eq!(faults(&LARGER_THAN_ANY_GPU, right), Vec::<String>::new());
+
+    // Through variables alone, the ceiling is the cause to name; elsewhere it
+    // would hide the placement's answer.
+    let ceiling = "docker: Error response from daemon: failed to create shim task: OCI runtime create \
+         failed: gpushare: invalid request GPUSHARE_MEMORY=\"64Gi\": the environment may ask for at \
+         most 25% of GPU memory on this node (requests.env_memory_ceiling); more comes only from the \
+         gpushare.io/memory annotation or a runtime profile the operator defined (runtime.profiles): unknown";
+    let through = |through_environment: bool| {
+        check(
+            &Captured {
+                case: LARGER_THAN_ANY_GPU.name,
+                entry: "test",
+                through_environment,
+                command: String::new(),
+                message: ceiling.to_owned(),
+            },
+            &LARGER_THAN_ANY_GPU,
+        )
+    };
+    assert_eq!(through(true), Vec::<String>::new());
+    assert!(
+        through(false)
+            .iter()
+            .any(|f| f.contains("more than any candidate GPU has")),
+        "{:#?}",
+        through(false)
+    );
 }
