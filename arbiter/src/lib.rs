@@ -18,6 +18,7 @@ pub mod inventory;
 pub mod lease_connection;
 pub mod ledger;
 pub mod metrics;
+pub mod peer_clock;
 pub mod placement;
 pub mod process;
 pub mod queue;

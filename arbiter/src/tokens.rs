@@ -33,6 +33,7 @@ use gpushare_proto::{
 
 use crate::connections::{ConnectionBudget, Permit};
 use crate::gpu_time::{HeldWindow, Hold, HoldRing};
+use crate::peer_clock::{self, ClockOffset};
 use crate::timeslice::{Action, ClientId, Event, TokenPolicy};
 
 /// Longest frame a token connection may send: `{"op":"release","again":false}` is 31
@@ -58,6 +59,8 @@ pub enum TokenError {
     Frame(#[from] FrameError),
     #[error("sending the token page: {0}")]
     Send(nix::Error),
+    #[error("reading the clock offset of token client pid {pid:?} (/proc/<pid>/timens_offsets): {source}")]
+    PeerClock { pid: Option<u32>, source: io::Error },
     #[error("a {0}-byte frame on a token connection (at most {MAX_TOKEN_FRAME})")]
     Oversized(usize),
     #[error("not a token request: {0}")]
@@ -72,6 +75,8 @@ pub use gpushare_types::monotonic_ns;
 /// The arbiter's writable mapping of one client's page.
 struct PageMapping {
     page: NonNull<TokenPage>,
+    /// The client's clock: every instant goes onto the page in it.
+    clock: ClockOffset,
 }
 
 // SAFETY: the mapping is only accessed through the page's atomics.
@@ -82,7 +87,7 @@ unsafe impl Sync for PageMapping {}
 impl PageMapping {
     /// A fresh memfd holding an initialised page, mapped writable here and sealed
     /// so that nobody else can ever map it writable or change its size.
-    fn create() -> Result<(PageMapping, OwnedFd), TokenError> {
+    fn create(clock: ClockOffset) -> Result<(PageMapping, OwnedFd), TokenError> {
         use nix::fcntl::{fcntl, FcntlArg, SealFlag};
         use nix::sys::memfd::{memfd_create, MFdFlags};
         use nix::sys::mman::{mmap, MapFlags, ProtFlags};
@@ -110,7 +115,7 @@ impl PageMapping {
         // SAFETY: the mapping is TOKEN_PAGE_SIZE bytes, page-aligned (≥ TokenPage's
         // 64-byte alignment), and nobody else can see it yet.
         unsafe { page.as_ptr().write(TokenPage::new()) };
-        let mapping = PageMapping { page };
+        let mapping = PageMapping { page, clock };
         // FUTURE_WRITE (Linux 5.1) forbids new writable mappings and write(2), while
         // ours stays writable: the client can then only map the page read-only.
         let sealed = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
@@ -152,14 +157,15 @@ impl PageMapping {
             } => {
                 // Order per token.rs: limits, then the deadline, then seq.
                 page.launch_ahead.store(launch_ahead, Ordering::Relaxed);
-                page.deadline_ns.store(deadline_ns, Ordering::Release);
+                page.deadline_ns
+                    .store(self.clock.to_client(deadline_ns), Ordering::Release);
                 page.grants.fetch_add(1, Ordering::Release);
             }
             Action::Revoke { .. } => page.deadline_ns.store(NOT_HELD, Ordering::Release),
             Action::SetLaunchAhead { n, .. } => page.launch_ahead.store(n, Ordering::Release),
-            Action::SetFitBy { fit_by_ns, .. } => {
-                page.fit_by_ns.store(fit_by_ns, Ordering::Release)
-            }
+            Action::SetFitBy { fit_by_ns, .. } => page
+                .fit_by_ns
+                .store(self.clock.to_client(fit_by_ns), Ordering::Release),
             Action::Overdue { .. } | Action::Overrun { .. } | Action::Recovered { .. } => {
                 return false
             }
@@ -324,9 +330,25 @@ impl GpuToken {
                     let page = registered.page.page();
                     page.deadline_ns.store(NOT_HELD, Ordering::Release);
                 }
-                state.end_hold(client, now);
             }
             let actions = state.policy.handle(now, event);
+            if let Event::Release { client, .. } = event {
+                // Ended before this step's actions, so that a grant in it (again =
+                // true) starts a new hold; an overrun judged at this release splits
+                // the hold that ends here.
+                let overran_from = actions.iter().find_map(|a| match *a {
+                    Action::Overrun {
+                        client: c, from_ns, ..
+                    } if c == client => Some(from_ns),
+                    _ => None,
+                });
+                if let (Some(from), Some(registered)) =
+                    (overran_from, state.clients.get_mut(&client))
+                {
+                    registered.overrun_from = Some(from);
+                }
+                state.end_hold(client, now);
+            }
             for action in &actions {
                 self.apply(&mut state, action, &mut wakes);
             }
@@ -379,7 +401,13 @@ impl GpuToken {
             }
         }
         if let Action::Overrun { from_ns, .. } = *action {
-            if let Some(registered) = state.clients.get_mut(&client) {
+            // Splits the hold still open (a drain past the grace, or a client that
+            // went); a hold its release already ended was split there.
+            if let Some(registered) = state
+                .clients
+                .get_mut(&client)
+                .filter(|r| r.held_since.is_some())
+            {
                 registered.overrun_from = Some(from_ns);
             }
             if let Some(registered) = state.clients.get(&client) {
@@ -403,7 +431,7 @@ impl GpuToken {
                 tracing::warn!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, "token client overdue: revoked and not released within scheduler.revoke_grace_ms; no longer waited for (a long kernel or CUDA graph is still draining, or its agent is stuck)");
             }
             Action::Overrun { .. } => {
-                tracing::warn!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, "token client overran: revoked while a high-priority job is active and still running after scheduler.revoke_grace_ms; its lease gets no admission window for scheduler.overrun_penalty_ms (a launch its interposer had never measured, a new process, or launches past the gate)");
+                tracing::warn!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, "token client overran: revoked while a high-priority job is active and still running after scheduler.revoke_grace_ms, or past its admission window by more than scheduler.window_overrun_grace_ms; its lease gets no admission window for scheduler.overrun_penalty_ms (a launch its interposer had never measured, a new process, or launches past the gate)");
             }
             Action::Recovered { drained_ns, .. } => {
                 tracing::info!(gpu = %self.gpu, lease = %registered.lease, pid = ?registered.pid, drained_ms = drained_ns / 1_000_000, "overdue token client released; scheduled as usual again");
@@ -1096,16 +1124,24 @@ impl TokenService {
         permit: Permit,
     ) -> Result<(), TokenError> {
         stream.set_nonblocking(true)?;
-        let (page, fd) = match PageMapping::create() {
+        let refuse = |e: TokenError| {
+            let refusal = LeaseResponse::Error {
+                kind: ErrorKind::Internal,
+                message: format!("{e}; the client runs ungated"),
+            };
+            let _ = frame::write_message(&mut &stream, &refusal);
+            Err(e)
+        };
+        let clock = match pid.map(peer_clock::offset_of).transpose() {
+            Ok(offset) => offset.unwrap_or_default(),
+            Err(source) => return refuse(TokenError::PeerClock { pid, source }),
+        };
+        if clock != ClockOffset::default() {
+            tracing::info!(lease = %lease.lease, ?pid, offset_ns = clock.0, "token client in a time namespace of its own: its page's instants are written in its clock");
+        }
+        let (page, fd) = match PageMapping::create(clock) {
             Ok(created) => created,
-            Err(e) => {
-                let refusal = LeaseResponse::Error {
-                    kind: ErrorKind::Internal,
-                    message: format!("{e}; the client runs ungated"),
-                };
-                let _ = frame::write_message(&mut &stream, &refusal);
-                return Err(e);
-            }
+            Err(e) => return refuse(e),
         };
         let client = self.next_client.fetch_add(1, Ordering::Relaxed);
         let gpu = self.gpu(&lease.gpu);
@@ -1257,7 +1293,7 @@ mod tests {
 
     #[test]
     fn a_page_is_initialised_and_sealed_against_writable_mappings() {
-        let (mapping, fd) = PageMapping::create().unwrap();
+        let (mapping, fd) = PageMapping::create(ClockOffset::default()).unwrap();
         assert_eq!(
             mapping.page().magic.load(Ordering::Relaxed),
             gpushare_proto::token::TOKEN_PAGE_MAGIC
@@ -1296,6 +1332,43 @@ mod tests {
         mapping.cut_off();
         assert_eq!(page.deadline_ns.load(Ordering::Acquire), NOT_HELD);
         assert_eq!(page.flags.load(Ordering::Relaxed), FLAG_CUT_OFF);
+    }
+
+    /// A client whose clock runs ten minutes behind reads its deadline and window in
+    /// its own clock: as long as they are on the arbiter's.
+    #[test]
+    fn a_shifted_clients_page_shows_instants_in_its_own_clock() {
+        const BEHIND: i64 = -600_000_000_000;
+        let (mapping, _fd) = PageMapping::create(ClockOffset(BEHIND)).unwrap();
+        let page = mapping.page();
+        let at = 700_000_000_000;
+        mapping.apply(&Action::SetFitBy {
+            client: 1,
+            fit_by_ns: at + 5_000_000,
+        });
+        mapping.apply(&Action::Grant {
+            client: 1,
+            deadline_ns: at + 20_000_000,
+            launch_ahead: 1,
+        });
+        assert_eq!(
+            page.deadline_ns.load(Ordering::Acquire),
+            100_000_000_000 + 20_000_000
+        );
+        assert_eq!(
+            page.fit_by_ns.load(Ordering::Acquire),
+            100_000_000_000 + 5_000_000
+        );
+        mapping.apply(&Action::SetFitBy {
+            client: 1,
+            fit_by_ns: gpushare_proto::token::FIT_UNBOUNDED,
+        });
+        assert_eq!(
+            page.fit_by_ns.load(Ordering::Acquire),
+            gpushare_proto::token::FIT_UNBOUNDED
+        );
+        mapping.apply(&Action::Revoke { client: 1 });
+        assert_eq!(page.deadline_ns.load(Ordering::Acquire), NOT_HELD);
     }
 
     /// A connection as the I/O thread holds it, with the peer's end.
