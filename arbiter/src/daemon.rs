@@ -428,6 +428,7 @@ mod tests {
             ("scheduler.revoke_grace_ms", restart),
             ("scheduler.slice_ms", restart),
             ("scheduler.window_ms", restart),
+            ("scheduler.window_overrun_grace_ms", restart),
         ];
         let keys: Vec<String> = keys::settings(&every).into_keys().collect();
         let listed: Vec<&str> = expected.iter().map(|(k, _)| *k).collect();

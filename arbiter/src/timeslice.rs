@@ -62,7 +62,12 @@
 //!   the arbiter's clock: the drain's end is its release or nothing) and its *lease*
 //!   — every client of it, present and future — is granted only while no high client
 //!   is active, for `overrun_penalty`. Keyed by lease, not connection: a container
-//!   that starts a new process per kernel inherits the record.
+//!   that starts a new process per kernel inherits the record. A revoked holder that
+//!   had an admission window and whose drain ends (release or departure) more than
+//!   `window_overrun_grace` after the later of the window's end and its revocation
+//!   overran the same way: an honest interposer admits only what it measured to fit,
+//!   so the grace cannot see a blind 200 ms kernel or work admitted against a clock
+//!   of its own, but the window's end can.
 //! * Leave (death, disconnect) loses the token at once; it passes on in the same step.
 //! * `round-robin` (a baseline): no priority, FIFO order of wanting, fixed `slice`,
 //!   no launch-ahead bound, no limits.
@@ -200,6 +205,7 @@ struct Settings {
     admit_by_duration: bool,
     risk_percent: u32,
     overrun_penalty: u64,
+    window_overrun_grace: u64,
 }
 
 #[derive(Debug)]
@@ -218,6 +224,8 @@ struct Client {
     revoked_at: Option<u64>,
     /// Revoked, past the grace period and not released yet: no longer waited for.
     overdue: bool,
+    /// This drain was already reported as an overrun (once per revocation).
+    drain_overran: bool,
     /// The latest `Want` or `Release` (high priority: what makes it active).
     last_active: Option<u64>,
     /// Moving average of the bursts that ended with a release (ns).
@@ -333,6 +341,7 @@ impl TokenPolicy {
                 admit_by_duration: config.admit_by_duration,
                 risk_percent: config.high_return_risk_percent,
                 overrun_penalty: config.overrun_penalty_ms.saturating_mul(MS),
+                window_overrun_grace: config.window_overrun_grace_ms.saturating_mul(MS),
             },
             clients: BTreeMap::new(),
             holder: None,
@@ -448,7 +457,7 @@ impl TokenPolicy {
             } => self.join(now, client, lease, priority, request, limit),
             Event::Want { client } => self.want(now, client, &mut actions),
             Event::Release { client, again } => self.release(now, client, again, &mut actions),
-            Event::Leave { client } => self.leave(now, client),
+            Event::Leave { client } => self.leave(now, client, &mut actions),
             Event::Need { client, need_ns } => {
                 if let Some(c) = self.clients.get_mut(&client) {
                     c.need_ns = need_ns;
@@ -558,6 +567,7 @@ impl TokenPolicy {
                 held_since: None,
                 revoked_at: None,
                 overdue: false,
+                drain_overran: false,
                 // Joining is not activity: a registered high client bounds nobody
                 // until it wants the GPU.
                 last_active: None,
@@ -625,7 +635,35 @@ impl TokenPolicy {
         }
     }
 
+    /// A revoked client's drain ended (it released, or went): work it ran past the
+    /// window it was given is the high job's time, on the arbiter's clock (its
+    /// revocation, its window, now), whatever its interposer believed about its
+    /// kernels or its clock.
+    fn judge_drain_end(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
+        let grace = self.settings.window_overrun_grace;
+        let Some(client) = self.clients.get_mut(&id) else {
+            return;
+        };
+        let late_from = client.revoked_at.and_then(|revoked_at| {
+            let window_end = client.page_fit_by;
+            let from = window_end.max(revoked_at).saturating_add(grace);
+            (window_end != FIT_UNBOUNDED && !client.drain_overran && now > from).then_some(from)
+        });
+        client.drain_overran = false;
+        if let Some(from_ns) = late_from {
+            let lease = client.lease;
+            self.overruns += 1;
+            actions.push(Action::Overrun {
+                client: id,
+                lease,
+                from_ns,
+            });
+            penalize(&mut self.penalties, &self.settings, lease, now);
+        }
+    }
+
     fn release(&mut self, now: u64, id: ClientId, again: bool, actions: &mut Vec<Action>) {
+        self.judge_drain_end(now, id, actions);
         let was_high_holder = self.high_holders.remove(&id);
         let was_holder = self.holder.is_some_and(|h| h.client == id);
         if was_holder {
@@ -668,7 +706,9 @@ impl TokenPolicy {
         }
     }
 
-    fn leave(&mut self, now: u64, id: ClientId) {
+    fn leave(&mut self, now: u64, id: ClientId, actions: &mut Vec<Action>) {
+        // A process that exits with its drain is judged like one that released.
+        self.judge_drain_end(now, id, actions);
         let was_high_holder = self.high_holders.remove(&id);
         if self.holder.is_some_and(|h| h.client == id) {
             self.holder = None;
@@ -830,18 +870,15 @@ impl TokenPolicy {
                 client.overdue = true;
                 self.overdue_total += 1;
                 actions.push(Action::Overdue { client: id });
-                if high_active {
+                if high_active && !client.drain_overran {
+                    client.drain_overran = true;
                     self.overruns += 1;
                     actions.push(Action::Overrun {
                         client: id,
                         lease: client.lease,
                         from_ns: grace_ends,
                     });
-                    if self.settings.overrun_penalty > 0 {
-                        let until = now.saturating_add(self.settings.overrun_penalty);
-                        let entry = self.penalties.entry(client.lease).or_insert(until);
-                        *entry = (*entry).max(until);
-                    }
+                    penalize(&mut self.penalties, &self.settings, client.lease, now);
                 }
             }
         }
@@ -938,6 +975,21 @@ impl TokenPolicy {
         }
         let missing = min_slice as f64 - client.credit_at(now);
         Some(now.saturating_add((missing / client.limit).ceil() as u64))
+    }
+}
+
+/// `lease` gets no grant while a high client is active until `overrun_penalty` from
+/// `now` (a later penalty never shortens an earlier one).
+fn penalize(
+    penalties: &mut BTreeMap<LeaseKey, u64>,
+    settings: &Settings,
+    lease: LeaseKey,
+    now: u64,
+) {
+    if settings.overrun_penalty > 0 {
+        let until = now.saturating_add(settings.overrun_penalty);
+        let entry = penalties.entry(lease).or_insert(until);
+        *entry = (*entry).max(until);
     }
 }
 
@@ -1623,6 +1675,80 @@ mod tests {
             ),
             (601, want(3), &[]),
         ]
+    }
+
+    /// Window 13..16, revoked at 15 for the high job: a release is judged against
+    /// the window's end plus `window_overrun_grace` (10 ms), on the arbiter's clock.
+    #[test]
+    fn a_release_past_its_window_beside_an_active_high_job_is_an_overrun_of_its_lease() {
+        // (release at ms, overrun reported from ms): an honest drain ends inside its
+        // window or within the grace after it; a blind 400 ms kernel, or one launched
+        // into the window by a clock that called the window long, does not.
+        let table: &[(u64, Option<u64>)] = &[
+            (15, None),
+            (16, None),
+            (26, None),
+            (27, Some(26)),
+            (35, Some(26)),
+            (413, Some(26)),
+        ];
+        // A process that exits with its drain (the connection closes) is judged alike.
+        let ends = [release(1, false), Event::Leave { client: 1 }];
+        for (&(release_ms, overrun_from), end) in table
+            .iter()
+            .flat_map(|row| ends.iter().map(move |end| (row, *end)))
+        {
+            let mut policy = overrun_setup(&SchedulerConfig::default());
+            let actions = policy.handle(release_ms * MS, end);
+            let want: Vec<Action> = overrun_from
+                .map(|from| overrun(1, 1, from))
+                .into_iter()
+                .collect();
+            assert_eq!(actions, want, "{end:?} at {release_ms} ms");
+            let snapshot = policy.snapshot();
+            assert_eq!(
+                (snapshot.overruns, snapshot.penalized.len()),
+                (
+                    u64::from(overrun_from.is_some()),
+                    usize::from(overrun_from.is_some())
+                ),
+                "released at {release_ms} ms"
+            );
+        }
+    }
+
+    #[test]
+    fn a_late_release_is_not_judged_without_a_window_and_an_overdue_overrun_is_reported_once() {
+        // No window on the page (the high job's rhythm was unknown): only the grace
+        // judges, as before windows.
+        let mut policy = TokenPolicy::new(&SchedulerConfig::default());
+        run_rows(
+            &mut policy,
+            &[
+                (0, join(1, LOW), &[]),
+                (0, join(2, HIGH), &[]),
+                (0, want(1), &[grant(1, 0, 200, 0)]),
+                (1, want(2), &[Revoke { client: 1 }, high_grant(2)]),
+                (100, release(1, false), &[]),
+            ],
+            true,
+        );
+        assert_eq!(policy.snapshot().overruns, 0);
+        // Past the grace and then released: reported when the grace ended, not again
+        // at the release.
+        let mut policy = overrun_setup(&SchedulerConfig::default());
+        assert_eq!(
+            policy.handle(515 * MS, Event::Tick),
+            [Overdue { client: 1 }, overrun(1, 1, 515)]
+        );
+        assert_eq!(
+            policy.handle(600 * MS, release(1, false)),
+            [Recovered {
+                client: 1,
+                drained_ns: 585 * MS,
+            }]
+        );
+        assert_eq!(policy.snapshot().overruns, 1);
     }
 
     #[test]

@@ -752,6 +752,16 @@ pub struct SchedulerConfig {
     /// iterations, so a lease that overruns every time it is admitted gets a window at
     /// most once per penalty. 0: report only.
     pub overrun_penalty_ms: u64,
+    /// A low-priority holder given an admission window, revoked beside an active
+    /// high-priority job, whose release comes more than this long after the later of
+    /// its window's end and its revocation also overran (reported and penalised as
+    /// above): it ran work past the window its interposer was told to fit, which an
+    /// honest interposer does only by an estimate's error and the release's own
+    /// latency. This catches what the grace is too long to see: one blind 400 ms
+    /// kernel per fresh process, or a clock that says every window is long. 10 ms: a
+    /// few kernels' worth of estimate error and a release delayed by a busy machine's
+    /// scheduler; a 20 ms kernel launched into a 5 ms gap is past it.
+    pub window_overrun_grace_ms: u64,
     /// Duration-aware admission (issue 14): while a high-priority client is active, a
     /// low-priority holder submits a launch only if the interposer's estimate of how
     /// long it will occupy the GPU ends before the high-priority job is expected back
@@ -788,6 +798,7 @@ impl Default for SchedulerConfig {
             high_active_ms: 500,
             revoke_grace_ms: 500,
             overrun_penalty_ms: 10_000,
+            window_overrun_grace_ms: 10,
             admit_by_duration: true,
             high_return_risk_percent: 10,
             high_on_arbiter_loss: LossPolicy::Run,
@@ -814,6 +825,11 @@ impl SchedulerConfig {
             ("scheduler.window_ms", self.window_ms, HOUR_MS),
             ("scheduler.revoke_grace_ms", self.revoke_grace_ms, HOUR_MS),
             ("scheduler.high_active_ms", self.high_active_ms, HOUR_MS),
+            (
+                "scheduler.window_overrun_grace_ms",
+                self.window_overrun_grace_ms,
+                HOUR_MS,
+            ),
         ] {
             check_duration(problems, key, value, 1, max);
         }
@@ -1228,6 +1244,7 @@ mod tests {
             high_active_ms: 3,
             revoke_grace_ms: HOUR_MS,
             overrun_penalty_ms: 0,
+            window_overrun_grace_ms: 3,
             admit_by_duration: false,
             high_return_risk_percent: 100,
             high_on_arbiter_loss: LossPolicy::Wait,
@@ -1300,7 +1317,8 @@ mod tests {
             "[scheduler]\npolicy = \"round-robin\"\nslice_ms = 10\nmin_slice_ms = 1\nmax_slice_ms = 100\n\
              idle_us = 500\nlaunch_ahead = 8\nlaunch_ahead_with_high = 2\nwindow_ms = 1000\n\
              revoke_grace_ms = 50\nhigh_active_ms = 250\nhigh_on_arbiter_loss = \"wait\"\nlow_on_arbiter_loss = \"run\"\n\
-             admit_by_duration = false\nhigh_return_risk_percent = 25\noverrun_penalty_ms = 0\n",
+             admit_by_duration = false\nhigh_return_risk_percent = 25\noverrun_penalty_ms = 0\n\
+             window_overrun_grace_ms = 4\n",
         )
         .unwrap();
         let s = &config.scheduler;
@@ -1319,6 +1337,7 @@ mod tests {
             (false, 25)
         );
         assert_eq!(s.overrun_penalty_ms, 0);
+        assert_eq!(s.window_overrun_grace_ms, 4);
         assert_eq!(
             s.on_arbiter_loss(gpushare_types::Priority::High),
             LossPolicy::Wait
