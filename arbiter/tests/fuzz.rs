@@ -7,10 +7,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use common::*;
-use gpushare_proto::{frame, LeaseClient, LeaseRequest, Priority, PROTOCOL_VERSION};
+use gpushare_proto::token::{FitCounts, NOT_HELD};
+use gpushare_proto::token_client::TokenConnection;
+use gpushare_proto::{frame, LeaseClient, LeaseRequest, Priority, TokenRequest, PROTOCOL_VERSION};
 use proptest::prelude::*;
 
 fn hostile_stream() -> impl Strategy<Value = Vec<u8>> {
@@ -88,5 +91,71 @@ fn random_streams_close_only_their_connection() {
     assert_eq!(
         tenant.borrow_mut().query().unwrap().memory_used,
         charged.get()
+    );
+}
+
+// ----- token connections -----
+
+const T: Duration = Duration::from_secs(10);
+
+fn token_client(d: &Arbiter, container: &str, priority: Priority) -> TokenConnection {
+    let mut c = d.client();
+    let lease = c.reserve(request(container, "1Gi", priority)).unwrap();
+    confirm_here(&mut c, container);
+    TokenConnection::open(&d.lease_socket(&lease.id.0), T).unwrap()
+}
+
+fn granted(c: &TokenConnection) -> bool {
+    c.page().deadline_ns.load(Ordering::Acquire) != NOT_HELD
+}
+
+/// Waits on the page (futex) until `c` holds the token; panics after `T`.
+fn wait_granted(c: &TokenConnection, what: &str) {
+    let start = Instant::now();
+    loop {
+        let seen = c.page().seq.load(Ordering::Acquire);
+        if granted(c) {
+            return;
+        }
+        assert!(start.elapsed() < T, "timed out waiting for {what}");
+        c.wait_for_change(seen, Duration::from_millis(20));
+    }
+}
+
+/// The token moves between two honest clients: `a` takes it, `b` waits, `a` gives it
+/// back, `b` is granted.
+fn token_moves(a: &TokenConnection, b: &TokenConnection) {
+    a.send(TokenRequest::Want).unwrap();
+    wait_granted(a, "the first honest client's grant");
+    b.send(TokenRequest::Want).unwrap();
+    a.send(TokenRequest::Release { again: false }).unwrap();
+    wait_granted(b, "the second honest client's grant after the first released");
+    b.send(TokenRequest::Release { again: false }).unwrap();
+}
+
+fn fit(fitted: u64) -> TokenRequest {
+    TokenRequest::Fit {
+        need_ns: 0,
+        counts: FitCounts {
+            fitted,
+            ..FitCounts::default()
+        },
+    }
+}
+
+#[test]
+fn admission_counts_that_overflow_the_gpus_total_do_not_stop_its_token() {
+    let d = daemon(1, "16Gi").start();
+    let a = token_client(&d, "a", Priority::Low);
+    let b = token_client(&d, "b", Priority::Low);
+    // Each count is cumulative per connection; summed over both they pass u64::MAX.
+    a.send(fit(1)).unwrap();
+    b.send(fit(u64::MAX)).unwrap();
+    token_moves(&a, &b);
+    let status = d.client().status().unwrap();
+    assert_eq!(
+        status.tokens[0].admission.launches.fitted,
+        u64::MAX,
+        "the GPU's total saturates"
     );
 }
