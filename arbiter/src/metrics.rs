@@ -56,7 +56,10 @@ pub fn health_of(exposition: &str) -> Result<(), String> {
     // Labelled per GPU: any GPU's series at 1.
     let token_thread_failed = exposition.lines().any(|l| {
         l.starts_with("gpushare_token_thread_failed{")
-            && l.rsplit(' ').next().and_then(|v| v.trim().parse::<f64>().ok()) > Some(0.0)
+            && l.rsplit(' ')
+                .next()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                > Some(0.0)
     });
     if token_thread_failed {
         return Err("token_thread_failed: a GPU's time-slice token thread panicked within the last minute and was restarted (see the arbiter's log)".into());

