@@ -55,6 +55,17 @@ pub fn health_of(exposition: &str) -> Result<(), String> {
             "store_failure: the lease store cannot be written (see gpusharectl status)".into(),
         );
     }
+    // Labelled per GPU: any GPU's series at 1.
+    let token_thread_failed = exposition.lines().any(|l| {
+        l.starts_with("gpushare_token_thread_failed{")
+            && l.rsplit(' ')
+                .next()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                > Some(0.0)
+    });
+    if token_thread_failed {
+        return Err("token_thread_failed: a GPU's time-slice token thread panicked within the last minute and was restarted (see the arbiter's log)".into());
+    }
     match value("gpushare_last_sample_age_seconds") {
         Some(age) if age * 1000.0 > SAMPLE_STALL_MS as f64 => Err(format!(
             "sampling_stalled: no GPU sample for {age:.0} s (the sampling loop is stuck, or NVML fails for every GPU)"
@@ -658,7 +669,7 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
         Gauge,
     }
     use Kind::{Counter, Gauge};
-    let families: [(&str, Kind, &str, Field); 16] = [
+    let families: [(&str, Kind, &str, Field); 18] = [
         (
             "gpushare_token_grants_total",
             Counter,
@@ -688,6 +699,18 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
             Counter,
             "Always 0 (kept for compatibility): nobody is cut off for a slow drain; see gpushare_token_overdue_total.",
             |t| t.cut_offs,
+        ),
+        (
+            "gpushare_token_thread_restarts_total",
+            Counter,
+            "Times one of the GPU's token threads failed (panicked) and was restarted.",
+            |t| t.thread_restarts,
+        ),
+        (
+            "gpushare_token_thread_failed",
+            Gauge,
+            "1 while a token thread of the GPU failed within the last minute (/healthz fails meanwhile).",
+            |t| u64::from(t.thread_failed_recently),
         ),
         (
             "gpushare_token_clients",
@@ -740,13 +763,13 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
         (
             "gpushare_admission_measured_overruns_total",
             Counter,
-            "Low-priority holders revoked beside an active high-priority job and still running after scheduler.revoke_grace_ms, on the arbiter's clock.",
+            "Low-priority holders revoked beside an active high-priority job and still running after scheduler.revoke_grace_ms, or past their admission window by more than scheduler.window_overrun_grace_ms, on the arbiter's clock.",
             |t| t.admission.measured_overruns,
         ),
         (
             "gpushare_admission_measured_overrun_milliseconds_total",
             Counter,
-            "Their GPU time past the grace, in milliseconds (ended drains).",
+            "Their GPU time past the grace or the window, in milliseconds (ended drains).",
             |t| t.admission.measured_overrun_ms,
         ),
         (
@@ -938,6 +961,14 @@ mod tests {
             (
                 "gpushare_store_failing 0\ngpushare_last_sample_age_seconds 31\n",
                 Err("sampling_stalled"),
+            ),
+            (
+                "gpushare_token_thread_failed{gpu=\"GPU-0\"} 0\ngpushare_token_thread_failed{gpu=\"GPU-1\"} 0\n",
+                Ok(()),
+            ),
+            (
+                "gpushare_token_thread_failed{gpu=\"GPU-0\"} 0\ngpushare_token_thread_failed{gpu=\"GPU-1\"} 1\n",
+                Err("token_thread_failed"),
             ),
         ] {
             let got = health_of(exposition);

@@ -266,6 +266,8 @@ struct GpuToken {
     timer: Condvar,
     /// Hands new connections to the GPU's I/O thread.
     io: IoHandoff,
+    /// Its timer and I/O threads' failures (panics), each followed by a restart.
+    restarts: ThreadRestarts,
 }
 
 impl GpuState {
@@ -440,7 +442,15 @@ impl GpuToken {
         }
     }
 
+    /// The GPU's timer thread; a panic in a policy step restarts it.
     fn run_timer(&self) {
+        while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve_timer())).is_err()
+        {
+            self.restarts.failed(&self.gpu, "token-timer");
+        }
+    }
+
+    fn serve_timer(&self) {
         loop {
             let mut state = self.lock();
             let now = monotonic_ns();
@@ -495,6 +505,8 @@ impl GpuToken {
             cut_offs: 0,
             overdue: snapshot.overdue_total,
             overdue_clients: describe(&snapshot.overdue),
+            thread_restarts: self.restarts.count.load(Ordering::Relaxed),
+            thread_failed_recently: self.restarts.recent(monotonic_ns()),
             admission: AdmissionStatus {
                 windows: snapshot.windows,
                 early_returns: snapshot.early_returns,
@@ -536,7 +548,11 @@ impl GpuToken {
             return;
         };
         let before = registered.fit;
-        let grow = |total: &mut u64, now: u64, was: u64| *total += now.saturating_sub(was);
+        // The counts are the client's word: a total saturates rather than overflows
+        // (a panic here would stop the GPU's token for everyone).
+        let grow = |total: &mut u64, now: u64, was: u64| {
+            *total = total.saturating_add(now.saturating_sub(was));
+        };
         grow(&mut fit_totals.fitted, counts.fitted, before.fitted);
         grow(
             &mut fit_totals.unestimated,
@@ -559,6 +575,40 @@ impl GpuToken {
 }
 
 // ----- the GPU's I/O thread -----
+
+/// What the I/O thread keeps across a restart: its epoll set and connections, and
+/// which connection it was serving (the one a panic is blamed on).
+struct IoLoop {
+    poll: mio::Poll,
+    connections: HashMap<ClientId, Connection>,
+    serving: Option<ClientId>,
+}
+
+/// How long after a token thread's failure the arbiter reports itself unhealthy.
+pub const THREAD_FAILURE_SHOWN_NS: u64 = 60 * 1_000_000_000;
+
+/// A GPU's token thread failures: counted, and the latest one's time.
+#[derive(Default)]
+struct ThreadRestarts {
+    count: AtomicU64,
+    /// CLOCK_MONOTONIC of the latest failure; 0: none yet.
+    latest_ns: AtomicU64,
+}
+
+impl ThreadRestarts {
+    fn failed(&self, gpu: &str, thread: &str) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.latest_ns
+            .store(monotonic_ns().max(1), Ordering::Relaxed);
+        tracing::error!(gpu = %gpu, thread, "a token thread failed (panicked) and was restarted; its clients go on being scheduled, the connection it was serving was dropped");
+    }
+
+    /// Whether a failure happened within [`THREAD_FAILURE_SHOWN_NS`] of `now`.
+    fn recent(&self, now: u64) -> bool {
+        let latest = self.latest_ns.load(Ordering::Relaxed);
+        latest != 0 && now.saturating_sub(latest) < THREAD_FAILURE_SHOWN_NS
+    }
+}
 
 /// The waker's token; clients' tokens are their ids, which start at 1.
 const WAKE: mio::Token = mio::Token(0);
@@ -673,10 +723,50 @@ fn frame_length(bytes: &[u8]) -> Result<Option<usize>, TokenError> {
 }
 
 impl GpuToken {
-    /// The GPU's I/O thread: every token connection of the GPU, on one epoll set.
-    fn run_io(&self, mut poll: mio::Poll) {
+    /// The GPU's I/O thread: every token connection of the GPU, on one epoll set. A
+    /// panic while serving one connection drops that connection (its token is lost, as
+    /// at its death) and the loop starts again with every other connection still
+    /// registered, so their clients go on being granted.
+    fn run_io(&self, poll: mio::Poll) {
+        let mut io = IoLoop {
+            poll,
+            connections: HashMap::new(),
+            serving: None,
+        };
+        let mut restarted = false;
+        while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if restarted {
+                self.recover_io(&mut io);
+            }
+            self.serve_io(&mut io)
+        }))
+        .is_err()
+        {
+            self.restarts.failed(&self.gpu, "token-io");
+            restarted = true;
+        }
+    }
+
+    /// After a failure: the connection being served is dropped, and whatever the
+    /// failed step left undone (a grant, a wake) is decided again.
+    fn recover_io(&self, io: &mut IoLoop) {
+        if let Some(client) = io.serving.take() {
+            if let Some(connection) = io.connections.remove(&client) {
+                let fd = connection.fd();
+                let _ = io.poll.registry().deregister(&mut mio::unix::SourceFd(&fd));
+            }
+            self.leave(client, None);
+        }
+        self.handle(Event::Tick);
+    }
+
+    fn serve_io(&self, io: &mut IoLoop) {
+        let IoLoop {
+            poll,
+            connections,
+            serving,
+        } = io;
         let mut events = mio::Events::with_capacity(256);
-        let mut connections: HashMap<ClientId, Connection> = HashMap::new();
         loop {
             if let Err(e) = poll.poll(&mut events, None) {
                 if e.kind() != io::ErrorKind::Interrupted {
@@ -713,6 +803,7 @@ impl GpuToken {
                 let Some(connection) = connections.get_mut(&client) else {
                     continue;
                 };
+                *serving = Some(client);
                 let pumped = connection.pump(|request| {
                     let event = match request {
                         TokenRequest::Want => Event::Want { client },
@@ -731,6 +822,7 @@ impl GpuToken {
                     }
                     self.leave(client, Some(e));
                 }
+                *serving = None;
             }
         }
     }
@@ -1091,6 +1183,7 @@ impl TokenService {
             }),
             timer: Condvar::new(),
             io,
+            restarts: ThreadRestarts::default(),
         });
         let timer = gpu.clone();
         std::thread::Builder::new()

@@ -447,6 +447,12 @@ pub struct TokenStatus {
     /// Duration-aware admission on this GPU (totals since the arbiter started).
     #[serde(default)]
     pub admission: AdmissionStatus,
+    /// Times one of this GPU's token threads failed (panicked) and was restarted.
+    #[serde(default)]
+    pub thread_restarts: u64,
+    /// A token thread of this GPU failed within the last minute: `/healthz` fails.
+    #[serde(default)]
+    pub thread_failed_recently: bool,
 }
 
 /// What duration-aware admission did on one GPU: the arbiter's side (windows, the
