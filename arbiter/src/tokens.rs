@@ -318,6 +318,8 @@ impl GpuToken {
     /// One policy step and its page changes. Wakes happen after the lock is dropped,
     /// so the woken client's first frame does not find the lock still held.
     fn handle(&self, event: Event) {
+        #[cfg(test)]
+        tests::maybe_inject_panic(&event);
         let mut wakes: Vec<Arc<PageMapping>> = Vec::new();
         let notify_timer;
         let reports;
@@ -1462,6 +1464,103 @@ mod tests {
         );
         mapping.apply(&Action::Revoke { client: 1 });
         assert_eq!(page.deadline_ns.load(Ordering::Acquire), NOT_HELD);
+    }
+
+    /// A client whose `Release` makes the policy step panic (0: none): stands in for
+    /// a bug no socket can reach, to show what a failed token thread does.
+    static PANIC_AT_RELEASE_OF: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) fn maybe_inject_panic(event: &Event) {
+        if let Event::Release { client, .. } = *event {
+            if PANIC_AT_RELEASE_OF
+                .compare_exchange(client, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                panic!("injected: a policy step fails while serving client {client}");
+            }
+        }
+    }
+
+    /// A token client of `service` on `lease`, through a lease socket's opening (as
+    /// `lease_connection` serves it) on a socket in `dir`.
+    fn token_client(
+        service: &Arc<TokenService>,
+        dir: &std::path::Path,
+        lease: &str,
+    ) -> gpushare_proto::token_client::TokenConnection {
+        let path = dir.join(format!("{lease}.sock"));
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let served = service.clone();
+        let lease = TokenLease {
+            lease: LeaseId(lease.into()),
+            gpu: "GPU-0".into(),
+            priority: Priority::Low,
+            request: 0.0,
+            limit: 1.0,
+        };
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let hello: gpushare_proto::LeaseRequest = frame::read_message(&mut stream).unwrap();
+            assert!(matches!(hello, gpushare_proto::LeaseRequest::Hello { .. }));
+            let answer = LeaseResponse::Hello {
+                protocol: gpushare_proto::PROTOCOL_VERSION,
+            };
+            frame::write_message(&mut stream, &answer).unwrap();
+            let schedule: gpushare_proto::LeaseRequest = frame::read_message(&mut stream).unwrap();
+            assert_eq!(schedule, gpushare_proto::LeaseRequest::Schedule);
+            let permit = served.budget().admit(&lease.lease).unwrap();
+            served.serve(stream, lease, None, permit);
+        });
+        let client =
+            gpushare_proto::token_client::TokenConnection::open(&path, Duration::from_secs(10))
+                .unwrap();
+        server.join().unwrap();
+        client
+    }
+
+    fn wait_for(what: &str, done: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// A panic in the GPU's I/O thread drops only the connection it was serving; the
+    /// thread starts again, the other clients are granted as before, and the failure
+    /// shows in status (and so in the metrics and `/healthz`).
+    #[test]
+    fn a_token_thread_that_fails_is_restarted_and_shown_and_the_others_are_granted() {
+        let dir = tempfile::tempdir().unwrap();
+        let service = TokenService::new(SchedulerConfig::default());
+        let a = token_client(&service, dir.path(), "a");
+        let b = token_client(&service, dir.path(), "b");
+        let held = |c: &gpushare_proto::token_client::TokenConnection| {
+            c.page().deadline_ns.load(Ordering::Acquire) != NOT_HELD
+        };
+        a.send(TokenRequest::Want).unwrap();
+        wait_for("a's grant", || held(&a));
+        b.send(TokenRequest::Want).unwrap();
+        wait_for("b waiting", || service.status()[0].waiting == 1);
+        assert!(!held(&b));
+        // Connections are numbered from 1 in the order they joined.
+        PANIC_AT_RELEASE_OF.store(1, Ordering::SeqCst);
+        a.send(TokenRequest::Release { again: false }).unwrap();
+        wait_for("b's grant after the failure", || held(&b));
+        wait_for("a dropped", || a.is_closed());
+        let status = &service.status()[0];
+        assert_eq!(status.thread_restarts, 1);
+        assert!(status.thread_failed_recently);
+        assert_eq!(status.clients, 1, "only the connection it was serving went");
+        // And the restarted thread goes on serving.
+        b.send(TokenRequest::Release { again: false }).unwrap();
+        wait_for("b's release", || !held(&b));
+        let c = token_client(&service, dir.path(), "c");
+        c.send(TokenRequest::Want).unwrap();
+        wait_for("a new client's grant", || held(&c));
     }
 
     /// A connection as the I/O thread holds it, with the peer's end.
