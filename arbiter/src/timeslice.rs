@@ -65,7 +65,8 @@
 //!   that starts a new process per kernel inherits the record. A revoked holder that
 //!   had an admission window and whose drain ends (release or departure) more than
 //!   `window_overrun_grace` after the later of the window's end and its revocation
-//!   overran the same way: an honest interposer admits only what it measured to fit,
+//!   (plus, when the high job came back early, the part of the window it took back:
+//!   the admitted work then shares the GPU with it) overran the same way: an honest interposer admits only what it measured to fit,
 //!   so the grace cannot see a blind 200 ms kernel or work admitted against a clock
 //!   of its own, but the window's end can.
 //! * Leave (death, disconnect) loses the token at once; it passes on in the same step.
@@ -646,7 +647,14 @@ impl TokenPolicy {
         };
         let late_from = client.revoked_at.and_then(|revoked_at| {
             let window_end = client.page_fit_by;
-            let from = window_end.max(revoked_at).saturating_add(grace);
+            // A high job back before the window's end shares the GPU with what the
+            // holder admitted to fit it, which then runs up to twice as long: the part
+            // of the window it took back is allowed once more.
+            let taken_back = window_end.saturating_sub(revoked_at);
+            let from = window_end
+                .max(revoked_at)
+                .saturating_add(taken_back)
+                .saturating_add(grace);
             (window_end != FIT_UNBOUNDED && !client.drain_overran && now > from).then_some(from)
         });
         client.drain_overran = false;
@@ -1678,19 +1686,22 @@ mod tests {
     }
 
     /// Window 13..16, revoked at 15 for the high job: a release is judged against
-    /// the window's end plus `window_overrun_grace` (10 ms), on the arbiter's clock.
+    /// the window's end, plus the part of it the high job took back, plus
+    /// `window_overrun_grace` (10 ms), on the arbiter's clock.
     #[test]
     fn a_release_past_its_window_beside_an_active_high_job_is_an_overrun_of_its_lease() {
         // (release at ms, overrun reported from ms): an honest drain ends inside its
         // window or within the grace after it; a blind 400 ms kernel, or one launched
         // into the window by a clock that called the window long, does not.
+        // The high job took 1 ms of the window back (revoked at 15, not 16): that is
+        // allowed once more, as the admitted work shares the GPU with it.
         let table: &[(u64, Option<u64>)] = &[
             (15, None),
             (16, None),
-            (26, None),
-            (27, Some(26)),
-            (35, Some(26)),
-            (413, Some(26)),
+            (27, None),
+            (28, Some(27)),
+            (35, Some(27)),
+            (413, Some(27)),
         ];
         // A process that exits with its drain (the connection closes) is judged alike.
         let ends = [release(1, false), Event::Leave { client: 1 }];

@@ -754,8 +754,9 @@ pub struct SchedulerConfig {
     pub overrun_penalty_ms: u64,
     /// A low-priority holder given an admission window, revoked beside an active
     /// high-priority job, whose release comes more than this long after the later of
-    /// its window's end and its revocation also overran (reported and penalised as
-    /// above): it ran work past the window its interposer was told to fit, which an
+    /// its window's end and its revocation (plus, when the high job came back early,
+    /// the part of the window it took back: the admitted work then shares the GPU)
+    /// also overran (reported and penalised as above): it ran work past the window its interposer was told to fit, which an
     /// honest interposer does only by an estimate's error and the release's own
     /// latency. This catches what the grace is too long to see: one blind 400 ms
     /// kernel per fresh process, or a clock that says every window is long. 10 ms: a
