@@ -12,7 +12,7 @@ GLIBC_BASELINE := 2.28
 BASELINE_TARGET := x86_64-unknown-linux-gnu.$(GLIBC_BASELINE)
 BASELINE_DIR := $(CURDIR)/target/x86_64-unknown-linux-gnu
 
-.PHONY: all build deps lint test bench demo gpu-check install install-build uninstall deb clean preload-baseline preload-baseline-release check-glibc
+.PHONY: all build deps lint test test-containerd-2 bench demo gpu-check install install-build uninstall deb clean preload-baseline preload-baseline-release check-glibc
 
 all: build
 
@@ -61,6 +61,19 @@ lint:
 test: deps lint build
 	@$(MAKE) --no-print-directory check-glibc LIB=$(BASELINE_DIR)/debug/libgpushare.so
 	GPUSHARE_BIN_DIR=$(BIN_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/debug/libgpushare.so $(CARGO) test --workspace
+	@$(MAKE) --no-print-directory test-containerd-2
+
+# The containerd 2.x lane: the shim's suite again, against the containerd 2.3.4 build in
+# the shared engines directory (tests/e2e/src/engines.rs), when it is there.
+ENGINES_DIR := $(or $(GPUSHARE_ENGINES_DIR),$(abspath $(CURDIR)/../shared/engines))
+test-containerd-2:
+	@if [ -f "$(ENGINES_DIR)/containerd-2.3.4-linux-amd64.tar.xz" ]; then \
+		echo "containerd 2.3.4 lane: the shim's e2e suite against $(ENGINES_DIR)"; \
+		GPUSHARE_ENGINES_DIR=$(ENGINES_DIR) GPUSHARE_E2E_CONTAINERD=2.3.4 GPUSHARE_BIN_DIR=$(BIN_DIR) \
+		GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/debug/libgpushare.so $(CARGO) test -p gpushare-e2e --test shim; \
+	else \
+		echo "containerd 2.3.4 lane SKIPPED: $(ENGINES_DIR)/containerd-2.3.4-linux-amd64.tar.xz is not there (set GPUSHARE_ENGINES_DIR)"; \
+	fi
 
 # Benchmarks measure release builds, what `make install` ships (root; real dockerd).
 # The compute-isolation experiments (tests/bench, simulated GPU) write their results under

@@ -301,6 +301,13 @@ impl Shim for GpushareShim {
 
         let runc = RuncShim::locate(&opts.publish_binary).map_err(other)?;
         let endpoint = runc.start(&self.call(), &bundle, &options).map_err(other)?;
+        // containerd ≥ 2.3's runc shim writes no address file of its own (containerd
+        // keeps its bootstrap instead): keep the address it printed, where `delete`
+        // looks for it, rather than recompute it from a naming scheme that changes.
+        let inner_file = bundle.inner_address_file();
+        if !inner_file.exists() {
+            write_address(&inner_file, &endpoint.address)?;
+        }
         let pid = match self.spawn_server(&bundle, &socket, &endpoint) {
             Ok(pid) => pid,
             Err(e) => {

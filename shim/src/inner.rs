@@ -87,42 +87,86 @@ pub struct Endpoint {
     pub api: TaskApi,
 }
 
-/// Reads what a shim's `start` printed: a bare address, or containerd 2.x's
-/// bootstrap parameters `{"version":3,"address":"unix://…","protocol":"ttrpc"}`.
-pub fn parse_bootstrap(output: &str) -> Result<Endpoint, InnerError> {
-    let output = output.trim();
+/// Reads what a shim's `start` printed: a bare address (containerd ≤ 1.7), bootstrap
+/// parameters as JSON `{"version":3,"address":"unix://…","protocol":"ttrpc"}`
+/// (containerd 2.0–2.2), or the same parameters protobuf-encoded (containerd ≥ 2.3's
+/// `BootstrapParams`: version = 1, address = 2, protocol = 3).
+pub fn parse_bootstrap(output: &[u8]) -> Result<Endpoint, InnerError> {
     let fail = |reason: &str| InnerError::Bootstrap {
-        output: output.to_owned(),
+        output: String::from_utf8_lossy(output).into_owned(),
         reason: reason.to_owned(),
     };
-    if output.is_empty() {
-        return Err(fail("no address"));
-    }
-    if !output.starts_with('{') {
-        return Ok(Endpoint {
-            address: output.to_owned(),
-            api: TaskApi::V2,
-        });
-    }
-    let params: serde_json::Value =
-        serde_json::from_str(output).map_err(|e| fail(&e.to_string()))?;
-    let api = match params["version"].as_u64() {
+    let params = match std::str::from_utf8(output).map(str::trim) {
+        Ok("") => return Err(fail("no address")),
+        Ok(json) if json.starts_with('{') => {
+            let params: serde_json::Value =
+                serde_json::from_str(json).map_err(|e| fail(&e.to_string()))?;
+            BootstrapParams {
+                version: params["version"].as_u64(),
+                address: params["address"].as_str().unwrap_or_default().to_owned(),
+                protocol: params["protocol"].as_str().unwrap_or_default().to_owned(),
+            }
+        }
+        // An address is printable text; protobuf starts with a field's tag byte.
+        Ok(address) if !address.chars().any(char::is_control) => {
+            return Ok(Endpoint {
+                address: address.to_owned(),
+                api: TaskApi::V2,
+            })
+        }
+        _ => BootstrapParams::from_protobuf(output).map_err(|e| fail(&e))?,
+    };
+    let api = match params.version {
         Some(2) => TaskApi::V2,
         Some(3) => TaskApi::V3,
         _ => return Err(fail("unknown bootstrap version (expected 2 or 3)")),
     };
-    match params["protocol"].as_str() {
-        None | Some("") | Some("ttrpc") => {}
-        Some(other) => return Err(fail(&format!("protocol {other} (only ttrpc is spoken)"))),
+    match params.protocol.as_str() {
+        "" | "ttrpc" => {}
+        other => return Err(fail(&format!("protocol {other} (only ttrpc is spoken)"))),
     }
-    let address = params["address"]
-        .as_str()
-        .filter(|a| !a.is_empty())
-        .ok_or_else(|| fail("no address"))?;
+    if params.address.is_empty() {
+        return Err(fail("no address"));
+    }
     Ok(Endpoint {
-        address: address.to_owned(),
+        address: params.address,
         api,
     })
+}
+
+/// containerd's bootstrap parameters, however they were encoded.
+struct BootstrapParams {
+    version: Option<u64>,
+    address: String,
+    protocol: String,
+}
+
+impl BootstrapParams {
+    /// The protobuf encoding: read as an empty message, so every field is an unknown
+    /// field the protobuf library decoded (no generated type for one small message).
+    fn from_protobuf(bytes: &[u8]) -> Result<BootstrapParams, String> {
+        use containerd_shim::protos::protobuf::{
+            well_known_types::empty::Empty, Message, UnknownValueRef,
+        };
+        let message = Empty::parse_from_bytes(bytes).map_err(|e| format!("not protobuf: {e}"))?;
+        let fields = message.special_fields.unknown_fields();
+        let text = |number: u32, name: &str| match fields.get(number) {
+            None => Ok(String::new()),
+            Some(UnknownValueRef::LengthDelimited(bytes)) => String::from_utf8(bytes.to_vec())
+                .map_err(|_| format!("its {name} (field {number}) is not UTF-8")),
+            Some(_) => Err(format!("its {name} (field {number}) is not a string")),
+        };
+        let version = match fields.get(1) {
+            None => None,
+            Some(UnknownValueRef::Varint(v)) => Some(v),
+            Some(_) => return Err("its version (field 1) is not an integer".into()),
+        };
+        Ok(BootstrapParams {
+            version,
+            address: text(2, "address")?,
+            protocol: text(3, "protocol")?,
+        })
+    }
 }
 
 /// The runtime options containerd passes on `start`'s stdin (and in `Create`),
@@ -242,7 +286,7 @@ impl RuncShim {
         if !out.status.success() {
             return Err(self.failed("start", out.status, &out.stderr));
         }
-        parse_bootstrap(&String::from_utf8_lossy(&out.stdout))
+        parse_bootstrap(&out.stdout)
     }
 
     /// The runc shim's cleanup of one container (`runc delete --force`, rootfs
@@ -334,7 +378,7 @@ mod tests {
 
     #[test]
     fn a_bare_address_is_task_api_v2() {
-        let e = parse_bootstrap("unix:///run/containerd/s/abc\n").unwrap();
+        let e = parse_bootstrap(b"unix:///run/containerd/s/abc\n").unwrap();
         assert_eq!(e.address, "unix:///run/containerd/s/abc");
         assert_eq!(e.api, TaskApi::V2);
         assert_eq!(e.api.service(), "containerd.task.v2.Task");
@@ -343,29 +387,68 @@ mod tests {
     #[test]
     fn containerd_2_bootstrap_json_is_understood() {
         let e = parse_bootstrap(
-            r#"{"version":3,"address":"unix:///run/containerd/s/x","protocol":"ttrpc"}"#,
+            br#"{"version":3,"address":"unix:///run/containerd/s/x","protocol":"ttrpc"}"#,
         )
         .unwrap();
         assert_eq!(e.address, "unix:///run/containerd/s/x");
         assert_eq!(e.api, TaskApi::V3);
         assert_eq!(e.api.service(), "containerd.task.v3.Task");
         let v2 =
-            parse_bootstrap(r#"{"version":2,"address":"unix:///s","protocol":"ttrpc"}"#).unwrap();
+            parse_bootstrap(br#"{"version":2,"address":"unix:///s","protocol":"ttrpc"}"#).unwrap();
         assert_eq!(v2.api, TaskApi::V2);
+    }
+
+    /// Exactly what containerd 2.3.4's `containerd-shim-runc-v2 start` printed (the
+    /// engine in ../shared/engines): protobuf, no newline.
+    const RUNC_SHIM_2_3_4: &[u8] = include_bytes!("testdata/bootstrap-runc-shim-2.3.4.bin");
+
+    #[test]
+    fn containerd_2_3_protobuf_bootstrap_is_understood() {
+        let e = parse_bootstrap(RUNC_SHIM_2_3_4).unwrap();
+        assert_eq!(
+            e.address,
+            "unix:///run/containerd/s/f4c1db8a20165cc3f23b85c7b88b595e7fe1cc54ca6f72f252d24d4547bcf36d"
+        );
+        assert_eq!(e.api, TaskApi::V3);
+        // Fields in another order, and protocol left out (its default), still read.
+        let reordered = b"\x12\x0aunix:///s1\x08\x03";
+        let e = parse_bootstrap(reordered).unwrap();
+        assert_eq!((e.address.as_str(), e.api), ("unix:///s1", TaskApi::V3));
     }
 
     #[test]
     fn unusable_bootstrap_answers_are_errors() {
-        for bad in [
-            "",
-            "  \n",
-            r#"{"version":4,"address":"unix:///s"}"#,
-            r#"{"version":3,"address":"unix:///s","protocol":"grpc"}"#,
-            r#"{"version":3}"#,
-            "{not json",
-        ] {
-            assert!(parse_bootstrap(bad).is_err(), "{bad:?} accepted");
+        let bad: &[&[u8]] = &[
+            b"",
+            b"  \n",
+            br#"{"version":4,"address":"unix:///s"}"#,
+            br#"{"version":3,"address":"unix:///s","protocol":"grpc"}"#,
+            br#"{"version":3}"#,
+            b"{not json",
+            // protobuf: version 4; protocol grpc; no address; address not a string;
+            // truncated; not UTF-8.
+            b"\x08\x04\x12\x09unix:///s",
+            b"\x08\x03\x12\x09unix:///s\x1a\x04grpc",
+            b"\x08\x03",
+            b"\x08\x03\x10\x05",
+            b"\x08\x03\x12\x59unix",
+            b"\x08\x03\x12\x02\xff\xfe",
+        ];
+        for bad in bad {
+            assert!(
+                parse_bootstrap(bad).is_err(),
+                "{:?} accepted",
+                String::from_utf8_lossy(bad)
+            );
         }
+        // The error shows what the shim printed and why it is unusable.
+        let message = parse_bootstrap(b"\x08\x03\x12\x09unix:///s\x1a\x04grpc")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("unix:///s") && message.contains("protocol grpc"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A private containerd (Debian's 1.6) for the shim's end-to-end tests: its own
+//! A private containerd (Debian's 1.6, or the 2.3.4 build: `engines`) for the shim's
+//! end-to-end tests: its own
 //! root, state and sockets in a scratch directory, the gpushare binaries first on
 //! its PATH (that is how it finds `containerd-shim-gpushare-v2`), and the test
 //! arbiter's configuration in its environment (shims inherit it). Containers run
@@ -8,10 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::engines::containerd_build;
 use crate::{bin_dir, busybox_rootfs, unmount_under, wait_until};
 
-pub const CONTAINERD: &str = "/usr/bin/containerd";
-pub const CTR: &str = "/usr/bin/ctr";
+/// The ctr of the containerd build under test.
+pub fn ctr_binary() -> &'static Path {
+    &containerd_build().ctr
+}
 pub const RUNTIME: &str = "io.containerd.gpushare.v2";
 pub const RUNC_RUNTIME: &str = "io.containerd.runc.v2";
 pub const NAMESPACE: &str = "gpushare-e2e";
@@ -51,12 +55,18 @@ impl Containerd {
             extra = options.extra_config,
         );
         std::fs::write(dir.join("containerd.toml"), config).unwrap();
+        let build = containerd_build();
+        let own_shims = build
+            .shim_dir
+            .as_ref()
+            .map(|d| format!("{}:", d.display()))
+            .unwrap_or_default();
         let path = format!(
-            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "{}:{own_shims}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             bin_dir().display()
         );
         let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new(CONTAINERD)
+        let child = Command::new(&build.containerd)
             .arg("--config")
             .arg(dir.join("containerd.toml"))
             .args(["--log-level", "debug"])
@@ -66,7 +76,12 @@ impl Containerd {
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .expect("start containerd (containerd installed?)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {} ({e}): containerd installed?",
+                    build.containerd.display()
+                )
+            });
         let rootfs = dir.join("rootfs");
         busybox_rootfs(&rootfs);
         let c = Containerd {
@@ -82,7 +97,7 @@ impl Containerd {
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(CTR);
+        let mut c = Command::new(ctr_binary());
         c.arg("--address")
             .arg(&self.address)
             .args(["--namespace", NAMESPACE])
@@ -241,7 +256,7 @@ impl Containerd {
     /// `ctr` in another containerd namespace than the tests' own (which `command`
     /// uses), returning stdout and failing the test if ctr fails.
     pub fn ok_in(&self, namespace: &str, args: &[&str]) -> String {
-        let out = Command::new(CTR)
+        let out = Command::new(ctr_binary())
             .arg("--address")
             .arg(&self.address)
             .args(["--namespace", namespace])

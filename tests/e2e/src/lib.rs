@@ -19,6 +19,7 @@ pub use gpushare_testkit::{wait_until, Config};
 
 pub mod containerd;
 pub mod cri;
+pub mod engines;
 pub const DOCKER: &str = "/usr/bin/docker";
 pub const DOCKERD: &str = "/usr/sbin/dockerd";
 
