@@ -36,7 +36,7 @@ pub const RUNTIME_NAME: &str = "gpushare";
 /// Where the original file is kept by the first edit: `<file>` + this.
 pub const BACKUP_SUFFIX: &str = ".gpushare-backup";
 
-/// containerd's CRI runtime table, by configuration version.
+/// containerd's CRI runtime table, by configuration version (4 keeps 3's).
 const CONTAINERD_V2_RUNTIMES: [&str; 5] = [
     "plugins",
     "io.containerd.grpc.v1.cri",
@@ -169,7 +169,7 @@ pub enum SetupError {
         key: String,
         found: &'static str,
     },
-    #[error("containerd configuration: version = {found} is not supported; accepted: 2 (containerd 1.6, 1.7; 2.x reads it too) or 3 (containerd 2.x){hint}")]
+    #[error("containerd configuration: version = {found} is not supported; accepted: 2 (containerd 1.6, 1.7; 2.x reads it too), 3 (containerd 2.x) or 4 (containerd 2.3 and later){hint}")]
     ContainerdVersion { found: String, hint: &'static str },
     #[error("cannot {what} {path}: {reason}")]
     Io {
@@ -449,7 +449,9 @@ fn toml_values_equal(a: &toml_edit::Value, b: &toml_edit::Value) -> bool {
 fn containerd_version(doc: &DocumentMut, text: &str) -> Result<i64, SetupError> {
     match doc.get("version") {
         Some(item) => match item.as_integer() {
-            Some(v @ (2 | 3)) => Ok(v),
+            // Version 4 (containerd 2.3's `config default` and `config migrate`) keeps
+            // version 3's CRI runtime table.
+            Some(v @ (2..=4)) => Ok(v),
             _ => Err(SetupError::ContainerdVersion {
                 found: item.to_string().trim().to_owned(),
                 hint: "",

@@ -153,6 +153,24 @@ fn containerd_v3_gets_the_shipped_runtime_with_runc_s_cgroup_driver() {
     );
 }
 
+/// What containerd 2.3.4's `containerd config default` writes (version 4).
+const CONTAINERD_V4: &str = include_str!("testdata/containerd-2.3.4-config-default.toml");
+
+#[test]
+fn containerd_v4_gets_the_runtime_at_version_3_s_path() {
+    assert!(CONTAINERD_V4.starts_with("version = 4\n"));
+    let out = configured(Engine::Containerd, CONTAINERD_V4);
+    assert_eq!(
+        gpushare_runtime(&out, "io.containerd.cri.v1.runtime"),
+        shipped_v3_runtime(false),
+        "{out}"
+    );
+    for line in CONTAINERD_V4.lines() {
+        assert!(out.contains(line), "lost {line:?}:\n{out}");
+    }
+    assert_eq!(toml(&out)["version"], toml::Value::Integer(4));
+}
+
 #[test]
 fn podman_gains_the_runtime_beside_the_others() {
     let out = configured(Engine::Podman, PODMAN_IN_USE);
@@ -178,6 +196,7 @@ fn a_second_run_changes_nothing() {
         (Engine::Containerd, ""),
         (Engine::Containerd, CONTAINERD_V2),
         (Engine::Containerd, CONTAINERD_V3),
+        (Engine::Containerd, CONTAINERD_V4),
         (Engine::Podman, ""),
         (Engine::Podman, PODMAN_IN_USE),
     ] {
@@ -200,6 +219,7 @@ fn a_runtime_entry_naming_other_programs_is_corrected() {
         (Engine::Docker, DOCKER_IN_USE),
         (Engine::Containerd, CONTAINERD_V2),
         (Engine::Containerd, CONTAINERD_V3),
+        (Engine::Containerd, CONTAINERD_V4),
         (Engine::Podman, PODMAN_IN_USE),
     ] {
         let old = configured(engine, text);
@@ -220,6 +240,7 @@ fn undo_with_the_backup_gives_back_the_file_byte_for_byte() {
         (Engine::Docker, DOCKER_IN_USE),
         (Engine::Containerd, CONTAINERD_V2),
         (Engine::Containerd, CONTAINERD_V3),
+        (Engine::Containerd, CONTAINERD_V4),
         (Engine::Podman, PODMAN_IN_USE),
     ] {
         let once = configured(engine, text);
@@ -304,8 +325,8 @@ fn files_it_cannot_edit_are_refused_naming_what_is_wrong() {
         ),
         (
             Engine::Containerd,
-            "version = 4\n",
-            "version = 4 is not supported; accepted: 2",
+            "version = 5\n",
+            "version = 5 is not supported; accepted: 2",
         ),
         (
             Engine::Containerd,

@@ -66,12 +66,23 @@ pub fn engines_dir() -> Option<PathBuf> {
 }
 
 fn unpacked_2_3() -> PathBuf {
-    let engines = engines_dir().unwrap_or_else(|| {
+    containerd_2_3_dir().unwrap_or_else(|| {
         panic!(
             "{CONTAINERD_VARIABLE}={CONTAINERD_2_3}, but {ARCHIVE} is not in ../shared/engines \
              (or GPUSHARE_ENGINES_DIR)"
         )
-    });
+    })
+}
+
+/// The unpacked containerd 2.3.4 build (`containerd`, `ctr`, `containerd-shim-runc-v2`),
+/// or None when its archive is not there: a test then says it skipped.
+pub fn containerd_2_3_dir() -> Option<PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| engines_dir().map(|engines| unpack(&engines)))
+        .clone()
+}
+
+fn unpack(engines: &Path) -> PathBuf {
     let target = bin_dir().join("../engines/containerd-2.3.4");
     let done = target.join(".unpacked");
     if done.exists() {
@@ -88,7 +99,7 @@ fn unpacked_2_3() -> PathBuf {
     run(
         Command::new("sha256sum")
             .args(["--check", "--ignore-missing", "--quiet", "SHA256SUMS"])
-            .current_dir(&engines),
+            .current_dir(engines),
         "checking the containerd 2.3.4 archive against SHA256SUMS",
     );
     std::fs::create_dir_all(&target).unwrap();

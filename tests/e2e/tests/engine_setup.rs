@@ -312,3 +312,54 @@ fn docker_grants_a_runtime_profile_through_the_entry_setup_wrote() {
     assert!(said.contains("removed"), "{said}");
     assert!(!daemon_json.exists(), "setup created it, undo removes it");
 }
+
+/// containerd 2.3.4 loads what setup writes into files of version 2, 3 and 4 (its
+/// own `config default`), and sees the gpushare runtime at its CRI path: `config dump`
+/// reads and migrates the file as the daemon does at start.
+#[test]
+fn containerd_2_3_loads_what_setup_writes_into_files_of_versions_2_3_and_4() {
+    let Some(engine) = gpushare_e2e::engines::containerd_2_3_dir() else {
+        eprintln!(
+            "SKIPPED: the containerd 2.3.4 archive is not in ../shared/engines (or \
+             GPUSHARE_ENGINES_DIR)"
+        );
+        return;
+    };
+    let containerd = engine.join("containerd");
+    let dir = scratch();
+    let default_v4 = Command::new(&containerd)
+        .args(["config", "default"])
+        .output()
+        .unwrap();
+    assert!(default_v4.status.success(), "{}", text(&default_v4));
+    let files = [
+        ("v2", "version = 2\n".to_owned()),
+        (
+            "v3",
+            "version = 3\n\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n"
+                .to_owned(),
+        ),
+        ("v4", String::from_utf8(default_v4.stdout).unwrap()),
+    ];
+    for (name, original) in files {
+        let file = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&file, &original).unwrap();
+        setup("containerd", &file, &[]);
+        let dump = Command::new(&containerd)
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "dump"])
+            .output()
+            .unwrap();
+        assert!(dump.status.success(), "{name}: {}", text(&dump));
+        let dump = String::from_utf8_lossy(&dump.stdout);
+        for wanted in [
+            "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpushare]".to_owned(),
+            format!("BinaryName = '{}'", bin("gpushare-runc").display()),
+        ] {
+            assert!(dump.contains(&wanted), "{name}: no {wanted} in\n{dump}");
+        }
+        setup("containerd", &file, &["--undo"]);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), original, "{name}");
+    }
+}
