@@ -312,7 +312,50 @@ impl Parameters {
 }
 
 /// How long the jobs get to load the driver and attach before the barrier opens.
-const SETTLE: Duration = Duration::from_millis(400);
+pub const SETTLE: Duration = Duration::from_millis(400);
+
+/// A case's fresh simulated GPU and fresh arbiter, in a private directory.
+pub struct CaseMachine {
+    /// Declared first: stopped before its directory goes.
+    pub arbiter: Arbiter,
+    /// The environment of every process on the simulated GPU ([`simgpu_env`]).
+    pub simgpu_env: Vec<(String, String)>,
+    pub dir: tempfile::TempDir,
+}
+
+impl CaseMachine {
+    /// One simulated GPU of the parameters' slicing, and an arbiter on it in `mode`.
+    pub fn start(
+        libs: &Path,
+        parameters: &Parameters,
+        mode: Mode,
+    ) -> Result<CaseMachine, ExperimentError> {
+        let dir = tempfile::Builder::new()
+            .prefix("gsb-")
+            .tempdir_in("/tmp")
+            .map_err(|source| ExperimentError::Io {
+                what: "a private directory".into(),
+                source,
+            })?;
+        let machine = setup::sim_machine(
+            dir.path(),
+            1,
+            parameters.simgpu_slice_us,
+            parameters.simgpu_switch_us,
+        );
+        let simgpu_env = simgpu_env(&machine, libs);
+        let scheduler = mode.scheduler(&parameters.gpushare_settings)?;
+        let arbiter = setup::start(
+            setup::arbiter_on(dir.path(), &machine, &simgpu_env)
+                .configure(|c| setup::single_gpu_config(c, scheduler)),
+        )?;
+        Ok(CaseMachine {
+            arbiter,
+            simgpu_env,
+            dir,
+        })
+    }
+}
 
 /// Runs `jobs` together on a fresh simulated GPU under a fresh arbiter in `mode`; returns each
 /// job's report, in order.
@@ -323,25 +366,11 @@ pub fn run_case(
     mode: Mode,
     jobs: &[Job],
 ) -> Result<Vec<Value>, ExperimentError> {
-    let dir = tempfile::Builder::new()
-        .prefix("gsb-")
-        .tempdir_in("/tmp")
-        .map_err(|source| ExperimentError::Io {
-            what: "a private directory".into(),
-            source,
-        })?;
-    let machine = setup::sim_machine(
-        dir.path(),
-        1,
-        parameters.simgpu_slice_us,
-        parameters.simgpu_switch_us,
-    );
-    let simgpu_env = simgpu_env(&machine, libs);
-    let scheduler = mode.scheduler(&parameters.gpushare_settings)?;
-    let arbiter = setup::start(
-        setup::arbiter_on(dir.path(), &machine, &simgpu_env)
-            .configure(|c| setup::single_gpu_config(c, scheduler)),
-    )?;
+    let CaseMachine {
+        arbiter,
+        simgpu_env,
+        dir,
+    } = CaseMachine::start(libs, parameters, mode)?;
     let barrier = dir.path().join("go");
     let mut children: Vec<(String, Child)> = Vec::new();
     let mut tgs_pids = (None, Vec::new());
@@ -422,16 +451,31 @@ pub fn spawn_job(
     job: &Job,
     barrier: &Path,
 ) -> Result<Child, ExperimentError> {
-    Command::new(binaries.program("simgpu-workload"))
-        .args(&job.args)
-        .arg("--start-barrier")
-        .arg(barrier)
-        .envs(simgpu_env.iter().map(|(k, v)| (k, v)))
-        .env("LD_PRELOAD", &binaries.preload)
-        .env("GPUSHARE_LEASE", &lease.id.0)
-        .env("GPUSHARE_SOCKET", setup::lease_socket(arbiter, lease))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+    spawn_job_under(&[], binaries, simgpu_env, arbiter, lease, job, barrier)
+}
+
+/// [`spawn_job`], run by `wrapper` (a program and its arguments, e.g. `unshare …`, which runs
+/// the rest of its command line as its own child); none: the workload itself.
+pub fn spawn_job_under(
+    wrapper: &[&str],
+    binaries: &Binaries,
+    simgpu_env: &[(String, String)],
+    arbiter: &Arbiter,
+    lease: &Lease,
+    job: &Job,
+    barrier: &Path,
+) -> Result<Child, ExperimentError> {
+    let workload = binaries.program("simgpu-workload");
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(workload);
+            command
+        }
+        None => Command::new(workload),
+    };
+    command.args(&job.args).arg("--start-barrier").arg(barrier);
+    under_interposer(&mut command, binaries, simgpu_env, arbiter, lease)
         .spawn()
         .map_err(|source| ExperimentError::Io {
             what: format!("starting simgpu-workload for {}", job.name),
@@ -439,13 +483,41 @@ pub fn spawn_job(
         })
 }
 
+/// `command` as a process of `lease`'s container: on the simulated machine, under the
+/// interposer, talking to the lease's socket, its output piped.
+pub fn under_interposer<'c>(
+    command: &'c mut Command,
+    binaries: &Binaries,
+    simgpu_env: &[(String, String)],
+    arbiter: &Arbiter,
+    lease: &Lease,
+) -> &'c mut Command {
+    command
+        .envs(simgpu_env.iter().map(|(k, v)| (k, v)))
+        .env("LD_PRELOAD", &binaries.preload)
+        .env("GPUSHARE_LEASE", &lease.id.0)
+        .env("GPUSHARE_SOCKET", setup::lease_socket(arbiter, lease))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+}
+
 /// A finished workload's JSON report, or why there is none.
 /// [`collect`], but a job still running after `limit` is killed and reported as such: a
 /// wedged job (a scheduler bug, a lost token) fails its case instead of hanging the run.
 pub fn collect_within(child: Child, limit: Duration) -> Result<Value, String> {
+    finish_within(child, limit, collect)
+}
+
+/// `finish(child)` (which waits for it), but a child still running after `limit` is killed
+/// and reported as such.
+pub fn finish_within<T: Send + 'static>(
+    child: Child,
+    limit: Duration,
+    finish: impl FnOnce(Child) -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
     let pid = child.id();
     let (sender, receiver) = std::sync::mpsc::channel();
-    let collector = std::thread::spawn(move || sender.send(collect(child)));
+    let collector = std::thread::spawn(move || sender.send(finish(child)));
     let outcome = receiver.recv_timeout(limit);
     if outcome.is_err() {
         // SAFETY: kill(2) on our child, not reaped yet (the collector is still waiting for

@@ -10,6 +10,7 @@ pub mod e3;
 pub mod experiment;
 pub mod gpu_check;
 pub mod kube_sim;
+pub mod liars;
 pub mod metrics;
 pub mod plot;
 pub mod profiles;

@@ -11,8 +11,8 @@ use gpushare_bench::report;
 use gpushare_bench::setup::{self, Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
-const SCENARIOS: [&str; 9] = [
-    "priority", "shares", "kernels", "e1", "e2", "e2-mixed", "e3", "e5", "cluster",
+const SCENARIOS: [&str; 10] = [
+    "priority", "shares", "kernels", "e1", "e2", "e2-mixed", "e3", "e5", "cluster", "liars",
 ];
 /// Issue 14's sweep of what the low-priority job launches: kernels of 100 µs (what every
 /// other scenario uses), 1–20 ms (real GEMMs, convolutions and attention), and a real CUDA
@@ -54,7 +54,8 @@ struct Args {
     /// Only this scenario: priority, shares, kernels (low kernel lengths), e1 (training
     /// pairs), e2 (jobs arriving on 4 GPUs), e2-mixed (mixed priorities arriving on 4 GPUs), e3 (inference latency), e5 (scaling) or cluster
     /// (issue 17's simulation of kube-scheduler on 1,000 nodes: its files go straight into
-    /// --out, or into --out/cluster-issue-17 when every scenario runs).
+    /// --out, or into --out/cluster-issue-17 when every scenario runs) or liars (low jobs
+    /// that lie to the interposer beside the high job: their files go into --out/liars).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
     /// Modes, comma-separated: alone, uncontrolled, round-robin, tgs, gpushare-before,
@@ -186,6 +187,40 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         run_case(&binaries, libs, &parameters, mode, jobs)
     };
 
+    if wanted("liars") {
+        use gpushare_bench::liars::{self, Variant};
+        let dir = args.out.join(liars::RESULTS_SUBDIR);
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let results = json!({
+            "simulated": true,
+            "note": "Every figure is simulated: GPU time is the simgpu model's, not a device's.",
+            "command": command,
+            "machine": report::machine(),
+            "binaries": {"dir": binaries.dir, "preload": binaries.preload, "profile": binaries.profile},
+            "parameters": parameters,
+            "scenarios": {"liars": liars::run(&binaries, libs, &parameters, &Variant::ALL)?},
+        });
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dir)?;
+            let text = serde_json::to_string_pretty(&results).map_err(std::io::Error::other)?;
+            std::fs::write(dir.join(liars::JSON_FILE), text + "\n")?;
+            std::fs::write(
+                dir.join(liars::MARKDOWN_FILE),
+                liars::markdown(&results, &command),
+            )
+        };
+        write().map_err(|source| ExperimentError::Io {
+            what: format!("writing the liars' results into {}", dir.display()),
+            source,
+        })?;
+        eprintln!(
+            "gpushare-bench: wrote the liars' results into {}",
+            dir.display()
+        );
+        if args.scenario.is_some() {
+            return Ok(());
+        }
+    }
     let mut scenarios = Map::new();
     if wanted("priority") {
         let mut by_mode = Map::new();

@@ -640,8 +640,9 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     })
 }
 
-/// Nanoseconds to add to CLOCK_MONOTONIC to get the wall clock (CLOCK_REALTIME) now: the
-/// model keeps monotonic time, NVML's sample timestamps are wall-clock microseconds.
+/// Nanoseconds to add to the device's time to get the wall clock (CLOCK_REALTIME) now: the
+/// model keeps monotonic time (`simgpu_model::clock`, the same in every time namespace, as
+/// CLOCK_REALTIME is), NVML's sample timestamps are wall-clock microseconds.
 fn wall_offset_ns() -> i128 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -132,7 +132,7 @@ pub struct ProcessActivity {
     pub copy_ns: u64,
     /// The covered periods it had a context in, summed (what the times are shares of).
     pub period_ns: u64,
-    /// End of the latest covered period it ran anything in (CLOCK_MONOTONIC).
+    /// End of the latest covered period it ran anything in (device time, `crate::clock`).
     pub last_active_end_ns: u64,
 }
 
@@ -286,6 +286,8 @@ fn sleep_until(deadline_ns: u64) {
 }
 
 fn sleep_with_small_slack(deadline_ns: u64) {
+    // The kernel reads an absolute deadline on the caller's own (possibly shifted) clock.
+    let deadline_ns = crate::clock::to_local_ns(deadline_ns);
     let ts = libc::timespec {
         tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
@@ -971,7 +973,7 @@ impl Locked<'_> {
     }
 
     /// Per process, what ran on GPU `gpu` in the complete utilisation periods that end after
-    /// `since_ns` (CLOCK_MONOTONIC) and are still kept (the last `UTIL_BUCKETS - 1`, like the
+    /// `since_ns` (device time) and are still kept (the last `UTIL_BUCKETS - 1`, like the
     /// driver's sample buffer): only processes that ran something, as NVML reports "every
     /// process that had some non-zero utilization". The period in progress is not covered:
     /// a sample is taken when its period ends.

@@ -5,6 +5,7 @@
 //! pure time-slicing rules of [`timeslice`], so completion times are exact and nothing depends on
 //! a thread waking up on time. Everything measured on it is *simulated*.
 
+pub mod clock;
 pub mod config;
 pub mod device;
 pub mod kernel;
@@ -14,6 +15,7 @@ pub mod pidns;
 pub mod shared;
 pub mod timeslice;
 
+pub use clock::now_ns;
 pub use config::SimConfig;
 pub use device::{Device, DeviceError};
 
@@ -30,17 +32,6 @@ pub fn gpu_uuid_bytes(index: u32) -> [u8; 16] {
     let tail = (index as u64).to_be_bytes();
     bytes[10..16].copy_from_slice(&tail[2..8]);
     bytes
-}
-
-/// Nanoseconds on `CLOCK_MONOTONIC`, the one clock every process (and PID namespace) shares.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the timespec we hand it.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

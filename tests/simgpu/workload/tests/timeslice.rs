@@ -12,16 +12,7 @@ mod common;
 use common::{f, Sim};
 use std::time::Duration;
 
-const JOB: &[&str] = &[
-    "--kernel",
-    "fixed:2ms",
-    "--kernels",
-    "5",
-    "--sync",
-    "event",
-    "--pipeline",
-    "2",
-];
+const JOB: &[&str] = common::SATURATING_JOB;
 
 fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     JOB.iter().copied().chain(extra.iter().copied()).collect()

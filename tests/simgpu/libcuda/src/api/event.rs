@@ -221,8 +221,9 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 }
 
 /// simgpu-only extension, absent from real drivers (so `cuGetProcAddress` never hands it out;
-/// benchmarks find it with `dlsym`): the `CLOCK_MONOTONIC` instant, in ns, at which a recorded
-/// event completed in the device model. `CUDA_ERROR_NOT_READY` until it has; an event never
+/// benchmarks find it with `dlsym`): the instant, in ns on the caller's own `CLOCK_MONOTONIC`
+/// (shifted by its time namespace, if any), at which a recorded event completed in the device
+/// model. `CUDA_ERROR_NOT_READY` until it has; an event never
 /// recorded has no instant (`CUDA_ERROR_INVALID_HANDLE`, as `cuEventElapsedTime` answers).
 /// With the kernel durations it launched, a program learns when its work started running
 /// on the simulated GPU, which a real driver would tell only through a profiler.
@@ -240,6 +241,6 @@ pub unsafe extern "C" fn simgpuEventTimestampNs(event: Handle, ns: *mut u64) -> 
             return Err(CudaError::NotReady);
         }
         // SAFETY: out-parameter per this function's contract.
-        unsafe { write_out(ns, s.completed_at_ns) }
+        unsafe { write_out(ns, simgpu_model::clock::to_local_ns(s.completed_at_ns)) }
     })
 }

@@ -67,6 +67,19 @@ pub fn libs_dir() -> &'static Path {
     .path()
 }
 
+/// A saturating job: iterations of five 2 ms kernels, two iterations queued, so the GPU never
+/// waits for a late CPU unless a process is descheduled for a whole iteration.
+pub const SATURATING_JOB: &[&str] = &[
+    "--kernel",
+    "fixed:2ms",
+    "--kernels",
+    "5",
+    "--sync",
+    "event",
+    "--pipeline",
+    "2",
+];
+
 /// A private simulated machine.
 pub struct Sim {
     pub dir: tempfile::TempDir,
@@ -82,7 +95,21 @@ impl Sim {
     }
 
     pub fn workload(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_simgpu-workload"));
+        self.workload_under(&[], args)
+    }
+
+    /// [`Self::workload`] run by `wrapper` (a program and its arguments, e.g. `unshare …`),
+    /// which runs the workload's command line as its own.
+    pub fn workload_under(&self, wrapper: &[&str], args: &[&str]) -> Command {
+        let workload = env!("CARGO_BIN_EXE_simgpu-workload");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(wrapper_args).arg(workload);
+                cmd
+            }
+            None => Command::new(workload),
+        };
         cmd.args(args)
             .env("LD_LIBRARY_PATH", libs_dir())
             .stdout(Stdio::piped())
