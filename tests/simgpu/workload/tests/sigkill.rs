@@ -2,7 +2,7 @@
 //! context, queued work and memory are reclaimed, and the next process runs at full speed.
 
 mod common;
-use common::{f, Sim};
+use common::{f, Sim, SATURATING_JOB};
 use std::time::Duration;
 
 #[test]
@@ -42,20 +42,14 @@ fn killed_mid_kernel_the_device_is_reclaimed_for_the_next_process() {
 
     // The next process needs more memory than was free while the victim lived, and must not
     // share the GPU with the victim's remaining 29 s kernel.
-    let next = sim.run(&[
-        "--memory",
-        "1Gi",
-        "--kernel",
-        "fixed:2ms",
-        "--kernels",
-        "5",
-        "--sync",
-        "event",
-        "--pipeline",
-        "2",
-        "--iterations",
-        "50",
-    ]);
+    let next = sim.run(
+        &[
+            &["--memory", "1Gi"],
+            SATURATING_JOB,
+            &["--iterations", "50"],
+        ]
+        .concat(),
+    );
     assert_eq!(next["allocations"]["succeeded"], 1, "{next}");
     assert_eq!(next["errors"], serde_json::json!({}), "{next}");
     let ratio = f(&next, "throughput_iters_per_s") / f(&next, "predicted_iters_per_s");
