@@ -63,14 +63,17 @@ test: deps lint build
 	GPUSHARE_BIN_DIR=$(BIN_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/debug/libgpushare.so $(CARGO) test --workspace
 	@$(MAKE) --no-print-directory test-containerd-2
 
-# The containerd 2.x lane: the shim's suite again, against the containerd 2.3.4 build in
-# the shared engines directory (tests/e2e/src/engines.rs), when it is there.
+# The containerd 2.x lane: the suites that run containers through containerd — the shim's,
+# CRI with a pod and its pause container (through the shim and through gpushare-runc as
+# runc's BinaryName), and the Kubernetes stand-in's — again, against the containerd 2.3.4
+# build in the shared engines directory (tests/e2e/src/engines.rs), when it is there.
+# (runc_wrapper drives gpushare-runc under runc directly: no containerd in it.)
 ENGINES_DIR := $(or $(GPUSHARE_ENGINES_DIR),$(abspath $(CURDIR)/../shared/engines))
 test-containerd-2:
 	@if [ -f "$(ENGINES_DIR)/containerd-2.3.4-linux-amd64.tar.xz" ]; then \
-		echo "containerd 2.3.4 lane: the shim's e2e suite against $(ENGINES_DIR)"; \
+		echo "containerd 2.3.4 lane: the shim, CRI and Kubernetes e2e suites against $(ENGINES_DIR)"; \
 		GPUSHARE_ENGINES_DIR=$(ENGINES_DIR) GPUSHARE_E2E_CONTAINERD=2.3.4 GPUSHARE_BIN_DIR=$(BIN_DIR) \
-		GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/debug/libgpushare.so $(CARGO) test -p gpushare-e2e --test shim; \
+		GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/debug/libgpushare.so $(CARGO) test -p gpushare-e2e --test shim --test cri --test kubernetes; \
 	else \
 		echo "containerd 2.3.4 lane SKIPPED: $(ENGINES_DIR)/containerd-2.3.4-linux-amd64.tar.xz is not there (set GPUSHARE_ENGINES_DIR)"; \
 	fi

@@ -183,12 +183,41 @@ impl CriNode {
         read_json(&self.bundle_dir(id).join("config.json"))
     }
 
-    /// The shim binary containerd started for a container (it records it in the bundle).
-    pub fn shim_binary(&self, id: &str) -> PathBuf {
-        let path = self.bundle_dir(id).join("shim-binary-path");
-        PathBuf::from(
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-        )
+    /// Asserts that `entry`'s handler serves container `id` (without this, a configuration
+    /// containerd ignored would test plain runc). containerd 1.6 records the shim binary it
+    /// started in the bundle (`shim-binary-path`); 2.x records no shim for runc's type but
+    /// the OCI runtime that shim runs (`runtime`: the BinaryName option's path).
+    pub fn assert_served_by(&self, id: &str, entry: Entry) {
+        let bundle = self.bundle_dir(id);
+        if let Ok(path) = std::fs::read_to_string(bundle.join("shim-binary-path")) {
+            let shim = PathBuf::from(path);
+            assert_eq!(
+                shim.file_name().and_then(|n| n.to_str()),
+                Some(entry.shim()),
+                "{id} is served by {}",
+                shim.display()
+            );
+            return;
+        }
+        let runtime_file = bundle.join("runtime");
+        let runtime = std::fs::read_to_string(&runtime_file).unwrap_or_else(|e| {
+            let listing: Vec<String> = std::fs::read_dir(&bundle)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            panic!(
+                "{}: {e}, and no shim-binary-path (the bundle holds {listing:?})",
+                runtime_file.display()
+            )
+        });
+        let expected = match entry {
+            Entry::Shim => "io.containerd.gpushare.v2".to_owned(),
+            Entry::RuncBinary => bin("gpushare-runc").display().to_string(),
+        };
+        assert_eq!(runtime.trim(), expected, "{}", runtime_file.display());
     }
 }
 

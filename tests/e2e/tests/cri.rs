@@ -56,15 +56,8 @@ fn pause_container_gets_no_lease(entry: Entry) {
 
     // Which shim serves the pod: without this, a configuration containerd ignores
     // would test plain runc.
-    let expected_shim = entry.shim();
     for id in [&pod, &app] {
-        let shim = node.shim_binary(id);
-        assert_eq!(
-            shim.file_name().unwrap(),
-            expected_shim,
-            "{}",
-            shim.display()
-        );
+        node.assert_served_by(id, entry);
     }
 
     let pause = node.spec(&pod);

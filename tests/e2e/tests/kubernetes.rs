@@ -313,11 +313,7 @@ fn two_app_containers_each_get_their_grant(entry: Entry) {
         apps.push((name, units, grant_id(&allocation), id));
     }
 
-    assert_eq!(
-        c.node.shim_binary(&sandbox).file_name().unwrap(),
-        entry.shim(),
-        "a configuration containerd ignored would test plain runc"
-    );
+    c.node.assert_served_by(&sandbox, entry);
     for (name, units, grant, id) in &apps {
         let spec = c.node.spec(id);
         assert_eq!(
