@@ -6,10 +6,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::bypass;
 use crate::inventory::GpuBackend;
 use crate::shutdown::Tasks;
 use crate::state::ArbiterHandle;
 use crate::watchdog;
+use gpushare_config::SchedulingPolicy;
 
 /// How often utilisation is sampled (Algorithm 1 looks at the last minute).
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
@@ -34,13 +36,24 @@ pub fn spawn_background(arbiter: &ArbiterHandle, backend: Arc<dyn GpuBackend>, t
     tasks.spawn(retry_failed_store(arbiter.clone()));
     start_memory_measurement(arbiter, &backend, tasks);
     match arbiter.tokens() {
-        Some(tokens) => tasks.spawn(watchdog::run(
-            arbiter.clone(),
-            backend,
-            watchdog_interval,
-            config.watchdog_kill,
-            tokens,
-        )),
+        Some(tokens) => {
+            if tokens.policy() == SchedulingPolicy::Priority {
+                tasks.spawn(bypass::run(
+                    arbiter.clone(),
+                    backend.clone(),
+                    tokens.clone(),
+                    tokens.config().pause_bypassing,
+                    config.run_dir.clone(),
+                ));
+            }
+            tasks.spawn(watchdog::run(
+                arbiter.clone(),
+                backend,
+                watchdog_interval,
+                config.watchdog_kill,
+                tokens,
+            ))
+        }
         None => tracing::error!("no token service: the watchdog does not run"),
     }
 }

@@ -424,6 +424,7 @@ mod tests {
             ("scheduler.max_slice_ms", restart),
             ("scheduler.min_slice_ms", restart),
             ("scheduler.overrun_penalty_ms", restart),
+            ("scheduler.pause_bypassing", restart),
             ("scheduler.policy", restart),
             ("scheduler.revoke_grace_ms", restart),
             ("scheduler.slice_ms", restart),

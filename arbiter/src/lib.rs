@@ -7,6 +7,7 @@
 pub mod background;
 pub mod balance;
 pub mod batch;
+pub mod bypass;
 pub mod cli;
 pub mod connections;
 pub mod control;

@@ -116,6 +116,12 @@ pub enum Event {
         client: ClientId,
         need_ns: u64,
     },
+    /// The arbiter measured a process of `lease` busy on the GPU beyond its token time
+    /// while a high-priority client was active (launches past the gate): the lease is
+    /// penalised as for an overrun.
+    Bypassed {
+        lease: LeaseKey,
+    },
     /// The time given by `next_wakeup` has come.
     Tick,
 }
@@ -464,6 +470,9 @@ impl TokenPolicy {
                     c.need_ns = need_ns;
                 }
             }
+            Event::Bypassed { lease } => {
+                penalize(&mut self.penalties, &self.settings, lease, now);
+            }
             Event::Tick => {}
         }
         self.dispatch(now, &mut actions);
@@ -496,7 +505,7 @@ impl TokenPolicy {
 
     /// A high-priority client holds, or wanted or released the token within
     /// `high_active`: a low holder must stay preemptible within about one kernel.
-    fn high_active(&self, now: u64) -> bool {
+    pub fn high_active(&self, now: u64) -> bool {
         !self.settings.round_robin
             && (!self.high_holders.is_empty()
                 || self.high_active_until().is_some_and(|until| now < until))
@@ -1832,6 +1841,31 @@ mod tests {
                 assert!(policy.snapshot().penalized.is_empty());
             }
         }
+    }
+
+    #[test]
+    fn a_lease_found_bypassing_the_gate_waits_like_an_overrunning_one() {
+        let mut policy = TokenPolicy::new(&SchedulerConfig::default());
+        run_rows(&mut policy, &rhythm_rows(), false);
+        // Unpenalised, client 1 (lease 1) gets the high job's gap at 13 (the test above).
+        assert!(policy
+            .handle(12 * MS, Event::Bypassed { lease: 1 })
+            .is_empty());
+        assert_eq!(policy.snapshot().penalized, [1]);
+        let actions = policy.handle(13 * MS, want(1));
+        assert!(
+            !actions.iter().any(|a| matches!(a, Grant { client: 1, .. })),
+            "{actions:?}"
+        );
+        // Once no high-priority job is active it is granted as ever.
+        let quiet = policy
+            .next_wakeup()
+            .expect("a wake-up at the activity's end");
+        let actions = policy.handle(quiet, Event::Tick);
+        assert!(
+            actions.iter().any(|a| matches!(a, Grant { client: 1, .. })),
+            "{actions:?}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! open thousands of token connections and with them thousands of arbiter threads;
 //! an idle connection now costs a descriptor, a page and a slot in the GPU's table.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -209,11 +209,29 @@ struct Registered {
     /// It overran beside an active high-priority job: from this instant on its hold is
     /// the high job's time, counted as overrun and not as token time.
     overrun_from: Option<u64>,
+    /// The parts of its ended holds that were overruns (ns).
+    overran_ns: u64,
 }
 
 impl Registered {
+    /// Its token time up to `now`: an open hold counts until it overran, if it did.
     fn held_ns_at(&self, now: u64) -> u64 {
-        self.held_ns + self.held_since.map_or(0, |since| now.saturating_sub(since))
+        self.held_ns
+            + self.held_since.map_or(0, |since| {
+                let until = self
+                    .overrun_from
+                    .map_or(now, |from| from.max(since).min(now));
+                until.saturating_sub(since)
+            })
+    }
+
+    /// Its overrun time up to `now`, the open hold's included.
+    fn overran_ns_at(&self, now: u64) -> u64 {
+        self.overran_ns
+            + match (self.held_since, self.overrun_from) {
+                (Some(since), Some(from)) => now.saturating_sub(from.max(since)),
+                _ => 0,
+            }
     }
 }
 
@@ -286,6 +304,7 @@ impl GpuState {
         let overrun_from = registered.overrun_from.take().map(|from| from.max(since));
         let gated_until = overrun_from.map_or(now, |from| from.min(now));
         registered.held_ns += gated_until.saturating_sub(since);
+        registered.overran_ns += now.saturating_sub(gated_until);
         self.overrun_ns += now.saturating_sub(gated_until);
         let account = registered.account;
         if let Some(a) = self.accounts.get_mut(&account) {
@@ -966,8 +985,12 @@ pub struct Holding {
     pub lease: LeaseId,
     pub pid: Option<u32>,
     pub priority: Priority,
-    /// Nanoseconds it held the token (granted, not yet released) since it joined.
+    /// Nanoseconds it held the token (granted, not yet released) since it joined, less
+    /// its overruns.
     pub held_ns: u64,
+    /// Nanoseconds of its holds that were overruns (drains past the grace beside an
+    /// active high-priority job), already reported as such.
+    pub overran_ns: u64,
 }
 
 impl TokenService {
@@ -1017,6 +1040,7 @@ impl TokenService {
                 pid: r.pid,
                 priority: r.priority,
                 held_ns: r.held_ns_at(now),
+                overran_ns: r.overran_ns_at(now),
             }));
         }
         holdings
@@ -1036,9 +1060,49 @@ impl TokenService {
         let _ = self.overruns.reporter.set(reporter);
     }
 
-    /// Overruns reported since `from` (for the watchdog's listing; already counted).
+    /// Overruns and bypasses reported since `from` (for the watchdog's listing; already
+    /// counted).
     pub fn overruns_since(&self, from: Instant) -> Vec<Violation> {
         self.overruns.since(from)
+    }
+
+    /// The GPUs on which a high-priority job is active now (a high client holds, or
+    /// wanted or released within `scheduler.high_active_ms`).
+    pub fn high_active_gpus(&self) -> BTreeSet<String> {
+        let now = monotonic_ns();
+        self.all_gpus()
+            .into_iter()
+            .filter(|gpu| gpu.lock().policy.high_active(now))
+            .map(|gpu| gpu.gpu.clone())
+            .collect()
+    }
+
+    /// The arbiter measured `pid` of `lease` busy on `gpu` past the gate beside an active
+    /// high-priority job: reported at once as `ungated` (kept for the watchdog's
+    /// listing, like an overrun) and the lease is penalised on that GPU as for an
+    /// overrun.
+    pub fn report_bypass(&self, gpu: &str, lease: &LeaseId, pid: u32) {
+        let token = self.all_gpus().into_iter().find(|g| g.gpu == gpu);
+        if let Some(token) = token {
+            let account = token
+                .lock()
+                .accounts
+                .iter()
+                .find(|(_, a)| a.lease == *lease && !a.closed)
+                .map(|(&id, _)| id);
+            if let Some(account) = account {
+                token.handle(Event::Bypassed { lease: account });
+            }
+        }
+        self.overruns.report(Violation {
+            kind: ViolationKind::Ungated,
+            gpu: gpu.to_owned(),
+            pid,
+            lease: Some(lease.clone()),
+            memory_used: 0,
+            memory_quota: None,
+            killed: false,
+        });
     }
 
     /// Every lease's GPU time (leases that had a token client and are still live,
@@ -1310,6 +1374,7 @@ impl TokenService {
                 held_ns: 0,
                 account,
                 overrun_from: None,
+                overran_ns: 0,
             },
         );
         drop(state);

@@ -101,7 +101,11 @@ pub fn listing_findings(
 }
 
 /// The lease on `gpu` that registered `pid`.
-fn owner<'l, 'a>(leases: &'l [LeaseView<'a>], gpu: &str, pid: u32) -> Option<&'l LeaseView<'a>> {
+pub fn owner<'l, 'a>(
+    leases: &'l [LeaseView<'a>],
+    gpu: &str,
+    pid: u32,
+) -> Option<&'l LeaseView<'a>> {
     leases
         .iter()
         .find(|l| l.gpus.iter().any(|g| g == gpu) && l.client_pids.contains(&pid))
@@ -460,7 +464,7 @@ impl Watchdog {
 }
 
 /// Wall-clock microseconds: NVML's sample timestamps are on this clock.
-fn wall_clock_us() -> u64 {
+pub fn wall_clock_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
@@ -1059,6 +1063,7 @@ mod tests {
     #[test]
     fn token_time_is_summed_per_process_and_differenced_per_pass() {
         let holding = |gpu: &str, pid: Option<u32>, priority, held_ns| Holding {
+            overran_ns: 0,
             gpu: gpu.into(),
             lease: LeaseId("a".into()),
             pid,

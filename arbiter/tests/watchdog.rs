@@ -3,7 +3,9 @@
 //! registers, processes re-attaching after an arbiter restart), one that never
 //! registers is, once the grace is over; a registered process busy on the GPU
 //! without holding the time-slice token is reported ungated, and a gated job beside
-//! a high-priority one is not.
+//! a high-priority one is not. Beside an active high-priority job, the bypass check
+//! reports such a process within about a second and stops it until the high job is
+//! quiet (or a restarted arbiter continues it).
 
 mod common;
 
@@ -59,6 +61,14 @@ struct Sim {
 
 impl Sim {
     fn start(kill: bool, interval_ms: u64) -> Sim {
+        Sim::start_with(kill, interval_ms, |_| {})
+    }
+
+    fn start_with(
+        kill: bool,
+        interval_ms: u64,
+        edit: impl FnOnce(&mut gpushare_config::Config),
+    ) -> Sim {
         workload();
         let builder = Arbiter::builder().program(ARBITER);
         // Device copies at 10 GB/s: one 512 MiB copy of the copying helper keeps the GPU
@@ -73,6 +83,7 @@ impl Sim {
             .configure(|c| {
                 c.arbiter.watchdog_interval_ms = interval_ms;
                 c.arbiter.watchdog_kill = kill;
+                edit(c);
             })
             .start();
         Sim {
@@ -438,26 +449,9 @@ fn ungated_reported(sim: &Sim, pid: u32, timeout: Duration) {
 fn kernels_of_a_registered_process_that_bypass_the_gate_are_reported_ungated() {
     let sim = Sim::start(false, 200);
     let low = sim.reserve("low", "4Gi", Priority::Low);
-    let _high = high_holder(&sim);
-    // Registered for its memory, running kernels with no token at all.
-    let (mut workload, _registration) = attached_workload(
-        &sim,
-        &sim.socket(&low),
-        &[
-            "--device",
-            "0",
-            "--memory",
-            "1073741824",
-            "--kernels",
-            "8",
-            "--kernel",
-            "fixed:2ms",
-            "--gap",
-            "0",
-            "--duration",
-            "60s",
-        ],
-    );
+    // No high-priority job is active, so the bypass check does not look: the watchdog's
+    // own check finds it. Registered for its memory, running kernels with no token at all.
+    let (mut workload, _registration) = bypassing_workload(&sim, &low);
     ungated_reported(&sim, workload.id(), RESTART_GRACE + Duration::from_secs(20));
     assert!(
         workload.try_wait().unwrap().is_none(),
@@ -471,9 +465,8 @@ fn kernels_of_a_registered_process_that_bypass_the_gate_are_reported_ungated() {
 fn copies_of_a_low_client_that_holds_no_token_are_reported_ungated() {
     let sim = Sim::start(false, 200);
     let low = sim.reserve("low", "4Gi", Priority::Low);
-    let _high = high_holder(&sim);
-    // Registered, copying device to device while a high-priority job holds the
-    // token (copies were never gated).
+    // Registered, copying device to device with no token (copies were never gated). No
+    // high-priority job is active: the watchdog's own check finds it, not the bypass check.
     let mut copier = sim.helper(
         &sim.socket(&low),
         &[("WD_ATTACH_AFTER_MS", "0"), ("WD_COPY", "1")],
@@ -528,4 +521,141 @@ fn a_gated_low_job_beside_a_high_one_is_never_reported() {
         let _ = job.kill();
         let _ = job.wait();
     }
+}
+
+// ----- the bypass check: launches past the gate beside an active high job -----
+
+/// A watchdog interval that keeps the watchdog's own ungated check silent for the
+/// test (its window and restart grace are three intervals): only the bypass check can
+/// report.
+const WATCHDOG_SILENT_MS: u64 = 60_000;
+
+/// The process's state letter in /proc/<pid>/stat ('T': stopped).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// A registered low-priority workload running kernels with no token at all.
+fn bypassing_workload(sim: &Sim, low: &Lease) -> (Child, UnixStream) {
+    attached_workload(
+        sim,
+        &sim.socket(low),
+        &[
+            "--device",
+            "0",
+            "--memory",
+            "1073741824",
+            "--kernels",
+            "8",
+            "--kernel",
+            "fixed:2ms",
+            "--gap",
+            "0",
+            "--duration",
+            "60s",
+        ],
+    )
+}
+
+fn bypass_reported(sim: &Sim, pid: u32) {
+    let mut c = sim.d.client();
+    wait_until(
+        "the bypass check's ungated report",
+        RESTART_GRACE + Duration::from_secs(20),
+        || {
+            c.status()
+                .unwrap()
+                .violations
+                .iter()
+                .any(|v| v.kind == ViolationKind::Ungated && v.pid == pid && v.lease.is_some())
+        },
+    );
+    assert!(
+        sim.d
+            .log()
+            .contains("beyond its token time beside an active high-priority job"),
+        "{}",
+        sim.d.log_tail(20)
+    );
+}
+
+#[test]
+fn launches_past_the_gate_beside_an_active_high_job_are_reported_and_stopped_until_it_is_quiet() {
+    let sim = Sim::start(false, WATCHDOG_SILENT_MS);
+    let low = sim.reserve("low", "4Gi", Priority::Low);
+    let high = high_holder(&sim);
+    let (mut workload, _registration) = bypassing_workload(&sim, &low);
+    let pid = workload.id();
+    bypass_reported(&sim, pid);
+    wait_until(
+        "the bypassing process stopped",
+        Duration::from_secs(10),
+        || process_state(pid) == Some('T'),
+    );
+    let paused = sim.d.run_dir().join("paused");
+    assert!(
+        paused.exists(),
+        "stopped processes are listed for a restart"
+    );
+    // Still stopped while the high job holds the GPU.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(process_state(pid), Some('T'));
+    // The high job leaves: once it is no longer active, the process goes on.
+    drop(high);
+    wait_until(
+        "the stopped process continued",
+        Duration::from_secs(10),
+        || process_state(pid).is_some_and(|s| s != 'T'),
+    );
+    assert!(
+        workload.try_wait().unwrap().is_none(),
+        "continued, not killed"
+    );
+    assert!(!paused.exists());
+    let _ = workload.kill();
+    let _ = workload.wait();
+}
+
+#[test]
+fn an_arbiter_killed_while_a_process_is_stopped_continues_it_when_it_starts_again() {
+    let mut sim = Sim::start(false, WATCHDOG_SILENT_MS);
+    let low = sim.reserve("low", "4Gi", Priority::Low);
+    let _high = high_holder(&sim);
+    let (mut workload, _registration) = bypassing_workload(&sim, &low);
+    let pid = workload.id();
+    wait_until(
+        "the bypassing process stopped",
+        RESTART_GRACE + Duration::from_secs(20),
+        || process_state(pid) == Some('T'),
+    );
+    sim.d.kill();
+    assert_eq!(process_state(pid), Some('T'), "nobody continued it yet");
+    sim.d.restart();
+    wait_until(
+        "the stopped process continued",
+        Duration::from_secs(10),
+        || process_state(pid).is_some_and(|s| s != 'T'),
+    );
+    assert!(workload.try_wait().unwrap().is_none());
+    let _ = workload.kill();
+    let _ = workload.wait();
+}
+
+#[test]
+fn with_pausing_off_a_process_launching_past_the_gate_is_reported_and_never_stopped() {
+    let sim = Sim::start_with(false, WATCHDOG_SILENT_MS, |c| {
+        c.scheduler.pause_bypassing = false;
+    });
+    let low = sim.reserve("low", "4Gi", Priority::Low);
+    let _high = high_holder(&sim);
+    let (mut workload, _registration) = bypassing_workload(&sim, &low);
+    let pid = workload.id();
+    bypass_reported(&sim, pid);
+    for _ in 0..10 {
+        assert_ne!(process_state(pid), Some('T'));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = workload.kill();
+    let _ = workload.wait();
 }

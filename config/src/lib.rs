@@ -763,6 +763,14 @@ pub struct SchedulerConfig {
     /// few kernels' worth of estimate error and a release delayed by a busy machine's
     /// scheduler; a 20 ms kernel launched into a 5 ms gap is past it.
     pub window_overrun_grace_ms: u64,
+    /// A low-priority process the arbiter measures busy on its GPU beyond its token
+    /// time while a high-priority job is active there (launches past the gate: the
+    /// driver's own entry points, or work left queued after a release) is reported
+    /// `ungated` within about a second and its lease penalised as for an overrun; with
+    /// this on it is also stopped (SIGSTOP) until no high-priority job is active on the
+    /// GPU, then continued. A penalty alone does not stop launches that never ask for
+    /// the token. `false`: report and penalise only.
+    pub pause_bypassing: bool,
     /// Duration-aware admission (issue 14): while a high-priority client is active, a
     /// low-priority holder submits a launch only if the interposer's estimate of how
     /// long it will occupy the GPU ends before the high-priority job is expected back
@@ -800,6 +808,7 @@ impl Default for SchedulerConfig {
             revoke_grace_ms: 500,
             overrun_penalty_ms: 10_000,
             window_overrun_grace_ms: 10,
+            pause_bypassing: true,
             admit_by_duration: true,
             high_return_risk_percent: 10,
             high_on_arbiter_loss: LossPolicy::Run,
@@ -1246,6 +1255,7 @@ mod tests {
             revoke_grace_ms: HOUR_MS,
             overrun_penalty_ms: 0,
             window_overrun_grace_ms: 3,
+            pause_bypassing: false,
             admit_by_duration: false,
             high_return_risk_percent: 100,
             high_on_arbiter_loss: LossPolicy::Wait,
@@ -1319,7 +1329,7 @@ mod tests {
              idle_us = 500\nlaunch_ahead = 8\nlaunch_ahead_with_high = 2\nwindow_ms = 1000\n\
              revoke_grace_ms = 50\nhigh_active_ms = 250\nhigh_on_arbiter_loss = \"wait\"\nlow_on_arbiter_loss = \"run\"\n\
              admit_by_duration = false\nhigh_return_risk_percent = 25\noverrun_penalty_ms = 0\n\
-             window_overrun_grace_ms = 4\n",
+             window_overrun_grace_ms = 4\npause_bypassing = false\n",
         )
         .unwrap();
         let s = &config.scheduler;
@@ -1339,6 +1349,7 @@ mod tests {
         );
         assert_eq!(s.overrun_penalty_ms, 0);
         assert_eq!(s.window_overrun_grace_ms, 4);
+        assert!(!s.pause_bypassing);
         assert_eq!(
             s.on_arbiter_loss(gpushare_types::Priority::High),
             LossPolicy::Wait

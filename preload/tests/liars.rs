@@ -19,9 +19,10 @@ const T: Duration = Duration::from_secs(20);
 
 /// The shipped grace (500 ms) is longer than a 200 ms kernel or drain: what catches these
 /// liars is the release past the window they were given
-/// (`scheduler.window_overrun_grace_ms`).
+/// (`scheduler.window_overrun_grace_ms`), and the arbiter's own measurement of each
+/// process's GPU time through NVML (the bypass check).
 fn machine() -> Machine {
-    Machine::start_with(|c| {
+    Machine::start_measured_with(|c| {
         assert!(c.scheduler.revoke_grace_ms > 200, "the shipped grace");
         // Longer than the test: only the high job going quiet ends it here.
         c.scheduler.overrun_penalty_ms = 60_000;
@@ -168,4 +169,51 @@ fn a_fresh_process_per_long_kernel_runs_only_after_the_high_job_once_its_lease_o
         "the first process's blind kernel was not reported: {:?}",
         m.control().status().unwrap().violations
     );
+}
+
+/// The process's state letter in /proc/<pid>/stat ('T': stopped).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// One gated launch takes the token, which goes back once the process is idle; then
+/// 200 ms kernels go to the driver past the gate with no token at all, so no drain or
+/// window of its own is ever judged. Only the arbiter's own measurement sees them
+/// (NVML's per-process busy time against the token's account): reported `ungated`
+/// while the high job runs, and the process stopped until the high job is quiet.
+#[test]
+fn launches_past_the_gate_after_the_token_went_back_are_reported_and_stopped() {
+    let scene = beside_a_high_job();
+    let (m, liar, started) = (&scene.m, scene.liar.as_str(), scene.started.as_str());
+    let mut steps = vec!["wait", started, "launch", "1", "sleep", "50", "stamp"];
+    for _ in 0..10 {
+        steps.extend(["raw-launch", "1", "200", "sync"]);
+    }
+    steps.push("stamp");
+    let liar_job = m.probe(Some(liar), &steps).spawn().unwrap();
+    let pid = liar_job.id();
+    let start = Instant::now();
+    let (mut reported, mut stopped) = (false, false);
+    while !(reported && stopped) && start.elapsed() < T {
+        reported |= m.control().status().unwrap().violations.iter().any(|v| {
+            v.kind == ViolationKind::Ungated
+                && v.pid == pid
+                && v.lease.as_ref().map(|l| l.0.as_str()) == Some(liar)
+        });
+        stopped |= process_state(pid) == Some('T');
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let h = finish(scene.high_job);
+    let s = finish(liar_job);
+    assert_eq!(h.result("kernel-ms", 0), "CUDA_SUCCESS", "{}", h.stderr);
+    assert!(
+        reported,
+        "the liar's launches past the gate were not reported: {:?}",
+        m.control().status().unwrap().violations
+    );
+    assert!(stopped, "the liar was never stopped beside the high job");
+    // Continued once the high job was quiet: it finished its kernels.
+    assert_eq!(s.result("raw-launch", 9), "CUDA_SUCCESS", "{}", s.stderr);
+    assert!(s.value("raw-launch", 0, "via").contains("libcuda"));
 }

@@ -144,6 +144,7 @@ fn balanced_learns_each_leases_demand_from_its_held_token_time() {
         ids.push(a.reserve_now(r).unwrap().lease);
     }
     let holding = |lease: &Lease, held_ns: u64| crate::tokens::Holding {
+        overran_ns: 0,
         gpu: lease.gpus[0].clone(),
         lease: lease.id.clone(),
         pid: Some(1),

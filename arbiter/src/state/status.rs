@@ -57,10 +57,15 @@ impl Arbiter {
         self.violations = violations;
     }
 
-    /// A violation the token service measured on its own clock (an overrun): counted
-    /// and listed at once, not at the watchdog's next pass.
+    /// A violation the token service measured on its own clock (an overrun) or the
+    /// bypass check on NVML's (ungated beside an active high job): counted and listed
+    /// at once, not at the watchdog's next pass.
     pub fn record_token_violation(&mut self, violation: Violation) {
-        *self.violation_totals.entry("overrun").or_default() += 1;
+        let kind = match violation.kind {
+            ViolationKind::Ungated => "ungated",
+            _ => "overrun",
+        };
+        *self.violation_totals.entry(kind).or_default() += 1;
         self.violations.push(violation);
     }
 

@@ -94,6 +94,23 @@ impl Machine {
         }
     }
 
+    /// A machine whose arbiter also measures the simulated GPUs through their NVML (the
+    /// state the probes share), as on a node with a driver: per-process utilisation
+    /// included, which the arbiter's bypass check needs.
+    pub fn start_measured_with(configure: impl FnOnce(&mut Config)) -> Machine {
+        sim_libs();
+        let builder = Arbiter::builder().declared_gpus(2, "16Gi");
+        // The probes' machine: simgpu's defaults (two 16 GiB GPUs), no reserve.
+        let machine = simgpu::SimMachine::new(builder.dir().join("simgpu"), 2, "16Gi")
+            .set("SIMGPU_RESERVED_MEMORY", 0);
+        let arbiter = builder.simulated(&machine).configure(configure).start();
+        std::fs::create_dir_all(arbiter.dir().join("simgpu")).unwrap();
+        Machine {
+            arbiter,
+            containers: Vec::new(),
+        }
+    }
+
     /// The machine's private directory (the arbiter's, the simulated GPU's state).
     pub fn dir(&self) -> &Path {
         self.arbiter.dir()

@@ -2,8 +2,8 @@
 //! to the interposer's admission, once per way of lying, under gpushare with the shipped
 //! scheduler defaults. Per variant: the low job's GPU time while the high job was active (the
 //! device's busy time over the high job's run, less the high job's own kernels), the high
-//! job's iteration slowdown against alone, the `overrun` violations the arbiter listed for the
-//! low lease, and how long after the first lie the first one was listed (the control socket's
+//! job's iteration slowdown against alone, the `overrun` and `ungated` violations the arbiter
+//! listed for the low lease, and how long after the first lie the first one was listed (the control socket's
 //! status, polled every [`STATUS_POLL`]). Every figure is simulated.
 
 use std::path::Path;
@@ -127,12 +127,15 @@ pub fn failed_steps(stdout: &str) -> Vec<String> {
         .collect()
 }
 
-/// The overruns the arbiter lists for `lease`.
-pub fn overruns_of(status: &StatusReport, lease: &LeaseId) -> usize {
+/// The violations the arbiter lists for `lease` that a lie earns: `overrun` (the token
+/// service's judgement of a drain or a window) and `ungated` (the bypass check's, or the
+/// watchdog's, measurement of GPU time beyond token time).
+pub fn lies_listed(status: &StatusReport, lease: &LeaseId) -> usize {
     status
         .violations
         .iter()
-        .filter(|v| v.kind == ViolationKind::Overrun && v.lease.as_ref() == Some(lease))
+        .filter(|v| matches!(v.kind, ViolationKind::Overrun | ViolationKind::Ungated))
+        .filter(|v| v.lease.as_ref() == Some(lease))
         .count()
 }
 
@@ -207,6 +210,7 @@ fn run_variant(
         "revoke_grace_ms": scheduler.revoke_grace_ms,
         "window_overrun_grace_ms": scheduler.window_overrun_grace_ms,
         "overrun_penalty_ms": scheduler.overrun_penalty_ms,
+        "pause_bypassing": scheduler.pause_bypassing,
     });
     let CaseMachine {
         arbiter,
@@ -285,7 +289,7 @@ fn run_variant(
         (report, busy_after, opened.elapsed())
     });
     let low_done = Arc::new(AtomicBool::new(false));
-    let mut best_overruns = 0usize;
+    let mut best_listed = 0usize;
     let mut first_report_unix_us = None;
     let mut client = ControlClient::connect(&arbiter.control_socket(), Duration::from_secs(5))
         .map_err(|e| failed(format!("connecting to the control socket: {e}")))?;
@@ -325,11 +329,11 @@ fn run_variant(
         });
         while !(low_done.load(Ordering::SeqCst) && high_thread.is_finished()) {
             if let Ok(status) = client.status() {
-                let overruns = overruns_of(&status, &low_lease.id);
-                if overruns > 0 && first_report_unix_us.is_none() {
+                let listed = lies_listed(&status, &low_lease.id);
+                if listed > 0 && first_report_unix_us.is_none() {
                     first_report_unix_us = Some(unix_us_now());
                 }
-                best_overruns = best_overruns.max(overruns);
+                best_listed = best_listed.max(listed);
             }
             std::thread::sleep(STATUS_POLL);
         }
@@ -337,9 +341,9 @@ fn run_variant(
             .join()
             .unwrap_or_else(|_| Err("the low job's thread panicked".into()))
     });
-    let final_overruns = client
+    let final_listed = client
         .status()
-        .map(|s| overruns_of(&s, &low_lease.id))
+        .map(|s| lies_listed(&s, &low_lease.id))
         .unwrap_or(0);
     let (high_report, busy_after, high_active) = high_thread
         .join()
@@ -369,7 +373,7 @@ fn run_variant(
         "low_gpu_s_while_high_active": low_gpu_s,
         "low_gpu_fraction_while_high_active": low_gpu_s / high_active_s,
         "low_processes": low_outcome.processes,
-        "overruns_listed": best_overruns.max(final_overruns),
+        "violations_listed": best_listed.max(final_listed),
         "first_lie_unix_us": low_outcome.first_lie_unix_us.map(|v| v as u64),
         "first_report_unix_us": first_report_unix_us.map(|v| v as u64),
         "first_report_after_lie_ms": first_report_after_lie_ms,
@@ -450,11 +454,11 @@ pub fn markdown(results: &Value, command: &str) -> String {
         "The priority scenario's high job beside one low-priority job, under gpushare with the \
          shipped scheduler defaults, once per way the low job lies. *Low GPU time* is the \
          device's busy time while the high job ran, less the high job's own kernels; \
-         *first report* is the time from the first lie to the first `overrun` the arbiter's \
+         *first report* is the time from the first lie to the first `overrun` or `ungated` the arbiter's \
          status listed for the low lease (polled every 20 ms).\n\n",
     );
     md.push_str(
-        "| variant | low GPU s while high active (simulated) | share of high's run (simulated) | over honest, s (simulated) | high mean slowdown % (simulated) | high p99 slowdown % (simulated) | overruns listed | first report after lie, ms (simulated) |\n",
+        "| variant | low GPU s while high active (simulated) | share of high's run (simulated) | over honest, s (simulated) | high mean slowdown % (simulated) | high p99 slowdown % (simulated) | violations listed (overrun, ungated) | first report after lie, ms (simulated) |\n",
     );
     md.push_str("|---|---|---|---|---|---|---|---|\n");
     let empty = serde_json::Map::new();
@@ -475,7 +479,7 @@ pub fn markdown(results: &Value, command: &str) -> String {
             num(&case["low_gpu_s_over_honest"], 3),
             num(&case["high_mean_slowdown_percent"], 1),
             num(&case["high_p99_slowdown_percent"], 1),
-            case["overruns_listed"],
+            case["violations_listed"],
             num(&case["first_report_after_lie_ms"], 0),
         ));
     }
