@@ -10,7 +10,10 @@
 //!   an invalid request, …): nothing was created, undo;
 //! - no answer (deadline, cancelled, unavailable, a broken connection): ask the
 //!   runc shim for the container's state, on a fresh connection with a short
-//!   timeout of its own; undo only if it answers NotFound;
+//!   timeout of its own; undo only if it answers NotFound, and only where that
+//!   answer is final: containerd 1.x's runc shim (task API v2) answers State only
+//!   once its Create has returned, containerd 2.x's (task API v3) answers NotFound
+//!   while a stalled Create is still creating the container;
 //! - it exists: keep the lease and record the container as created with it,
 //!   exactly as a successful Create does (its exit or its Delete releases);
 //! - the state cannot be had either: keep the lease too (it is released by the
@@ -26,9 +29,9 @@ use containerd_shim::protos::ttrpc::{context, Code};
 use crate::forward::{CallError, Forwarder};
 use crate::inner::Endpoint;
 
-/// How long the State probe after an ambiguous failure may take. The runc shim
-/// answers State only once its own Create has returned (one lock guards both),
-/// and that Create ends at the same deadline: a few seconds cover it, and keep
+/// How long the State probe after an ambiguous failure may take. containerd 1.x's
+/// runc shim answers State only once its own Create has returned (one lock guards
+/// both), and that Create ends at the same deadline: a few seconds cover it, and keep
 /// the probe well inside containerd's 5 s cleanup of a failed Create (its
 /// Delete waits for this decision).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -62,8 +65,13 @@ fn is_ambiguous_status(code: Code) -> bool {
 }
 
 /// The decision, from the Create's error and, once asked, the State probe's
-/// outcome (`Ok`: the runc shim knows the container). Pure.
-pub fn decide(create: &CallError, probe: Option<&Result<(), CallError>>) -> Decision {
+/// outcome (`Ok`: the runc shim knows the container) and whether its NotFound is
+/// final (the runc shim's Create had returned when it answered). Pure.
+pub fn decide(
+    create: &CallError,
+    probe: Option<&Result<(), CallError>>,
+    not_found_is_final: bool,
+) -> Decision {
     let ambiguous = match create {
         CallError::NotSent(_) => false,
         CallError::Answered(status) => is_ambiguous_status(status.code()),
@@ -76,7 +84,15 @@ pub fn decide(create: &CallError, probe: Option<&Result<(), CallError>>) -> Deci
         None => Decision::ProbeState,
         Some(Ok(())) => Decision::Keep(Kept::Exists),
         Some(Err(CallError::Answered(status))) if status.code() == Code::NOT_FOUND => {
-            Decision::Undo
+            if not_found_is_final {
+                Decision::Undo
+            } else {
+                Decision::Keep(Kept::Unknown(
+                    "its runc shim (task API v3, containerd 2.x) answers State while a stalled \
+                     Create may still be creating it: not found yet"
+                        .into(),
+                ))
+            }
         }
         Some(Err(e)) => Decision::Keep(Kept::Unknown(format!("its state: {e}"))),
     }
@@ -86,6 +102,8 @@ pub fn decide(create: &CallError, probe: Option<&Result<(), CallError>>) -> Deci
 #[async_trait]
 pub trait StateProbe: Send + Sync {
     async fn state(&self, container_id: &str) -> Result<(), CallError>;
+    /// Whether a NotFound it answers means the container was not created.
+    fn not_found_is_final(&self) -> bool;
 }
 
 /// The real probe: a fresh connection (the one the Create went over may be the
@@ -125,6 +143,12 @@ impl StateProbe for RuncShimProbe {
                 ))))
             })
     }
+
+    /// containerd 1.x's runc shim (task API v2) serialises State behind Create;
+    /// 2.x's (task API v3) does not.
+    fn not_found_is_final(&self) -> bool {
+        self.endpoint.api == crate::inner::TaskApi::V2
+    }
 }
 
 fn ttrpc_others(message: String) -> containerd_shim::protos::ttrpc::Error {
@@ -134,10 +158,11 @@ fn ttrpc_others(message: String) -> containerd_shim::protos::ttrpc::Error {
 /// Decides what to do after a failed Create, asking `probe` when the error
 /// leaves the container's existence open.
 pub async fn settle(container_id: &str, create: &CallError, probe: &dyn StateProbe) -> Decision {
-    match decide(create, None) {
+    let final_not_found = probe.not_found_is_final();
+    match decide(create, None, final_not_found) {
         Decision::ProbeState => {
             let state = probe.state(container_id).await;
-            decide(create, Some(&state))
+            decide(create, Some(&state), final_not_found)
         }
         decided => decided,
     }
@@ -302,13 +327,13 @@ mod tests {
             ),
         ];
         for (what, create, probe, expected) in cases {
-            assert_eq!(kind(decide(&create, probe)), expected, "{what}");
+            assert_eq!(kind(decide(&create, probe, true)), expected, "{what}");
         }
     }
 
     #[test]
     fn an_unknown_state_says_why() {
-        match decide(&timed_out(), Some(&Err(closed()))) {
+        match decide(&timed_out(), Some(&Err(closed())), true) {
             Decision::Keep(Kept::Unknown(why)) => assert!(why.contains("no answer"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -317,6 +342,7 @@ mod tests {
     /// A probe that answers as told and counts its calls.
     struct FakeProbe {
         answer: Result<(), CallError>,
+        not_found_is_final: bool,
         calls: AtomicUsize,
         asked_for: std::sync::Mutex<Vec<String>>,
     }
@@ -325,6 +351,7 @@ mod tests {
         fn new(answer: Result<(), CallError>) -> FakeProbe {
             FakeProbe {
                 answer,
+                not_found_is_final: true,
                 calls: AtomicUsize::new(0),
                 asked_for: Default::default(),
             }
@@ -337,6 +364,10 @@ mod tests {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.asked_for.lock().unwrap().push(container_id.to_owned());
             self.answer.clone()
+        }
+
+        fn not_found_is_final(&self) -> bool {
+            self.not_found_is_final
         }
     }
 
@@ -370,6 +401,26 @@ mod tests {
         let probe = FakeProbe::new(Err(answered(Code::NOT_FOUND)));
         assert_eq!(settle_now(&closed(), &probe), Decision::Undo);
         assert_eq!(probe.calls.load(Ordering::SeqCst), 1);
+    }
+
+    /// containerd 2.x's runc shim answers State while its stalled Create still runs:
+    /// its NotFound may turn into a created container a moment later.
+    #[test]
+    fn a_not_found_from_a_runc_shim_that_does_not_wait_for_its_create_keeps_the_lease() {
+        let mut probe = FakeProbe::new(Err(answered(Code::NOT_FOUND)));
+        probe.not_found_is_final = false;
+        assert_eq!(kind(settle_now(&timed_out(), &probe)), unknown());
+        // A definitive failure is still undone without asking.
+        assert_eq!(settle_now(&answered(Code::UNKNOWN), &probe), Decision::Undo);
+        assert_eq!(probe.calls.load(Ordering::SeqCst), 1);
+        let v3 = RuncShimProbe {
+            endpoint: Endpoint {
+                address: "unix:///nowhere".into(),
+                api: crate::inner::TaskApi::V3,
+            },
+            ctx: context::Context::default(),
+        };
+        assert!(!v3.not_found_is_final());
     }
 
     #[test]

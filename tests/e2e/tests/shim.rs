@@ -640,8 +640,8 @@ fn stop_the_runc_shim(pid_file: &std::path::Path) -> String {
 fn a_create_that_fails_ambiguously_keeps_the_lease_of_the_container_that_exists() {
     if !on_containerd_1_6_only(
         "it stops the runc shim from a createRuntime hook and reads runc's state under \
-         /run/containerd/runc; containerd 2.3.4's runc shim answers the stalled Create \
-         differently (not yet examined)",
+         /run/containerd/runc; with containerd 2.3.4 the killed runc shim's container \
+         process outlives the test's watcher (its cleanup differs; not yet examined)",
     ) {
         return;
     }
@@ -773,13 +773,6 @@ exit 0
 /// the lease: nothing is left.
 #[test]
 fn a_create_past_containerds_deadline_keeps_the_lease_until_the_delete() {
-    if !on_containerd_1_6_only(
-        "it stops the runc shim from a createRuntime hook and reads runc's state under \
-         /run/containerd/runc; containerd 2.3.4's runc shim answers the stalled Create \
-         differently (not yet examined)",
-    ) {
-        return;
-    }
     let setup = setup();
     let (ctr, arbiter) = (&setup.ctr, &setup.arbiter);
     let sockets_before = shim_sockets();
@@ -838,10 +831,22 @@ fn a_create_past_containerds_deadline_keeps_the_lease_until_the_delete() {
         lease_of(arbiter, "late").is_none()
     });
     let log = std::fs::read_to_string(dir.join("containerd.log")).unwrap();
+    // containerd 1.6's runc shim answers the probe once its Create returned: it knows
+    // the container. 2.x's answers while the stalled Create still runs: it knows the
+    // container if the Create got there first, else its "not found" decides nothing;
+    // either way the lease is kept until the Delete.
+    let kept_why = if gpushare_e2e::engines::containerd_build().shim_dir.is_none() {
+        "lease and spec kept: the runc shim knows it"
+    } else {
+        "lease and spec kept: "
+    };
     assert!(
-        log.contains("lease and spec kept: the runc shim knows it"),
-        "the probe found the container{}",
-        ctr.log_tail()
+        log.contains(kept_why),
+        "the shim did not keep the lease ({kept_why}): {}",
+        log.lines()
+            .filter(|l| l.contains("container late"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     assert!(arbiter.leases().is_empty());
     assert_eq!(arbiter.lease_dirs(), 0);
