@@ -35,20 +35,22 @@ use crate::watchdog::{
     RESTART_GRACE,
 };
 
-/// How often GPUs with an active high-priority job are measured. NVML samples a
-/// data-centre GPU's per-process utilisation every 1/6 s; a tenth of a second sees
-/// each sample soon after it is taken.
+/// How often GPUs with an active high-priority job are measured. NVML keeps one
+/// utilisation sample per process per sampling period (1/6 s on data-centre GPUs; the
+/// simulated GPU's is 100 ms) and a query returns those ended since the last one: asked
+/// more often than it samples, most queries would see nothing new.
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// Busy and token time are compared over the last second of intervals.
 pub const WINDOW: Duration = Duration::from_secs(1);
 /// How much busy time beyond its token time a process may show over the window. A
 /// gated process's kernels run inside its holds (a drain after a revocation counts as
 /// held, a drain past the grace is an overrun, judged by the token service), so what
-/// remains is NVML's sampling edge: a sample taken just after a hold ended is counted in
-/// the interval after it, up to one sample period (1/6 s) at each end of the window.
-/// 300 ms is past two periods, and a 200 ms kernel launched past the gate beside a
-/// high job is reported by its second.
-pub const TOLERANCE: Duration = Duration::from_millis(300);
+/// remains is the measurement's edges: a sampling period's busy time is counted in the
+/// first interval whose query sees the period ended, up to one interval after the hold
+/// it belongs to, so at the window's old end a hold's token time may have left the
+/// window before its busy time — at most one interval (100 ms). 200 ms is twice that;
+/// a 200 ms kernel launched past the gate beside a high job passes it within a second.
+pub const TOLERANCE: Duration = Duration::from_millis(200);
 
 /// A process found busy past the gate beside an active high-priority job.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gpushare_proto::{Lease, Priority};
+use gpushare_proto::{ControlClient, Lease, LeaseId, Priority, ViolationKind};
 use gpushare_testkit::config::{SchedulerConfig, SchedulingPolicy};
 use gpushare_testkit::simgpu::SimMachine;
 use gpushare_testkit::Arbiter;
@@ -373,6 +373,7 @@ pub fn run_case(
     } = CaseMachine::start(libs, parameters, mode)?;
     let barrier = dir.path().join("go");
     let mut children: Vec<(String, Child)> = Vec::new();
+    let mut leases = Vec::new();
     let mut tgs_pids = (None, Vec::new());
     for job in jobs {
         let lease = setup::reserve(
@@ -383,6 +384,7 @@ pub fn run_case(
             job.compute_limit,
         )?;
         let child = spawn_job(binaries, &simgpu_env, &arbiter, &lease, job, &barrier)?;
+        leases.push(lease.id.clone());
         match job.priority {
             Priority::High => tgs_pids.0 = Some(child.id()),
             Priority::Low => tgs_pids.1.push(child.id()),
@@ -427,8 +429,33 @@ pub fn run_case(
             if let (Some(tgs), Some(high)) = (tgs, high.and_then(|i| reports.get_mut(i))) {
                 high["tgs"] = tgs;
             }
+            record_violations(&arbiter, &leases, &mut reports);
             Ok(reports)
         }
+    }
+}
+
+/// Adds to each job's report the violations the arbiter listed for its lease at the
+/// case's end (`{"overrun": n, "ungated": n}`; the list keeps the last watchdog window, about
+/// 6 s): an honest job is never reported.
+fn record_violations(arbiter: &Arbiter, leases: &[LeaseId], reports: &mut [Value]) {
+    let Ok(status) = ControlClient::connect(&arbiter.control_socket(), Duration::from_secs(5))
+        .and_then(|mut c| c.status())
+    else {
+        return;
+    };
+    for (lease, report) in leases.iter().zip(reports.iter_mut()) {
+        let count = |kind: ViolationKind| {
+            status
+                .violations
+                .iter()
+                .filter(|v| v.kind == kind && v.lease.as_ref() == Some(lease))
+                .count()
+        };
+        report["violations"] = serde_json::json!({
+            "overrun": count(ViolationKind::Overrun),
+            "ungated": count(ViolationKind::Ungated),
+        });
     }
 }
 
