@@ -373,6 +373,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
             (ViolationKind::OverQuota, "over_quota"),
             (ViolationKind::Ungated, "ungated"),
             (ViolationKind::Overrun, "overrun"),
+            (ViolationKind::ShiftedClock, "shifted_clock"),
         ]
         .into_iter()
         .map(|(kind, name)| {
@@ -384,13 +385,19 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     out.counters(
         "gpushare_watchdog_violations_total",
         "Violations seen by the watchdog, summed over its passes.",
-        ["unregistered", "over_quota", "ungated", "overrun"]
-            .into_iter()
-            .map(|name| {
-                let n = violation_totals.get(name).copied().unwrap_or(0);
-                (vec![("kind", name.to_owned())], n)
-            })
-            .collect(),
+        [
+            "unregistered",
+            "over_quota",
+            "ungated",
+            "overrun",
+            "shifted_clock",
+        ]
+        .into_iter()
+        .map(|name| {
+            let n = violation_totals.get(name).copied().unwrap_or(0);
+            (vec![("kind", name.to_owned())], n)
+        })
+        .collect(),
     );
     let mut text = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut text, &out.0)

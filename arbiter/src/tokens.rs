@@ -1296,7 +1296,16 @@ impl TokenService {
             Err(source) => return refuse(TokenError::PeerClock { pid, source }),
         };
         if clock != ClockOffset::default() {
-            tracing::info!(lease = %lease.lease, ?pid, offset_ns = clock.0, "token client in a time namespace of its own: its page's instants are written in its clock");
+            tracing::warn!(lease = %lease.lease, ?pid, offset_ns = clock.0, "token client in a time namespace of its own: its page's instants are written in its clock (reported: shifted_clock)");
+            self.overruns.report(Violation {
+                kind: ViolationKind::ShiftedClock,
+                gpu: lease.gpu.clone(),
+                pid: pid.unwrap_or(0),
+                lease: Some(lease.lease.clone()),
+                memory_used: 0,
+                memory_quota: None,
+                killed: false,
+            });
         }
         let (page, fd) = match PageMapping::create(clock) {
             Ok(created) => created,

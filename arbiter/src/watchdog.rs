@@ -551,13 +551,17 @@ pub async fn run(
                 let used = watchdog.ungated_use(&v.gpu, v.pid);
                 let ms = |f: fn(&UngatedUse) -> u64| used.as_ref().map_or(0, |u| f(u) / 1_000_000);
                 tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, busy_ms = ms(|u| u.busy_ns), token_held_ms = ms(|u| u.held_ns), over_ms = ms(|u| u.span_ns), "watchdog violation: busy on the GPU without holding its time-slice token (it bypassed the interposer's gate)");
-            } else if is_new && v.kind != ViolationKind::Overrun {
-                // (An overrun was logged by the token service when it happened.)
+            } else if is_new
+                && !matches!(v.kind, ViolationKind::Overrun | ViolationKind::ShiftedClock)
+            {
+                // (An overrun or a shifted clock was logged by the token service when it
+                // happened.)
                 tracing::warn!(kind = ?v.kind, gpu = %v.gpu, pid = v.pid, lease = ?v.lease, memory = v.memory_used, quota = ?v.memory_quota, "watchdog violation");
             }
             // An overrun may be an honest long kernel measured for the first time: its
             // lease loses window admission, the process is not killed for it.
-            let killable = v.kind != ViolationKind::Overrun;
+            // A shifted clock buys nothing (its page is written in its clock): reported only.
+            let killable = !matches!(v.kind, ViolationKind::Overrun | ViolationKind::ShiftedClock);
             if kill && killable && v.pid > 1 && v.pid != own {
                 match nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(v.pid as i32),

@@ -17,7 +17,7 @@ use common::{open_token as open, reserve_here as reserve};
 use gpushare_config::SchedulingPolicy;
 use gpushare_proto::token::{FLAG_CUT_OFF, HELD_UNTIL_RELEASED, NOT_HELD};
 use gpushare_proto::token_client::{TokenClientError, TokenConnection};
-use gpushare_proto::{GpuSelector, Priority, TokenRequest};
+use gpushare_proto::{GpuSelector, Priority, TokenRequest, ViolationKind};
 
 const T: Duration = Duration::from_secs(10);
 const HELPER_ENV: &str = "GPUSHARE_TEST_TOKEN_HOLDER";
@@ -252,6 +252,16 @@ fn a_client_with_a_clock_of_its_own_reads_its_slice_in_it() {
          arbiter's clock, not its own",
         remaining / 1_000_000_000,
         slice / 1_000_000
+    );
+    // The shift bought nothing, and it is reported all the same.
+    let status = d.client().status().unwrap();
+    assert!(
+        status
+            .violations
+            .iter()
+            .any(|v| v.kind == ViolationKind::ShiftedClock && v.lease.as_ref() == Some(&lease.id)),
+        "no shifted_clock violation listed: {:?}",
+        status.violations
     );
 }
 

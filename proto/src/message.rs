@@ -281,6 +281,11 @@ pub enum ViolationKind {
     /// time, measured on the arbiter's clock (whatever its interposer admitted or
     /// reported). Its lease loses window admission for `scheduler.overrun_penalty_ms`.
     Overrun,
+    /// A token client runs in a time namespace of its own: its `CLOCK_MONOTONIC` is not
+    /// the arbiter's, the clock its page's deadline and window are compared with. The
+    /// arbiter writes its page in its clock, so the shift buys nothing; reported when it
+    /// connects, since a job has no need of one (CRIU's restores are the known user).
+    ShiftedClock,
 }
 
 /// Something the watchdog saw on a shared GPU that should not be there.

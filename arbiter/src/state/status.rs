@@ -48,6 +48,7 @@ impl Arbiter {
                 ViolationKind::Unregistered => "unregistered",
                 ViolationKind::OverQuota => "over_quota",
                 ViolationKind::Ungated => "ungated",
+                ViolationKind::ShiftedClock => "shifted_clock",
                 // Counted once, when the token service reports it (below); the
                 // watchdog's passes only keep it listed for a while.
                 ViolationKind::Overrun => continue,
@@ -63,6 +64,7 @@ impl Arbiter {
     pub fn record_token_violation(&mut self, violation: Violation) {
         let kind = match violation.kind {
             ViolationKind::Ungated => "ungated",
+            ViolationKind::ShiftedClock => "shifted_clock",
             _ => "overrun",
         };
         *self.violation_totals.entry(kind).or_default() += 1;

@@ -2,8 +2,8 @@
 //! to the interposer's admission, once per way of lying, under gpushare with the shipped
 //! scheduler defaults. Per variant: the low job's GPU time while the high job was active (the
 //! device's busy time over the high job's run, less the high job's own kernels), the high
-//! job's iteration slowdown against alone, the `overrun` and `ungated` violations the arbiter
-//! listed for the low lease, and how long after the first lie the first one was listed (the control socket's
+//! job's iteration slowdown against alone, the `overrun`, `ungated` and `shifted_clock`
+//! violations the arbiter listed for the low lease, and how long after the first lie the first one was listed (the control socket's
 //! status, polled every [`STATUS_POLL`]). Every figure is simulated.
 
 use std::path::Path;
@@ -128,13 +128,19 @@ pub fn failed_steps(stdout: &str) -> Vec<String> {
 }
 
 /// The violations the arbiter lists for `lease` that a lie earns: `overrun` (the token
-/// service's judgement of a drain or a window) and `ungated` (the bypass check's, or the
-/// watchdog's, measurement of GPU time beyond token time).
+/// service's judgement of a drain or a window), `ungated` (the bypass check's, or the
+/// watchdog's, measurement of GPU time beyond token time) and `shifted_clock` (a token
+/// client in a time namespace of its own).
 pub fn lies_listed(status: &StatusReport, lease: &LeaseId) -> usize {
     status
         .violations
         .iter()
-        .filter(|v| matches!(v.kind, ViolationKind::Overrun | ViolationKind::Ungated))
+        .filter(|v| {
+            matches!(
+                v.kind,
+                ViolationKind::Overrun | ViolationKind::Ungated | ViolationKind::ShiftedClock
+            )
+        })
         .filter(|v| v.lease.as_ref() == Some(lease))
         .count()
 }
@@ -454,11 +460,11 @@ pub fn markdown(results: &Value, command: &str) -> String {
         "The priority scenario's high job beside one low-priority job, under gpushare with the \
          shipped scheduler defaults, once per way the low job lies. *Low GPU time* is the \
          device's busy time while the high job ran, less the high job's own kernels; \
-         *first report* is the time from the first lie to the first `overrun` or `ungated` the arbiter's \
+         *first report* is the time from the first lie to the first `overrun`, `ungated` or `shifted_clock` the arbiter's \
          status listed for the low lease (polled every 20 ms).\n\n",
     );
     md.push_str(
-        "| variant | low GPU s while high active (simulated) | share of high's run (simulated) | over honest, s (simulated) | high mean slowdown % (simulated) | high p99 slowdown % (simulated) | violations listed (overrun, ungated) | first report after lie, ms (simulated) |\n",
+        "| variant | low GPU s while high active (simulated) | share of high's run (simulated) | over honest, s (simulated) | high mean slowdown % (simulated) | high p99 slowdown % (simulated) | violations listed (overrun, ungated, shifted_clock) | first report after lie, ms (simulated) |\n",
     );
     md.push_str("|---|---|---|---|---|---|---|---|\n");
     let empty = serde_json::Map::new();
