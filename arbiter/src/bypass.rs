@@ -47,9 +47,10 @@ pub const WINDOW: Duration = Duration::from_secs(1);
 /// held, a drain past the grace is an overrun, judged by the token service), so what
 /// remains is the measurement's edges: a sampling period's busy time is counted in the
 /// first interval whose query sees the period ended, up to one interval after the hold
-/// it belongs to, so at the window's old end a hold's token time may have left the
-/// window before its busy time — at most one interval (100 ms). 200 ms is twice that;
-/// a 200 ms kernel launched past the gate beside a high job passes it within a second.
+/// it belongs to — which [`BypassCheck::judge`] allows for by counting the token time of
+/// the interval before the window too — and NVML's rounding to whole percents. 200 ms
+/// is two intervals' worth; a 200 ms kernel launched past the gate beside a high job
+/// passes it within a second.
 pub const TOLERANCE: Duration = Duration::from_millis(200);
 
 /// A process found busy past the gate beside an active high-priority job.
@@ -107,9 +108,13 @@ impl BypassCheck {
         held: &BTreeMap<Place, Held>,
         leases: &[LeaseView],
     ) -> Vec<Bypass> {
+        let in_window = |i: &Interval| now.saturating_duration_since(i.at) < WINDOW;
         self.recent.retain(|(gpu, _), intervals| {
-            intervals.retain(|i| now.saturating_duration_since(i.at) < WINDOW);
-            contested.contains(gpu) && !intervals.is_empty()
+            // The window, and the one interval before it (see below).
+            while intervals.len() > 1 && !in_window(&intervals[1]) {
+                intervals.pop_front();
+            }
+            contested.contains(gpu) && intervals.iter().any(in_window)
         });
         let re_attaching = |lease: &LeaseId| {
             now.saturating_duration_since(self.started) < RESTART_GRACE
@@ -140,9 +145,20 @@ impl BypassCheck {
             if lease.gpus.len() != 1 || priority == Some(Priority::High) {
                 continue;
             }
-            let sum =
-                |f: fn(&Interval) -> u64| intervals.iter().map(f).fold(0, u64::saturating_add);
-            let excess_ns = sum(|i| i.busy_ns).saturating_sub(sum(|i| i.held_ns));
+            // A sampling period's busy time is seen up to one interval after the token
+            // time it belongs to, however long the intervals (a tick delayed on a loaded
+            // node): the busy time of the window is set against the token time of the
+            // window and of the interval before it.
+            let busy_ns = intervals
+                .iter()
+                .filter(|i| in_window(i))
+                .map(|i| i.busy_ns)
+                .fold(0, u64::saturating_add);
+            let held_ns = intervals
+                .iter()
+                .map(|i| i.held_ns)
+                .fold(0, u64::saturating_add);
+            let excess_ns = busy_ns.saturating_sub(held_ns);
             if excess_ns > TOLERANCE.as_nanos() as u64 {
                 found.push(Bypass {
                     gpu: gpu.clone(),

@@ -19,6 +19,8 @@ struct Case {
     /// Its token connection's priority (None: it has none).
     priority: Option<Priority>,
     contested: bool,
+    /// How far apart the intervals are.
+    step: Duration,
     rows: Vec<Row>,
 }
 
@@ -29,6 +31,7 @@ impl Default for Case {
             registered: true,
             priority: Some(Priority::Low),
             contested: true,
+            step: CHECK_INTERVAL,
             rows: Vec::new(),
         }
     }
@@ -51,7 +54,7 @@ fn found_at(case: &Case) -> Vec<bool> {
         .iter()
         .enumerate()
         .map(|(i, &(busy_ms, held_ms))| {
-            let now = start + RESTART_GRACE + CHECK_INTERVAL * (i as u32 + 1);
+            let now = start + RESTART_GRACE + case.step * (i as u32 + 1);
             let busy = BTreeMap::from([(place(), busy_ms * MS)]);
             let held: BTreeMap<Place, Held> = case
                 .priority
@@ -124,6 +127,18 @@ fn busy_time_beyond_token_time_beside_an_active_high_job_is_a_bypass() {
                     .collect()
             }),
             no(31),
+        ),
+        (
+            "a loaded node's delayed ticks: 300 ms intervals, busy time seen one late",
+            bypassing(|c| {
+                c.step = Duration::from_millis(300);
+                c.rows = [(0, 300)]
+                    .into_iter()
+                    .chain(rows(19, (300, 300)))
+                    .chain([(300, 0)])
+                    .collect()
+            }),
+            no(21),
         ),
         (
             "busy a little beyond its holds, within the tolerance over the window",
