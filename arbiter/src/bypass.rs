@@ -95,9 +95,10 @@ impl BypassCheck {
     /// it; `busy`: NVML's busy time per process over it; `held`: each token client's
     /// token time over it (overruns included: they are judged as overruns).
     ///
-    /// Judged: a registered process of a single-GPU lease (multi-GPU leases run ungated
-    /// by design), with a low-priority token connection or none (a high-priority job
-    /// submits without waiting for a grant). Found: busy beyond its token time by more
+    /// Judged: a registered process of a single-GPU low-priority lease (multi-GPU leases
+    /// run ungated by design; a high-priority job submits without waiting for a grant,
+    /// and is never stopped for another's sake), with a low-priority token connection or
+    /// none. `high_leases`: the high-priority leases. Found: busy beyond its token time by more
     /// than [`TOLERANCE`] over the window. A process found starts a new window, so it is
     /// found again only if it goes on.
     pub fn judge(
@@ -107,6 +108,7 @@ impl BypassCheck {
         busy: &BTreeMap<Place, u64>,
         held: &BTreeMap<Place, Held>,
         leases: &[LeaseView],
+        high_leases: &BTreeSet<LeaseId>,
     ) -> Vec<Bypass> {
         let in_window = |i: &Interval| now.saturating_duration_since(i.at) < WINDOW;
         self.recent.retain(|(gpu, _), intervals| {
@@ -142,7 +144,10 @@ impl BypassCheck {
                 continue; // unregistered: the watchdog reports it as such
             };
             let priority = held.get(&(gpu.clone(), *pid)).map(|h| h.priority);
-            if lease.gpus.len() != 1 || priority == Some(Priority::High) {
+            if lease.gpus.len() != 1
+                || priority == Some(Priority::High)
+                || high_leases.contains(lease.id)
+            {
                 continue;
             }
             // A sampling period's busy time is seen up to one interval after the token
@@ -441,7 +446,13 @@ pub async fn run(
             let both: BTreeSet<String> =
                 contested.intersection(&before.contested).cloned().collect();
             let input = arbiter.watchdog_input();
-            for found in check.judge(now, &both, &busy, &held, &input.views()) {
+            let high_leases: BTreeSet<LeaseId> = arbiter
+                .list()
+                .into_iter()
+                .filter(|l| l.priority == Priority::High)
+                .map(|l| l.id)
+                .collect();
+            for found in check.judge(now, &both, &busy, &held, &input.views(), &high_leases) {
                 tracing::warn!(gpu = %found.gpu, pid = found.pid, lease = %found.lease, excess_ms = found.excess_ns / 1_000_000, "process busy on the GPU beyond its token time beside an active high-priority job: it launched past its time-slice gate; reported ungated, its lease penalised");
                 tokens.report_bypass(&found.gpu, &found.lease, found.pid);
                 if pause {

@@ -16,6 +16,8 @@ type Row = (u64, u64);
 struct Case {
     gpus: usize,
     registered: bool,
+    /// Its lease is a high-priority one.
+    high_lease: bool,
     /// Its token connection's priority (None: it has none).
     priority: Option<Priority>,
     contested: bool,
@@ -29,6 +31,7 @@ impl Default for Case {
         Case {
             gpus: 1,
             registered: true,
+            high_lease: false,
             priority: Some(Priority::Low),
             contested: true,
             step: CHECK_INTERVAL,
@@ -69,7 +72,8 @@ fn found_at(case: &Case) -> Vec<bool> {
                 })
                 .into_iter()
                 .collect();
-            let found = check.judge(now, &contested, &busy, &held, &leases);
+            let high: BTreeSet<LeaseId> = case.high_lease.then(|| id.clone()).into_iter().collect();
+            let found = check.judge(now, &contested, &busy, &held, &leases, &high);
             assert!(found
                 .iter()
                 .all(|b| b.pid == PID && b.lease == id && b.gpu == GPU));
@@ -151,6 +155,14 @@ fn busy_time_beyond_token_time_beside_an_active_high_job_is_a_bypass() {
             no(9),
         ),
         (
+            "a process of a high-priority lease with no token connection is never stopped",
+            bypassing(|c| {
+                c.high_lease = true;
+                c.priority = None;
+            }),
+            no(9),
+        ),
+        (
             "a multi-GPU lease runs ungated by design",
             bypassing(|c| c.gpus = 2),
             no(9),
@@ -197,7 +209,7 @@ fn a_recovered_lease_is_not_judged_within_the_restart_grace_nor_counted_from_it(
     let held = BTreeMap::new();
     let found_pids = |check: &mut BypassCheck, now| -> Vec<u32> {
         check
-            .judge(now, &contested, &busy, &held, &leases)
+            .judge(now, &contested, &busy, &held, &leases, &BTreeSet::new())
             .iter()
             .map(|b| b.pid)
             .collect()
