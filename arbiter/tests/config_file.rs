@@ -109,8 +109,24 @@ fn sighup_applies_live_keys_reports_restart_keys_and_keeps_running_on_a_broken_f
 #[test]
 fn check_config_in_both_binaries_says_ok_or_lists_each_problem_with_its_exit_status() {
     let dir = tempfile::tempdir().unwrap();
+    // The host-side paths it names are this build's (their defaults, make install's
+    // /usr/local ones, are not on a test machine: see below).
+    let library = binaries::preload_library();
+    let hook = binaries::program("gpushare-hook");
+    binaries::require(&["gpushare-hook"]);
+    let installed = format!(
+        "[runtime]\nlibrary = \"{}\"\nhook = \"{}\"\nruntimes = [\"sh\"]\n",
+        library.display(),
+        hook.display()
+    );
     let good = dir.path().join("good.toml");
-    std::fs::write(&good, "[scheduler]\nslice_ms = 10\n").unwrap();
+    std::fs::write(&good, format!("{installed}[scheduler]\nslice_ms = 10\n")).unwrap();
+    let missing = dir.path().join("missing.toml");
+    std::fs::write(
+        &missing,
+        installed.replace(&library.display().to_string(), "/nowhere/libgpushare.so"),
+    )
+    .unwrap();
     let bad = dir.path().join("bad.toml");
     std::fs::write(
         &bad,
@@ -131,9 +147,22 @@ fn check_config_in_both_binaries_says_ok_or_lists_each_problem_with_its_exit_sta
         assert_eq!(
             String::from_utf8_lossy(&ok.stdout),
             format!(
-                "{}: ok (1 key differs from the defaults: scheduler.slice_ms)\n",
+                "{}: ok (4 keys differ from the defaults: runtime.hook, runtime.library, \
+                 runtime.runtimes, scheduler.slice_ms)\n",
                 good.display()
-            )
+            ),
+            "{program}"
+        );
+        // It reads well, but the library it names is not on this machine.
+        let lacking = check(&missing);
+        assert_eq!(lacking.status.code(), Some(1), "{program}");
+        let out = String::from_utf8_lossy(&lacking.stdout);
+        assert!(
+            out.starts_with(&format!(
+                "{}: runtime.library = /nowhere/libgpushare.so: no such file on this machine",
+                missing.display()
+            )) && out.lines().count() == 2,
+            "{out}"
         );
         let refused = check(&bad);
         assert_eq!(refused.status.code(), Some(1), "{program}");

@@ -1,12 +1,15 @@
 //! `check-config` (`gpushare-arbiter check-config`, `gpusharectl check-config`):
 //! reads a file exactly as every component does ([`Config::parse`]) and says so,
 //! or lists every problem, one a line, as `FILE:LINE: key = value: what is wrong;
-//! the fix`, before the file is saved where the components read it.
+//! the fix`, before the file is saved where the components read it. A file that reads
+//! well is also checked against this machine: the library, hook and runtime it names
+//! (or their defaults) must be there ([`crate::installation`]).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::{keys, problems, Config, ConfigError, DEFAULT_PATH, PATH_ENV};
+use crate::installation::{self, ThisMachine};
+use crate::{keys, problems, Config, ConfigError, Problem, DEFAULT_PATH, PATH_ENV};
 
 /// The file reads as a configuration.
 pub const EXIT_OK: u8 = 0;
@@ -35,7 +38,53 @@ pub fn target(named: Option<&Path>, env: Option<OsString>) -> (PathBuf, bool) {
 /// Checks the file the components would read (`named`, else as they find it).
 pub fn check_file(named: Option<&Path>) -> Report {
     let (path, absent_is_defaults) = target(named, std::env::var_os(PATH_ENV));
-    report(&path, absent_is_defaults, std::fs::read_to_string(&path))
+    let read = std::fs::read_to_string(&path);
+    let config = match &read {
+        Ok(text) => Config::parse(text, &path).ok(),
+        Err(e) if absent_is_defaults && e.kind() == std::io::ErrorKind::NotFound => {
+            Some(Config::default())
+        }
+        Err(_) => None,
+    };
+    let report = report(&path, absent_is_defaults, read);
+    match config {
+        Some(config) => {
+            on_this_machine(&path, report, installation::problems(&config, &ThisMachine))
+        }
+        None => report,
+    }
+}
+
+/// The report of a file that reads well (`report`), failed where this machine lacks
+/// what it names (`missing`).
+pub fn on_this_machine(path: &Path, report: Report, missing: Vec<Problem>) -> Report {
+    if missing.is_empty() || report.exit_code != EXIT_OK {
+        return report;
+    }
+    let file = path.display();
+    // Its warnings stay; its verdict does not.
+    let mut text: String = report
+        .text
+        .lines()
+        .filter(|l| l.contains("warning: "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for problem in &missing {
+        text.push_str(&format!("{file}: {}\n", problem.describe()));
+    }
+    let count = match missing.len() {
+        1 => "1 path".to_owned(),
+        n => format!("{n} paths"),
+    };
+    text.push_str(&format!(
+        "{file}: reads as a configuration, but {count} it names (or its defaults name) \
+         missing on this machine; with it every container that asks for gpushare fails to \
+         start (others run untouched)\n"
+    ));
+    Report {
+        text,
+        exit_code: EXIT_INVALID,
+    }
 }
 
 /// The report on `path`, whose reading gave `read`.
@@ -120,6 +169,39 @@ mod tests {
 
     fn check(text: &str) -> Report {
         report(Path::new("/etc/gs.toml"), false, Ok(text.to_owned()))
+    }
+
+    #[test]
+    fn a_good_file_naming_what_this_machine_lacks_fails_naming_each_path() {
+        let missing = vec![
+            Problem::at(
+                "runtime.library",
+                "/usr/lib/x.so",
+                "no such file on this machine",
+            ),
+            Problem::at("runtime.hook", "/usr/bin/h", "no executable file there"),
+        ];
+        let good = check("[scheduler]\nslice_ms = 10\n");
+        let failed = on_this_machine(Path::new("/etc/gs.toml"), good.clone(), missing.clone());
+        assert_eq!(failed.exit_code, EXIT_INVALID);
+        assert_eq!(
+            failed.text,
+            "/etc/gs.toml: runtime.library = /usr/lib/x.so: no such file on this machine\n\
+             /etc/gs.toml: runtime.hook = /usr/bin/h: no executable file there\n\
+             /etc/gs.toml: reads as a configuration, but 2 paths it names (or its defaults \
+             name) missing on this machine; with it every container that asks for gpushare \
+             fails to start (others run untouched)\n"
+        );
+        // Nothing missing: the report stands; a file already refused keeps its own.
+        assert_eq!(
+            on_this_machine(Path::new("/etc/gs.toml"), good.clone(), vec![]),
+            good
+        );
+        let refused = check("[scheduler]\nslice_ms = -1\n");
+        assert_eq!(
+            on_this_machine(Path::new("/etc/gs.toml"), refused.clone(), missing),
+            refused
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use gpushare_types::{ByteSize, LossPolicy};
 use serde::{Deserialize, Serialize};
 
 pub mod check;
+pub mod installation;
 pub mod keys;
 pub mod problems;
 
@@ -530,11 +531,13 @@ pub struct RuntimeConfig {
     /// The runtime `gpushare-runc` hands over to: the first one found. The NVIDIA
     /// runtime comes first so device nodes and driver libraries are still injected.
     pub runtimes: Vec<String>,
-    /// Where the interposer lives on the host.
+    /// Where the interposer lives on the host. Default: `<prefix>/lib/gpushare/libgpushare.so`,
+    /// the prefix being where the running program is installed ([`install_prefix`]).
     pub library: PathBuf,
     /// Where it appears inside containers (bind-mounted read-only).
     pub container_library: PathBuf,
-    /// Absolute path of gpushare-hook, written into each spec's hooks.
+    /// Absolute path of gpushare-hook, written into each spec's hooks. Default:
+    /// `<prefix>/bin/gpushare-hook`.
     pub hook: PathBuf,
     /// runc runs hooks without any timeout unless the spec sets one.
     pub hook_timeout_seconds: u32,
@@ -620,17 +623,44 @@ impl RuntimeConfig {
     }
 }
 
+/// `make install`'s default prefix, and the one assumed where the running program is
+/// not installed under a prefix (a development build runs from `target/`).
+pub const DEFAULT_PREFIX: &str = "/usr/local";
+
+/// The installation prefix of a program at `exe`: the directory above its `bin/` or
+/// `sbin/` (`/usr` for the Debian package's `/usr/bin/gpushare-runc`, `/opt/gpushare`
+/// for `make install PREFIX=/opt/gpushare`); None elsewhere.
+pub fn prefix_of(exe: &Path) -> Option<PathBuf> {
+    let dir = exe.parent()?;
+    let name = dir.file_name()?.to_str()?;
+    matches!(name, "bin" | "sbin")
+        .then(|| dir.parent().map(Path::to_path_buf))
+        .flatten()
+}
+
+/// Where the running program is installed ([`prefix_of`] its own path, symlinks
+/// resolved), else [`DEFAULT_PREFIX`]: the defaults of the host-side paths follow it,
+/// so a packaged node needs no path in its configuration.
+pub fn install_prefix() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| prefix_of(&exe))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PREFIX))
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
+        let prefix = install_prefix();
         RuntimeConfig {
             runtimes: vec![
                 "nvidia-container-runtime".into(),
                 "runc".into(),
                 "crun".into(),
             ],
-            library: PathBuf::from("/usr/local/lib/gpushare/libgpushare.so"),
+            library: prefix.join("lib/gpushare/libgpushare.so"),
+            // A path inside containers, the same on every node.
             container_library: PathBuf::from("/usr/local/gpushare/libgpushare.so"),
-            hook: PathBuf::from("/usr/local/bin/gpushare-hook"),
+            hook: prefix.join("bin/gpushare-hook"),
             hook_timeout_seconds: 10,
             ld_so_preload: false,
             profiles: BTreeMap::new(),
@@ -1320,6 +1350,39 @@ mod tests {
         let ok = parse("[kubernetes]\nmemory_unit = \"512Mi\"\nrequire_grant = true\n").unwrap();
         assert_eq!(ok.kubernetes.memory_unit, ByteSize(512 << 20));
         assert!(ok.kubernetes.require_grant);
+    }
+
+    #[test]
+    fn the_host_side_defaults_follow_where_the_program_is_installed() {
+        for (exe, prefix) in [
+            ("/usr/bin/gpushare-runc", Some("/usr")),
+            (
+                "/usr/local/bin/containerd-shim-gpushare-v2",
+                Some("/usr/local"),
+            ),
+            ("/opt/gpushare/sbin/gpushare-arbiter", Some("/opt/gpushare")),
+            ("/bin/gpushare-hook", Some("/")),
+            // A development build, a test binary: not installed under a prefix.
+            ("/src/gpushare/target/debug/gpushare-runc", None),
+            ("/src/gpushare/target/debug/deps/config-0123", None),
+            ("gpushare-runc", None),
+        ] {
+            assert_eq!(
+                prefix_of(Path::new(exe)),
+                prefix.map(PathBuf::from),
+                "{exe}"
+            );
+        }
+        // This test runs from target/: the defaults are make install's.
+        let runtime = RuntimeConfig::default();
+        assert_eq!(
+            runtime.library,
+            Path::new(DEFAULT_PREFIX).join("lib/gpushare/libgpushare.so")
+        );
+        assert_eq!(
+            runtime.hook,
+            Path::new(DEFAULT_PREFIX).join("bin/gpushare-hook")
+        );
     }
 
     #[test]

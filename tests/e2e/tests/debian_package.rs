@@ -1,10 +1,11 @@
 //! `make deb`'s package, from this build (scripts/build-deb.sh with the debug binaries,
 //! stripped as the release ones are), installed into a private root with
-//! `dpkg --root --force-script-chrootless`: its files, a container with a quota run
-//! through the installed gpushare-runc, hook and library against the installed arbiter, an
-//! upgrade to a second build while that container holds its lease (lease, container and
-//! the edited conffile survive; the arbiter restarted as postinst would under systemd),
-//! then a purge that leaves nothing behind.
+//! `dpkg --root --force-script-chrootless`: its files, two containers with a quota each run
+//! through the installed gpushare-runc, hook and library against the installed arbiter with
+//! a minimal configuration (only the node's directories: every path else is found from the
+//! install prefix), an upgrade to a second build while they hold their leases (leases,
+//! containers and the edited conffile survive; the arbiter restarted as postinst would
+//! under systemd), then a purge that leaves nothing behind.
 //!
 //! Not exercised: the maintainer scripts' systemctl branch (systemd is not PID 1 here, and
 //! under $DPKG_ROOT they skip it by design), and CUDA work inside the container (the lease
@@ -121,7 +122,7 @@ fn leases(root: &Path) -> Vec<Value> {
 }
 
 #[test]
-fn the_package_installs_runs_a_container_upgrades_under_a_lease_and_purges_cleanly() {
+fn the_package_installs_runs_two_containers_on_a_minimal_config_upgrades_under_their_leases_and_purges_cleanly() {
     require_root();
     let dir = scratch();
     let docs = dir.path().join("docgen");
@@ -207,63 +208,74 @@ fn the_package_installs_runs_a_container_upgrades_under_a_lease_and_purges_clean
         );
     }
 
-    // The installed arbiter, and the installed configuration edited by the operator for
-    // this node: its directories, a declared GPU, the installed hook and library in the
-    // private root, runc next.
+    // The installed arbiter on a declared GPU, and the installed configuration replaced by
+    // a minimal one naming only this node's directories: the library, the hook and the
+    // runtime are where the package put them, found from where the installed programs are
+    // (the prefix above their bin/, here the private root's /usr).
     let installed_library = root.join("usr/lib/gpushare/libgpushare.so");
     let mut arbiter = Arbiter::builder()
         .declared_gpus(1, "16Gi")
         .program(root.join("usr/bin/gpushare-arbiter"))
-        .configure(|c| {
-            c.runtime.library = installed_library.clone();
-            c.runtime.hook = root.join("usr/bin/gpushare-hook");
-        })
         .start();
     let edited = format!(
-        "# edited for this node\n{}",
-        std::fs::read_to_string(arbiter.dir().join("config.toml")).unwrap()
+        "# a minimal configuration: this node's directories, every path else a default\n\
+         [arbiter]\nrun_dir = \"{}\"\nstate_dir = \"{}\"\n",
+        arbiter.config().arbiter.run_dir.display(),
+        arbiter.config().arbiter.state_dir.display(),
     );
     std::fs::write(root.join("etc/gpushare/config.toml"), &edited).unwrap();
+    let check = Command::new(root.join("usr/bin/gpushare-arbiter"))
+        .arg("check-config")
+        .arg(root.join("etc/gpushare/config.toml"))
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", text(&check));
 
-    // A container with a quota, through the installed gpushare-runc and hook.
-    let bundle = dir.path().join("bundle");
-    busybox_rootfs(&bundle.join("rootfs"));
-    let mut spec = runc_default_spec(&bundle);
-    spec["process"]["args"] = json!(["sleep", "600"]);
-    spec["annotations"] = json!({"gpushare.io/memory": "1Gi"});
-    std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    // Two containers with a quota each, through the installed gpushare-runc and hook.
     let state = dir.path().join("runc-state");
-    let b = bundle.to_str().unwrap();
-    for args in [
-        &["create", "--bundle", b, "pkg1"][..],
-        &["start", "pkg1"][..],
-    ] {
-        let out = runc(&root, &state, args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}{}",
-            text(&out),
-            arbiter.log_tail(20)
+    let mut bundles = Vec::new();
+    for name in ["pkg1", "pkg2"] {
+        let bundle = dir.path().join(format!("bundle-{name}"));
+        busybox_rootfs(&bundle.join("rootfs"));
+        let mut spec = runc_default_spec(&bundle);
+        spec["process"]["args"] = json!(["sleep", "600"]);
+        spec["annotations"] = json!({"gpushare.io/memory": "1Gi"});
+        std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+        let b = bundle.to_str().unwrap();
+        for args in [&["create", "--bundle", b, name][..], &["start", name][..]] {
+            let out = runc(&root, &state, args);
+            assert!(
+                out.status.success(),
+                "{args:?}: {}{}",
+                text(&out),
+                arbiter.log_tail(20)
+            );
+        }
+        bundles.push(bundle);
+    }
+    let mut held = leases(&root);
+    held.sort_by_key(|l| l["container_id"].as_str().unwrap_or_default().to_owned());
+    assert_eq!(held.len(), 2, "{held:#?}");
+    for (lease, name) in held.iter().zip(["pkg1", "pkg2"]) {
+        assert_eq!(lease["container_id"], name);
+        assert_eq!(lease["memory_bytes"], 1u64 << 30);
+        assert_eq!(
+            lease["state"], "confirmed",
+            "the installed hook confirmed it"
         );
     }
-    let held = leases(&root);
-    assert_eq!(held.len(), 1, "{held:#?}");
-    assert_eq!(held[0]["container_id"], "pkg1");
-    assert_eq!(held[0]["memory_bytes"], 1u64 << 30);
-    assert_eq!(
-        held[0]["state"], "confirmed",
-        "the installed hook confirmed it"
-    );
-    let lease = held[0]["id"].clone();
-    let running: Value =
-        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
-    let mounts = running["mounts"].as_array().unwrap();
-    assert!(
-        mounts
-            .iter()
-            .any(|m| m["source"] == installed_library.to_str().unwrap()),
-        "the installed library is mounted: {mounts:#?}"
-    );
+    let lease_ids: Vec<Value> = held.iter().map(|l| l["id"].clone()).collect();
+    for bundle in &bundles {
+        let running: Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        let mounts = running["mounts"].as_array().unwrap();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m["source"] == installed_library.to_str().unwrap()),
+            "the installed library is mounted: {mounts:#?}"
+        );
+    }
 
     // Upgrade while the lease is held: the arbiter keeps running from the old binary until
     // it is restarted from the new one, as postinst's restart does under systemd.
@@ -279,28 +291,34 @@ fn the_package_installs_runs_a_container_upgrades_under_a_lease_and_purges_clean
     );
     assert!(!root.join("etc/gpushare/config.toml.dpkg-dist").exists());
     arbiter.restart();
-    let after = leases(&root);
-    assert_eq!(after.len(), 1, "{after:#?}");
+    let mut after: Vec<Value> = leases(&root).iter().map(|l| l["id"].clone()).collect();
+    after.sort_by_key(Value::to_string);
+    let mut before = lease_ids.clone();
+    before.sort_by_key(Value::to_string);
     assert_eq!(
-        after[0]["id"], lease,
-        "the lease survives the upgrade and the restart"
+        after, before,
+        "the leases survive the upgrade and the restart"
     );
-    let status = runc(&root, &state, &["state", "pkg1"]);
-    assert!(
-        String::from_utf8_lossy(&status.stdout).contains("\"running\""),
-        "{}",
-        text(&status)
-    );
+    for name in ["pkg1", "pkg2"] {
+        let status = runc(&root, &state, &["state", name]);
+        assert!(
+            String::from_utf8_lossy(&status.stdout).contains("\"running\""),
+            "{}",
+            text(&status)
+        );
+    }
 
-    // The container ends; the restarted arbiter releases its lease.
-    let out = runc(&root, &state, &["kill", "pkg1", "KILL"]);
-    assert!(out.status.success(), "{}", text(&out));
-    wait_until("the container to stop", Duration::from_secs(10), || {
-        String::from_utf8_lossy(&runc(&root, &state, &["state", "pkg1"]).stdout)
-            .contains("\"stopped\"")
-    });
-    let out = runc(&root, &state, &["delete", "pkg1"]);
-    assert!(out.status.success(), "{}", text(&out));
+    // The containers end; the restarted arbiter releases their leases.
+    for name in ["pkg1", "pkg2"] {
+        let out = runc(&root, &state, &["kill", name, "KILL"]);
+        assert!(out.status.success(), "{}", text(&out));
+        wait_until("the container to stop", Duration::from_secs(10), || {
+            String::from_utf8_lossy(&runc(&root, &state, &["state", name]).stdout)
+                .contains("\"stopped\"")
+        });
+        let out = runc(&root, &state, &["delete", name]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
     assert_eq!(leases(&root), Vec::<Value>::new());
     arbiter.stop();
 
