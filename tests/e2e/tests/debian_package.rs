@@ -122,7 +122,7 @@ fn leases(root: &Path) -> Vec<Value> {
 }
 
 #[test]
-fn the_package_installs_runs_two_containers_on_a_minimal_config_upgrades_under_their_leases_and_purges_cleanly() {
+fn a_packaged_node_runs_two_containers_on_a_minimal_config_upgrades_and_purges_cleanly() {
     require_root();
     let dir = scratch();
     let docs = dir.path().join("docgen");
