@@ -73,7 +73,9 @@ revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 cat >"$WORK/context/Containerfile" <<CONTAINERFILE
 FROM scratch
 COPY rootfs/ /
-ENV PATH=/opt/gpushare/bin:/bin
+# The standard directories too: node-setup.sh's nsenter into the host's mount namespace
+# runs the host's systemctl, found through this PATH.
+ENV PATH=/opt/gpushare/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 LABEL org.opencontainers.image.title="gpushare node" \\
       org.opencontainers.image.description="gpushare's arbiter and device plugin, and the runtime side that its init step installs onto the node" \\
       org.opencontainers.image.version="$VERSION" \\
