@@ -12,7 +12,7 @@ GLIBC_BASELINE := 2.28
 BASELINE_TARGET := x86_64-unknown-linux-gnu.$(GLIBC_BASELINE)
 BASELINE_DIR := $(CURDIR)/target/x86_64-unknown-linux-gnu
 
-.PHONY: all build deps lint test test-containerd-2 bench demo gpu-check install install-build uninstall deb clean preload-baseline preload-baseline-release check-glibc
+.PHONY: all build deps lint test test-containerd-2 bench demo gpu-check install install-build uninstall deb image clean preload-baseline preload-baseline-release check-glibc
 
 all: build
 
@@ -134,6 +134,12 @@ uninstall:
 # scripts/install-files.sh stages with PREFIX=/usr: the same files as make install.
 deb: install-build
 	scripts/build-deb.sh
+
+# The Kubernetes node image (target/image/gpushare-node.oci.tar, gpushare/node:<version>),
+# built here with no registry and no base image: `ctr -n k8s.io images import` or
+# `docker load` it on each node, or push it (deploy/kubernetes/daemonset.yaml names it).
+image: install-build
+	PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so BIN_DIR=$(RELEASE_DIR) scripts/build-image.sh
 
 # Man pages (target/man) and bash/zsh/fish completions (target/completions), from the
 # binaries' own command-line definitions.

@@ -12,8 +12,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Pod, ResourceQuota, Service, ServiceAccount,
+};
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::Resource;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -187,9 +190,11 @@ pub enum Object {
     RuntimeClass(Box<RuntimeClass>),
     ResourceQuota(Box<ResourceQuota>),
     Pod(Box<Pod>),
+    Service(Box<Service>),
+    ServiceMonitor(Box<ServiceMonitor>),
 }
 
-pub const KINDS: [&str; 7] = [
+pub const KINDS: [&str; 9] = [
     Namespace::KIND,
     ServiceAccount::KIND,
     ConfigMap::KIND,
@@ -197,7 +202,50 @@ pub const KINDS: [&str; 7] = [
     RuntimeClass::KIND,
     ResourceQuota::KIND,
     Pod::KIND,
+    Service::KIND,
+    ServiceMonitor::KIND,
 ];
+
+/// Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1), which k8s-openapi
+/// does not know: the fields a scrape of a Service's named port needs, and only those,
+/// so any other field written fails the round trip as lost rather than being trusted
+/// unchecked.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceMonitor {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: ServiceMonitorSpec,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceMonitorSpec {
+    /// The Services whose endpoints are scraped.
+    pub selector: LabelSelector,
+    pub endpoints: Vec<ServiceMonitorEndpoint>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceMonitorEndpoint {
+    /// The Service port's name.
+    pub port: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+}
+
+impl Resource for ServiceMonitor {
+    const API_VERSION: &'static str = "monitoring.coreos.com/v1";
+    const GROUP: &'static str = "monitoring.coreos.com";
+    const KIND: &'static str = "ServiceMonitor";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "servicemonitors";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
 
 #[derive(Debug, Clone)]
 pub struct Document {
@@ -268,6 +316,8 @@ fn typed_object(source: &Source, written: &Value) -> Result<Object, ManifestErro
         RuntimeClass::KIND => Object::RuntimeClass(round_trip(source, written)?),
         ResourceQuota::KIND => Object::ResourceQuota(round_trip(source, written)?),
         Pod::KIND => Object::Pod(round_trip(source, written)?),
+        Service::KIND => Object::Service(round_trip(source, written)?),
+        ServiceMonitor::KIND => Object::ServiceMonitor(round_trip(source, written)?),
         other => {
             return Err(ManifestError::UnknownKind {
                 source_doc: source.clone(),

@@ -11,6 +11,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The programs gpushare ships (make install, the .deb, the node image).
+pub const SHIPPED_PROGRAMS: [&str; 6] = [
+    "gpushare-arbiter",
+    "gpusharectl",
+    "gpushare-runc",
+    "gpushare-hook",
+    "containerd-shim-gpushare-v2",
+    "gpushare-kube",
+];
+
 /// `GPUSHARE_BIN_DIR`, else the cargo profile directory the running program was built into
 /// (a test or bench binary lives one level down, in `deps/`).
 pub fn bin_dir() -> PathBuf {

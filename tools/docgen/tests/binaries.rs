@@ -14,14 +14,7 @@ use std::time::{Duration, Instant};
 use gpushare_testkit::binaries;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
-const BINARIES: &[&str] = &[
-    "gpushare-arbiter",
-    "gpusharectl",
-    "gpushare-runc",
-    "gpushare-hook",
-    "containerd-shim-gpushare-v2",
-    "gpushare-kube",
-];
+const BINARIES: &[&str] = &binaries::SHIPPED_PROGRAMS;
 /// The binaries whose command line is clap's: man page and completions.
 const CLAP_BINARIES: &[&str] = &[
     "gpushare-arbiter",
