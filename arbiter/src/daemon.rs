@@ -154,6 +154,22 @@ pub fn recover(
     Ok(Running { arbiter, tasks })
 }
 
+/// Tells systemd (`Type=notify`) that the daemon is ready: called once the control socket
+/// is bound and served and the lease table recovered, so `Before=containerd.service`
+/// orders the engines after a socket that answers, not after a fork. Nothing without
+/// `NOTIFY_SOCKET` (not started by systemd); a failure to notify is logged, not fatal
+/// (systemd then times the start out and says so).
+pub fn notify_ready() {
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "could not tell systemd the arbiter is ready (NOTIFY_SOCKET)");
+    }
+}
+
+/// Tells systemd the daemon is stopping (no more requests are served).
+pub fn notify_stopping() {
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+}
+
 /// Lease sockets plus client connections: one descriptor each. The default soft
 /// limit (1024) would cap a node at a few hundred leases.
 pub fn raise_open_files_limit() {

@@ -550,3 +550,53 @@ fn a_flood_of_connections_on_one_lease_socket_is_capped() {
     );
     drop(held);
 }
+
+/// Under systemd (`Type=notify`) the arbiter says READY=1 only once its control socket
+/// answers, so the engines ordered after it find a socket that serves; and STOPPING=1
+/// when asked to stop.
+#[test]
+fn the_arbiter_tells_systemd_it_is_ready_once_its_control_socket_answers() {
+    use std::os::unix::net::UnixDatagram;
+    let builder = daemon(1, "16Gi");
+    let dir = builder.dir().to_owned();
+    let config = builder.config().clone();
+    let config_path = dir.join("notify-config.toml");
+    std::fs::write(&config_path, config.to_toml().unwrap()).unwrap();
+    let notify_path = dir.join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify.set_read_timeout(Some(T)).unwrap();
+    let mut arbiter = std::process::Command::new(ARBITER)
+        .arg("--config")
+        .arg(&config_path)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut message = [0u8; 256];
+    let n = notify
+        .recv(&mut message)
+        .unwrap_or_else(|e| panic!("no readiness within {T:?}: {e}"));
+    let said = String::from_utf8_lossy(&message[..n]).into_owned();
+    assert!(said.lines().any(|l| l == "READY=1"), "{said:?}");
+    // At once, with no retry: the socket it announced serves.
+    let stream = UnixStream::connect(config.arbiter.control_socket())
+        .expect("the control socket accepts once READY=1 is sent");
+    drop(stream);
+    let status = gpushare_proto::ControlClient::connect(&config.arbiter.control_socket(), T)
+        .unwrap()
+        .status()
+        .unwrap();
+    assert_eq!(status.gpus.len(), 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(arbiter.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let n = notify.recv(&mut message).expect("STOPPING=1 at the stop");
+    assert!(String::from_utf8_lossy(&message[..n])
+        .lines()
+        .any(|l| l == "STOPPING=1"));
+    assert!(arbiter.wait().unwrap().success());
+}

@@ -94,7 +94,9 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
         ));
         tasks.spawn(server::serve(listener, arbiter));
         tracing::info!(socket = %socket.display(), "serving");
+        daemon::notify_ready();
         stop_asked.await;
+        daemon::notify_stopping();
         tracing::info!("stopping; leases stay on disk");
         // Leave no stale socket behind for the next start to trip over.
         let _ = std::fs::remove_file(&socket);

@@ -199,6 +199,12 @@ fn an_installation_under_any_prefix_names_its_own_paths_and_verifies() {
     );
     let mut settings = unit.lines().filter(|l| !l.starts_with('#'));
     assert!(settings.all(|l| !l.contains("/usr/local")), "{unit}");
+    // The engines ordered after it wait for its readiness, not for a fork (the arbiter's
+    // READY=1: arbiter/tests/daemon.rs).
+    assert!(
+        unit.lines().any(|l| l == "Type=notify") && unit.lines().any(|l| l == "NotifyAccess=main"),
+        "{unit}"
+    );
     // The man: link resolves through MANPATH; ExecStart must exist and be executable.
     let out = run(Command::new("systemd-analyze")
         .args(["verify", "--no-pager"])
