@@ -292,7 +292,7 @@ pub struct ArbiterConfig {
     /// is released after this long. 5 min is far beyond any container creation.
     pub reserved_timeout_ms: u64,
     /// `host:port` of the Prometheus text endpoint (`GET /metrics`). Off by default:
-    /// an operator chooses to expose it (normally on loopback, e.g. `127.0.0.1:9400`).
+    /// an operator chooses to expose it (normally on loopback, e.g. `127.0.0.1:9447`; not 9400, dcgm-exporter's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_address: Option<String>,
     /// Connections to the metrics endpoint served at once; one beyond it is
@@ -1104,7 +1104,7 @@ impl Config {
                 problems.push(Problem::at(
                     "arbiter.metrics_address",
                     format!("{address:?}"),
-                    "expected host:port, e.g. \"127.0.0.1:9400\"",
+                    "expected host:port, e.g. \"127.0.0.1:9447\"",
                 ));
             }
         }
