@@ -11,6 +11,7 @@
 #   OUT                where the .deb goes (default target/debian); its path is printed last
 #   WORK               scratch directory (default target/deb-build)
 #   FAST=1             faster, larger compression (tests)
+#   DEB_MAINTAINER     the Maintainer field, "Name <address>" (default: packaging/deb's)
 set -eu
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +33,20 @@ glibc=$(for f in "$WORK"/root/usr/bin/* "$WORK"/root/usr/lib/gpushare/libgpushar
     objdump -T "$f"
 done | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1)
 sed -i "s/@GLIBC@/$glibc/" "$WORK/Cargo.toml"
+if [ -n "${DEB_MAINTAINER:-}" ]; then
+    sed -i "s|^maintainer = .*|maintainer = \"$DEB_MAINTAINER\"|" "$WORK/Cargo.toml"
+fi
+maintainer=$(sed -n 's/^maintainer = "\(.*\)"$/\1/p' "$WORK/Cargo.toml")
+
+# The changelog Debian Policy asks of every package (12.7; a native one's is changelog.gz):
+# one entry for this build, dated by the commit it was built from (reproducible), or now
+# outside a git checkout.
+when=$(git -C "$here" log -1 --format=%ct 2>/dev/null || date +%s)
+{
+    printf 'gpushare (%s) unstable; urgency=medium\n\n' "$DEB_VERSION"
+    printf '  * Built from the gpushare repository; what changed is in its history.\n\n'
+    printf ' -- %s  %s\n' "$maintainer" "$(LC_ALL=C date -u -R -d "@$when")"
+} | gzip -9n > "$WORK/changelog.gz"
 
 # --no-build: everything is staged; --no-strip: install-files.sh stripped it already.
 "$cargo_deb" --manifest-path "$WORK/Cargo.toml" --no-build --no-strip --quiet ${FAST:+--fast} \

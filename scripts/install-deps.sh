@@ -208,6 +208,7 @@ if [ "$mode" = test ]; then
   need_tool systemd-analyze systemd "tests/deploy's systemd_unit verifies the unit and scores its hardening"
   need_tool kill procps "the unit's ExecReload (/bin/kill), which systemd-analyze verify looks for"
   need_tool readelf binutils "the simulated driver's tests check its soname and -Bsymbolic linking"
+  need_tool lintian lintian "tests/e2e's debian_package holds the package to no lintian error or warning"
 fi
 need_tool objdump binutils "make checks the GLIBC_ versions libgpushare.so needs"
 need_zig_toolchain

@@ -62,6 +62,7 @@ fn debian_complete() -> Machine {
             "usr/bin/systemd-analyze",
             "usr/bin/kill",
             "usr/bin/readelf",
+            "usr/bin/lintian",
             "usr/bin/objdump",
             "usr/bin/zig",
             "usr/bin/cargo-zigbuild",
@@ -277,6 +278,7 @@ fn each_command_plans_only_what_it_needs_on_a_bare_machine() {
             "groff-base",
             "systemd",
             "procps",
+            "lintian",
         ],
     ]
     .concat();

@@ -62,6 +62,39 @@ fn build_package(dir: &Path, docs: &Path, version: &str) -> PathBuf {
     )
 }
 
+/// Debian's own checker on the package: no error, no warning (make test installs lintian;
+/// where it is missing the check says so and is skipped).
+fn lintian_finds_nothing(deb: &Path) {
+    let out = match Command::new("lintian")
+        .args(["--tag-display-limit", "0"])
+        .arg(deb)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("SKIPPED lintian: {e} (apt-get install lintian)");
+            return;
+        }
+    };
+    let said = String::from_utf8_lossy(&out.stdout);
+    let tags: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with("E: ") || l.starts_with("W: "))
+        .collect();
+    assert!(
+        tags.is_empty(),
+        "lintian {}:\n{}",
+        deb.display(),
+        text(&out)
+    );
+    assert!(
+        out.status.success(),
+        "lintian {}:\n{}",
+        deb.display(),
+        text(&out)
+    );
+}
+
 /// dpkg working on the private root `root`, its maintainer scripts run on this host with
 /// DPKG_ROOT=root. libc6 is not installed there: dependencies are not checked.
 fn dpkg(root: &Path) -> Command {
@@ -133,6 +166,7 @@ fn a_packaged_node_runs_two_containers_on_a_minimal_config_upgrades_and_purges_c
         .arg(docs.join("completions")));
     let first = build_package(dir.path(), &docs, FIRST);
     let second = build_package(dir.path(), &docs, SECOND);
+    lintian_finds_nothing(&first);
 
     let root = dir.path().join("root");
     for d in ["var/lib/dpkg/info", "var/lib/dpkg/updates"] {
