@@ -10,11 +10,13 @@
 # /etc/gpushare/config.toml is removed only while it is still the file install wrote;
 # an edited one is kept, and the script says so.
 #
-# Environment: PREFIX (/usr/local), SYSCONFDIR (/etc), DESTDIR, FORCE.
+# Environment: PREFIX (/usr/local), SYSCONFDIR (/etc), UNITDIR ($SYSCONFDIR/systemd/system),
+# DESTDIR, FORCE.
 set -eu
 
 PREFIX=${PREFIX:-/usr/local}
 SYSCONFDIR=${SYSCONFDIR:-/etc}
+UNITDIR=${UNITDIR:-$SYSCONFDIR/systemd/system}
 DESTDIR=${DESTDIR:-}
 FORCE=${FORCE:-}
 data_dir=$PREFIX/share/gpushare
@@ -67,6 +69,15 @@ while IFS= read -r path; do
     [ -n "$path" ] || continue
     rm -f "$DESTDIR$path"
 done <"$manifest"
+# The unit's enablement: `systemctl disable` above removes it where systemd runs; where it
+# does not (an image being built, a chroot, DESTDIR) the links `systemctl enable` made stay
+# and would dangle.
+for link in "$DESTDIR$SYSCONFDIR"/systemd/system/*.wants/"$unit" "$DESTDIR$UNITDIR"/*.wants/"$unit"; do
+    if [ -L "$link" ]; then
+        rm -f "$link"
+        rmdir "$(dirname "$link")" 2>/dev/null || true
+    fi
+done
 # gpushare's own directories, once empty (the shared ones, such as share/man/man1, stay).
 for dir in share/doc/gpushare/examples/docker share/doc/gpushare/examples/containerd \
     share/doc/gpushare/examples/hooks.d share/doc/gpushare/examples share/doc/gpushare \

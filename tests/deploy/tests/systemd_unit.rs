@@ -324,11 +324,24 @@ fn uninstall_refuses_while_an_engine_names_gpushare_then_removes_all_but_an_edit
 }
 
 #[test]
-fn uninstall_removes_an_unedited_config() {
+fn uninstall_removes_an_unedited_config_and_the_units_enablement() {
     let installed = Installed::new();
+    // Enabled where systemd does not run (an image being built, a chroot): `systemctl
+    // enable` then only makes the link, and no running systemd will remove it.
+    let wants = installed
+        .etc()
+        .join("systemd/system/multi-user.target.wants")
+        .join(UNIT);
+    std::fs::create_dir_all(wants.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(installed.unit(), &wants).unwrap();
     let out = run(&mut installed.script("uninstall.sh"));
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(installed.files(), Vec::<String>::new());
+    assert!(
+        std::fs::symlink_metadata(&wants).is_err(),
+        "{} is left dangling",
+        wants.display()
+    );
 }
 
 /// The unit keeps CAP_KILL and CAP_SYS_PTRACE and nothing else: the arbiter runs with

@@ -356,9 +356,15 @@ fn a_packaged_node_runs_two_containers_on_a_minimal_config_upgrades_and_purges_c
     assert_eq!(leases(&root), Vec::<Value>::new());
     arbiter.stop();
 
-    // Purge: nothing of the package is left, the edited conffile included.
+    // Purge: nothing of the package is left, the edited conffile and what the unit's
+    // directories held included (StateDirectory, RuntimeDirectory as systemd leaves it).
+    for dir in ["var/lib/gpushare", "run/gpushare/leases/l1"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+        std::fs::write(root.join(dir).join("left"), "").unwrap();
+    }
     ok(dpkg(&root).args(["--purge", PACKAGE]));
     assert_eq!(entries(&root), Vec::<String>::new());
     assert!(!root.join("etc/gpushare").exists());
+    assert!(!root.join("run/gpushare").exists());
     assert_eq!(host_wants.exists(), host_had_it);
 }
