@@ -24,7 +24,8 @@ rm -rf "$WORK"
 mkdir -p "$WORK" "$OUT"
 cp -r "$here/packaging/deb/." "$WORK/"
 DESTDIR=$WORK/root PREFIX=/usr SYSCONFDIR=/etc UNITDIR=/usr/lib/systemd/system \
-    ZSH_COMPLETIONS_DIR=/usr/share/zsh/vendor-completions MANIFEST=no \
+    ZSH_COMPLETIONS_DIR=/usr/share/zsh/vendor-completions HOOKS_DIR=/usr/share/containers/oci/hooks.d \
+    MANIFEST=no \
     "$here/scripts/install-files.sh" >/dev/null
 
 # The oldest libc6 the package's programs run on: the highest GLIBC_ symbol version any of

@@ -11,6 +11,8 @@
 #   SYSCONFDIR (/etc)     gpushare/config.toml, installed only when absent (an upgrade keeps yours)
 #   UNITDIR               the systemd unit (default $SYSCONFDIR/systemd/system)
 #   ZSH_COMPLETIONS_DIR   default $PREFIX/share/zsh/site-functions
+#   HOOKS_DIR             podman's OCI hooks (default $SYSCONFDIR/containers/oci/hooks.d, where
+#                         podman looks for the administrator's; the package: /usr/share/...)
 #   DESTDIR               staging root prepended to every path written
 #   BUILD_DIR             where the binaries are (target/release)
 #   LIBRARY               the libgpushare.so to ship (the glibc-2.28 baseline build)
@@ -24,6 +26,7 @@ PREFIX=${PREFIX:-/usr/local}
 SYSCONFDIR=${SYSCONFDIR:-/etc}
 UNITDIR=${UNITDIR:-$SYSCONFDIR/systemd/system}
 ZSH_COMPLETIONS_DIR=${ZSH_COMPLETIONS_DIR:-$PREFIX/share/zsh/site-functions}
+HOOKS_DIR=${HOOKS_DIR:-$SYSCONFDIR/containers/oci/hooks.d}
 DESTDIR=${DESTDIR:-}
 BUILD_DIR=${BUILD_DIR:-$here/target/release}
 LIBRARY=${LIBRARY:-$here/target/x86_64-unknown-linux-gnu/release/libgpushare.so}
@@ -93,6 +96,13 @@ for example in docker/daemon-20.10.json docker/daemon-24.json containerd/config-
     for_prefix_unit "$here/config/$example" >"$tmp/example"
     put "$tmp/example" 0644 "$PREFIX/share/doc/gpushare/examples/$example"
 done
+
+# podman runs the precreate hook for containers that ask for gpushare (the hook's `when`
+# matches gpushare.io/ annotations only), without its runtime being changed.
+for_prefix_unit "$here/config/hooks.d/gpushare.json" >"$tmp/hook.json"
+put "$tmp/hook.json" 0644 "$HOOKS_DIR/gpushare.json"
+# The Grafana dashboard (deploy/grafana): point a dashboard provider at this directory.
+put "$here/deploy/grafana/gpushare.json" 0644 "$data_dir/grafana/gpushare.json"
 
 for_prefix_config "$here/config/config.toml" >"$tmp/config.toml"
 config=$SYSCONFDIR/gpushare/config.toml

@@ -81,7 +81,7 @@ done
 # gpushare's own directories, once empty (the shared ones, such as share/man/man1, stay).
 for dir in share/doc/gpushare/examples/docker share/doc/gpushare/examples/containerd \
     share/doc/gpushare/examples/hooks.d share/doc/gpushare/examples share/doc/gpushare \
-    share/gpushare lib/gpushare; do
+    share/gpushare/grafana share/gpushare lib/gpushare; do
     rmdir "$DESTDIR$PREFIX/$dir" 2>/dev/null || true
 done
 

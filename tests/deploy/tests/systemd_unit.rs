@@ -199,6 +199,18 @@ fn an_installation_under_any_prefix_names_its_own_paths_and_verifies() {
     );
     let mut settings = unit.lines().filter(|l| !l.starts_with('#'));
     assert!(settings.all(|l| !l.contains("/usr/local")), "{unit}");
+    // podman's hook where podman looks for the administrator's (SYSCONFDIR), naming this
+    // prefix's hook; the dashboard beside the other data.
+    let hook =
+        std::fs::read_to_string(installed.etc().join("containers/oci/hooks.d/gpushare.json"))
+            .unwrap();
+    assert!(
+        hook.contains(&format!("\"{}\"", installed.bin("gpushare-hook").display())),
+        "{hook}"
+    );
+    assert!(prefix
+        .join("share/gpushare/grafana/gpushare.json")
+        .is_file());
     // The engines ordered after it wait for its readiness, not for a fork (the arbiter's
     // READY=1: arbiter/tests/daemon.rs).
     assert!(

@@ -204,6 +204,10 @@ fn a_packaged_node_runs_two_containers_on_a_minimal_config_upgrades_and_purges_c
         "./usr/share/zsh/vendor-completions/_gpusharectl",
         "./usr/share/fish/vendor_completions.d/gpusharectl.fish",
         "./usr/share/doc/gpushare/README.md",
+        "./usr/share/doc/gpushare/changelog.gz",
+        // Where podman looks for the distribution's OCI hooks, and the Grafana dashboard.
+        "./usr/share/containers/oci/hooks.d/gpushare.json",
+        "./usr/share/gpushare/grafana/gpushare.json",
         // postinst enabled the unit inside the root (deb-systemd-helper under DPKG_ROOT)...
         "./etc/systemd/system/multi-user.target.wants/gpushare-arbiter.service",
     ] {
@@ -225,6 +229,11 @@ fn a_packaged_node_runs_two_containers_on_a_minimal_config_upgrades_and_purges_c
         unit.contains("ExecStart=/usr/bin/gpushare-arbiter\n"),
         "{unit}"
     );
+    let hook: Value = serde_json::from_slice(
+        &std::fs::read(root.join("usr/share/containers/oci/hooks.d/gpushare.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(hook["hook"]["path"], "/usr/bin/gpushare-hook", "{hook}");
     let shipped_config = std::fs::read_to_string(root.join("etc/gpushare/config.toml")).unwrap();
     assert!(
         shipped_config.contains("library = \"/usr/lib/gpushare/libgpushare.so\"")
