@@ -33,6 +33,7 @@ engines=""
 grep -qs gpushare "$DESTDIR$SYSCONFDIR/docker/daemon.json" && engines="$engines docker"
 grep -qs gpushare "$DESTDIR$SYSCONFDIR/containerd/config.toml" && engines="$engines containerd"
 grep -qs gpushare "$DESTDIR$SYSCONFDIR/containers/containers.conf" && engines="$engines podman"
+grep -qs gpushare "$DESTDIR$SYSCONFDIR/crio/crio.conf.d/50-gpushare.conf" && engines="$engines crio"
 if [ -n "$engines" ]; then
     for engine in $engines; do
         echo "uninstall: $engine's configuration still names gpushare: run 'gpusharectl setup --undo $engine' first, then restart $engine" >&2

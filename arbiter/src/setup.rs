@@ -1,6 +1,7 @@
-//! `gpusharectl setup docker|containerd|podman [--undo]`: adds the gpushare runtime to a
-//! container engine's configuration, or takes it out again, as `nvidia-ctk runtime
-//! configure` does for NVIDIA's.
+//! `gpusharectl setup docker|containerd|podman|crio [--undo]`: adds the gpushare runtime to
+//! a container engine's configuration, or takes it out again, as `nvidia-ctk runtime
+//! configure` does for NVIDIA's. CRI-O's goes into a drop-in of its own
+//! (`/etc/crio/crio.conf.d/50-gpushare.conf`), which CRI-O merges over crio.conf.
 //!
 //! The edits are pure ([`configure`], [`undo`]: text in, text out) and the file handling
 //! ([`apply`]) is separate. Three promises, each table-tested:
@@ -52,6 +53,7 @@ const CONTAINERD_V3_RUNTIMES: [&str; 5] = [
     RUNTIME_NAME,
 ];
 const PODMAN_RUNTIMES: [&str; 2] = ["engine", "runtimes"];
+const CRIO_RUNTIMES: [&str; 3] = ["crio", "runtime", "runtimes"];
 
 /// Requests reach the spec through these (config/containerd/*.toml says why grant keys
 /// come only through container annotations).
@@ -63,6 +65,7 @@ pub enum Engine {
     Docker,
     Containerd,
     Podman,
+    Crio,
 }
 
 impl Engine {
@@ -72,6 +75,8 @@ impl Engine {
             Engine::Docker => "/etc/docker/daemon.json",
             Engine::Containerd => "/etc/containerd/config.toml",
             Engine::Podman => "/etc/containers/containers.conf",
+            // A drop-in: CRI-O reads crio.conf, then crio.conf.d/*.conf in lexical order.
+            Engine::Crio => "/etc/crio/crio.conf.d/50-gpushare.conf",
         })
     }
 
@@ -81,6 +86,7 @@ impl Engine {
             Engine::Docker => "restart docker to use it: systemctl restart docker",
             Engine::Containerd => "restart containerd to use it: systemctl restart containerd",
             Engine::Podman => "podman reads containers.conf at each command: nothing to restart",
+            Engine::Crio => "restart CRI-O to use it: systemctl restart crio",
         }
     }
 }
@@ -91,6 +97,7 @@ impl fmt::Display for Engine {
             Engine::Docker => "docker",
             Engine::Containerd => "containerd",
             Engine::Podman => "podman",
+            Engine::Crio => "crio",
         })
     }
 }
@@ -188,6 +195,7 @@ pub fn configure(engine: Engine, text: &str, programs: &Programs) -> Result<Stri
         Engine::Docker => configure_docker(text, programs),
         Engine::Containerd => configure_containerd(text, programs),
         Engine::Podman => configure_podman(text, programs),
+        Engine::Crio => configure_crio(text, programs),
     }
 }
 
@@ -223,6 +231,7 @@ pub fn undo(
         Engine::Docker => unconfigure_docker(current)?,
         Engine::Containerd => unconfigure_containerd(current)?,
         Engine::Podman => unconfigure_toml(engine, current, &PODMAN_RUNTIMES)?,
+        Engine::Crio => unconfigure_toml(engine, current, &CRIO_RUNTIMES)?,
     };
     // A file setup created (no backup) holding nothing but what it wrote.
     if backup.is_none() && configure(engine, "", programs)? == current {
@@ -250,6 +259,12 @@ pub fn is_configured(engine: Engine, text: &str) -> Result<bool, SetupError> {
                 &[PODMAN_RUNTIMES[0], PODMAN_RUNTIMES[1], RUNTIME_NAME],
             )
             .is_some()
+        }
+        Engine::Crio => {
+            let doc = parse_toml(engine, text)?;
+            let mut path = CRIO_RUNTIMES.to_vec();
+            path.push(RUNTIME_NAME);
+            lookup(doc.as_table(), &path).is_some()
         }
     })
 }
@@ -564,6 +579,29 @@ fn configure_podman(text: &str, programs: &Programs) -> Result<String, SetupErro
         RUNTIME_NAME,
         string_array(&[utf8(&programs.runc)?]),
     );
+    let edited = doc.to_string();
+    Ok(if edited == text {
+        text.to_owned()
+    } else {
+        edited
+    })
+}
+
+/// CRI-O's runtime table (crio.conf(5), `[crio.runtime.runtimes.NAME]`): gpushare-runc as an
+/// OCI runtime, as a RuntimeClass's `handler: gpushare` selects it. CRI-O puts the pod's and
+/// container's annotations into the spec itself, so no annotation list is needed.
+fn configure_crio(text: &str, programs: &Programs) -> Result<String, SetupError> {
+    let engine = Engine::Crio;
+    let mut doc = parse_toml(engine, text)?;
+    let mut path = CRIO_RUNTIMES.to_vec();
+    path.push(RUNTIME_NAME);
+    let runtime = table_at(engine, doc.as_table_mut(), &path)?;
+    ensure(
+        runtime,
+        "runtime_path",
+        toml_edit::value(utf8(&programs.runc)?),
+    );
+    ensure(runtime, "runtime_type", toml_edit::value("oci"));
     let edited = doc.to_string();
     Ok(if edited == text {
         text.to_owned()

@@ -76,7 +76,7 @@ fn docker_gains_the_runtime_and_keeps_every_other_key_in_order() {
 
 #[test]
 fn each_engine_from_no_file() {
-    let cases: [(Engine, &str); 3] = [
+    let cases: [(Engine, &str); 4] = [
         (
             Engine::Docker,
             "{\n  \"runtimes\": {\n    \"gpushare\": {\n      \"path\": \"/usr/local/bin/gpushare-runc\"\n    }\n  }\n}\n",
@@ -88,6 +88,10 @@ fn each_engine_from_no_file() {
         (
             Engine::Podman,
             "[engine.runtimes]\ngpushare = [\"/usr/local/bin/gpushare-runc\"]\n",
+        ),
+        (
+            Engine::Crio,
+            "[crio.runtime.runtimes.gpushare]\nruntime_path = \"/usr/local/bin/gpushare-runc\"\nruntime_type = \"oci\"\n",
         ),
     ];
     for (engine, expected) in cases {
@@ -171,6 +175,34 @@ fn containerd_v4_gets_the_runtime_at_version_3_s_path() {
     assert_eq!(toml(&out)["version"], toml::Value::Integer(4));
 }
 
+/// A drop-in an operator already has (CRI-O merges every `crio.conf.d/*.conf` over
+/// crio.conf), here naming another runtime of its own.
+const CRIO_DROP_IN: &str = "# site settings\n[crio.runtime]\ndefault_runtime = \"runc\"\n\n[crio.runtime.runtimes.crun]\nruntime_path = \"/usr/bin/crun\"\n";
+
+#[test]
+fn crio_gains_the_runtime_in_its_drop_in_beside_the_others() {
+    let out = configured(Engine::Crio, CRIO_DROP_IN);
+    for line in CRIO_DROP_IN.lines() {
+        assert!(out.contains(line), "lost {line:?}:\n{out}");
+    }
+    // Read back as CRI-O reads it (TOML; CRI-O is not packaged for this machine).
+    let doc = toml(&out);
+    let gpushare = &doc["crio"]["runtime"]["runtimes"]["gpushare"];
+    assert_eq!(
+        gpushare["runtime_path"].as_str(),
+        Some("/usr/local/bin/gpushare-runc")
+    );
+    assert_eq!(gpushare["runtime_type"].as_str(), Some("oci"));
+    assert_eq!(
+        doc["crio"]["runtime"]["default_runtime"].as_str(),
+        Some("runc")
+    );
+    assert_eq!(
+        Engine::Crio.default_config(),
+        Path::new("/etc/crio/crio.conf.d/50-gpushare.conf")
+    );
+}
+
 #[test]
 fn podman_gains_the_runtime_beside_the_others() {
     let out = configured(Engine::Podman, PODMAN_IN_USE);
@@ -199,6 +231,8 @@ fn a_second_run_changes_nothing() {
         (Engine::Containerd, CONTAINERD_V4),
         (Engine::Podman, ""),
         (Engine::Podman, PODMAN_IN_USE),
+        (Engine::Crio, ""),
+        (Engine::Crio, CRIO_DROP_IN),
     ] {
         let once = configured(engine, text);
         assert_ne!(once, text, "{engine}: the first run adds the runtime");
@@ -221,6 +255,7 @@ fn a_runtime_entry_naming_other_programs_is_corrected() {
         (Engine::Containerd, CONTAINERD_V3),
         (Engine::Containerd, CONTAINERD_V4),
         (Engine::Podman, PODMAN_IN_USE),
+        (Engine::Crio, CRIO_DROP_IN),
     ] {
         let old = configured(engine, text);
         let new = configure(engine, &old, &elsewhere).unwrap();
@@ -242,6 +277,7 @@ fn undo_with_the_backup_gives_back_the_file_byte_for_byte() {
         (Engine::Containerd, CONTAINERD_V3),
         (Engine::Containerd, CONTAINERD_V4),
         (Engine::Podman, PODMAN_IN_USE),
+        (Engine::Crio, CRIO_DROP_IN),
     ] {
         let once = configured(engine, text);
         assert_eq!(
