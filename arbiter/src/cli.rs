@@ -119,6 +119,11 @@ pub enum CtlCommand {
         /// (priority, memory, tenant beyond what their environment may ask). Repeatable.
         #[arg(long, value_name = "NAME", value_parser = profile_name)]
         profile: Vec<String>,
+        /// docker and containerd: also make gpushare the default runtime (docker's
+        /// default-runtime, the CRI plugin's default_runtime_name), so containers and pods
+        /// that name no runtime go through it; --undo takes that out too.
+        #[arg(long)]
+        set_as_default: bool,
     },
     /// Live view per GPU: memory used/quota, GPU-time share per lease, priority, the
     /// token's holder and the queue, redrawn every second (one frame when stdout is

@@ -53,6 +53,11 @@ const CONTAINERD_V3_RUNTIMES: [&str; 5] = [
     RUNTIME_NAME,
 ];
 const PODMAN_RUNTIMES: [&str; 2] = ["engine", "runtimes"];
+/// docker's daemon.json key naming the default runtime.
+const DOCKER_DEFAULT_RUNTIME: &str = "default-runtime";
+/// The CRI plugin's key (beside `runtimes`, in its `containerd` table) naming the runtime of
+/// pods that name no RuntimeClass.
+const CONTAINERD_DEFAULT_RUNTIME: &str = "default_runtime_name";
 const CRIO_RUNTIMES: [&str; 3] = ["crio", "runtime", "runtimes"];
 
 /// Requests reach the spec through these (config/containerd/*.toml says why grant keys
@@ -113,6 +118,10 @@ pub struct Programs {
     /// container's creator, rather than its image, gets more than the environment
     /// may ask.
     pub docker_profiles: Vec<String>,
+    /// `--set-as-default`: the engine's default runtime becomes gpushare's (docker's
+    /// `default-runtime`, the CRI plugin's `default_runtime_name`), so containers and pods
+    /// that name no runtime or RuntimeClass go through gpushare-runc too.
+    pub set_as_default: bool,
 }
 
 impl Programs {
@@ -121,7 +130,14 @@ impl Programs {
         Programs {
             runc: dir.join("gpushare-runc"),
             docker_profiles: Vec::new(),
+            set_as_default: false,
         }
+    }
+
+    /// Also making gpushare the engine's default runtime.
+    pub fn as_default(mut self, set_as_default: bool) -> Programs {
+        self.set_as_default = set_as_default;
+        self
     }
 
     /// With a docker runtime entry for each of `profiles`.
@@ -222,6 +238,9 @@ pub fn undo(
         }
         _ => programs,
     };
+    // Whether setup also made gpushare the default is read from the file, not asked again.
+    let as_made = programs.clone().as_default(is_default(engine, current)?);
+    let programs = &as_made;
     if let Some(original) = backup {
         if configure(engine, original, programs)? == current {
             return Ok(Some(original.to_owned()));
@@ -238,6 +257,29 @@ pub fn undo(
         return Ok(None);
     }
     Ok(Some(removed))
+}
+
+/// Whether `text` makes gpushare's runtime the engine's default (`--set-as-default`).
+pub fn is_default(engine: Engine, text: &str) -> Result<bool, SetupError> {
+    Ok(match engine {
+        Engine::Docker => {
+            parse_json(text)?
+                .get(DOCKER_DEFAULT_RUNTIME)
+                .and_then(Value::as_str)
+                == Some(RUNTIME_NAME)
+        }
+        Engine::Containerd => {
+            let doc = parse_toml(engine, text)?;
+            [&CONTAINERD_V2_RUNTIMES, &CONTAINERD_V3_RUNTIMES]
+                .iter()
+                .any(|path| {
+                    let mut key = path[..3].to_vec();
+                    key.push(CONTAINERD_DEFAULT_RUNTIME);
+                    lookup(doc.as_table(), &key).and_then(Item::as_str) == Some(RUNTIME_NAME)
+                })
+        }
+        Engine::Podman | Engine::Crio => false,
+    })
 }
 
 /// Whether `text` names gpushare's runtime (`make uninstall` refuses while one does).
@@ -324,6 +366,8 @@ fn configure_docker(text: &str, programs: &Programs) -> Result<String, SetupErro
     // "path" works on every docker release that has runtimes (docker 24's runtimeType with
     // BinaryName is the same program through containerd's runc shim).
     let wanted = serde_json::json!({ "path": utf8(&programs.runc)? });
+    let default_wanted = programs.set_as_default
+        && config.get(DOCKER_DEFAULT_RUNTIME).and_then(Value::as_str) != Some(RUNTIME_NAME);
     let runtimes = config
         .entry("runtimes")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -342,22 +386,37 @@ fn configure_docker(text: &str, programs: &Programs) -> Result<String, SetupErro
             docker_profile_entry(runc, profile),
         ));
     }
-    if entries
-        .iter()
-        .all(|(name, entry)| runtimes.get(name) == Some(entry))
+    if !default_wanted
+        && entries
+            .iter()
+            .all(|(name, entry)| runtimes.get(name) == Some(entry))
     {
         return Ok(text.to_owned());
     }
     for (name, entry) in entries {
         runtimes.insert(name, entry);
     }
+    if default_wanted {
+        config.insert(DOCKER_DEFAULT_RUNTIME.into(), RUNTIME_NAME.into());
+    }
     Ok(render_json(&config))
 }
 
 fn unconfigure_docker(text: &str) -> Result<String, SetupError> {
     let mut config = parse_json(text)?;
+    // A default naming the runtime taken out would stop dockerd from starting; docker's
+    // own default (runc) applies again.
+    let was_default =
+        config.get(DOCKER_DEFAULT_RUNTIME).and_then(Value::as_str) == Some(RUNTIME_NAME);
+    if was_default {
+        config.shift_remove(DOCKER_DEFAULT_RUNTIME);
+    }
     let Some(Value::Object(runtimes)) = config.get_mut("runtimes") else {
-        return Ok(text.to_owned());
+        return Ok(if was_default {
+            render_json(&config)
+        } else {
+            text.to_owned()
+        });
     };
     let profiles = docker_profiles_in(runtimes);
     let mut removed = runtimes.shift_remove(RUNTIME_NAME).is_some();
@@ -366,7 +425,7 @@ fn unconfigure_docker(text: &str) -> Result<String, SetupError> {
             .shift_remove(&docker_profile_runtime(&profile))
             .is_some();
     }
-    if !removed {
+    if !removed && !was_default {
         return Ok(text.to_owned());
     }
     if runtimes.is_empty() {
@@ -404,6 +463,15 @@ fn lookup<'a>(table: &'a Table, path: &[&str]) -> Option<&'a Item> {
         return Some(item);
     }
     lookup(item.as_table()?, rest)
+}
+
+fn lookup_mut<'a>(table: &'a mut Table, path: &[&str]) -> Option<&'a mut Item> {
+    let (first, rest) = path.split_first()?;
+    let item = table.get_mut(first)?;
+    if rest.is_empty() {
+        return Some(item);
+    }
+    lookup_mut(item.as_table_mut()?, rest)
 }
 
 /// The table at `path`, created where missing: the parents implicit (no header of their
@@ -522,6 +590,14 @@ fn configure_containerd(text: &str, programs: &Programs) -> Result<String, Setup
     if let Some(systemd) = systemd_cgroup {
         ensure(options, "SystemdCgroup", toml_edit::value(systemd));
     }
+    if programs.set_as_default {
+        let cri = table_at(engine, doc.as_table_mut(), &path[..3])?;
+        ensure(
+            cri,
+            CONTAINERD_DEFAULT_RUNTIME,
+            toml_edit::value(RUNTIME_NAME),
+        );
+    }
     let edited = doc.to_string();
     Ok(if edited == text {
         text.to_owned()
@@ -531,7 +607,22 @@ fn configure_containerd(text: &str, programs: &Programs) -> Result<String, Setup
 }
 
 fn unconfigure_containerd(text: &str) -> Result<String, SetupError> {
-    let mut out = text.to_owned();
+    // A default naming the runtime taken out: the CRI plugin's own (runc) applies again.
+    let mut doc = parse_toml(Engine::Containerd, text)?;
+    let mut removed_default = false;
+    for path in [&CONTAINERD_V2_RUNTIMES, &CONTAINERD_V3_RUNTIMES] {
+        if let Some(Item::Table(cri)) = lookup_mut(doc.as_table_mut(), &path[..3]) {
+            if cri.get(CONTAINERD_DEFAULT_RUNTIME).and_then(Item::as_str) == Some(RUNTIME_NAME) {
+                cri.remove(CONTAINERD_DEFAULT_RUNTIME);
+                removed_default = true;
+            }
+        }
+    }
+    let mut out = if removed_default {
+        doc.to_string()
+    } else {
+        text.to_owned()
+    };
     for path in [&CONTAINERD_V2_RUNTIMES, &CONTAINERD_V3_RUNTIMES] {
         out = unconfigure_toml(Engine::Containerd, &out, &path[..path.len() - 1])?;
     }

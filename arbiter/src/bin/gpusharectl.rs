@@ -60,9 +60,18 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
         dry_run,
         bin_dir,
         profile,
+        set_as_default,
     } = &args.command
     {
-        let programs = setup_programs(bin_dir.as_deref(), *engine, profile, *undo)?;
+        if *set_as_default && !matches!(engine, Engine::Docker | Engine::Containerd) {
+            anyhow::bail!(
+                "--set-as-default is for docker and containerd; {engine}'s default runtime is \
+                 left to its own configuration (podman: engine.runtime in containers.conf; \
+                 CRI-O: crio.runtime.default_runtime)"
+            );
+        }
+        let programs = setup_programs(bin_dir.as_deref(), *engine, profile, *undo)?
+            .as_default(*set_as_default);
         return setup(*engine, args.config.as_deref(), programs, *undo, *dry_run);
     }
     let loaded = match &args.config {

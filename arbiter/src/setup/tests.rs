@@ -617,3 +617,61 @@ fn a_docker_profile_gets_a_runtime_entry_of_its_own_and_undo_takes_it_out() {
         })
     );
 }
+
+#[test]
+fn set_as_default_makes_gpushare_the_default_runtime_and_undo_takes_it_out() {
+    let default = programs().as_default(true);
+    // docker: default-runtime, beside the runtime entry.
+    let out = configure(Engine::Docker, DOCKER_IN_USE, &default).unwrap();
+    assert_eq!(json(&out)["default-runtime"], "gpushare", "{out}");
+    assert!(is_default(Engine::Docker, &out).unwrap());
+    assert!(!is_default(Engine::Docker, &configured(Engine::Docker, DOCKER_IN_USE)).unwrap());
+    // containerd: the CRI plugin's default_runtime_name, at each version's path.
+    for (text, plugin) in [
+        (CONTAINERD_V2, "io.containerd.grpc.v1.cri"),
+        (CONTAINERD_V3, "io.containerd.cri.v1.runtime"),
+        (CONTAINERD_V4, "io.containerd.cri.v1.runtime"),
+    ] {
+        let out = configure(Engine::Containerd, text, &default).unwrap();
+        assert_eq!(
+            toml(&out)["plugins"][plugin]["containerd"]["default_runtime_name"].as_str(),
+            Some("gpushare"),
+            "{out}"
+        );
+        assert!(is_default(Engine::Containerd, &out).unwrap());
+        assert_eq!(
+            configure(Engine::Containerd, &out, &default).unwrap(),
+            out,
+            "twice"
+        );
+    }
+    for (engine, text) in [
+        (Engine::Docker, DOCKER_IN_USE),
+        (Engine::Docker, ""),
+        (Engine::Containerd, CONTAINERD_V2),
+        (Engine::Containerd, CONTAINERD_V3),
+        (Engine::Containerd, CONTAINERD_V4),
+        (Engine::Containerd, ""),
+    ] {
+        let out = configure(engine, text, &default).unwrap();
+        // Undone without saying --set-as-default again: the file tells.
+        let backup = (!text.is_empty()).then_some(text);
+        let undone = undo(engine, &out, backup, &programs()).unwrap();
+        assert_eq!(undone.as_deref(), backup, "{engine}: byte for byte");
+        // Edited since: the default goes with the runtime; the engine's own applies.
+        let edited = if engine == Engine::Docker {
+            out.replacen('{', "{\n  \"debug\": true,", 1)
+        } else {
+            format!("# edited since\n{out}")
+        };
+        let undone = undo(engine, &edited, backup, &programs())
+            .unwrap()
+            .expect("the later edit is kept");
+        assert!(!is_default(engine, &undone).unwrap(), "{engine}:\n{undone}");
+        assert!(
+            !is_configured(engine, &undone).unwrap(),
+            "{engine}:\n{undone}"
+        );
+        assert!(!undone.contains("gpushare\""), "{engine}:\n{undone}");
+    }
+}

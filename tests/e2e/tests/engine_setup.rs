@@ -344,22 +344,34 @@ fn containerd_2_3_loads_what_setup_writes_into_files_of_versions_2_3_and_4() {
     for (name, original) in files {
         let file = dir.path().join(format!("{name}.toml"));
         std::fs::write(&file, &original).unwrap();
-        setup("containerd", &file, &[]);
-        let dump = Command::new(&containerd)
-            .arg("--config")
-            .arg(&file)
-            .args(["config", "dump"])
-            .output()
-            .unwrap();
-        assert!(dump.status.success(), "{name}: {}", text(&dump));
-        let dump = String::from_utf8_lossy(&dump.stdout);
-        for wanted in [
-            "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpushare]".to_owned(),
-            format!("BinaryName = '{}'", bin("gpushare-runc").display()),
-        ] {
-            assert!(dump.contains(&wanted), "{name}: no {wanted} in\n{dump}");
+        // Plain, then as the default runtime (`--set-as-default`); each undone byte for byte.
+        for (extra, default) in [(&[][..], false), (&["--set-as-default"][..], true)] {
+            setup("containerd", &file, extra);
+            let dump = Command::new(&containerd)
+                .arg("--config")
+                .arg(&file)
+                .args(["config", "dump"])
+                .output()
+                .unwrap();
+            assert!(dump.status.success(), "{name}: {}", text(&dump));
+            let dump = String::from_utf8_lossy(&dump.stdout);
+            for wanted in [
+                "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpushare]".to_owned(),
+                format!("BinaryName = '{}'", bin("gpushare-runc").display()),
+            ] {
+                assert!(dump.contains(&wanted), "{name}: no {wanted} in\n{dump}");
+            }
+            assert_eq!(
+                dump.contains("default_runtime_name = 'gpushare'"),
+                default,
+                "{name} {extra:?}:\n{dump}"
+            );
+            setup("containerd", &file, &["--undo"]);
+            assert_eq!(
+                std::fs::read_to_string(&file).unwrap(),
+                original,
+                "{name} {extra:?}"
+            );
         }
-        setup("containerd", &file, &["--undo"]);
-        assert_eq!(std::fs::read_to_string(&file).unwrap(), original, "{name}");
     }
 }
