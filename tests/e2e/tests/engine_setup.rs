@@ -89,6 +89,48 @@ fn docker_runs_a_gpushare_container_from_the_file_setup_wrote_and_undo_restores_
     assert!(!backup.exists());
 }
 
+/// `--set-as-default`: dockerd reads gpushare as its default runtime, so a container that
+/// names no runtime gets its lease; one that asks nothing runs as ever; undo restores.
+#[test]
+fn docker_with_gpushare_as_its_default_runtime_leases_containers_that_name_none() {
+    require_root();
+    let dir = scratch();
+    let arbiter = Arbiter::start(dir.path(), ArbiterOptions::default());
+    let daemon_json = dir.path().join("daemon.json");
+    let original = r#"{"log-level":"warn"}"#;
+    std::fs::write(&daemon_json, original).unwrap();
+    setup("docker", &daemon_json, &["--set-as-default"]);
+    {
+        let docker = Dockerd::start_on(dir.path(), &daemon_json, arbiter.config_path());
+        let default = docker.ok(&["info", "--format", "{{.DefaultRuntime}}"]);
+        assert_eq!(default.trim(), "gpushare");
+        let id = docker
+            .ok(&[
+                "run",
+                "-d",
+                "-e",
+                "GPUSHARE_MEMORY=1Gi",
+                IMAGE,
+                "sleep",
+                "600",
+            ])
+            .trim()
+            .to_owned();
+        let leases = arbiter.leases();
+        assert_eq!(leases.len(), 1, "{leases:?}");
+        assert_eq!(leases[0]["container_id"], id.as_str());
+        let plain = docker.ok(&["run", "--rm", IMAGE, "echo", "untouched"]);
+        assert_eq!(plain.trim(), "untouched");
+        assert_eq!(arbiter.leases().len(), 1, "asking nothing, it got no lease");
+        docker.ok(&["rm", "-f", &id]);
+        wait_until("the lease's release", Duration::from_secs(10), || {
+            arbiter.leases().is_empty()
+        });
+    }
+    setup("docker", &daemon_json, &["--undo"]);
+    assert_eq!(std::fs::read_to_string(&daemon_json).unwrap(), original);
+}
+
 /// containerd 1.6's CRI plugin on a config.toml that setup edited: the pod's app container
 /// runs under the `gpushare` handler through gpushare-runc (runc's BinaryName) with a lease,
 /// and `--undo` gives back the operator's file byte for byte.
