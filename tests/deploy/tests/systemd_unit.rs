@@ -46,15 +46,8 @@ struct Installed {
 
 impl Installed {
     fn new() -> Installed {
-        binaries::require(&[
-            "gpushare-arbiter",
-            "gpusharectl",
-            "gpushare-runc",
-            "gpushare-hook",
-            "containerd-shim-gpushare-v2",
-            "gpushare-kube",
-            "gpushare-docgen",
-        ]);
+        binaries::require(&binaries::SHIPPED_PROGRAMS);
+        binaries::require(&["gpushare-docgen"]);
         let dir = tempfile::Builder::new()
             .prefix("gs-inst-")
             .tempdir_in("/tmp")

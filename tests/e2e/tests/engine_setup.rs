@@ -35,6 +35,27 @@ fn setup(engine: &str, file: &Path, extra: &[&str]) -> String {
     text(&out)
 }
 
+/// A sleeping container asking for 1 GiB, run with `runtime_args` (none: docker's default
+/// runtime); its lease is checked. Returns its id.
+fn leased_container(docker: &Dockerd, arbiter: &Arbiter, runtime_args: &[&str]) -> String {
+    let mut args = vec!["run", "-d"];
+    args.extend(runtime_args);
+    args.extend(["-e", "GPUSHARE_MEMORY=1Gi", IMAGE, "sleep", "600"]);
+    let id = docker.ok(&args).trim().to_owned();
+    let leases = arbiter.leases();
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(leases[0]["container_id"], id.as_str());
+    assert_eq!(leases[0]["memory_bytes"], 1u64 << 30);
+    id
+}
+
+fn remove_and_release(docker: &Dockerd, arbiter: &Arbiter, id: &str) {
+    docker.ok(&["rm", "-f", id]);
+    wait_until("the lease's release", Duration::from_secs(10), || {
+        arbiter.leases().is_empty()
+    });
+}
+
 #[test]
 fn docker_runs_a_gpushare_container_from_the_file_setup_wrote_and_undo_restores_it() {
     require_root();
@@ -56,31 +77,11 @@ fn docker_runs_a_gpushare_container_from_the_file_setup_wrote_and_undo_restores_
 
     {
         let docker = Dockerd::start_on(dir.path(), &daemon_json, arbiter.config_path());
-        let id = docker
-            .ok(&[
-                "run",
-                "-d",
-                "--runtime",
-                "gpushare",
-                "-e",
-                "GPUSHARE_MEMORY=1Gi",
-                IMAGE,
-                "sleep",
-                "600",
-            ])
-            .trim()
-            .to_owned();
-        let leases = arbiter.leases();
-        assert_eq!(leases.len(), 1, "{leases:?}");
-        assert_eq!(leases[0]["container_id"], id.as_str());
-        assert_eq!(leases[0]["memory_bytes"], 1u64 << 30);
+        let id = leased_container(&docker, &arbiter, &["--runtime", "gpushare"]);
         // The operator's other runtime still works beside it.
         let plain = docker.ok(&["run", "--rm", "--runtime", "plain", IMAGE, "echo", "plain"]);
         assert_eq!(plain.trim(), "plain");
-        docker.ok(&["rm", "-f", &id]);
-        wait_until("the lease's release", Duration::from_secs(10), || {
-            arbiter.leases().is_empty()
-        });
+        remove_and_release(&docker, &arbiter, &id);
     }
 
     let said = setup("docker", &daemon_json, &["--undo"]);
@@ -104,28 +105,11 @@ fn docker_with_gpushare_as_its_default_runtime_leases_containers_that_name_none(
         let docker = Dockerd::start_on(dir.path(), &daemon_json, arbiter.config_path());
         let default = docker.ok(&["info", "--format", "{{.DefaultRuntime}}"]);
         assert_eq!(default.trim(), "gpushare");
-        let id = docker
-            .ok(&[
-                "run",
-                "-d",
-                "-e",
-                "GPUSHARE_MEMORY=1Gi",
-                IMAGE,
-                "sleep",
-                "600",
-            ])
-            .trim()
-            .to_owned();
-        let leases = arbiter.leases();
-        assert_eq!(leases.len(), 1, "{leases:?}");
-        assert_eq!(leases[0]["container_id"], id.as_str());
+        let id = leased_container(&docker, &arbiter, &[]);
         let plain = docker.ok(&["run", "--rm", IMAGE, "echo", "untouched"]);
         assert_eq!(plain.trim(), "untouched");
         assert_eq!(arbiter.leases().len(), 1, "asking nothing, it got no lease");
-        docker.ok(&["rm", "-f", &id]);
-        wait_until("the lease's release", Duration::from_secs(10), || {
-            arbiter.leases().is_empty()
-        });
+        remove_and_release(&docker, &arbiter, &id);
     }
     setup("docker", &daemon_json, &["--undo"]);
     assert_eq!(std::fs::read_to_string(&daemon_json).unwrap(), original);
