@@ -705,10 +705,12 @@ fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once
             "--pipeline",
             "2",
             "--duration",
-            "5s",
+            "9s",
         ],
     );
-    let mut jobs = rig.start(&[high_job(Duration::from_millis(3_000)), low]);
+    // The high job outlasts the low job's switch to 5 ms kernels by seconds, however late
+    // a loaded machine starts the low job (a CI run saw the high job gone by then with 3 s).
+    let mut jobs = rig.start(&[high_job(Duration::from_millis(6_000)), low]);
     let low_pid = jobs[1].pid;
 
     // 1 ms kernels fit the gaps: admitted inside windows.
@@ -723,7 +725,7 @@ fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once
     );
 
     // After the switch: held back, waiting for a window its 5 ms launch fits.
-    let held = wait_for(Duration::from_secs(4), Duration::from_millis(10), || {
+    let held = wait_for(Duration::from_secs(6), Duration::from_millis(10), || {
         let admission = rig.token().admission;
         admission.launches.held_back > 0
             && admission
