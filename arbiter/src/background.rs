@@ -37,7 +37,7 @@ pub fn spawn_background(arbiter: &ArbiterHandle, backend: Arc<dyn GpuBackend>, t
     start_memory_measurement(arbiter, &backend, tasks);
     match arbiter.tokens() {
         Some(tokens) => {
-            if tokens.policy() == SchedulingPolicy::Priority {
+            if tokens.policy() == SchedulingPolicy::Priority && tokens.config().bypass_check {
                 tasks.spawn(bypass::run(
                     arbiter.clone(),
                     backend.clone(),

@@ -430,6 +430,7 @@ mod tests {
             ("runtime.profiles", ReadAtEachUse),
             ("runtime.runtimes", ReadAtEachUse),
             ("scheduler.admit_by_duration", restart),
+            ("scheduler.bypass_check", restart),
             ("scheduler.high_active_ms", restart),
             ("scheduler.high_on_arbiter_loss", restart),
             ("scheduler.high_return_risk_percent", restart),

@@ -83,6 +83,8 @@ impl Sim {
             .configure(|c| {
                 c.arbiter.watchdog_interval_ms = interval_ms;
                 c.arbiter.watchdog_kill = kill;
+                // Off by default (config says why): these tests are its own.
+                c.scheduler.bypass_check = true;
                 edit(c);
             })
             .start();

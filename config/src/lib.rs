@@ -801,6 +801,10 @@ pub struct SchedulerConfig {
     /// GPU, then continued. A penalty alone does not stop launches that never ask for
     /// the token. `false`: report and penalise only.
     pub pause_bypassing: bool,
+    /// Whether the arbiter runs that check at all (`bypass.rs`). Off by default: a fresh-clone
+    /// test run saw an honest job of 2 s kernels beside a high job penalised by it (not yet
+    /// explained), and it has not met a real GPU's NVML sampling.
+    pub bypass_check: bool,
     /// Duration-aware admission (issue 14): while a high-priority client is active, a
     /// low-priority holder submits a launch only if the interposer's estimate of how
     /// long it will occupy the GPU ends before the high-priority job is expected back
@@ -839,6 +843,7 @@ impl Default for SchedulerConfig {
             overrun_penalty_ms: 10_000,
             window_overrun_grace_ms: 10,
             pause_bypassing: true,
+            bypass_check: false,
             admit_by_duration: true,
             high_return_risk_percent: 10,
             high_on_arbiter_loss: LossPolicy::Run,
@@ -1286,6 +1291,7 @@ mod tests {
             overrun_penalty_ms: 0,
             window_overrun_grace_ms: 3,
             pause_bypassing: false,
+            bypass_check: true,
             admit_by_duration: false,
             high_return_risk_percent: 100,
             high_on_arbiter_loss: LossPolicy::Wait,
@@ -1392,7 +1398,7 @@ mod tests {
              idle_us = 500\nlaunch_ahead = 8\nlaunch_ahead_with_high = 2\nwindow_ms = 1000\n\
              revoke_grace_ms = 50\nhigh_active_ms = 250\nhigh_on_arbiter_loss = \"wait\"\nlow_on_arbiter_loss = \"run\"\n\
              admit_by_duration = false\nhigh_return_risk_percent = 25\noverrun_penalty_ms = 0\n\
-             window_overrun_grace_ms = 4\npause_bypassing = false\n",
+             window_overrun_grace_ms = 4\npause_bypassing = false\nbypass_check = true\n",
         )
         .unwrap();
         let s = &config.scheduler;
@@ -1413,6 +1419,7 @@ mod tests {
         assert_eq!(s.overrun_penalty_ms, 0);
         assert_eq!(s.window_overrun_grace_ms, 4);
         assert!(!s.pause_bypassing);
+        assert!(s.bypass_check);
         assert_eq!(
             s.on_arbiter_loss(gpushare_types::Priority::High),
             LossPolicy::Wait
