@@ -686,6 +686,13 @@ fn a_job_of_2_s_kernels_beside_a_high_job_keeps_running_and_is_never_cut_off() {
 /// kernels are admitted inside the arbiter's windows; the first 5 ms one is reported as a
 /// mis-prediction (it ran past its window) and the rest wait while the high job is active —
 /// and the low job is never stranded: it runs flat out once the high job has gone.
+///
+/// How the rest wait depends on how late that first 5 ms kernel's release came, which a
+/// loaded machine decides: within the window-overrun grace, the job waits for a window
+/// its 5 ms launch fits; past it, the arbiter measured the overrun itself and the lease's
+/// penalty holds it back until the high job is quiet. Both are the designed answer (a
+/// CI run took the second), so either is accepted; what may not happen is the low job
+/// running beside the high job.
 #[test]
 fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once_it_leaves() {
     let _turn = serial();
@@ -724,14 +731,19 @@ fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once
         rig.token()
     );
 
-    // After the switch: held back, waiting for a window its 5 ms launch fits.
+    // After the switch: held back, waiting for a window its 5 ms launch fits, or by its
+    // lease's penalty for a measured overrun.
+    let low_lease = jobs[1].lease.clone();
     let held = wait_for(Duration::from_secs(6), Duration::from_millis(10), || {
         let admission = rig.token().admission;
-        admission.launches.held_back > 0
+        let waits_for_window = admission.launches.held_back > 0
             && admission
                 .waiting_for_window
                 .iter()
-                .any(|w| w.pid == Some(low_pid) && w.need_us >= 5_000)
+                .any(|w| w.pid == Some(low_pid) && w.need_us >= 5_000);
+        let penalized =
+            admission.measured_overruns > 0 && admission.penalized_leases.contains(&low_lease);
+        waits_for_window || penalized
     });
     assert!(held.is_some(), "never held back: {:?}", rig.token());
     let token = rig.token();
