@@ -3,6 +3,8 @@
 //!
 //! - handoff: A holds, B is blocked in a futex wait; A sends `Release { again: false }`
 //!   at t0, B observes its grant at t1 (both CLOCK_MONOTONIC);
+//! - death: A holds and B waits; A's connection closes at t0 (as a killed process's
+//!   does); B observes its grant at t1;
 //! - preemption signal: a high-priority client sends `Want` at t0; the low-priority
 //!   holder's page shows deadline 0 at t1, observed by a reader blocked in a futex
 //!   wait on the page (an upper bound: a launching client sees the store on its next
@@ -121,6 +123,33 @@ fn handoff(n: usize) -> Vec<u64> {
     samples
 }
 
+/// A holder that dies: B waits; A's connection closes while it holds (as a killed
+/// process's does) at t0; B observes its grant at t1. The arbiter acts on the end of the
+/// connection, not on the dead holder's slice (10 s here) running out.
+fn death(n: usize) -> Vec<u64> {
+    let daemon = start_daemon();
+    let a_lease = reserve(&daemon, "a", Priority::Low);
+    let b = open(&daemon, &reserve(&daemon, "b", Priority::Low));
+    b.send(TokenRequest::Want).unwrap();
+    let mut b_grants = wait_for_grant(&b, 0);
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let a = open(&daemon, &a_lease);
+        a.send(TokenRequest::Want).unwrap();
+        // B hands the token to A and asks again: it waits behind A.
+        std::thread::sleep(Duration::from_micros(300));
+        b.send(TokenRequest::Release { again: true }).unwrap();
+        wait_for_grant(&a, 0);
+        // B is asleep in its futex wait by now.
+        std::thread::sleep(Duration::from_micros(300));
+        let t0 = monotonic_ns();
+        drop(a);
+        b_grants = wait_for_grant(&b, b_grants);
+        samples.push(monotonic_ns() - t0);
+    }
+    samples
+}
+
 fn preemption(n: usize) -> Vec<u64> {
     let daemon = start_daemon();
     let low = open(&daemon, &reserve(&daemon, "low", Priority::Low));
@@ -159,6 +188,8 @@ fn main() {
     for (name, samples) in [
         ("handoff", handoff(n)),
         ("preemption_signal", preemption(n)),
+        // A connection per sample: fewer of them.
+        ("death", death(n.div_ceil(10))),
     ] {
         let mut micros: Vec<f64> = samples.iter().map(|&ns| ns as f64 / 1_000.0).collect();
         micros.sort_by(f64::total_cmp);
