@@ -61,6 +61,29 @@ pub struct Bypass {
     pub lease: LeaseId,
     /// Its busy time beyond its token time over the window (ns).
     pub excess_ns: u64,
+    /// The measurements it was found on, oldest first: for the log, so that a finding
+    /// can be checked by whoever reads it.
+    pub intervals: Vec<Measured>,
+}
+
+/// One interval's measurements of one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Measured {
+    /// How long before the finding the interval ended (ms).
+    pub ended_ms_before: u64,
+    /// Its busy time as NVML reported it (ms), and its token time (ms).
+    pub busy_ms: u64,
+    pub held_ms: u64,
+}
+
+impl std::fmt::Display for Measured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "-{}ms busy {} held {}",
+            self.ended_ms_before, self.busy_ms, self.held_ms
+        )
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -170,6 +193,14 @@ impl BypassCheck {
                     pid: *pid,
                     lease: lease.id.clone(),
                     excess_ns,
+                    intervals: intervals
+                        .iter()
+                        .map(|i| Measured {
+                            ended_ms_before: now.saturating_duration_since(i.at).as_millis() as u64,
+                            busy_ms: i.busy_ns / 1_000_000,
+                            held_ms: i.held_ns / 1_000_000,
+                        })
+                        .collect(),
                 });
                 intervals.clear();
             }
@@ -453,7 +484,8 @@ pub async fn run(
                 .map(|l| l.id)
                 .collect();
             for found in check.judge(now, &both, &busy, &held, &input.views(), &high_leases) {
-                tracing::warn!(gpu = %found.gpu, pid = found.pid, lease = %found.lease, excess_ms = found.excess_ns / 1_000_000, "process busy on the GPU beyond its token time beside an active high-priority job: it launched past its time-slice gate; reported ungated, its lease penalised");
+                let measured: Vec<String> = found.intervals.iter().map(|m| m.to_string()).collect();
+                tracing::warn!(gpu = %found.gpu, pid = found.pid, lease = %found.lease, excess_ms = found.excess_ns / 1_000_000, intervals = %measured.join(", "), "process busy on the GPU beyond its token time beside an active high-priority job: it launched past its time-slice gate; reported ungated, its lease penalised");
                 tokens.report_bypass(&found.gpu, &found.lease, found.pid);
                 if pause {
                     pauses.pause(found.pid, &found.gpu);

@@ -425,13 +425,19 @@ fn a_waiting_low_priority_job_gets_the_token_when_the_holder_dies_not_when_its_s
         );
         let before = rig.token();
         let killed_at = a.kill();
+        // B holds and the dead client has left (a CPU-starved A may have gone idle and
+        // given the token back just before its death: then B held first).
         let b_holds = wait_for(Duration::from_secs(10), Duration::from_millis(1), || {
-            rig.holds(b.pid)
+            let token = rig.token();
+            token.clients == 1 && token.holders.iter().any(|h| h.pid == Some(b.pid))
         })
         .map(|_| killed_at.elapsed());
         let after = rig.token();
         let handoff = b_holds.unwrap_or_else(|| {
-            panic!("trial {trial}: B did not get the token within 10 s of A's death: {after:?}")
+            panic!(
+                "trial {trial}: B did not get the token, or the dead A stayed on it, for 10 s \
+                 after A's death: {after:?}"
+            )
         });
         assert_eq!(
             (after.revocations, after.overdue),
@@ -439,10 +445,6 @@ fn a_waiting_low_priority_job_gets_the_token_when_the_holder_dies_not_when_its_s
             "trial {trial}: the dead holder was revoked or reported overdue before B got the \
              token ({handoff:?} after the kill): the handoff waited for its slice, not for its \
              connection's end\nbefore: {before:?}\nafter: {after:?}"
-        );
-        assert!(
-            after.holders.iter().all(|h| h.pid != Some(a_pid)) && after.clients == 1,
-            "trial {trial}: the dead holder stays on the token: {after:?}"
         );
         handoffs.push(handoff);
     }
@@ -680,17 +682,19 @@ fn a_job_of_2_s_kernels_beside_a_high_job_keeps_running_and_is_never_cut_off() {
 }
 
 /// Issue 14, end to end: a low job beside the training-like high job (3 ms CPU gaps), its
-/// kernels growing mid-run from 1 ms (they fit the gaps) to 5 ms (they do not). The 1 ms
-/// kernels are admitted inside the arbiter's windows; the first 5 ms one is reported as a
+/// kernels growing mid-run from 1 ms (they fit the gaps) to 50 ms (they do not). The 1 ms
+/// kernels are admitted inside the arbiter's windows; the first 50 ms one is reported as a
 /// mis-prediction (it ran past its window) and the rest wait while the high job is active —
 /// and the low job is never stranded: it runs flat out once the high job has gone.
 ///
-/// How the rest wait depends on how late that first 5 ms kernel's release came, which a
-/// loaded machine decides: within the window-overrun grace, the job waits for a window
-/// its 5 ms launch fits; past it, the arbiter measured the overrun itself and the lease's
-/// penalty holds it back until the high job is quiet. Both are the designed answer (a
-/// CI run took the second), so either is accepted; what may not happen is the low job
-/// running beside the high job.
+/// How the rest wait depends on how late that first 50 ms kernel's release came: within
+/// the window-overrun grace (10 ms), the job waits for a window its 50 ms launch fits;
+/// past it — nearly always — the arbiter measured the overrun itself and the lease's
+/// penalty holds it back until the high job is quiet. Both are the designed answer, so
+/// either is accepted; what may not happen is the low job running beside the high job.
+/// Why 50 ms, far past the 3 ms gap: a loaded machine stretches the high job's 3 ms
+/// sleeps, and a test run under load saw 5 ms launches fit the stretched gaps, so
+/// nothing waited (correctly: those gaps were real idle time).
 #[test]
 fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once_it_leaves() {
     let _turn = serial();
@@ -704,7 +708,7 @@ fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once
             "--kernel",
             "fixed:1ms",
             "--then-kernel",
-            "1500ms:fixed:5ms",
+            "1500ms:fixed:50ms",
             "--sync",
             "event",
             "--pipeline",
@@ -729,7 +733,7 @@ fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once
         rig.token()
     );
 
-    // After the switch: held back, waiting for a window its 5 ms launch fits, or by its
+    // After the switch: held back, waiting for a window its 50 ms launch fits, or by its
     // lease's penalty for a measured overrun.
     let low_lease = jobs[1].lease.clone();
     let held = wait_for(Duration::from_secs(6), Duration::from_millis(10), || {
@@ -738,7 +742,7 @@ fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once
             && admission
                 .waiting_for_window
                 .iter()
-                .any(|w| w.pid == Some(low_pid) && w.need_us >= 5_000);
+                .any(|w| w.pid == Some(low_pid) && w.need_us >= 40_000);
         let penalized =
             admission.measured_overruns > 0 && admission.penalized_leases.contains(&low_lease);
         waits_for_window || penalized
@@ -747,7 +751,7 @@ fn a_low_job_whose_kernels_outgrow_the_high_jobs_gaps_is_held_back_and_runs_once
     let token = rig.token();
     assert!(
         token.admission.launches.overran >= 1 && token.admission.launches.overran_ns > 0,
-        "the first 5 ms kernel ran past its window and is reported: {token:?}"
+        "the first 50 ms kernel ran past its window and is reported: {token:?}"
     );
     // While the high job runs, the held-back job gets little of the GPU (it had most of
     // the idle ~40 % before admission knew durations).
