@@ -195,7 +195,7 @@ fn serve(gate: &Gate, client: &'static Client, link: &Link, terms: Terms) -> Opt
             }
             Action::Release(reason) => {
                 let before = gate.launches();
-                drain(client);
+                drain(gate, client);
                 let sent = client.release(link, |waiters| {
                     decide::release_after_drain(reason, before, gate.launches(), waiters)
                 });
@@ -214,8 +214,10 @@ fn serve(gate: &Gate, client: &'static Client, link: &Link, terms: Terms) -> Opt
 }
 
 /// Waits for the process's submitted work to complete, in every context, without
-/// touching a stream capture (see `work`).
-fn drain(client: &Client) {
+/// touching a stream capture (see `work`) — launches the gate let through before the
+/// page changed included: they reach the driver first (see `Submitting`).
+fn drain(gate: &Gate, client: &Client) {
+    gate.await_submissions();
     let drained = client.work.drain(&super::work::Driver);
     crate::log_debug!(
         "drained: {} streams waited for, {} left alone (capturing, or beside a capture)",

@@ -98,15 +98,57 @@ impl Target {
     }
 }
 
-/// What [`admit`] hands the wrapper, for [`launched`]: nothing, the launch-ahead
-/// ring (held, so the bound holds across threads) to record the launch's event in, or
-/// a high-priority client's `Want` to send once the launch is queued.
+/// What [`admit`] hands the wrapper, for [`launched`]: how the launch passed, and its
+/// count among the launches on their way to the driver.
 #[must_use]
-pub enum Ticket {
+pub struct Ticket {
+    pub pass: Pass,
+    submitting: Submitting,
+}
+
+/// How a launch passed: nothing to do afterwards, the launch-ahead ring (held, so the
+/// bound holds across threads) to record the launch's event in, or a high-priority
+/// client's `Want` to send once the launch is queued.
+pub enum Pass {
     Free,
     Bounded(Bounded),
     Announce(&'static Client),
 }
+
+/// One launch the gate let through that the driver does not have yet: counted in the
+/// gate's `submitting` from before the page is read until the driver call returns (or
+/// the wrapper unwinds). Why: a launching thread may be preempted between the gate and
+/// the driver for as long as a loaded node's scheduler likes; if a revocation lands
+/// meanwhile, the agent's drain finds nothing of that launch in the streams and gives
+/// the token back, and the kernel then runs after the release, in the next holder's
+/// time. A CI run saw an honest job's 2 s kernel do exactly that. So a drain first waits
+/// for the count to reach zero ([`Gate::await_submissions`]).
+///
+/// The count is raised (SeqCst) before the page's deadline is read (SeqCst), and the
+/// agent reads the deadline before the count (SeqCst): as in Dekker's algorithm, a
+/// launch that saw the token held is counted by the time a drain for its revocation
+/// looks. Two locked instructions per launch: the price of never running past a release.
+struct Submitting(&'static AtomicU64);
+
+impl Submitting {
+    #[inline(always)]
+    fn enter(count: &'static AtomicU64) -> Submitting {
+        count.fetch_add(1, SeqCst);
+        Submitting(count)
+    }
+}
+
+impl Drop for Submitting {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Release);
+    }
+}
+
+/// How long a drain waits for launches on their way to the driver before it goes on
+/// anyway: far beyond any scheduling delay, but a thread stopped for good (a debugger's
+/// breakpoint between the gate and the driver) must not keep the token for ever.
+const SUBMISSIONS_PATIENCE: Duration = Duration::from_secs(2);
 
 pub struct Bounded {
     ring: RingOf,
@@ -188,10 +230,13 @@ pub fn on_cold_admit(attach: fn()) {
 /// After the real launch: a bounded launch records its completion event.
 #[inline(always)]
 pub fn launched(ticket: Ticket, result: CUresult) {
-    match ticket {
-        Ticket::Free => {}
-        Ticket::Bounded(bounded) => bounded.finish(result),
-        Ticket::Announce(client) => client.want(),
+    let Ticket { pass, submitting } = ticket;
+    // The driver has the launch (or refused it): a drain sees it in its stream now.
+    drop(submitting);
+    match pass {
+        Pass::Free => {}
+        Pass::Bounded(bounded) => bounded.finish(result),
+        Pass::Announce(client) => client.want(),
     }
 }
 
@@ -217,10 +262,12 @@ pub fn publish_for_benchmark(page: &'static TokenPage) {
 /// the arbiter. `#[inline]` there, so the launch path pays no call.
 pub use gpushare_types::monotonic_ns;
 
-/// Whether a page lets a launch through now (ignoring `launch_ahead`).
+/// Whether a page lets a launch through now (ignoring `launch_ahead`). SeqCst: read
+/// after a [`Submitting`] count is raised (the same instruction as Acquire on x86-64
+/// and aarch64).
 #[inline(always)]
 fn holds(page: &TokenPage) -> bool {
-    let deadline = page.deadline_ns.load(Acquire);
+    let deadline = page.deadline_ns.load(SeqCst);
     deadline == HELD_UNTIL_RELEASED || monotonic_ns() < deadline
 }
 
@@ -241,6 +288,8 @@ pub enum Socket {
 pub struct Gate {
     page: AtomicPtr<TokenPage>,
     launches: AtomicU64,
+    /// Launches let through that the driver does not have yet ([`Submitting`]).
+    submitting: AtomicU64,
     client: AtomicPtr<Client>,
     /// The token connection's descriptor, for a fork child to close (-1: none).
     token_fd: AtomicI32,
@@ -266,6 +315,7 @@ impl Gate {
         Gate {
             page: AtomicPtr::new(&raw const WAITING as *mut TokenPage),
             launches: AtomicU64::new(0),
+            submitting: AtomicU64::new(0),
             client: AtomicPtr::new(std::ptr::null_mut()),
             token_fd: AtomicI32::new(-1),
             socket,
@@ -295,14 +345,41 @@ impl Gate {
 
     #[inline(always)]
     pub fn admit(&'static self, target: Target, what: What) -> Ticket {
+        let submitting = Submitting::enter(&self.submitting);
         // SAFETY: the pointer is always a static page or a token mapping, never
         // unmapped (see `Link`).
         let page = unsafe { &*self.page.load(Acquire) };
         if holds(page) && page.launch_ahead.load(Relaxed) == 0 {
             self.count_launch();
-            return Ticket::Free;
+            return Ticket {
+                pass: Pass::Free,
+                submitting,
+            };
         }
+        drop(submitting);
         self.admit_cold(target, what)
+    }
+
+    /// Waits until every launch the gate let through has reached the driver (see
+    /// [`Submitting`]), at most [`SUBMISSIONS_PATIENCE`]. The agent's cold path.
+    pub fn await_submissions(&self) {
+        let start = monotonic_ns();
+        while self.submitting.load(SeqCst) != 0 {
+            if monotonic_ns().saturating_sub(start) > SUBMISSIONS_PATIENCE.as_nanos() as u64 {
+                crate::log_debug!(
+                    "draining: launches still on their way to the driver after {SUBMISSIONS_PATIENCE:?}; draining without them"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn ticket(&'static self, pass: Pass) -> Ticket {
+        Ticket {
+            pass,
+            submitting: Submitting::enter(&self.submitting),
+        }
     }
 
     /// The idle detector only needs to see the counter change: a plain load and store
@@ -376,33 +453,47 @@ impl Gate {
         }
         let client = self.client();
         client.start(self);
+        // Every ticket below is counted as submitting from before the page it passed on
+        // was read (see `Submitting`); none is counted while it waits.
+        let submitting = Submitting::enter(&self.submitting);
         if self.page().launch_ahead.load(Acquire) == 0 && holds(self.page()) {
             self.count_launch();
-            return Ticket::Free;
+            return Ticket {
+                pass: Pass::Free,
+                submitting,
+            };
         }
+        drop(submitting);
         // A context the wrappers did not see created still gets drained.
         client.work.context_seen(crate::driver::current_context());
         // Captured launches run nothing now: the graph's launch is gated.
         let stream = target.handle();
         if crate::driver::stream_is_capturing(stream) {
-            return Ticket::Free;
+            return self.ticket(Pass::Free);
         }
         let mut waiting: Option<Waiting> = None;
         // This launch was held back for not fitting the window (counted once).
         let mut held: Option<HeldBack> = None;
         loop {
+            let mut submitting = Submitting::enter(&self.submitting);
             let page = self.page();
             let seq = page.seq.load(Acquire);
             if holds(page) {
                 let limit = page.launch_ahead.load(Acquire);
                 if limit == 0 {
                     self.count_launch();
-                    return Ticket::Free;
+                    return Ticket {
+                        pass: Pass::Free,
+                        submitting,
+                    };
                 }
                 let Some(ring) = RingOf::for_target(target, &client.work) else {
                     // A stream the driver cannot place: unbounded rather than wedged.
                     self.count_launch();
-                    return Ticket::Free;
+                    return Ticket {
+                        pass: Pass::Free,
+                        submitting,
+                    };
                 };
                 let fit_launches = client.fit_launches.load(Relaxed);
                 let window = |page: &TokenPage| {
@@ -422,7 +513,9 @@ impl Gate {
                 } else {
                     limit.max(WINDOW_DEPTH)
                 };
+                drop(submitting);
                 self.wait_on_ring(client, &ring, limit);
+                submitting = Submitting::enter(&self.submitting);
                 let page = self.page();
                 if !holds(page) {
                     // Revoked while the ring drained: wait for the token again.
@@ -437,6 +530,7 @@ impl Gate {
                 match admission {
                     Admission::AfterQueue => {
                         // It fits once its stream's own queue has run: wait for that.
+                        drop(submitting);
                         self.wait_on_ring(client, &ring, 1);
                         continue;
                     }
@@ -450,6 +544,7 @@ impl Gate {
                         }
                         client.need_ns.store(need_ns, Relaxed);
                         waiting.get_or_insert_with(|| Waiting::new(client));
+                        drop(submitting);
                         gpushare_proto::token_client::futex_wait(&page.seq, seq, WAIT_SLICE);
                         continue;
                     }
@@ -484,11 +579,14 @@ impl Gate {
                     });
                 }
                 self.count_launch();
-                return Ticket::Bounded(Bounded {
-                    ring,
-                    stream,
-                    timed: fit_launches,
-                });
+                return Ticket {
+                    pass: Pass::Bounded(Bounded {
+                        ring,
+                        stream,
+                        timed: fit_launches,
+                    }),
+                    submitting,
+                };
             }
             let connected = !std::ptr::eq(page, &WAITING) && !std::ptr::eq(page, &UNGATED);
             if connected {
@@ -499,13 +597,17 @@ impl Gate {
                     // the path to the first kernel: that cut the start latency's p50 by
                     // the send's cost on the simulated GPU.
                     self.count_launch();
-                    return if client.want_sent.load(SeqCst) {
-                        Ticket::Free
+                    let pass = if client.want_sent.load(SeqCst) {
+                        Pass::Free
                     } else {
-                        Ticket::Announce(client)
+                        Pass::Announce(client)
                     };
+                    return Ticket { pass, submitting };
                 }
+                drop(submitting);
                 client.want();
+            } else {
+                drop(submitting);
             }
             waiting.get_or_insert_with(|| Waiting::new(client));
             gpushare_proto::token_client::futex_wait(&page.seq, seq, WAIT_SLICE);
@@ -524,6 +626,9 @@ impl Gate {
             .store(&raw const WAITING as *mut TokenPage, Release);
         // The parent's client (its locks, its connection, its agent) is abandoned.
         self.client.store(std::ptr::null_mut(), Release);
+        // Only the forking thread lives on here, and it is not between the gate and
+        // the driver: launches its parent's other threads had under way are not ours.
+        self.submitting.store(0, SeqCst);
         let fd = self.token_fd.swap(-1, AcqRel);
         if fd >= 0 {
             // SAFETY: the child's copy of the token socket (see `token_fd`); the

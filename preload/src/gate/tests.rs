@@ -39,7 +39,7 @@ fn launch_in_background(gate: &'static Gate) -> mpsc::Receiver<bool> {
     let (sender, passed) = mpsc::channel();
     std::thread::spawn(move || {
         let ticket = gate.admit(STREAM, KERNEL);
-        let bounded = matches!(ticket, Ticket::Bounded(_));
+        let bounded = matches!(ticket.pass, Pass::Bounded(_));
         launched(ticket, CUDA_SUCCESS);
         let _ = sender.send(bounded);
     });
@@ -72,7 +72,7 @@ fn a_low_priority_launch_waits_for_the_grant_and_the_token_goes_back_when_revoke
     );
     assert_eq!(gate.launches(), 1);
     // While holding, launches pass on the hot path without asking.
-    assert!(matches!(gate.admit(STREAM, KERNEL), Ticket::Free));
+    assert!(matches!(gate.admit(STREAM, KERNEL).pass, Pass::Free));
     assert_eq!(gate.launches(), 2);
     // A revocation: the agent drains and acknowledges; nobody waits.
     arbiter.revoke();
@@ -105,6 +105,39 @@ fn a_low_priority_launch_waits_for_the_grant_and_the_token_goes_back_when_revoke
             assert_eq!(late.recv_timeout(PATIENCE), Ok(false));
         }
     }
+}
+
+/// A launch that passed the gate just before a revocation reaches the driver only
+/// afterwards (its thread was preempted in between, as on a loaded node): the agent's
+/// drain cannot see it yet, so the token must not go back until it has been submitted,
+/// or its kernel runs on after the release, in the high job's time. A CI run saw that:
+/// an honest job's 2 s kernel ran past its release and was judged a bypass.
+#[test]
+fn a_launch_admitted_before_a_revocation_is_submitted_before_the_token_goes_back() {
+    let (_dir, arbiter, gate) = setup(Answer::Schedule(terms(
+        Priority::Low,
+        Duration::from_secs(60),
+        LossPolicy::Wait,
+    )));
+    let passed = launch_in_background(gate);
+    assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
+    arbiter.grant(HELD_UNTIL_RELEASED, 0);
+    assert_eq!(passed.recv_timeout(PATIENCE), Ok(false));
+    // Admitted on the hot path; the driver has not seen the launch yet.
+    let ticket = gate.admit(STREAM, KERNEL);
+    assert!(matches!(ticket.pass, Pass::Free));
+    arbiter.revoke();
+    assert_eq!(
+        arbiter.next_request(Duration::from_millis(300)),
+        None,
+        "the token went back while an admitted launch was still on its way to the driver"
+    );
+    launched(ticket, CUDA_SUCCESS);
+    assert_eq!(
+        arbiter.next_request(PATIENCE),
+        Some(TokenRequest::Release { again: false }),
+        "released once the launch was submitted"
+    );
 }
 
 #[test]
@@ -143,7 +176,7 @@ fn a_high_priority_launch_submits_at_once_and_asks_for_the_token() {
     assert_eq!(passed.recv_timeout(PATIENCE), Ok(false));
     assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
     // Once per episode: further launches do not repeat it.
-    assert!(matches!(gate.admit(STREAM, KERNEL), Ticket::Free));
+    assert!(matches!(gate.admit(STREAM, KERNEL).pass, Pass::Free));
     assert_eq!(arbiter.next_request(Duration::from_millis(50)), None);
 }
 
@@ -161,7 +194,7 @@ fn a_launch_ahead_bound_hands_out_the_ring() {
     arbiter.grant(HELD_UNTIL_RELEASED, 1);
     assert_eq!(passed.recv_timeout(PATIENCE), Ok(true), "bounded launch");
     let ticket = gate.admit(STREAM, KERNEL);
-    assert!(matches!(ticket, Ticket::Bounded(_)));
+    assert!(matches!(ticket.pass, Pass::Bounded(_)));
     launched(ticket, CUDA_SUCCESS);
 }
 
@@ -219,7 +252,7 @@ fn an_inactive_library_is_ungated_from_the_first_launch() {
         std::ptr::eq(gate.page(), &WAITING),
         "the first launch takes the cold path"
     );
-    assert!(matches!(gate.admit(STREAM, KERNEL), Ticket::Free));
+    assert!(matches!(gate.admit(STREAM, KERNEL).pass, Pass::Free));
     assert!(std::ptr::eq(gate.page(), &UNGATED));
     assert_eq!(gate.launches(), 1);
 }
