@@ -801,9 +801,11 @@ pub struct SchedulerConfig {
     /// GPU, then continued. A penalty alone does not stop launches that never ask for
     /// the token. `false`: report and penalise only.
     pub pause_bypassing: bool,
-    /// Whether the arbiter runs that check at all (`bypass.rs`). Off by default: a fresh-clone
-    /// test run saw an honest job of 2 s kernels beside a high job penalised by it (not yet
-    /// explained), and it has not met a real GPU's NVML sampling.
+    /// Whether the arbiter runs that check at all (`bypass.rs`). `false` leaves such a
+    /// process to the watchdog's slower `ungated` check (seconds, not one). The one false
+    /// finding seen (an honest job's 2 s kernel, preempted between the gate and the driver
+    /// while a revocation landed, ran on after its release) was the interposer's race, now
+    /// closed; the check has not yet met a real GPU's NVML sampling.
     pub bypass_check: bool,
     /// Duration-aware admission (issue 14): while a high-priority client is active, a
     /// low-priority holder submits a launch only if the interposer's estimate of how
@@ -843,7 +845,7 @@ impl Default for SchedulerConfig {
             overrun_penalty_ms: 10_000,
             window_overrun_grace_ms: 10,
             pause_bypassing: true,
-            bypass_check: false,
+            bypass_check: true,
             admit_by_duration: true,
             high_return_risk_percent: 10,
             high_on_arbiter_loss: LossPolicy::Run,
