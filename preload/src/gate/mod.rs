@@ -7,8 +7,10 @@
 //! `u64::MAX` or in the future. The hot path is one load of the published page's
 //! address, one atomic load of its deadline, one vDSO clock read (skipped for
 //! `u64::MAX`), one load of `launch_ahead` (same cache line) and a relaxed bump of the
-//! launch counter the agent's idle detection reads — no system call, lock,
-//! allocation or logging.
+//! launch counter the agent's idle detection reads, all inside a count of launches on
+//! their way to the driver that a drain waits for (`Submitting`: one atomic increment
+//! before, one decrement after the driver call) — no system call, lock, allocation or
+//! logging.
 //!
 //! The published page is the arbiter's mapping while connected, else one of two static
 //! pages: [`UNGATED`] (deadline `u64::MAX`: the library is inactive, the arbiter refused
