@@ -87,7 +87,7 @@ fn sighup_applies_live_keys_reports_restart_keys_and_keeps_running_on_a_broken_f
 
     // gpusharectl, reading the same broken file, still shows the running arbiter
     // (through the file's own run_dir) and says what is wrong with the file.
-    let ctl = Command::new(CTL)
+    let ctl = Command::new(ctl())
         .args(["--config"])
         .arg(d.config_path())
         .args(["list", "--json"])
@@ -133,9 +133,9 @@ fn check_config_in_both_binaries_says_ok_or_lists_each_problem_with_its_exit_sta
         "[runtime]\nlibary = \"/x.so\"\n[arbiter]\ndefault_memory = \"4g\"\n",
     )
     .unwrap();
-    for program in [ARBITER, CTL] {
+    for program in [std::path::PathBuf::from(ARBITER), ctl()] {
         let check = |file: &std::path::Path| {
-            Command::new(program)
+            Command::new(&program)
                 .arg("check-config")
                 .arg(file)
                 .env_remove("GPUSHARE_CONFIG")
@@ -143,7 +143,7 @@ fn check_config_in_both_binaries_says_ok_or_lists_each_problem_with_its_exit_sta
                 .unwrap()
         };
         let ok = check(&good);
-        assert_eq!(ok.status.code(), Some(0), "{program}");
+        assert_eq!(ok.status.code(), Some(0), "{}", program.display());
         assert_eq!(
             String::from_utf8_lossy(&ok.stdout),
             format!(
@@ -151,11 +151,12 @@ fn check_config_in_both_binaries_says_ok_or_lists_each_problem_with_its_exit_sta
                  runtime.runtimes, scheduler.slice_ms)\n",
                 good.display()
             ),
-            "{program}"
+            "{}",
+            program.display()
         );
         // It reads well, but the library it names is not on this machine.
         let lacking = check(&missing);
-        assert_eq!(lacking.status.code(), Some(1), "{program}");
+        assert_eq!(lacking.status.code(), Some(1), "{}", program.display());
         let out = String::from_utf8_lossy(&lacking.stdout);
         assert!(
             out.starts_with(&format!(
@@ -165,7 +166,7 @@ fn check_config_in_both_binaries_says_ok_or_lists_each_problem_with_its_exit_sta
             "{out}"
         );
         let refused = check(&bad);
-        assert_eq!(refused.status.code(), Some(1), "{program}");
+        assert_eq!(refused.status.code(), Some(1), "{}", program.display());
         let out = String::from_utf8_lossy(&refused.stdout);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3, "{out}");
@@ -185,6 +186,6 @@ fn check_config_in_both_binaries_says_ok_or_lists_each_problem_with_its_exit_sta
             "{out}"
         );
         let absent = check(&dir.path().join("absent.toml"));
-        assert_eq!(absent.status.code(), Some(2), "{program}");
+        assert_eq!(absent.status.code(), Some(2), "{}", program.display());
     }
 }

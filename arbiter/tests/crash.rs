@@ -223,7 +223,7 @@ fn gpusharectl_exits_quietly_into_a_closed_pipe() {
         // with EPIPE every time, not only when it loses a race with `head`.
         let (read, write) = nix::unistd::pipe().unwrap();
         drop(read);
-        let out = std::process::Command::new(CTL)
+        let out = std::process::Command::new(ctl())
             .arg("--config")
             .arg(d.config_path())
             .args(args)

@@ -55,6 +55,7 @@ fn within_2_percent(what: &str, got: f64, truth: f64) {
 
 #[test]
 fn top_metrics_and_timeline_agree_with_the_token_accounting() {
+    binaries::gpusharectl();
     binaries::require(&["gpushare-arbiter", "gpusharectl", "simgpu-workload"]);
     let libs = simgpu::libs();
     let port = free_port();

@@ -36,6 +36,27 @@ pub fn target(named: Option<&Path>, env: Option<OsString>) -> (PathBuf, bool) {
 }
 
 /// Checks the file the components would read (`named`, else as they find it).
+/// `check-config [FILE]`, the same in gpushare-arbiter and gpusharectl.
+#[derive(clap::Args, Debug)]
+pub struct CheckConfig {
+    /// The file (default: the one the components read: --config, else
+    /// $GPUSHARE_CONFIG, else /etc/gpushare/config.toml).
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+}
+
+impl CheckConfig {
+    /// Checks the file (`config`: the binary's --config; see [`check_file`]) and prints
+    /// the report on stdout; the exit status is the report's.
+    pub fn run(&self, config: Option<&Path>) -> std::process::ExitCode {
+        use std::io::Write;
+        let report = check_file(self.file.as_deref().or(config));
+        // A reader gone (`| head`) changes nothing about the verdict.
+        let _ = std::io::stdout().lock().write_all(report.text.as_bytes());
+        std::process::ExitCode::from(report.exit_code)
+    }
+}
+
 pub fn check_file(named: Option<&Path>) -> Report {
     let (path, absent_is_defaults) = target(named, std::env::var_os(PATH_ENV));
     let read = std::fs::read_to_string(&path);

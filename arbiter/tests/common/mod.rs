@@ -12,7 +12,10 @@ pub use gpushare_testkit::simgpu::{self, gpu_uuid as sim_uuid, SimMachine};
 pub use gpushare_testkit::{binaries, wait_until, Arbiter, ArbiterBuilder};
 
 pub const ARBITER: &str = env!("CARGO_BIN_EXE_gpushare-arbiter");
-pub const CTL: &str = env!("CARGO_BIN_EXE_gpusharectl");
+/// `gpusharectl`, built from its own crate (which this one does not depend on).
+pub fn ctl() -> std::path::PathBuf {
+    binaries::gpusharectl()
+}
 
 /// A private arbiter of this build with `gpus` declared GPUs of `memory` each, and the
 /// production client timeout (10 s) the suite's timings were chosen against.

@@ -347,7 +347,7 @@ impl Arbiter {
 
     /// `gpusharectl --config <its configuration> args…`.
     pub fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(binaries::program("gpusharectl"))
+        Command::new(binaries::gpusharectl())
             .arg("--config")
             .arg(&self.config_path)
             .args(args)

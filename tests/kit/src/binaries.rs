@@ -78,6 +78,14 @@ pub fn require(names: &[&str]) {
     }
 }
 
+/// `gpusharectl`: a crate of its own, which the daemon's suites do not depend on, so
+/// built into this test's profile once per test process (see [`cargo_build`]).
+pub fn gpusharectl() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| cargo_build(&["gpushare-ctl"]));
+    program("gpusharectl")
+}
+
 /// Builds `packages` into this test's own profile, for suites whose package does not
 /// depend on what they run (the interposer's tests run the arbiter and the simulated
 /// driver). Does nothing when `GPUSHARE_BIN_DIR` names another build.

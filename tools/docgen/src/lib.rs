@@ -64,7 +64,7 @@ pub fn programs() -> Vec<Program> {
     };
     vec![
         parsed(gpushare_arbiter::cli::ArbiterArgs::command()),
-        parsed(gpushare_arbiter::cli::CtlArgs::command()),
+        parsed(gpushare_ctl::cli::CtlArgs::command()),
         described(gpushare_oci::cli::runc_wrapper_command()),
         parsed(gpushare_oci::cli::HookCli::command()),
         described(shim_command()),

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use gpushare_arbiter::cli::{CtlArgs, CtlCommand as Command};
-use gpushare_arbiter::setup::{self, Engine, Programs};
-use gpushare_arbiter::terminal::shown_name;
 use gpushare_config::Config;
+use gpushare_ctl::cli::{CtlArgs, CtlCommand as Command};
+use gpushare_ctl::setup::{self, Engine, Programs};
+use gpushare_ctl::terminal::shown_name;
 use gpushare_proto::grant::{Grant, GrantAmount};
 use gpushare_proto::{ByteSize, ControlClient, Lease, LeaseId, Priority, StatusReport};
 
@@ -122,10 +122,10 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
             let mut out = if json {
                 serde_json::to_string_pretty(&report).context("encoding the timeline")? + "\n"
             } else {
-                gpushare_arbiter::timeline::render_text(&report)
+                gpushare_ctl::timeline::render_text(&report)
             };
             if let Some(path) = svg {
-                let chart = gpushare_arbiter::timeline::render_svg(&report)?;
+                let chart = gpushare_ctl::timeline::render_svg(&report)?;
                 std::fs::write(&path, chart)
                     .with_context(|| format!("writing the timeline chart to {}", path.display()))?;
                 if !json {
@@ -137,10 +137,10 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
         Command::Top { once } => {
             // Not a terminal (a pipe, a file, a test): one frame, no control codes.
             if once || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-                gpushare_arbiter::top::render_frame(&client.status()?)
+                gpushare_ctl::top::render_frame(&client.status()?)
             } else {
                 loop {
-                    let frame = gpushare_arbiter::top::render_frame(&client.status()?);
+                    let frame = gpushare_ctl::top::render_frame(&client.status()?);
                     // Home the cursor and clear the screen, then the frame.
                     emit(&format!("\x1b[H\x1b[2J{frame}"))?;
                     std::thread::sleep(std::time::Duration::from_secs(1));
@@ -150,7 +150,7 @@ fn run(args: CtlArgs) -> anyhow::Result<String> {
     })
 }
 
-/// `gpusharectl setup`: the edit is gpushare_arbiter::setup's; this finds the programs
+/// `gpusharectl setup`: the edit is gpushare_ctl::setup's; this finds the programs
 /// and says what happened (with --dry-run, the content it would write).
 fn setup(
     engine: Engine,
@@ -279,7 +279,7 @@ fn gpu_time_of(usage: &gpushare_proto::LeaseUsage) -> String {
     };
     format!(
         ", GPU time {}, 10 s share {:.0} %, 1 min {:.0} %",
-        gpushare_arbiter::top::gpu_time(usage.gpu_time_ms),
+        gpushare_ctl::top::gpu_time(usage.gpu_time_ms),
         short * 100.0,
         long * 100.0
     )
@@ -431,7 +431,7 @@ fn render_status(report: &StatusReport) -> String {
             out += &format!(
                 "  {} container={} gpus={} memory used {} of {} state={:?} pid={} clients={}{}{}\n",
                 l.id,
-                gpushare_arbiter::top::container_of(l, usage),
+                gpushare_ctl::top::container_of(l, usage),
                 l.gpus.join(","),
                 ByteSize(usage.map(|u| u.memory_used).unwrap_or(0)),
                 ByteSize(usage.map(|u| u.memory_quota).unwrap_or(l.memory_bytes)),
