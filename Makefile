@@ -109,7 +109,8 @@ demo: deps build
 # make install PREFIX=… SYSCONFDIR=… UNITDIR=… DESTDIR=…: builds the shipped crates only
 # (release), the glibc-2.28 libgpushare.so and the man pages, then scripts/install-files.sh
 # installs them stripped, with the configuration's and the unit's paths written for PREFIX.
-# An existing $(SYSCONFDIR)/gpushare/config.toml is kept (upgrades: README's Install).
+# An existing $(SYSCONFDIR)/gpushare/config.toml is kept (upgrades: docs/operator-guide.md,
+# "Upgrade").
 SYSCONFDIR ?= /etc
 UNITDIR ?= $(SYSCONFDIR)/systemd/system
 SHIPPED_PACKAGES := gpushare-arbiter gpushare-oci containerd-shim-gpushare-v2 gpushare-kube

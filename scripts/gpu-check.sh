@@ -13,7 +13,7 @@ elif command -v cargo >/dev/null 2>&1; then
   cargo build --release --quiet -p gpushare-bench --bin gpushare-gpu-check
   program=$PWD/target/release/gpushare-gpu-check
 else
-  echo "gpu-check: cargo is not here to build gpushare-gpu-check; set GPUSHARE_BIN_DIR to a directory of binaries built elsewhere (see README)" >&2
+  echo "gpu-check: cargo is not here to build gpushare-gpu-check; set GPUSHARE_BIN_DIR to a directory of binaries built elsewhere (see docs/development.md)" >&2
   exit 1
 fi
 exec "$program" "$@"

@@ -83,7 +83,7 @@ for c in "$COMPLETIONS_DIR"/*; do
     esac
 done
 put "$here/README.md" 0644 "$PREFIX/share/doc/gpushare/README.md"
-put "$here/docs/ARCHITECTURE.md" 0644 "$PREFIX/share/doc/gpushare/ARCHITECTURE.md"
+for doc in "$here"/docs/*.md; do put "$doc" 0644 "$PREFIX/share/doc/gpushare/${doc##*/}"; done
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

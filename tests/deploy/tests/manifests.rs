@@ -23,7 +23,7 @@ const GRANT_KEYS: [&str; 3] = [
     GRANT_HIGH_ANNOTATION,
     GRANT_COMPUTE_ANNOTATION,
 ];
-/// What the init container installs onto the node (README "Kubernetes"), by name in
+/// What the init container installs onto the node (docs/kubernetes.md, step 2), by name in
 /// the image's node-setup.sh.
 const INSTALLED: [&str; 5] = [
     "gpushare-runc",
