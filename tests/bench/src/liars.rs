@@ -211,9 +211,8 @@ fn run_variant(
         mode: Mode::Gpushare.name(),
         why,
     };
-    let mut scheduler = Mode::Gpushare.scheduler(&parameters.gpushare_settings)?;
-    // The bypass check is off by default (config says why); the liars are what it is for.
-    scheduler.bypass_check = true;
+    // The shipped defaults (the bypass check included), unless --gpushare-set says otherwise.
+    let scheduler = Mode::Gpushare.scheduler(&parameters.gpushare_settings)?;
     let graces = json!({
         "revoke_grace_ms": scheduler.revoke_grace_ms,
         "window_overrun_grace_ms": scheduler.window_overrun_grace_ms,
