@@ -661,7 +661,11 @@ fn a_job_of_2_s_kernels_beside_a_high_job_keeps_running_and_is_never_cut_off() {
     // the proof it was not stranded.
     let report = jobs[1].report(Duration::from_secs(60), &rig);
     let token = rig.token();
-    for line in rig.arbiter_log().lines().filter(|l| l.contains("beyond its token") || l.contains("overran") || l.contains("overdue")) { eprintln!("XXLOG {line}"); }
+    for line in rig.arbiter_log().lines().filter(|l| {
+        l.contains("beyond its token") || l.contains("overran") || l.contains("overdue")
+    }) {
+        eprintln!("XXLOG {line}");
+    }
     eprintln!("XXTOKEN {token:?}");
     assert_eq!(number(&report, "/iterations"), 4.0, "{report}");
     assert!(
