@@ -49,10 +49,6 @@ pub enum ServerError {
     },
 }
 
-pub use crate::background::{spawn_background, SAMPLE_INTERVAL};
-pub use crate::control::{bind_control_socket, serve};
-pub use crate::state::MEASURE_FRESH;
-
 // ----- framing over tokio -----
 
 pub(crate) async fn read_frame<T: DeserializeOwned>(
@@ -201,8 +197,6 @@ impl LeaseEndpoints for SocketEndpoints {
         self.dirs.remove(lease);
     }
 }
-
-pub use crate::connections::MAX_CONNECTIONS_PER_LEASE;
 
 /// How often a refused flood is logged: the first refusal, then a summary at most
 /// this often, so a container that floods its socket cannot flood the log too.

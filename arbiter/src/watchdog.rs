@@ -44,6 +44,21 @@ pub struct LeaseView<'a> {
     pub client_pids: Vec<u32>,
 }
 
+// The view is the watchdog's: the state hands out plain data and knows nothing of it.
+impl crate::state::WatchdogInput {
+    pub fn views(&self) -> Vec<LeaseView<'_>> {
+        self.leases
+            .iter()
+            .map(|(id, gpus, quota, pids)| LeaseView {
+                id,
+                gpus,
+                memory_quota: *quota,
+                client_pids: pids.clone(),
+            })
+            .collect()
+    }
+}
+
 /// A lease's NVML usage summed over its GPUs, where its processes are (GPU, pid),
 /// and its quota.
 type LeaseUse<'a> = (u64, Vec<(&'a String, u32)>, u64);

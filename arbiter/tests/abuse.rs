@@ -101,7 +101,10 @@ fn ten_thousand_connections_from_one_container_leave_the_arbiter_responsive() {
     let (report, _) = status(&d);
     let (threads, fds) = threads_and_descriptors(d.pid());
     let cap = report.connections.per_lease_limit;
-    assert_eq!(cap, gpushare_arbiter::server::MAX_CONNECTIONS_PER_LEASE);
+    assert_eq!(
+        cap,
+        gpushare_arbiter::connections::MAX_CONNECTIONS_PER_LEASE
+    );
     assert!(
         report.connections.open <= cap,
         "{} connections open, over the per-lease bound {cap}",

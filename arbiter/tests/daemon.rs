@@ -523,7 +523,7 @@ fn a_flood_of_connections_on_one_lease_socket_is_capped() {
     confirm_here(&mut c, "flood");
     confirm_here(&mut c, "quiet");
     let path = d.lease_socket(&flooded.id.0);
-    let cap = gpushare_arbiter::server::MAX_CONNECTIONS_PER_LEASE;
+    let cap = gpushare_arbiter::connections::MAX_CONNECTIONS_PER_LEASE;
     // Held open: each accepted connection waits for its hello.
     let held: Vec<UnixStream> = (0..cap + 20)
         .map(|_| UnixStream::connect(&path).unwrap())

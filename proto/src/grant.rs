@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub use gpushare_types::kubernetes::{BadGrantId, GrantId, GRANT_ID_FORM};
 
-use crate::lease::LeaseId;
+use gpushare_types::LeaseId;
 
 /// How much of which resource a grant holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use gpushare_arbiter::cli::{ArbiterArgs, ArbiterCommand};
-use gpushare_arbiter::{daemon, inventory, metrics, server};
+use gpushare_arbiter::{background, control, daemon, inventory, metrics};
 
 fn main() -> ExitCode {
     let args = ArbiterArgs::parse();
@@ -65,7 +65,7 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
         let hangups = daemon::hangup_signal().context("installing the SIGHUP handler")?;
         // Bind first: it refuses to start beside a live arbiter before any lease
         // socket is touched. Connections wait in the backlog until recovery is done.
-        let listener = server::bind_control_socket(&socket)?;
+        let listener = control::bind_control_socket(&socket)?;
         let started = std::time::Instant::now();
         let running = daemon::recover(&config, &scheduler, &placement, backend.as_ref())
             .context("recovering the lease table")?;
@@ -76,7 +76,7 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
             "lease table recovered"
         );
         let tasks = running.tasks();
-        server::spawn_background(&arbiter, backend.clone(), tasks);
+        background::spawn_background(&arbiter, backend.clone(), tasks);
         if let Some(address) = &config.metrics_address {
             let tcp = tokio::net::TcpListener::bind(address)
                 .await
@@ -92,7 +92,7 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
             in_effect,
             arbiter.clone(),
         ));
-        tasks.spawn(server::serve(listener, arbiter));
+        tasks.spawn(control::serve(listener, arbiter));
         tracing::info!(socket = %socket.display(), "serving");
         daemon::notify_ready();
         stop_asked.await;

@@ -31,7 +31,6 @@ use crate::process::{check_peer, PeerCheck, ProcessProbe};
 use crate::queue::{AdmissionQueue, Attempt};
 use crate::reconcile::{self, Bounds, Verdict};
 use crate::store::{LeaseRecord, LeaseStore, Record, StoreError, Table, Ticket};
-use crate::watchdog::LeaseView;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -171,20 +170,6 @@ pub struct WatchdogInput {
     pub gpus: Vec<String>,
     /// (lease, its GPUs, its ledger quota (all GPUs together), its registered pids).
     pub leases: Vec<(LeaseId, Vec<String>, u64, Vec<u32>)>,
-}
-
-impl WatchdogInput {
-    pub fn views(&self) -> Vec<LeaseView<'_>> {
-        self.leases
-            .iter()
-            .map(|(id, gpus, quota, pids)| LeaseView {
-                id,
-                gpus,
-                memory_quota: *quota,
-                client_pids: pids.clone(),
-            })
-            .collect()
-    }
 }
 
 pub struct Inventory {
