@@ -26,7 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::cuda::*;
-use crate::ledger::{LeaseLink, QuotaView, Refusal};
+use crate::lease_link::{LeaseLink, QuotaView, Refusal};
 use crate::watch::{self, Reattach};
 use gpushare_proto::ShareKey;
 
@@ -887,7 +887,7 @@ pub fn attach_after_context_creation() {
     }
     if let Some(mut a) = lock() {
         if !a.link.is_connected() {
-            a.link.connect(crate::ledger::QUERY_PATIENCE);
+            a.link.connect(crate::lease_link::QUERY_PATIENCE);
         }
     }
     watch::start(reattach_step);
@@ -896,7 +896,7 @@ pub fn attach_after_context_creation() {
 /// Fork child: drop the parent's accounts and connection (see `fork`).
 pub fn forget_after_fork() {
     CURRENT.store(std::ptr::null_mut(), Ordering::Release);
-    crate::ledger::close_inherited_connection();
+    crate::lease_link::close_inherited_connection();
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ mod tests {
 
     #[test]
     fn a_fork_child_starts_from_fresh_accounts_and_its_own_connection() {
-        let (_d, path) = crate::ledger::tests::fake_arbiter(1000);
+        let (_d, path) = crate::lease_link::tests::fake_arbiter(1000);
         crate::config::install(crate::config::Settings {
             lease: Some("l".into()),
             socket: path,

@@ -32,7 +32,7 @@
 //!    wrapper forwards to.
 //! 4. **Driver calls** ([`driver`]): entry points the library calls for itself.
 //! 5. **Accounts and gate**: [`gate`] (the launch gate), [`watch`] (re-attach after an
-//!    arbiter restart), [`ledger`] (the arbiter's ledger connection), [`accounts`] (what
+//!    arbiter restart), [`lease_link`] (the connection to the lease's ledger in the arbiter), [`accounts`] (what
 //!    each allocation was charged, over the `Ledger` and `DeviceMemory` traits),
 //!    [`graph_memory`] (what executable graphs' memory nodes need, charged before their
 //!    launch), [`fork`] (the fork child's reset).
@@ -53,7 +53,7 @@ pub mod gate;
 pub mod graph_memory;
 pub mod guard;
 pub mod hooks;
-pub mod ledger;
+pub mod lease_link;
 pub mod loader;
 pub mod log;
 pub mod symbols;

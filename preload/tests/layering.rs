@@ -18,7 +18,7 @@ const RANKS: &[(&str, &str)] = &[
     ("driver", "driver calls"),
     ("gate", "accounts and gate"),
     ("watch", "accounts and gate"),
-    ("ledger", "accounts and gate"),
+    ("lease_link", "accounts and gate"),
     ("accounts", "accounts and gate"),
     ("graph_memory", "accounts and gate"),
     ("fork", "accounts and gate"),

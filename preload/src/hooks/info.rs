@@ -5,7 +5,7 @@
 use super::real_fn;
 use crate::accounts;
 use crate::cuda::*;
-use crate::ledger::QuotaView;
+use crate::lease_link::QuotaView;
 
 /// (free, total) as the container should see them, from the physical answer and
 /// the lease's share. With no share known (arbiter unreachable since the start),
