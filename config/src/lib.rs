@@ -67,13 +67,13 @@ pub enum PlacementPolicy {
     /// co-locates low-priority jobs before opening an empty GPU. Kept so the paper's
     /// behaviour can still be measured.
     Wang,
-    /// Balanced multi-resource placement (issue 18): spreads while empty GPUs exist,
+    /// Balanced multi-resource placement: spreads while empty GPUs exist,
     /// weighs memory, compute and job count (Sun et al.), sees load over a short window.
     #[default]
     Balanced,
 }
 
-/// The `[placement]` table (issue 18).
+/// The `[placement]` table: the placement policy and its weights.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PlacementConfig {
@@ -807,7 +807,7 @@ pub struct SchedulerConfig {
     /// while a revocation landed, ran on after its release) was the interposer's race, now
     /// closed; the check has not yet met a real GPU's NVML sampling.
     pub bypass_check: bool,
-    /// Duration-aware admission (issue 14): while a high-priority client is active, a
+    /// Duration-aware admission: while a high-priority client is active, a
     /// low-priority holder submits a launch only if the interposer's estimate of how
     /// long it will occupy the GPU ends before the high-priority job is expected back
     /// (learned from its gaps between release and want); work that does not fit waits.

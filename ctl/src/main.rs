@@ -350,7 +350,7 @@ fn render_status(report: &StatusReport) -> String {
         if let Some(t) = &g.reserved_for {
             flags += &format!(" reserved-for={t}");
         }
-        // Rebalancing hints (issue 18): absent from an older arbiter's report.
+        // Rebalancing hints (balanced placement): absent from an older arbiter's report.
         let hint = report
             .placement
             .iter()

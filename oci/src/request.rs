@@ -825,7 +825,7 @@ mod tests {
         assert!(request_of(&low, &p).is_ok());
     }
 
-    /// Issue 15: with the tenant taken from the pod's namespace, a container's
+    /// Trusted tenants: with the tenant taken from the pod's namespace, a container's
     /// author can no longer name the tenant that may ask for high priority.
     #[test]
     fn the_tenant_can_come_from_the_pods_namespace_and_then_not_from_the_request() {
@@ -1138,7 +1138,7 @@ mod tests {
         assert!(request_of(&pod, &policy()).unwrap().is_some());
     }
 
-    /// Issue 19: a misspelt variable used to be ignored, leaving the container
+    /// Misspelt variables: a misspelt variable used to be ignored, leaving the container
     /// without its share (`GPUSHARE_MEMROY`) or at low priority (`GPUSHARE_PRIORTY`).
     #[test]
     fn an_unknown_variable_is_refused_naming_it_its_value_and_the_accepted_keys() {

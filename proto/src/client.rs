@@ -111,8 +111,9 @@ fn group_name(etc_group: &str, gid: u32) -> Option<String> {
 /// failure. Why: after a timeout or a partial read the arbiter's late answer is
 /// still on its way, and the next call on the same connection would read it as its
 /// own — a reserve could take a release's acknowledgement, and a caller count a
-/// lease as released (or reserved) that was not. (The "lost" acknowledged leases of
-/// issue 15 were exactly this and releases that timed out but still happened.)
+/// lease as released (or reserved) that was not. (The "lost" acknowledged leases once
+/// seen across an arbiter restart were exactly this and releases that timed out but
+/// still happened.)
 fn exchange<Q: serde::Serialize, A: serde::de::DeserializeOwned>(
     stream: &mut UnixStream,
     broken: &mut Option<String>,

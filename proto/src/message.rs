@@ -339,7 +339,7 @@ pub struct StatusReport {
     /// The device plugin's grants (Kubernetes), placed and waiting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<Grant>,
-    /// Rebalancing hints, one per GPU of `gpus` (issue 18). Beside `GpuStatus`
+    /// Rebalancing hints, one per GPU of `gpus` (balanced placement). Beside `GpuStatus`
     /// rather than in it: other crates build `GpuStatus` field by field.
     #[serde(default)]
     pub placement: Vec<GpuPlacementHint>,

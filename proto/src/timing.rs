@@ -1,4 +1,4 @@
-//! Decision-time histograms the arbiter reports (issue 18: a placement decision
+//! Decision-time histograms the arbiter reports (placement's time bounds: a decision
 //! must stay within 100 µs on 16 GPUs × 64 leases, and a batch search within its
 //! budget). Buckets are fixed so that a status report and the Prometheus
 //! histogram built from it agree without carrying the bounds around.

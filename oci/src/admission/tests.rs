@@ -478,7 +478,7 @@ fn a_granted_lease_is_edited_into_the_spec_and_its_undo_releases_it() {
             gpu: Default::default(),
             // tenant_from = auto: the pod's namespace.
             tenant: Some("inference".into()),
-            // Issue 17: the arbiter is told the pod (no grant here).
+            // Kubernetes: the arbiter is told the pod (no grant here).
             pod: Some(PodBinding {
                 namespace: Some("inference".into()),
                 ..PodBinding::default()
