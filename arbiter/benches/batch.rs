@@ -1,4 +1,4 @@
-//! The batch placement search (issue 18) on the admission queue's worst case: 64
+//! The batch placement search on the admission queue's worst case: 64
 //! waiting single-GPU requests on 16 GPUs of 80 GiB (sizes 1-40 GiB, expected
 //! demand 0.05-0.95 GPU, a quarter high-priority, half the GPUs partly loaded and
 //! a few already running a high-priority lease), many instances from fixed seeds.

@@ -1,4 +1,4 @@
-//! The balanced score (issue 18): how loaded a GPU is, as one number, after Sun et
+//! The balanced score: how loaded a GPU is, as one number, after Sun et
 //! al.'s weighted resource scores. Shared by the balanced placement policy (one
 //! request at a time) and the batch search (several waiting requests together), so
 //! both optimise the same thing.

@@ -1,4 +1,4 @@
-//! The batch placement search (issue 18): places several waiting single-GPU
+//! The batch placement search: places several waiting single-GPU
 //! requests together, minimising the balanced score (`balance::cost` summed over
 //! GPUs) that the balanced policy minimises one request at a time.
 //!

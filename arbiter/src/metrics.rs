@@ -271,7 +271,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     );
     out.add(
         "gpushare_placement_decision_seconds",
-        "Time to place one request with the configured policy (issue 18's bound: 100 µs).",
+        "Time to place one request with the configured policy (target: ≤ 100 µs).",
         Buckets::of(&report.placement_times.decisions),
     );
     out.add(
@@ -1002,7 +1002,7 @@ mod tests {
             "gpushare_gpu_utilization_ratio{gpu=\"GPU-0\"} 0.5",
             "gpushare_leases{priority=\"high\",state=\"confirmed\"} 1",
             "gpushare_leases{priority=\"low\",state=\"reserved\"} 1",
-            // Labels added for Kubernetes (issue 17): empty for a lease without a pod.
+            // Labels added for Kubernetes: empty for a lease without a pod.
             "gpushare_lease_memory_used_bytes{lease=\"l3\",pod_namespace=\"\",pod=\"\",container=\"\"} 12",
             "gpushare_queue_length{priority=\"high\"} 0",
             "gpushare_watchdog_violations{kind=\"unregistered\"} 1",

@@ -47,7 +47,7 @@
 //!   that is merely registered (an idle inference server) costs the low job nothing.
 //!   The bound follows the high client's activity within the holder's slice
 //!   (`SetLaunchAhead`); the timer fires when the window expires.
-//! * Duration-aware admission (`admit_by_duration`, issue 14): while a high-priority
+//! * Duration-aware admission (`admit_by_duration`): while a high-priority
 //!   client is active and its rhythm is known (`rhythm`: gaps from its last release to
 //!   its next want), a low holder's page carries an admission window (`fit_by_ns`): the
 //!   interposer submits a launch only if its measured duration ends inside it, so the

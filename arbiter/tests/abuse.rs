@@ -1,7 +1,6 @@
-//! Hostile clients on the lease sockets (issue 15, findings 1 and 2 and the
-//! half-frame of finding 6): a container that floods its own socket, a host user
-//! and a foreign container that know a lease's id, and a client that starts a
-//! frame and never finishes it. Each case asserts what the arbiter must do.
+//! Hostile clients on the lease sockets: a container that floods its own socket,
+//! a host user and a foreign container that know a lease's id, and a client that
+//! starts a frame and never finishes it. Each case asserts what the arbiter must do.
 
 mod common;
 

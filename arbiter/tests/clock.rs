@@ -1,4 +1,4 @@
-//! The wall clock jumps under a running arbiter (issue 15's fault suite): NTP
+//! The wall clock jumps under a running arbiter (a recovery fault): NTP
 //! correcting a clock that was days off, or an operator setting it. The arbiter runs
 //! under libfaketime with only CLOCK_REALTIME shifted, through a file it re-reads on
 //! every call, as a real jump would leave the monotonic clocks alone. Leases,

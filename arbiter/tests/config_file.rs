@@ -1,4 +1,4 @@
-//! Issue 19: the configuration file from the operator's side. `check-config` in
+//! The configuration file from the operator's side. `check-config` in
 //! both binaries, and the running arbiter's reload on SIGHUP: a live key applied
 //! (seen in the next lease), a key only a restart applies reported as such, and a
 //! broken file refused with the running configuration kept.

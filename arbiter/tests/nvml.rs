@@ -301,9 +301,9 @@ fn the_watchdog_kills_an_unregistered_process_when_configured() {
     assert!(d.log().contains("watchdog killed the process"));
 }
 
-/// Issue 15, finding 3: per-process utilisation through nvml-wrapper, as the
-/// watchdog reads it (run in a helper process, so this test's NVML sees its own
-/// simulated GPU).
+/// Ungated work: per-process utilisation through nvml-wrapper, as the watchdog
+/// reads it to notice GPU work done outside the gate (run in a helper process, so
+/// this test's NVML sees its own simulated GPU).
 #[test]
 #[ignore = "helper process of per_process_utilisation_comes_from_nvml"]
 fn nvml_utilisation_helper() {
@@ -400,7 +400,7 @@ fn per_process_utilisation_comes_from_nvml() {
     assert!(memory < 10, "it runs kernels, not copies: {text}");
 }
 
-/// Issue 15 (findings 5 and 7): memory held by a process of the lease's container
+/// Memory held by a process of the lease's container
 /// that has not attached — every process for an instant after an arbiter restart,
 /// or one that bypasses the interposer — counts against the lease, so a sibling is
 /// not granted what that process already holds.

@@ -1,4 +1,4 @@
-//! The genetic algorithm after Sun et al. alone (issue 18), the bench's
+//! The genetic algorithm after Sun et al. alone, the bench's
 //! baseline: the library's own (`batch::place_batch_genetic`, the one the
 //! shipped hybrid runs after its local search), started from greedy's
 //! assignment and random ones and evolving for the whole budget.

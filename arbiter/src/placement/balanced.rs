@@ -1,4 +1,4 @@
-//! The balanced policy (issue 18, `[placement] policy = "balanced"`): the GPU(s)
+//! The balanced policy (`[placement] policy = "balanced"`): the GPU(s)
 //! whose balanced score (`balance::added_cost`) grows least.
 //!
 //! The rules, in order (each has a table row below):
@@ -12,7 +12,7 @@
 //!    Algorithm 1's guards (`gpu_util_limit` over the last minute,
 //!    `low_nums_limit`) are not applied: the minute-long window could not see the
 //!    load a short run creates, and the count limit co-located before it spread,
-//!    which is what made Algorithm 1 lose to exclusive GPUs (issue 18, E2).
+//!    which is what made Algorithm 1 lose to exclusive GPUs (E2).
 //! 3. A GPU's compute load is the larger of its leases' expected demand (learnt
 //!    from measured GPU time, `expected_demand`) and its short-window utilisation
 //!    (`placement.utilization_window_ms`): the demand sees leases admitted but not

@@ -526,7 +526,7 @@ mod tests {
     use Priority::{High, Low};
 
     /// Each row: a node, a request, and the GPU it must land on (None: no fit now).
-    /// Issue 15: a multi-GPU lease runs ungated, so it never shares a GPU with a
+    /// A multi-GPU lease runs ungated, so it never shares a GPU with a
     /// high-priority job, whichever arrives first.
     #[test]
     fn multi_gpu_leases_and_high_priority_jobs_are_kept_apart() {

@@ -1,4 +1,4 @@
-//! The batch search in the admission pass (issue 18, `placement.batch = true`):
+//! The batch search in the admission pass (`placement.batch = true`):
 //! when more than one request waits, `batch::place_batch` assigns the single-GPU
 //! `count:` requests together before the queue is walked; each waiter then takes
 //! its assigned GPU (the hard rules are checked again there), or keeps waiting

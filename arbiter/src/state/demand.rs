@@ -1,4 +1,4 @@
-//! What the balanced policy sees (issue 18): each GPU's utilisation over the
+//! What the balanced policy sees: each GPU's utilisation over the
 //! short window `placement.utilization_window_ms`, and each lease's expected
 //! demand, learnt from the time its clients held the time-slice token. The
 //! decision itself is `placement::place_balanced` (pure); this gathers its input.

@@ -1,4 +1,4 @@
-//! The configured placement policy as the state applies it (issue 18).
+//! The configured placement policy as the state applies it.
 
 use super::tests::{config, open_with_probe, request};
 use super::*;

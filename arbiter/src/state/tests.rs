@@ -156,7 +156,7 @@ fn same_container_gets_the_same_lease() {
     assert!(!arbiter.release_container("c1").unwrap().0);
 }
 
-/// Issue 15: two engines or two containerd namespaces may use one container id
+/// Two engines or two containerd namespaces may use one container id
 /// at once; keyed by the id alone, the second container was handed the first
 /// one's lease (its socket, its quota).
 #[test]
