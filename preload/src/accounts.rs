@@ -633,7 +633,7 @@ impl<L: Ledger, D: DeviceMemory> Accounts<L, D> {
     /// `context` was destroyed (`cuCtxDestroy`, or `device`'s primary context reset or
     /// released for the last time): the driver freed everything made in it without a
     /// free call of its own, so credit it — or the ledger keeps charging memory that is
-    /// gone, and later allocations are refused for a quota that is not used (issue 15).
+    /// gone, and later allocations are refused for a quota that is not used.
     /// A `reset` cleans up the device's pools too ("destroys and cleans up all
     /// resources associated with the current device in the current process", cuda.h):
     /// what their reserve gave back is credited when settled, and a pool that can no

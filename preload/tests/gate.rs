@@ -268,7 +268,7 @@ fn an_answer_that_is_not_the_drivers_export_passes_through() {
     );
 }
 
-/// Issue 15, finding 3: copies were never gated — 40 device-to-device copies of 256 MiB
+/// Copies used to go ungated — 40 device-to-device copies of 256 MiB
 /// ran while a high-priority job held the token. Now a low-priority process's copies
 /// (host-synchronous `cuMemcpyDtoD` and stream-ordered `cuMemcpyDtoDAsync`) and memsets
 /// (`cuMemsetD32`, `cuMemsetD32Async`) wait for the token like its launches: none
@@ -339,7 +339,7 @@ fn a_low_priority_processs_copies_wait_while_a_high_priority_job_holds_the_token
     }
 }
 
-/// Issue 15, finding 3's second half: a `cuLaunchKernel` taken straight from libcuda's
+/// The other way around the gate: a `cuLaunchKernel` taken straight from libcuda's
 /// symbol table (`dlopen` + `dlsym`, no `cuGetProcAddress`) must not bypass the gate.
 /// The exported `dlsym` hands out the wrapper for every wrapped `cu*` name, whatever the
 /// handle: such launches of a low-priority process wait while a high-priority job holds

@@ -169,7 +169,7 @@ fn a_process_that_fills_what_it_was_told_is_free_is_not_killed() {
     assert!(!m.log().contains("watchdog killed"), "{}", m.log());
 }
 
-/// Issue 15, finding 4: a process registered only at its first allocation, so one with
+/// A process used to register only at its first allocation, so one with
 /// a context that had not allocated yet was reported unregistered by the watchdog and,
 /// with `watchdog_kill = true`, SIGKILLed. It attaches (holding nothing) when it creates
 /// its context: listed by the ledger at once, and left alone.
@@ -198,7 +198,7 @@ fn a_process_with_a_context_and_no_allocation_is_registered_and_not_killed() {
     assert!(s.stderr.contains("attached to lease"), "{}", s.stderr);
 }
 
-/// Issue 15, finding 7 and its done-when: after an arbiter restart the ledger was empty
+/// After an arbiter restart the ledger was empty
 /// until each process re-attached at its next allocation, so an idle process holding
 /// memory was missing (a sibling could over-allocate) and, with `watchdog_kill = true`,
 /// reported and killed as unregistered. Its watcher re-attaches it, with its holdings,
@@ -676,7 +676,7 @@ fn program_steps(child: Child, which: &str) -> Steps {
     }
 }
 
-/// Issue 15's done-when: restarting the arbiter under load lets no process exceed its
+/// Recovery under load: restarting the arbiter lets no process exceed its
 /// lease's quota meanwhile. A holds 400 MiB (and its context) and idles; the arbiter
 /// is SIGKILLed and restarted, and B, started as it comes back, asks for 400 MiB more:
 /// refused whether or not A has re-attached yet (A's memory counts from NVML as the

@@ -508,8 +508,8 @@ fn reconnects_after_an_arbiter_restart_with_what_it_holds() {
     );
 }
 
-/// Issue 15, finding 7 (the done-when's "seen again, with its holdings, within 1 s of
-/// the restart"): re-attaching only at the next ledger operation left an idle process
+/// Re-attachment after an arbiter restart ("seen again, with its holdings, within 1 s
+/// of the restart"): re-attaching only at the next ledger operation left an idle process
 /// holding memory out of the new arbiter's ledger for as long as it stayed idle. Its
 /// watcher re-attaches it with what it holds as soon as the arbiter answers, with no
 /// CUDA call.
@@ -608,7 +608,7 @@ fn threads_forks_and_exit_during_a_kernel() {
     );
 }
 
-/// Issue 15, finding 6: `cuDevicePrimaryCtxReset` freed everything made in the primary
+/// `cuDevicePrimaryCtxReset` freed everything made in the primary
 /// context without a credit to the ledger, so the next allocation was refused for a
 /// quota nothing used any more. Every kind the reset frees is credited: plain, pool
 /// (the default pool and a created one, whose reserve the reset gives back) and arrays.
@@ -658,7 +658,7 @@ fn a_primary_context_reset_credits_what_it_freed() {
     );
 }
 
-/// Issue 15, item 7: the library keyed on `GPUSHARE_LEASE`, which the container
+/// The library used to key on `GPUSHARE_LEASE`, which the container
 /// controls: a process whose entrypoint reset its environment, but which still
 /// loads the library (`runtime.ld_so_preload`), ran with no quota at all. The
 /// lease's socket, mounted where the runtime puts it, now arms it.

@@ -1,4 +1,4 @@
-//! Duration-aware admission's client side (issue 14): how long each kind of launch
+//! Duration-aware admission's client side: how long each kind of launch
 //! occupies the GPU, learned from the launch-ahead ring's timing events, and the pure
 //! decision whether a launch fits the admission window the arbiter published
 //! (`TokenPage::fit_by_ns`: when the high-priority job is expected back).

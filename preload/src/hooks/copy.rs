@@ -2,8 +2,8 @@
 //! bandwidth are the GPU's, and a device-to-device copy runs on the SMs), so each
 //! passes the same gate as a launch (`gate::admit` before, `gate::launched` after).
 //! Without it a low-priority process kept the GPU busy with copies while a
-//! high-priority job held the token (issue 15, finding 3: 40 device-to-device copies of
-//! 256 MiB ran unhindered). A host-synchronous copy waits for the token like a launch,
+//! high-priority job held the token (in an adversarial test, 40 device-to-device copies
+//! of 256 MiB ran unhindered). A host-synchronous copy waits for the token like a launch,
 //! then runs (its return already waits for the copy).
 //!
 //! Each copy carries its estimated duration (bytes over the bandwidth of its path) for
