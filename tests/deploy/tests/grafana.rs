@@ -335,7 +335,7 @@ fn every_metric_the_dashboard_queries_is_served_by_the_arbiter() {
         missing.is_empty(),
         "the dashboard queries {missing:?}, which the arbiter does not serve"
     );
-    // What the dashboard is for (issue 19): each of these is on it.
+    // What the dashboard is for (who uses the GPU, and how): each of these is on it.
     for needed in [
         "gpushare_gpu_utilization_ratio",
         "gpushare_gpu_utilization_10s_ratio",

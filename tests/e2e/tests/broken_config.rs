@@ -1,4 +1,4 @@
-//! Issue 19: a broken configuration file fails only the containers that ask for
+//! A broken configuration file fails only the containers that ask for
 //! gpushare, through docker (gpushare-runc), ctr (the shim) and podman
 //! (gpushare-runc, and the precreate hook for a share). With a
 //! typo in the file the engines read, a plain container runs untouched and prints

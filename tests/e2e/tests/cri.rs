@@ -143,7 +143,7 @@ fn through_gpushare_runc_the_pause_container_gets_no_lease() {
     pause_container_gets_no_lease(Entry::RuncBinary);
 }
 
-/// Issue 17: a grant reaches a container only through its container-level CRI
+/// A grant reaches a container only through its container-level CRI
 /// annotations (kubelet's, carrying its device plugins' Allocate answers), which
 /// the handler's container_annotations pass; the same key in the pod's own
 /// annotations is dropped (pod_annotations = "gpushare.io/*" does not match it under

@@ -1,4 +1,4 @@
-//! Issue 19: a misspelt `GPUSHARE_*` variable refuses the container, naming the
+//! A misspelt `GPUSHARE_*` variable refuses the container, naming the
 //! variable, its value and the accepted keys, through docker (gpushare-runc) and
 //! through ctr (the shim); a name on `requests.allowed_env` runs; and the variables
 //! gpushare writes itself, handed back in a new container's spec, are no error.

@@ -1,4 +1,4 @@
-//! Issue 19: the error-message review. Every failure a user commonly meets (a bad
+//! The error-message review. Every failure a user commonly meets (a bad
 //! request value, a misspelt key or variable, a request no GPU can hold, the
 //! arbiter down, a non-root gpusharectl), through every entry point (docker with
 //! gpushare-runc, ctr with the shim, ctr with `--runc-binary gpushare-runc`, podman

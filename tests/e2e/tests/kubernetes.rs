@@ -1,4 +1,4 @@
-//! Issue 17 end to end: pods through containerd's real CRI plugin (Debian 12's
+//! Kubernetes end to end: pods through containerd's real CRI plugin (Debian 12's
 //! containerd 1.6), with the gpushare handler's shim or gpushare-runc, runc, the
 //! real arbiter and the real device plugin `gpushare-kube`, registered with the
 //! test kubelet (`gpushare_cri::kubelet::TestKubelet`: kubelet's device-plugin

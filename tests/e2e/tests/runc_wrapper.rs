@@ -192,7 +192,7 @@ fn forged_marker_annotation_is_refused() {
     assert_eq!(bundle.config_bytes(), before);
 }
 
-/// Issue 15: `gpushare-runc` SIGKILLed mid-create, while its reserve waits in the
+/// `gpushare-runc` SIGKILLed mid-create, while its reserve waits in the
 /// admission queue. The arbiter must notice the requester is gone: the request
 /// leaves the queue, and room that opens later is not given to nobody (which would
 /// leak a lease no container will ever confirm or release).
@@ -276,7 +276,7 @@ fn a_wrapper_killed_while_its_reserve_waits_leaves_no_lease_and_the_spec_unchang
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
-/// Issue 15: two runtimes (two containerd namespaces, docker beside containerd)
+/// Two runtimes (two containerd namespaces, docker beside containerd)
 /// may use one container id at once. Each gets a lease of its own, confirmed by its
 /// own createRuntime hook and released by its own poststop; keyed by the id alone,
 /// the second container was handed the first one's lease.

@@ -407,7 +407,7 @@ fn a_pod_shares_one_shim_and_its_pause_container_gets_no_gpu() {
     });
 }
 
-/// Issue 15: two containerd namespaces may each run a container with one id at
+/// Two containerd namespaces may each run a container with one id at
 /// once. Through the shim each gets a lease of its own, keyed by its namespace;
 /// keyed by the id alone, the second was handed the first one's lease.
 #[test]
