@@ -7,11 +7,12 @@
 //! - `exclusive`: what Kubernetes does natively. The harness's own FIFO queue hands each job a
 //!   whole GPU (at most one job per GPU; a job waits for a free one) and pins it with
 //!   `NVIDIA_VISIBLE_DEVICES`. No arbiter and no interposer: nothing of gpushare runs.
-//! - `wang`, `balanced`, `batch` (issue 18): each job reserves a lease through the arbiter's
+//! - `wang`, `balanced`, `batch`: each job reserves a lease through the arbiter's
 //!   control socket when it arrives, runs pinned to the lease's GPU under the interposer with
 //!   the priority scheduler, and its lease is released when it ends. The lease is placed by
-//!   Algorithm 1 (`placement.policy = "wang"`, what E2 called `gpushare` before issue 18), the
-//!   balanced policy, or the balanced policy with `placement.batch = true`.
+//!   Algorithm 1 (`placement.policy = "wang"`, what E2 called `gpushare` before the
+//!   balanced policy existed), the balanced policy, or the balanced policy with
+//!   `placement.batch = true`.
 //! - `uncontrolled`: the balanced placement and the interposer, `scheduler.policy = "off"`
 //!   (device time slicing).
 //!

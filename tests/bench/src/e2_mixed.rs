@@ -1,4 +1,4 @@
-//! Scenario `e2-mixed` (issue 18): the setting of Wang et al.'s cluster experiment with mixed
+//! Scenario `e2-mixed`: the setting of Wang et al.'s cluster experiment with mixed
 //! priorities. Jobs of several lengths and busy fractions (E2's four shapes at three lengths),
 //! a third of them high priority, arrive as a seeded Poisson process fast enough that a FIFO
 //! queue of exclusive GPUs makes them wait; every E2 mode runs the same jobs on the same

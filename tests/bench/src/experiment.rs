@@ -46,7 +46,7 @@ pub enum Mode {
     RoundRobin { slice_ms: u64 },
     /// `policy = "priority"`: gpushare's token scheduler.
     Gpushare,
-    /// gpushare with issue 14's duration-aware admission switched off
+    /// gpushare with duration-aware admission switched off
     /// (`admit_by_duration = false`): the scheduler as it was before, for comparison.
     GpushareBefore,
     /// `policy = "off"` and a TGS-style AIMD limiter on the low jobs (see `crate::tgs`).
@@ -256,7 +256,7 @@ impl Parameters {
         }
     }
 
-    /// A saturating low-priority job whose kernels last `kernel_us` (issue 14's sweep):
+    /// A saturating low-priority job whose kernels last `kernel_us` (the kernel-length sweep):
     /// about 2 ms of kernels per iteration, at least one, two iterations queued.
     pub fn low_job_with_kernels_of(&self, kernel_us: u64) -> Job {
         let mut sweep = self.clone();
@@ -267,7 +267,7 @@ impl Parameters {
         job
     }
 
-    /// A saturating low-priority job of issue 14's sweep, plain kernels or graphs
+    /// A saturating low-priority job of the kernel-length sweep, plain kernels or graphs
     /// ([`Self::low_job_with_kernels_of`]; a graph job launches one graph per iteration).
     pub fn low_job_for(&self, low: LowKernels) -> Job {
         match low {

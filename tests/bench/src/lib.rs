@@ -1,4 +1,4 @@
-//! gpushare-bench: the compute-isolation experiments of issue 6 on the simulated GPU. A private
+//! gpushare-bench: the compute-isolation experiments on the simulated GPU. A private
 //! arbiter per case, one lease per job reserved through the control socket, `simgpu-workload`
 //! processes under the interposer; results as JSON and Markdown. Every figure is simulated.
 

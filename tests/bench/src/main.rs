@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 const SCENARIOS: [&str; 10] = [
     "priority", "shares", "kernels", "e1", "e2", "e2-mixed", "e3", "e5", "cluster", "liars",
 ];
-/// Issue 14's sweep of what the low-priority job launches: kernels of 100 µs (what every
+/// The kernel-length sweep of what the low-priority job launches: kernels of 100 µs (what every
 /// other scenario uses), 1–20 ms (real GEMMs, convolutions and attention), and a real CUDA
 /// graph of ten 5 ms kernels, captured once and launched as one 50 ms unit per iteration.
 const KERNEL_SWEEP: [LowKernels; 5] = [
@@ -32,7 +32,7 @@ const KERNEL_SWEEP: [LowKernels; 5] = [
 const QUICK_KERNEL_SWEEP: [LowKernels; 3] = [KERNEL_SWEEP[0], KERNEL_SWEEP[3], KERNEL_SWEEP[4]];
 /// The modes every scenario runs unless `--modes` says otherwise.
 const DEFAULT_MODES: &str = "alone,uncontrolled,round-robin,gpushare,tgs";
-/// The kernels scenario's default adds `gpushare-before` (gpushare without issue 14's
+/// The kernels scenario's default adds `gpushare-before` (gpushare without
 /// duration-aware admission); the other scenarios run it only when `--modes` names it.
 const KERNELS_DEFAULT_MODES: &str = "alone,uncontrolled,round-robin,tgs,gpushare-before,gpushare";
 /// Exit status when the arbiter refuses its configuration (a `[scheduler]` table it predates),

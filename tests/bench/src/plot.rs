@@ -333,7 +333,7 @@ fn e2(s: &Value) -> Option<Figure> {
     )
 }
 
-/// E2-mixed (issue 18): `e2-mixed.modes[mode].metrics`, mixed priorities arriving on 4 GPUs.
+/// E2-mixed: `e2-mixed.modes[mode].metrics`, mixed priorities arriving on 4 GPUs.
 fn e2_mixed(s: &Value) -> Option<Figure> {
     let modes = &s["modes"];
     let panel = |key: &str, title: &str, y_label: &str| {

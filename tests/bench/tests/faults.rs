@@ -1,4 +1,4 @@
-//! Failure handling of the time-slice token (issue 6), end to end: a private arbiter, leases,
+//! Failure handling of the time-slice token, end to end: a private arbiter, leases,
 //! `simgpu-workload` processes under the interposer, the simulated GPU. A token holder is
 //! SIGKILLed, then the arbiter itself. Each process's GPU time is read straight from the
 //! simulated device (`simgpu-model`), the token's state from the arbiter's status.
@@ -630,7 +630,7 @@ fn low_priority_clients_joining_together_are_not_cut_off() {
     );
 }
 
-/// Issue 13: real training kernels and captured graphs last far longer than the
+/// Long kernels: real training kernels and captured graphs last far longer than the
 /// revocation grace (500 ms). A low-priority job of 2 s kernels beside a high-priority job
 /// is revoked mid-kernel again and again; its drain outlasts the grace, so it is reported
 /// overdue — and never cut off: it finishes all its work once the high job leaves.
@@ -687,11 +687,12 @@ fn a_job_of_2_s_kernels_beside_a_high_job_keeps_running_and_is_never_cut_off() {
     );
 }
 
-/// Issue 14, end to end: a low job beside the training-like high job (3 ms CPU gaps), its
-/// kernels growing mid-run from 1 ms (they fit the gaps) to 50 ms (they do not). The 1 ms
-/// kernels are admitted inside the arbiter's windows; the first 50 ms one is reported as a
-/// mis-prediction (it ran past its window) and the rest wait while the high job is active —
-/// and the low job is never stranded: it runs flat out once the high job has gone.
+/// Duration-aware admission, end to end: a low job beside the training-like high job
+/// (3 ms CPU gaps), its kernels growing mid-run from 1 ms (they fit the gaps) to 50 ms
+/// (they do not). The 1 ms kernels are admitted inside the arbiter's windows; the first
+/// 50 ms one is reported as a mis-prediction (it ran past its window) and the rest wait
+/// while the high job is active — and the low job is never stranded: it runs flat out
+/// once the high job has gone.
 ///
 /// How the rest wait depends on how late that first 50 ms kernel's release came: within
 /// the window-overrun grace (10 ms), the job waits for a window its 50 ms launch fits;

@@ -1,4 +1,4 @@
-//! Scenario `cluster` (issue 17), **simulated**: what kube-scheduler's node-total counting of
+//! Scenario `cluster`, **simulated**: what kube-scheduler's node-total counting of
 //! `gpushare.io/memory` costs on a large cluster, against whole-GPU allocation
 //! (`nvidia.com/gpu: 1`) and against a GPU-aware scheduler (an oracle).
 //!
