@@ -203,7 +203,7 @@ const SPECS: &[Spec] = &[
         source: "kube_allocate",
         path: &["p99_ms"],
         unit: "ms",
-        target: "≤ 5 ms (issue 17)",
+        target: "≤ 5 ms (device plugin target)",
         limit: Some(5.0),
         at_least: false,
     },

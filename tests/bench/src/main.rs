@@ -53,7 +53,7 @@ struct Args {
     out: PathBuf,
     /// Only this scenario: priority, shares, kernels (low kernel lengths), e1 (training
     /// pairs), e2 (jobs arriving on 4 GPUs), e2-mixed (mixed priorities arriving on 4 GPUs), e3 (inference latency), e5 (scaling) or cluster
-    /// (issue 17's simulation of kube-scheduler on 1,000 nodes: its files go straight into
+    /// (the cluster simulation of kube-scheduler on 1,000 nodes: its files go straight into
     /// --out, or into --out/cluster-issue-17 when every scenario runs) or liars (low jobs
     /// that lie to the interposer beside the high job: their files go into --out/liars).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]

@@ -251,14 +251,14 @@ fn kernels_markdown(kernels: &Value) -> String {
                `cuGraphLaunch` per iteration: 50 ms that reach the device as one launch). A \
                preempted low job drains for about the rest of one launch, so without admission \
                that knows how long low work runs the high job's slowdown grows with the launch \
-               length (issue 14). `gpushare-before` is gpushare with that admission switched \
+               length. `gpushare-before` is gpushare with that admission switched \
                off (`admit_by_duration = false`); each high job alone is measured once.\n\n";
     } else {
         md += "The `priority` scenario's high job beside one saturating low-priority job whose \
                kernels last 0.1–50 ms (50 ms stands in for a captured CUDA graph: one launch). \
                A preempted low job drains for about the rest of one kernel, so the high job's \
                slowdown grows with the kernel length until admission knows how long low work \
-               runs (issue 14).\n\n";
+               runs (duration-aware admission).\n\n";
     }
     if let Some(mean) = kernels["alone"]["metrics"]["high_mean_ms"].as_f64() {
         let _ = writeln!(

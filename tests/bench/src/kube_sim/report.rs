@@ -26,7 +26,10 @@ fn percent(v: &Value) -> String {
 pub fn markdown(results: &Value) -> String {
     let p = &results["parameters"];
     let mut md = String::new();
-    let _ = writeln!(md, "# Cluster-scale simulation (issue 17) — simulated\n");
+    let _ = writeln!(
+        md,
+        "# Cluster-scale simulation of kube-scheduler — simulated\n"
+    );
     let list = |key: &str, scale: f64| {
         p["mix"][key]
             .as_array()
