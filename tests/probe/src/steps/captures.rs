@@ -48,9 +48,9 @@ pub(crate) fn graph(p: &mut Probe) {
 }
 
 pub(crate) fn capture_begin(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // `capture-begin global|thread-local|relaxed`: a non-blocking stream starts
     // capturing in that mode (PyTorch captures on such a stream, GLOBAL mode).
+    let c = &p.cuda;
     let mode = match args.next().as_deref() {
         Some("global") => 0,
         Some("thread-local") => 1,
@@ -68,10 +68,10 @@ pub(crate) fn capture_begin(p: &mut Probe, args: &mut impl Iterator<Item = Strin
 }
 
 pub(crate) fn cig_capture_begin(p: &mut Probe) {
-    let c = &p.cuda;
     // CUDA 13.2 (run with --cuda-version 13020): a non-blocking stream starts
     // capturing into a graphics command list (zeroed parameters: none of the
     // simulated driver's concern).
+    let c = &p.cuda;
     let begin: unsafe extern "C" fn(H, *mut c_void) -> R = c.get("cuStreamBeginCaptureToCig");
     let stream = p.new_stream(1);
     let mut params = [0u8; CIG_CAPTURE_PARAMS_BYTES];
@@ -108,8 +108,8 @@ pub(crate) fn capture_launch(p: &mut Probe, args: &mut impl Iterator<Item = Stri
 }
 
 pub(crate) fn capture_end(p: &mut Probe) {
-    let c = &p.cuda;
     // Ends the capture; a valid graph is instantiated, launched and waited for.
+    let c = &p.cuda;
     let end: unsafe extern "C" fn(H, *mut H) -> R = c.get("cuStreamEndCapture");
     let is_capturing: unsafe extern "C" fn(H, *mut c_int) -> R = c.get("cuStreamIsCapturing");
     let instantiate: unsafe extern "C" fn(*mut H, H, u64) -> R =

@@ -12,10 +12,10 @@ pub(crate) fn sync(p: &mut Probe) {
 }
 
 pub(crate) fn ctx_create(p: &mut Probe, dev: c_int) {
-    let c = &p.cuda;
     // A second context on the device, made current (pushed) like cuCtxCreate does;
     // the probe's kernels then run in it (the module is loaded there too).
     // CUDA 11.4–12.4 resolve cuCtxCreate to cuCtxCreate_v3 (execution affinity).
+    let c = &p.cuda;
     let create: unsafe extern "C" fn(*mut H, *mut c_void, c_int, c_uint, c_int) -> R =
         c.get("cuCtxCreate");
     let load_module: unsafe extern "C" fn(*mut H, *const c_void) -> R = c.get("cuModuleLoadData");
@@ -41,10 +41,10 @@ pub(crate) fn ctx_create(p: &mut Probe, dev: c_int) {
 }
 
 pub(crate) fn reset(p: &mut Probe, dev: c_int) {
-    let c = &p.cuda;
     // cuDevicePrimaryCtxReset: everything made in the primary context is gone (its
     // allocations forgotten here); the context is retained again, made current and
     // the kernel loaded again, so later steps run in the fresh one.
+    let c = &p.cuda;
     let reset: unsafe extern "C" fn(c_int) -> R = c.get("cuDevicePrimaryCtxReset");
     let retain: unsafe extern "C" fn(*mut H, c_int) -> R = c.get("cuDevicePrimaryCtxRetain");
     let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");

@@ -51,10 +51,10 @@ pub(crate) fn bench_totalmem(
 }
 
 pub(crate) fn max_alloc(p: &mut Probe) {
-    let c = &p.cuda;
     // The largest single cuMemAlloc the driver grants now, to 2 MiB (its allocation
     // granularity for large blocks): NVML's total includes memory CUDA never hands
     // out (reserved, the context), so packing quotas needs this figure.
+    let c = &p.cuda;
     const STEP: usize = 2 << 20;
     let info: unsafe extern "C" fn(*mut usize, *mut usize) -> R = c.get("cuMemGetInfo");
     let alloc: unsafe extern "C" fn(*mut Ptr, usize) -> R = c.get("cuMemAlloc");

@@ -63,8 +63,8 @@ pub(crate) fn coop(p: &mut Probe) {
 }
 
 pub(crate) fn kernel_ms(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // One kernel of N ms on the legacy stream (long kernels: drains, overdue).
+    let c = &p.cuda;
     let ms = num(args);
     let f: Launch11 = c.get("cuLaunchKernel");
     p.report(
@@ -75,10 +75,10 @@ pub(crate) fn kernel_ms(p: &mut Probe, args: &mut impl Iterator<Item = String>) 
 }
 
 pub(crate) fn dlsym_launch(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // `dlsym-launch N`: N 1 µs kernels through the cuLaunchKernel that
     // `dlsym(dlopen("libcuda.so.1"), "cuLaunchKernel")` answers (the driver's
     // symbol table, not cuGetProcAddress), then a synchronisation.
+    let c = &p.cuda;
     let n = num(args);
     // SAFETY: a live handle and a NUL-terminated name.
     let sym = unsafe { libc::dlsym(c.handle, c"cuLaunchKernel".as_ptr()) };
@@ -97,12 +97,12 @@ pub(crate) fn dlsym_launch(p: &mut Probe, args: &mut impl Iterator<Item = String
 }
 
 pub(crate) fn raw_launch(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // `raw-launch N MS`: a liar. N kernels of MS ms queued on the legacy stream
     // through the driver's own cuLaunchKernel, past the interposer: glibc's
     // dlsym taken with `dlvsym` (not hooked), asked for the driver library's
     // symbol. No synchronisation: the work is left queued, as a process that
     // took the token with one gated launch would leave it.
+    let c = &p.cuda;
     let (n, ms) = (num(args), num(args));
     let sym = driver_symbol(c.handle, c"cuLaunchKernel");
     if sym.is_null() {
@@ -138,10 +138,10 @@ pub(crate) fn bench_launch(p: &mut Probe, args: &mut impl Iterator<Item = String
 }
 
 pub(crate) fn timeslice_trace(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // When its kernel was running, from the kernel itself (tests/simgpu/ptx/
     // trace.ptx): two of these at once on one GPU interleave at the hardware's
     // time slice. Prints start, end and each gap as FROM-TO (ns of %globaltimer).
+    let c = &p.cuda;
     const MAX_GAPS: usize = 8192;
     const GAP_NS: u64 = 5_000;
     let ms = num(args);

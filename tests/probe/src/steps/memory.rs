@@ -97,86 +97,84 @@ pub(crate) fn pitch(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
     p.report("pitch", rc, &format!("pitch={pitch} bytes={}", pitch * h));
 }
 
-pub(crate) fn arrays(p: &mut Probe, step: &str, args: &mut impl Iterator<Item = String>) {
+pub(crate) fn array(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
     let c = &p.cuda;
     let (w, h) = (num(args) as usize, num(args) as usize);
     let mut handle = 0;
-    let (rc, mipmapped) = match step {
-        "array" => {
-            let f: unsafe extern "C" fn(*mut H, *const ArrayDesc) -> R = c.get("cuArrayCreate");
-            (
-                // SAFETY: cuArrayCreate_v2, given a live CUarray to write and a
-                // CUDA_ARRAY_DESCRIPTOR (ArrayDesc is its repr(C) layout) that
-                // lives until the call returns.
-                unsafe {
-                    f(
-                        &mut handle,
-                        &ArrayDesc {
-                            w,
-                            h,
-                            format: 0x20,
-                            channels: 1,
-                        },
-                    )
-                },
-                false,
-            )
-        }
-        "array3d" => {
-            let d = num(args) as usize;
-            let f: unsafe extern "C" fn(*mut H, *const Array3DDesc) -> R = c.get("cuArray3DCreate");
-            (
-                // SAFETY: cuArray3DCreate_v2, given a live CUarray to write and a
-                // CUDA_ARRAY3D_DESCRIPTOR (Array3DDesc is its repr(C) layout) that
-                // lives until the call returns.
-                unsafe {
-                    f(
-                        &mut handle,
-                        &Array3DDesc {
-                            w,
-                            h,
-                            d,
-                            format: 0x20,
-                            channels: 1,
-                            flags: 0,
-                        },
-                    )
-                },
-                false,
-            )
-        }
-        _ => {
-            let levels = num(args) as c_uint;
-            let f: unsafe extern "C" fn(*mut H, *const Array3DDesc, c_uint) -> R =
-                c.get("cuMipmappedArrayCreate");
-            (
-                // SAFETY: cuMipmappedArrayCreate, given a live
-                // CUmipmappedArray to write and a CUDA_ARRAY3D_DESCRIPTOR that
-                // lives until the call returns.
-                unsafe {
-                    f(
-                        &mut handle,
-                        &Array3DDesc {
-                            w,
-                            h,
-                            d: 0,
-                            format: 0x20,
-                            channels: 1,
-                            flags: 0,
-                        },
-                        levels,
-                    )
-                },
-                true,
-            )
-        }
+    let f: unsafe extern "C" fn(*mut H, *const ArrayDesc) -> R = c.get("cuArrayCreate");
+    // SAFETY: cuArrayCreate_v2, given a live CUarray to write and a
+    // CUDA_ARRAY_DESCRIPTOR (ArrayDesc is its repr(C) layout) that
+    // lives until the call returns.
+    let rc = unsafe {
+        f(
+            &mut handle,
+            &ArrayDesc {
+                w,
+                h,
+                format: 0x20,
+                channels: 1,
+            },
+        )
     };
+    keep_array(p, "array", rc, Held::Array(handle));
+}
+
+pub(crate) fn array3d(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
+    let c = &p.cuda;
+    let (w, h) = (num(args) as usize, num(args) as usize);
+    let mut handle = 0;
+    let d = num(args) as usize;
+    let f: unsafe extern "C" fn(*mut H, *const Array3DDesc) -> R = c.get("cuArray3DCreate");
+    // SAFETY: cuArray3DCreate_v2, given a live CUarray to write and a
+    // CUDA_ARRAY3D_DESCRIPTOR (Array3DDesc is its repr(C) layout) that
+    // lives until the call returns.
+    let rc = unsafe {
+        f(
+            &mut handle,
+            &Array3DDesc {
+                w,
+                h,
+                d,
+                format: 0x20,
+                channels: 1,
+                flags: 0,
+            },
+        )
+    };
+    keep_array(p, "array3d", rc, Held::Array(handle));
+}
+
+pub(crate) fn mipmap(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
+    let c = &p.cuda;
+    let (w, h) = (num(args) as usize, num(args) as usize);
+    let mut handle = 0;
+    let levels = num(args) as c_uint;
+    let f: unsafe extern "C" fn(*mut H, *const Array3DDesc, c_uint) -> R =
+        c.get("cuMipmappedArrayCreate");
+    // SAFETY: cuMipmappedArrayCreate, given a live
+    // CUmipmappedArray to write and a CUDA_ARRAY3D_DESCRIPTOR that
+    // lives until the call returns.
+    let rc = unsafe {
+        f(
+            &mut handle,
+            &Array3DDesc {
+                w,
+                h,
+                d: 0,
+                format: 0x20,
+                channels: 1,
+                flags: 0,
+            },
+            levels,
+        )
+    };
+    keep_array(p, "mipmap", rc, Held::Mipmapped(handle));
+}
+
+/// Holds an array `step` created (when `rc` says it did) for `free-all`, and reports.
+fn keep_array(p: &mut Probe, step: &str, rc: R, array: Held) {
     if rc == 0 {
-        p.held.push(if mipmapped {
-            Held::Mipmapped(handle)
-        } else {
-            Held::Array(handle)
-        });
+        p.held.push(array);
     }
     p.report(step, rc, "");
 }

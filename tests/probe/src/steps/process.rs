@@ -36,10 +36,10 @@ pub(crate) fn stamp(p: &mut Probe) {
 }
 
 pub(crate) fn checkpoint(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // cuCheckpointProcess{Lock,Checkpoint,Restore,Unlock} (r570+, CUDA 12.8) on
     // process PID: how long each took. Each takes an optional 64-byte argument
     // block, zeroed here except the lock's timeoutMs (its first 32 bits).
+    let c = &p.cuda;
     let pid = num(args) as c_int;
     type Operation = unsafe extern "C" fn(c_int, *mut [u64; 8]) -> R;
     let mut seen = Vec::new();

@@ -51,10 +51,10 @@ pub(crate) fn green_launch_ahead(
     dev: c_int,
     ctx: H,
 ) {
-    let c = &p.cuda;
     // CUDA 12.5 (run with --cuda-version 12050): a stream of a green context on
     // all of the device's SMs, a kernel of N ms on it, then how long a second
     // launch into that stream took (a launch-ahead bound of 1 waits for the first).
+    let c = &p.cuda;
     let ms = num(args);
     let (rc, stream) = green_stream_current(c, dev);
     let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
@@ -81,10 +81,10 @@ pub(crate) fn green_kernel_ms(
     dev: c_int,
     ctx: H,
 ) {
-    let c = &p.cuda;
     // CUDA 12.5 (run with --cuda-version 12050): a kernel of N ms on a green
     // context's stream, left running (no synchronisation): work only that
     // non-blocking stream, in the green context's own CUcontext, holds.
+    let c = &p.cuda;
     let ms = num(args);
     let (rc, stream) = green_stream_current(c, dev);
     let set_current: unsafe extern "C" fn(H) -> R = c.get("cuCtxSetCurrent");
@@ -96,9 +96,9 @@ pub(crate) fn green_kernel_ms(
 }
 
 pub(crate) fn two_streams(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // A kernel of N ms on one stream, then a short one on another: how long the
     // second launch call took (a process-wide launch-ahead bound waits for the first).
+    let c = &p.cuda;
     let ms = num(args);
     let f: Launch11 = c.get("cuLaunchKernel");
     let sync: unsafe extern "C" fn() -> R = c.get("cuCtxSynchronize");

@@ -6,12 +6,7 @@ use std::ffi::{c_int, c_void, CString};
 
 /// Resolves `cuMemAlloc` through `get` (a `cuGetProcAddress_v2`-shaped resolver) and
 /// allocates `bytes` with the answer; returns its result and the function it called.
-fn alloc_through(
-    p: &mut Probe,
-    get: GetProc,
-    version: c_int,
-    bytes: usize,
-) -> (R, *mut c_void) {
+fn alloc_through(p: &mut Probe, get: GetProc, version: c_int, bytes: usize) -> (R, *mut c_void) {
     let (mut f, mut status) = (std::ptr::null_mut(), 0);
     // SAFETY: a resolver with cuGetProcAddress_v2's signature, given a NUL-terminated name
     // and live locals for the pointer and the query result.
@@ -31,16 +26,16 @@ fn alloc_through(
 }
 
 pub(crate) fn legacy_launch(p: &mut Probe) {
-    let c = &p.cuda;
     // No simulated driver exports cuLaunch: the wrapper must say so, not crash.
+    let c = &p.cuda;
     let (rc, ptr) = c.lookup("cuLaunch", 2000, 0);
     p.report("legacy-launch", rc, &format!("via={}", who(ptr)));
 }
 
 pub(crate) fn ptsz_procaddr_alloc(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // What a per-thread-default-stream build does: cuda.h's cuGetProcAddress is
     // cuGetProcAddress_v2_ptsz there, asked with the default flags.
+    let c = &p.cuda;
     let bytes = num(args) as usize;
     // SAFETY: a live handle and a NUL-terminated name.
     let sym = unsafe { libc::dlsym(c.handle, c"cuGetProcAddress_v2_ptsz".as_ptr()) };
@@ -58,9 +53,9 @@ pub(crate) fn ptsz_procaddr_alloc(p: &mut Probe, args: &mut impl Iterator<Item =
 }
 
 pub(crate) fn resolver_alloc(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
-    let c = &p.cuda;
     // The resolver asked for through the resolver (with the given flags), then
     // cuMemAlloc through the answer: what a library handed cuGetProcAddress does.
+    let c = &p.cuda;
     let flags = num(args);
     let bytes = num(args) as usize;
     let (rc, resolver) = c.lookup("cuGetProcAddress", c.version, flags);
