@@ -1,0 +1,250 @@
+use super::*;
+
+#[test]
+fn a_page_is_initialised_and_sealed_against_writable_mappings() {
+    let (mapping, fd) = PageMapping::create(ClockOffset::default()).unwrap();
+    assert_eq!(
+        mapping.page().magic.load(Ordering::Relaxed),
+        gpushare_proto::token::TOKEN_PAGE_MAGIC
+    );
+    let seals = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GET_SEALS).unwrap();
+    assert_ne!(seals & libc::F_SEAL_SHRINK, 0);
+    assert_ne!(seals & libc::F_SEAL_GROW, 0);
+    if seals & libc::F_SEAL_FUTURE_WRITE != 0 {
+        // SAFETY: probing a fresh mapping; unmapped right away if it succeeds.
+        let writable = unsafe {
+            nix::sys::mman::mmap(
+                None,
+                NonZeroUsize::new(TOKEN_PAGE_SIZE).unwrap(),
+                nix::sys::mman::ProtFlags::PROT_WRITE,
+                nix::sys::mman::MapFlags::MAP_SHARED,
+                &fd,
+                0,
+            )
+        };
+        assert!(writable.is_err(), "a client could map the page writable");
+    }
+    assert!(mapping.apply(&Action::Grant {
+        client: 1,
+        deadline_ns: 42,
+        launch_ahead: 3,
+    }));
+    let page = mapping.page();
+    assert_eq!(page.deadline_ns.load(Ordering::Acquire), 42);
+    assert_eq!(page.launch_ahead.load(Ordering::Relaxed), 3);
+    assert_eq!(page.grants.load(Ordering::Relaxed), 1);
+    assert_eq!(page.seq.load(Ordering::Relaxed), 1);
+    // Reports leave the page alone: an overdue client is neither woken nor flagged.
+    assert!(!mapping.apply(&Action::Overdue { client: 1 }));
+    assert_eq!(page.seq.load(Ordering::Relaxed), 1);
+    assert_eq!(page.deadline_ns.load(Ordering::Acquire), 42);
+    mapping.cut_off();
+    assert_eq!(page.deadline_ns.load(Ordering::Acquire), NOT_HELD);
+    assert_eq!(page.flags.load(Ordering::Relaxed), FLAG_CUT_OFF);
+}
+
+/// A client whose clock runs ten minutes behind reads its deadline and window in
+/// its own clock: as long as they are on the arbiter's.
+#[test]
+fn a_shifted_clients_page_shows_instants_in_its_own_clock() {
+    const BEHIND: i64 = -600_000_000_000;
+    let (mapping, _fd) = PageMapping::create(ClockOffset(BEHIND)).unwrap();
+    let page = mapping.page();
+    let at = 700_000_000_000;
+    mapping.apply(&Action::SetFitBy {
+        client: 1,
+        fit_by_ns: at + 5_000_000,
+    });
+    mapping.apply(&Action::Grant {
+        client: 1,
+        deadline_ns: at + 20_000_000,
+        launch_ahead: 1,
+    });
+    assert_eq!(
+        page.deadline_ns.load(Ordering::Acquire),
+        100_000_000_000 + 20_000_000
+    );
+    assert_eq!(
+        page.fit_by_ns.load(Ordering::Acquire),
+        100_000_000_000 + 5_000_000
+    );
+    mapping.apply(&Action::SetFitBy {
+        client: 1,
+        fit_by_ns: gpushare_proto::token::FIT_UNBOUNDED,
+    });
+    assert_eq!(
+        page.fit_by_ns.load(Ordering::Acquire),
+        gpushare_proto::token::FIT_UNBOUNDED
+    );
+    mapping.apply(&Action::Revoke { client: 1 });
+    assert_eq!(page.deadline_ns.load(Ordering::Acquire), NOT_HELD);
+}
+
+/// A client whose `Release` makes the policy step panic (0: none): stands in for
+/// a bug no socket can reach, to show what a failed token thread does.
+static PANIC_AT_RELEASE_OF: AtomicU64 = AtomicU64::new(0);
+
+pub(super) fn maybe_inject_panic(event: &Event) {
+    if let Event::Release { client, .. } = *event {
+        if PANIC_AT_RELEASE_OF
+            .compare_exchange(client, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            panic!("injected: a policy step fails while serving client {client}");
+        }
+    }
+}
+
+/// A token client of `service` on `lease`, through a lease socket's opening (as
+/// `lease_connection` serves it) on a socket in `dir`.
+fn token_client(
+    service: &Arc<TokenService>,
+    dir: &std::path::Path,
+    lease: &str,
+) -> gpushare_proto::token_client::TokenConnection {
+    let path = dir.join(format!("{lease}.sock"));
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let served = service.clone();
+    let lease = TokenLease {
+        lease: LeaseId(lease.into()),
+        gpu: "GPU-0".into(),
+        priority: Priority::Low,
+        request: 0.0,
+        limit: 1.0,
+    };
+    let server = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let hello: gpushare_proto::LeaseRequest = frame::read_message(&mut stream).unwrap();
+        assert!(matches!(hello, gpushare_proto::LeaseRequest::Hello { .. }));
+        let answer = LeaseResponse::Hello {
+            protocol: gpushare_proto::PROTOCOL_VERSION,
+        };
+        frame::write_message(&mut stream, &answer).unwrap();
+        let schedule: gpushare_proto::LeaseRequest = frame::read_message(&mut stream).unwrap();
+        assert_eq!(schedule, gpushare_proto::LeaseRequest::Schedule);
+        let permit = served.budget().admit(&lease.lease).unwrap();
+        served.serve(stream, lease, None, permit);
+    });
+    let client =
+        gpushare_proto::token_client::TokenConnection::open(&path, Duration::from_secs(10))
+            .unwrap();
+    server.join().unwrap();
+    client
+}
+
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A panic in the GPU's I/O thread drops only the connection it was serving; the
+/// thread starts again, the other clients are granted as before, and the failure
+/// shows in status (and so in the metrics and `/healthz`).
+#[test]
+fn a_token_thread_that_fails_is_restarted_and_shown_and_the_others_are_granted() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TokenService::new(SchedulerConfig::default());
+    let a = token_client(&service, dir.path(), "a");
+    let b = token_client(&service, dir.path(), "b");
+    let held = |c: &gpushare_proto::token_client::TokenConnection| {
+        c.page().deadline_ns.load(Ordering::Acquire) != NOT_HELD
+    };
+    a.send(TokenRequest::Want).unwrap();
+    wait_for("a's grant", || held(&a));
+    b.send(TokenRequest::Want).unwrap();
+    wait_for("b waiting", || service.status()[0].waiting == 1);
+    assert!(!held(&b));
+    // Connections are numbered from 1 in the order they joined.
+    PANIC_AT_RELEASE_OF.store(1, Ordering::SeqCst);
+    a.send(TokenRequest::Release { again: false }).unwrap();
+    wait_for("b's grant after the failure", || held(&b));
+    wait_for("a dropped", || a.is_closed());
+    let status = &service.status()[0];
+    assert_eq!(status.thread_restarts, 1);
+    assert!(status.thread_failed_recently);
+    assert_eq!(status.clients, 1, "only the connection it was serving went");
+    // And the restarted thread goes on serving.
+    b.send(TokenRequest::Release { again: false }).unwrap();
+    wait_for("b's release", || !held(&b));
+    let c = token_client(&service, dir.path(), "c");
+    c.send(TokenRequest::Want).unwrap();
+    wait_for("a new client's grant", || held(&c));
+}
+
+/// A connection as the I/O thread holds it, with the peer's end.
+fn connection() -> (Connection, UnixStream) {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let permit = ConnectionBudget::new(1, 1)
+        .admit(&LeaseId("l".into()))
+        .unwrap();
+    (Connection::new(Arc::new(ours), permit), theirs)
+}
+
+fn pump(connection: &mut Connection) -> (Vec<TokenRequest>, Result<(), TokenError>) {
+    let mut seen = Vec::new();
+    let result = connection.pump(|r| seen.push(r));
+    (seen, result)
+}
+
+#[test]
+fn token_frames_are_bounded_and_must_be_requests() {
+    for (bytes, expect) in [
+        (
+            frame::encode(&TokenRequest::Release { again: true }).unwrap(),
+            "ok",
+        ),
+        (
+            {
+                let mut b = (1000u32).to_be_bytes().to_vec();
+                b.extend([b'x'; 8]);
+                b
+            },
+            "1004-byte",
+        ),
+        (frame::encode(&"hello").unwrap(), "not a token request"),
+    ] {
+        let (mut connection, mut theirs) = connection();
+        theirs.write_all(&bytes).unwrap();
+        match pump(&mut connection) {
+            (seen, Ok(())) => {
+                assert_eq!(expect, "ok");
+                assert_eq!(seen, [TokenRequest::Release { again: true }]);
+            }
+            (_, Err(e)) => assert!(e.to_string().contains(expect), "{e}"),
+        }
+    }
+}
+
+#[test]
+fn frames_split_across_reads_or_sharing_one_are_each_read_once() {
+    let (mut connection, mut theirs) = connection();
+    let want = frame::encode(&TokenRequest::Want).unwrap();
+    let release = frame::encode(&TokenRequest::Release { again: false }).unwrap();
+    // Half a frame: nothing yet, and the connection stays.
+    theirs.write_all(&want[..3]).unwrap();
+    assert!(matches!(pump(&mut connection), (seen, Ok(())) if seen.is_empty()));
+    // Its rest and a whole second frame in one write.
+    let mut rest = want[3..].to_vec();
+    rest.extend(&release);
+    theirs.write_all(&rest).unwrap();
+    let (seen, result) = pump(&mut connection);
+    assert!(result.is_ok());
+    assert_eq!(
+        seen,
+        [TokenRequest::Want, TokenRequest::Release { again: false }]
+    );
+    assert_eq!(connection.filled, 0);
+    // The peer closing ends it.
+    drop(theirs);
+    assert!(matches!(
+        pump(&mut connection),
+        (_, Err(TokenError::Frame(FrameError::Closed)))
+    ));
+}
