@@ -86,7 +86,9 @@ fn cycle_from(
 }
 
 /// The crates checked, by their directory beside this one.
-const CRATES: [&str; 7] = ["arbiter", "proto", "config", "ctl", "oci-hook", "shim", "kube"];
+const CRATES: [&str; 7] = [
+    "arbiter", "proto", "config", "ctl", "oci-hook", "shim", "kube",
+];
 
 #[test]
 fn modules_import_one_another_without_a_circle() {
