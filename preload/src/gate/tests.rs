@@ -46,6 +46,21 @@ fn launch_in_background(gate: &'static Gate) -> mpsc::Receiver<bool> {
     passed
 }
 
+/// A low-priority client (long idle threshold, waits while the arbiter is lost) whose
+/// first launch asked for the token and was granted it unbounded.
+fn holding_low_unbounded() -> (tempfile::TempDir, FakeArbiter, &'static Gate) {
+    let (dir, arbiter, gate) = setup(Answer::Schedule(terms(
+        Priority::Low,
+        Duration::from_secs(60),
+        LossPolicy::Wait,
+    )));
+    let passed = launch_in_background(gate);
+    assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
+    arbiter.grant(HELD_UNTIL_RELEASED, 0);
+    assert_eq!(passed.recv_timeout(PATIENCE), Ok(false));
+    (dir, arbiter, gate)
+}
+
 fn wait_until(what: &str, condition: impl Fn() -> bool) {
     gpushare_testkit::wait_until(what, PATIENCE, condition);
 }
@@ -114,15 +129,7 @@ fn a_low_priority_launch_waits_for_the_grant_and_the_token_goes_back_when_revoke
 /// an honest job's 2 s kernel ran past its release and was judged a bypass.
 #[test]
 fn a_launch_admitted_before_a_revocation_is_submitted_before_the_token_goes_back() {
-    let (_dir, arbiter, gate) = setup(Answer::Schedule(terms(
-        Priority::Low,
-        Duration::from_secs(60),
-        LossPolicy::Wait,
-    )));
-    let passed = launch_in_background(gate);
-    assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
-    arbiter.grant(HELD_UNTIL_RELEASED, 0);
-    assert_eq!(passed.recv_timeout(PATIENCE), Ok(false));
+    let (_dir, arbiter, gate) = holding_low_unbounded();
     // Admitted on the hot path; the driver has not seen the launch yet.
     let ticket = gate.admit(STREAM, KERNEL);
     assert!(matches!(ticket.pass, Pass::Free));
@@ -209,15 +216,7 @@ fn a_refused_schedule_runs_ungated_for_good() {
 
 #[test]
 fn a_lost_arbiter_applies_the_policy_and_the_client_reconnects() {
-    let (_dir, arbiter, gate) = setup(Answer::Schedule(terms(
-        Priority::Low,
-        Duration::from_secs(60),
-        LossPolicy::Wait,
-    )));
-    let passed = launch_in_background(gate);
-    assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
-    arbiter.grant(HELD_UNTIL_RELEASED, 0);
-    assert_eq!(passed.recv_timeout(PATIENCE), Ok(false));
+    let (_dir, arbiter, gate) = holding_low_unbounded();
     let first_page = gate.page();
     // The arbiter exits: the holder loses the token, and reconnects.
     arbiter.hang_up();
@@ -259,15 +258,7 @@ fn an_inactive_library_is_ungated_from_the_first_launch() {
 
 #[test]
 fn a_fork_child_starts_from_the_initial_state_and_closes_the_token_socket() {
-    let (_dir, arbiter, gate) = setup(Answer::Schedule(terms(
-        Priority::Low,
-        Duration::from_secs(60),
-        LossPolicy::Wait,
-    )));
-    let passed = launch_in_background(gate);
-    assert_eq!(arbiter.next_request(PATIENCE), Some(TokenRequest::Want));
-    arbiter.grant(HELD_UNTIL_RELEASED, 0);
-    assert_eq!(passed.recv_timeout(PATIENCE), Ok(false));
+    let (_dir, arbiter, gate) = holding_low_unbounded();
     let fd = gate.token_fd.load(Acquire);
     assert!(fd >= 0);
     let socket_inode = inode_of(fd).expect("the token socket is open");
