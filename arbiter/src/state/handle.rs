@@ -7,6 +7,7 @@
 //! (the store's fsync happens on its writer thread, NVML on the blocking pool).
 
 use std::future::Future;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, MutexGuard};
 
 use gpushare_proto::{Lease, LeaseId, Quota, ReserveRequest, StatusReport};
@@ -33,7 +34,8 @@ pub struct ArbiterHandle {
 }
 
 impl ArbiterHandle {
-    pub fn new(arbiter: Arbiter) -> ArbiterHandle {
+    pub fn new(mut arbiter: Arbiter) -> ArbiterHandle {
+        arbiter.set_batch_search_off_the_lock(tokio::runtime::Handle::try_current().is_ok());
         let tokens = arbiter.tokens();
         let handle = ArbiterHandle {
             state: Arc::new(Mutex::new(arbiter)),
@@ -65,10 +67,32 @@ impl ArbiterHandle {
             .unwrap_or_default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Arbiter> {
+    fn lock(&self) -> Locked<'_> {
         // A panic mid-change never left memory ahead of the log's order (changes are
         // appended before they are applied), so the table is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        Locked {
+            guard: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            handle: self,
+        }
+    }
+
+    /// Runs a batch search without the lock, then brings its outcome back.
+    async fn search_off_the_lock(self, job: BatchSearchJob) {
+        let outcome = tokio::task::spawn_blocking(move || job.run()).await;
+        let mut arbiter = self.lock();
+        match outcome {
+            Ok(outcome) => arbiter.finish_batch_search(Some(outcome)),
+            Err(e) => {
+                tracing::error!(error = %e, "the batch search failed off the lock; it runs under the lock from now on");
+                arbiter.finish_batch_search(None);
+            }
+        }
+    }
+
+    /// The benchmark's "before": the batch search under the lock, as it ran when
+    /// it blocked every memory charge on the node for its budget.
+    pub fn set_batch_search_off_the_lock(&self, off: bool) {
+        self.lock().set_batch_search_off_the_lock(off);
     }
 
     /// Runs a change and waits, without the lock, until its record is durable.
@@ -432,5 +456,44 @@ impl ArbiterHandle {
             return self.lock().recover_store();
         }
         Ok(store.compact()?)
+    }
+}
+
+/// The state, locked. Dropping it starts the batch search an admission pass left
+/// waiting (`batch_admission.rs`), off the lock on the runtime when there is one,
+/// so every path into the state that can queue or free room is covered by one rule.
+struct Locked<'a> {
+    guard: MutexGuard<'a, Arbiter>,
+    handle: &'a ArbiterHandle,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Arbiter;
+    fn deref(&self) -> &Arbiter {
+        &self.guard
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Arbiter {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        while let Some(job) = self.guard.batch_search_to_start() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(self.handle.clone().search_off_the_lock(job));
+                    return;
+                }
+                // No runtime to search on: here, and the admission pass that waited.
+                Err(_) => {
+                    let outcome = job.run();
+                    self.guard.finish_batch_search(Some(outcome));
+                }
+            }
+        }
     }
 }

@@ -139,6 +139,7 @@ mod status;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use batch_admission::{BatchOutcome, BatchSearchJob};
 pub use endpoints::{LeaseDirs, LeaseEndpoints};
 pub use grants::GrantError;
 pub use handle::{ArbiterHandle, MEASURE_FRESH};
@@ -202,6 +203,8 @@ pub struct Arbiter {
     waits_fragmented: u64,
     /// How long placement took, for status and metrics.
     placement_times: gpushare_proto::timing::PlacementTimes,
+    /// The batch search's progress when it runs off the lock (`batch_admission.rs`).
+    batch_search: batch_admission::BatchSearch,
     memory_used: Vec<Option<u64>>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     by_container: HashMap<ContainerKey, LeaseId>,
@@ -280,6 +283,7 @@ impl Arbiter {
             held: HashMap::new(),
             waits_fragmented: 0,
             placement_times: Default::default(),
+            batch_search: Default::default(),
             memory_used: vec![None; n],
             by_container: table
                 .leases

@@ -144,12 +144,9 @@ impl Arbiter {
             if self.queue.is_empty() {
                 return;
             }
-            if self.placement.batch && self.queue.len() > 1 {
-                let started = Instant::now();
-                self.plan_batch();
-                self.placement_times
-                    .batch_searches
-                    .record(started.elapsed());
+            // Off the lock, the queue waits for the search's outcome.
+            if self.placement.batch && self.queue.len() > 1 && !self.plan_batch() {
+                return;
             }
             let mut queue = std::mem::take(&mut self.queue);
             let left = queue.admit(|w: &Waiter| {
