@@ -24,7 +24,7 @@ use gpushare_proto::{
 };
 use tokio::sync::oneshot;
 
-use crate::inventory::{Gpu, GpuBackend, GpuProcess, GpuSample, UtilizationWindow};
+use crate::inventory::{Gpu, GpuBackend, GpuProcess, GpuSample};
 use crate::ledger::{Charge, ConnectionId, Ledger, LedgerError};
 use crate::placement::{self, GpuView, PlacementError, Policy};
 use crate::process::{check_peer, PeerCheck, ProcessProbe};
@@ -136,6 +136,7 @@ mod placement_tests;
 mod recovery;
 mod reserve;
 mod status;
+mod telemetry;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -143,6 +144,7 @@ pub use endpoints::{LeaseDirs, LeaseEndpoints};
 pub use grants::GrantError;
 pub use handle::{ArbiterHandle, MEASURE_FRESH};
 pub use memory::list_processes;
+use telemetry::Telemetry;
 
 /// A granted lease and the ticket to wait for before telling anyone.
 #[derive(Debug)]
@@ -181,28 +183,20 @@ pub struct Inventory {
 pub struct Arbiter {
     config: ArbiterConfig,
     inventory: Inventory,
-    utilization: Vec<UtilizationWindow>,
-    /// Utilisation over the last 10 s, shown beside the minute's, which lags.
-    short_utilization: Vec<UtilizationWindow>,
-    /// When the background loop last recorded a GPU sample (for `/healthz`).
-    last_sample: Option<Instant>,
+    /// GPU samples, held token time and process measurements (`telemetry.rs`).
+    telemetry: Telemetry,
     /// Allocations refused for the quota, per live lease.
     memory_refusals: HashMap<LeaseId, u64>,
     /// Names the engine gave live leases' containers (docker's), found at confirmation.
     engine_names: HashMap<LeaseId, String>,
     /// Reserves that timed out in the admission queue, by priority.
     admission_rejections: gpushare_proto::AdmissionRejections,
-    /// Utilisation over `placement.utilization_window_ms`: the balanced policy's view.
-    recent_utilization: Vec<UtilizationWindow>,
     placement: gpushare_config::PlacementConfig,
-    /// Each lease's held token time, read with each sample (`demand.rs`).
-    held: HashMap<LeaseId, demand::HeldReadings>,
     /// Reserves that waited although the open GPUs' free memory added up would
     /// have held them (`placement::memory_fragmented`).
     waits_fragmented: u64,
     /// How long placement took, for status and metrics.
     placement_times: gpushare_proto::timing::PlacementTimes,
-    memory_used: Vec<Option<u64>>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     by_container: HashMap<ContainerKey, LeaseId>,
     drained: BTreeSet<String>,
@@ -230,8 +224,6 @@ pub struct Arbiter {
     /// Where per-process GPU memory is read (NVML), once the backend showed it can;
     /// None: overhead is neither measured nor charged (see `overhead_estimate`).
     memory_probe: Option<Arc<dyn GpuBackend>>,
-    /// When each lease's processes were last measured.
-    measured_at: HashMap<LeaseId, Instant>,
     /// The device plugin's grants (`grants.rs`), bound to their leases.
     grants: BTreeMap<gpushare_proto::grant::GrantId, gpushare_proto::grant::Grant>,
 }
@@ -264,23 +256,18 @@ impl Arbiter {
     ) -> Result<Self, StateError> {
         let n = inventory.gpus.len();
         let mut arbiter = Arbiter {
-            utilization: vec![UtilizationWindow::new(UtilizationWindow::LAST_MINUTE); n],
-            short_utilization: vec![UtilizationWindow::new(Duration::from_secs(10)); n],
-            last_sample: None,
+            telemetry: Telemetry::new(
+                n,
+                Duration::from_millis(
+                    gpushare_config::PlacementConfig::default().utilization_window_ms,
+                ),
+            ),
             memory_refusals: HashMap::new(),
             engine_names: HashMap::new(),
             admission_rejections: Default::default(),
-            recent_utilization: vec![
-                UtilizationWindow::new(Duration::from_millis(
-                    gpushare_config::PlacementConfig::default().utilization_window_ms
-                ));
-                n
-            ],
             placement: gpushare_config::PlacementConfig::default(),
-            held: HashMap::new(),
             waits_fragmented: 0,
             placement_times: Default::default(),
-            memory_used: vec![None; n],
             by_container: table
                 .leases
                 .values()
@@ -303,7 +290,6 @@ impl Arbiter {
             tokens: None,
             unshareable: Vec::new(),
             memory_probe: None,
-            measured_at: HashMap::new(),
             config,
             inventory,
         };
@@ -396,8 +382,7 @@ impl Arbiter {
             self.by_container.remove(&key);
         }
         self.ledger.close(id);
-        self.measured_at.remove(id);
-        self.held.remove(id);
+        self.telemetry.forget(id);
         self.suspects.remove(id);
         self.endpoints.close(id);
         self.unbind_grants(id);
@@ -419,7 +404,10 @@ impl Arbiter {
                 high_leases: 0,
                 low_leases: 0,
                 ungated_leases: 0,
-                utilization: self.utilization[i].mean(now).unwrap_or(0.0),
+                utilization: self
+                    .telemetry
+                    .utilization_last_minute(i, now)
+                    .unwrap_or(0.0),
                 drained: self.drained.contains(&g.uuid),
                 reserved_for: self.config.reserved_for(&g.uuid),
             })

@@ -7,11 +7,7 @@ impl Arbiter {
     pub fn record_samples(&mut self, now: Instant, samples: &[(String, GpuSample)]) {
         for (uuid, sample) in samples {
             if let Some(i) = self.inventory.gpus.iter().position(|g| &g.uuid == uuid) {
-                self.utilization[i].record(now, sample.utilization);
-                self.recent_utilization[i].record(now, sample.utilization);
-                self.short_utilization[i].record(now, sample.utilization);
-                self.last_sample = Some(now);
-                self.memory_used[i] = Some(sample.memory_used);
+                self.telemetry.record_sample(i, now, sample);
             }
         }
         self.record_held_time(now);
@@ -109,8 +105,8 @@ impl Arbiter {
                     memory_total: g.memory_total,
                     memory_allocatable: g.memory_allocatable,
                     memory_leased: v.memory_leased,
-                    memory_used: self.memory_used[i],
-                    utilization_last_minute: self.utilization[i].mean(now),
+                    memory_used: self.telemetry.memory_used(i),
+                    utilization_last_minute: self.telemetry.utilization_last_minute(i, now),
                     drained: v.drained,
                     reserved_for: v.reserved_for.map(str::to_owned),
                 })
@@ -187,16 +183,17 @@ impl Arbiter {
                 .inventory
                 .gpus
                 .iter()
-                .zip(&self.short_utilization)
-                .map(|(g, w)| GpuUtilization {
+                .enumerate()
+                .map(|(i, g)| GpuUtilization {
                     uuid: g.uuid.clone(),
-                    last_10s: w.mean(now),
+                    last_10s: self.telemetry.utilization_last_10s(i, now),
                 })
                 .collect(),
             admission_rejections: self.admission_rejections,
             last_sample_age_ms: self
-                .last_sample
-                .map(|at| now.saturating_duration_since(at).as_millis() as u64),
+                .telemetry
+                .last_sample_age(now)
+                .map(|age| age.as_millis() as u64),
         }
     }
 
