@@ -1,5 +1,7 @@
 //! The arbiter's state: leases, the admission queue, the memory ledger, drained
-//! GPUs, utilisation and the watchdog's findings, behind one lock.
+//! GPUs, the device plugin's grants, what was measured (`Telemetry`: GPU samples,
+//! held token time, process measurements) and what was found wrong (`Findings`:
+//! violations, quota refusals, suspected leases), behind one lock.
 //!
 //! Every lease change is appended to the store while the lock is held (so the
 //! log's order is the order of the changes) and acknowledged only once the
@@ -20,7 +22,7 @@ use gpushare_proto::message::PENDING_PREFIX;
 use gpushare_proto::{
     ByteSize, ClientStatus, ContainerRef, ErrorKind, GpuStatus, GpuUtilization, Lease, LeaseId,
     LeaseState, LeaseUsage, MemoryRequest, Priority, QueuedRequest, Quota, ReserveRequest,
-    StatusReport, Violation, ViolationKind,
+    StatusReport, Violation,
 };
 use tokio::sync::oneshot;
 
@@ -125,6 +127,7 @@ mod clients;
 mod demand;
 mod drain;
 mod endpoints;
+mod findings;
 #[cfg(test)]
 mod grant_tests;
 mod grants;
@@ -141,6 +144,7 @@ mod telemetry;
 pub(crate) mod tests;
 
 pub use endpoints::{LeaseDirs, LeaseEndpoints};
+use findings::Findings;
 pub use grants::GrantError;
 pub use handle::{ArbiterHandle, MEASURE_FRESH};
 pub use memory::list_processes;
@@ -185,8 +189,8 @@ pub struct Arbiter {
     inventory: Inventory,
     /// GPU samples, held token time and process measurements (`telemetry.rs`).
     telemetry: Telemetry,
-    /// Allocations refused for the quota, per live lease.
-    memory_refusals: HashMap<LeaseId, u64>,
+    /// Violations, quota refusals and suspected leases (`findings.rs`).
+    findings: Findings,
     /// Names the engine gave live leases' containers (docker's), found at confirmation.
     engine_names: HashMap<LeaseId, String>,
     /// Reserves that timed out in the admission queue, by priority.
@@ -202,14 +206,11 @@ pub struct Arbiter {
     drained: BTreeSet<String>,
     queue: AdmissionQueue<Waiter>,
     ledger: Ledger,
-    suspects: HashMap<LeaseId, Instant>,
     /// When each lease was reserved, on the monotonic clock: reconciliation's age of an
     /// unconfirmed lease. The wall clock may jump (NTP correcting a clock that was
     /// days off): a forward jump would release every lease mid-create as "never
     /// confirmed", a backward one keep abandoned ones for the jump's length.
     reserved_at: HashMap<LeaseId, Instant>,
-    violations: Vec<Violation>,
-    violation_totals: BTreeMap<&'static str, u64>,
     store: Arc<LeaseStore>,
     last_ticket: Option<Ticket>,
     /// Leases granted whose creating record is not known durable yet: if the
@@ -262,7 +263,7 @@ impl Arbiter {
                     gpushare_config::PlacementConfig::default().utilization_window_ms,
                 ),
             ),
-            memory_refusals: HashMap::new(),
+            findings: Findings::default(),
             engine_names: HashMap::new(),
             admission_rejections: Default::default(),
             placement: gpushare_config::PlacementConfig::default(),
@@ -278,10 +279,7 @@ impl Arbiter {
             grants: table.grants,
             queue: AdmissionQueue::default(),
             ledger: Ledger::default(),
-            suspects: HashMap::new(),
             reserved_at: HashMap::new(),
-            violations: Vec::new(),
-            violation_totals: BTreeMap::new(),
             store,
             last_ticket: None,
             undurable: BTreeMap::new(),
@@ -383,7 +381,7 @@ impl Arbiter {
         }
         self.ledger.close(id);
         self.telemetry.forget(id);
-        self.suspects.remove(id);
+        self.findings.forget(id);
         self.endpoints.close(id);
         self.unbind_grants(id);
         true

@@ -38,37 +38,20 @@ impl Arbiter {
         }
     }
 
+    /// The watchdog's pass found `violations` (they replace those listed).
     pub fn record_violations(&mut self, violations: Vec<Violation>) {
-        for v in &violations {
-            let kind = match v.kind {
-                ViolationKind::Unregistered => "unregistered",
-                ViolationKind::OverQuota => "over_quota",
-                ViolationKind::Ungated => "ungated",
-                ViolationKind::ShiftedClock => "shifted_clock",
-                // Counted once, when the token service reports it (below); the
-                // watchdog's passes only keep it listed for a while.
-                ViolationKind::Overrun => continue,
-            };
-            *self.violation_totals.entry(kind).or_default() += 1;
-        }
-        self.violations = violations;
+        self.findings.record_watchdog_pass(violations);
     }
 
     /// A violation the token service measured on its own clock (an overrun) or the
     /// bypass check on NVML's (ungated beside an active high job): counted and listed
     /// at once, not at the watchdog's next pass.
     pub fn record_token_violation(&mut self, violation: Violation) {
-        let kind = match violation.kind {
-            ViolationKind::Ungated => "ungated",
-            ViolationKind::ShiftedClock => "shifted_clock",
-            _ => "overrun",
-        };
-        *self.violation_totals.entry(kind).or_default() += 1;
-        self.violations.push(violation);
+        self.findings.record_at_once(violation);
     }
 
     pub fn violation_totals(&self) -> &BTreeMap<&'static str, u64> {
-        &self.violation_totals
+        self.findings.totals()
     }
     // ----- reports -----
 
@@ -142,11 +125,7 @@ impl Arbiter {
                         gpu_time_ms: gpu_time.map_or(0, |t| t.held_ns / 1_000_000),
                         gpu_share_10s: gpu_time.map(|t| t.share_short()),
                         gpu_share_1m: gpu_time.map(|t| t.share_long()),
-                        memory_refusals: self
-                            .memory_refusals
-                            .get(&r.lease.id)
-                            .copied()
-                            .unwrap_or(0),
+                        memory_refusals: self.findings.memory_refusals(&r.lease.id),
                         token_revocations: gpu_time.map_or(0, |t| t.revocations),
                         token_cut_offs: gpu_time.map_or(0, |t| t.cut_offs),
                         token_overdue: gpu_time.map_or(0, |t| t.overdue),
@@ -166,7 +145,7 @@ impl Arbiter {
                     waited_ms: now.duration_since(w.arrived).as_millis() as u64,
                 })
                 .collect(),
-            violations: self.violations.clone(),
+            violations: self.findings.violations().to_vec(),
             tokens: self.tokens.as_ref().map(|t| t.status()).unwrap_or_default(),
             unshareable: self.unshareable.iter().map(|u| u.status()).collect(),
             connections: self
@@ -220,9 +199,10 @@ impl Arbiter {
     }
 
     /// An allocation of `lease` was refused for its quota (counted for metrics).
+    /// A refusal reported after the lease went is dropped: only live leases' are shown.
     pub fn count_memory_refusal(&mut self, lease: &LeaseId) {
-        let leases = &self.leases;
-        self.memory_refusals.retain(|id, _| leases.contains_key(id));
-        *self.memory_refusals.entry(lease.clone()).or_default() += 1;
+        if self.leases.contains_key(lease) {
+            self.findings.count_memory_refusal(lease);
+        }
     }
 }
