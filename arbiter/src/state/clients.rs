@@ -156,7 +156,7 @@ impl Arbiter {
     pub fn lease_detach(&mut self, id: &LeaseId, connection: ConnectionId) {
         let credited = self.ledger.detach(id, connection);
         if self.ledger.get(id).is_some_and(|l| l.clients.is_empty()) {
-            self.measured_at.remove(id);
+            self.telemetry.forget_measurement(id);
         }
         tracing::debug!(lease = %id, credited, "lease client detached");
     }

@@ -3,8 +3,6 @@
 //! demand, learnt from the time its clients held the time-slice token. The
 //! decision itself is `placement::place_balanced` (pure); this gathers its input.
 
-use std::collections::VecDeque;
-
 use gpushare_config::{PlacementConfig, PlacementPolicy};
 
 use super::*;
@@ -16,15 +14,11 @@ use crate::placement::balanced::{self, Balanced};
 /// says more about when the job started than about what it needs.
 const MEASURED_AFTER_WINDOW_SHARE: f64 = 0.5;
 
-/// Readings of one lease's cumulative held token time, within the window.
-#[derive(Debug, Default)]
-pub(super) struct HeldReadings(VecDeque<(Instant, u64)>);
-
 impl Arbiter {
     /// Which placement policy decides, with its weights and window.
     pub fn set_placement(&mut self, placement: PlacementConfig) {
         let window = Duration::from_millis(placement.utilization_window_ms);
-        self.recent_utilization = vec![UtilizationWindow::new(window); self.inventory.gpus.len()];
+        self.telemetry.set_recent_window(window);
         tracing::info!(policy = ?placement.policy, batch = placement.batch, window_ms = placement.utilization_window_ms, "placement");
         self.placement = placement;
     }
@@ -47,32 +41,19 @@ impl Arbiter {
     /// Takes one reading of each lease's held time, summed over its clients;
     /// leases with no token client any more are forgotten.
     pub(super) fn record_holdings(&mut self, now: Instant, holdings: Vec<crate::tokens::Holding>) {
-        let mut held: HashMap<LeaseId, u64> = HashMap::new();
-        for h in holdings {
-            *held.entry(h.lease).or_default() += h.held_ns;
-        }
         let window = self.window();
-        self.held.retain(|id, _| held.contains_key(id));
-        for (id, ns) in held {
-            let readings = &mut self.held.entry(id).or_default().0;
-            readings.push_back((now, ns));
-            // Keep one reading at or beyond the window's start, so the share spans it.
-            while readings.len() > 2 && now.duration_since(readings[1].0) >= window {
-                readings.pop_front();
-            }
-        }
+        self.telemetry.record_holdings(now, holdings, window);
     }
 
     /// The lease's share of a GPU's time over the window, once watched long enough.
     fn measured_share(&self, lease: &Lease) -> Option<f64> {
-        let readings = &self.held.get(&lease.id)?.0;
-        let (first, last) = (readings.front()?, readings.back()?);
+        let span = self.telemetry.held_span(&lease.id)?;
         let min_span = self.window().as_secs_f64() * MEASURED_AFTER_WINDOW_SHARE;
         // Held time summed over the lease's GPUs: per GPU, as placement counts it.
         let gpus = lease.gpus.len().max(1) as u64;
         balanced::held_share(
-            (0.0, first.1 / gpus),
-            (last.0.duration_since(first.0).as_secs_f64(), last.1 / gpus),
+            (0.0, span.first_ns / gpus),
+            (span.watched.as_secs_f64(), span.last_ns / gpus),
             min_span,
         )
     }
@@ -132,15 +113,15 @@ impl Arbiter {
         self.views()
             .iter()
             .zip(expected)
-            .zip(&self.memory_used)
+            .enumerate()
             .map(
-                |((v, expected_demand), used)| gpushare_proto::message::GpuPlacementHint {
+                |(i, (v, expected_demand))| gpushare_proto::message::GpuPlacementHint {
                     uuid: v.uuid.to_owned(),
                     expected_demand,
                     largest_free_hole: largest_free_hole(
                         v.memory_allocatable,
                         v.memory_leased,
-                        *used,
+                        self.telemetry.memory_used(i),
                     ),
                 },
             )
@@ -171,8 +152,8 @@ impl Arbiter {
     pub(super) fn balanced_views(&self) -> Vec<GpuView<'_>> {
         let now = Instant::now();
         let mut views = self.views();
-        for (view, window) in views.iter_mut().zip(&self.recent_utilization) {
-            view.utilization = window.mean(now).unwrap_or(0.0);
+        for (i, view) in views.iter_mut().enumerate() {
+            view.utilization = self.telemetry.recent_utilization(i, now).unwrap_or(0.0);
         }
         views
     }

@@ -58,7 +58,7 @@ impl Arbiter {
         }
         self.ensure_writable()?;
         let ticket = self.record_confirmed(&mut record, pid)?;
-        self.suspects.remove(&id);
+        self.findings.clear_suspicion(&id);
         self.leases.insert(id, record);
         Ok(Some(ticket))
     }
@@ -110,7 +110,7 @@ impl Arbiter {
         self.by_container.remove(&(namespace.clone(), pending_name));
         self.by_container
             .insert((namespace, container_id.to_owned()), id.clone());
-        self.suspects.remove(id);
+        self.findings.clear_suspicion(id);
         self.leases.insert(id.clone(), record);
         Ok(Some(ticket))
     }

@@ -29,9 +29,7 @@ impl Arbiter {
 
     /// Whether `lease` was measured less than `fresh` ago.
     pub fn measured_within(&self, lease: &LeaseId, now: Instant, fresh: Duration) -> bool {
-        self.measured_at
-            .get(lease)
-            .is_some_and(|at| now.saturating_duration_since(*at) < fresh)
+        self.telemetry.measured_within(lease, now, fresh)
     }
 
     /// Whether some registered process is still charged the estimate.
@@ -76,7 +74,7 @@ impl Arbiter {
                 .map(|(&pid, &bytes)| (pid, bytes))
                 .collect();
             self.ledger.record_unattached(&l.id, unattached);
-            self.measured_at.insert(l.id.clone(), now);
+            self.telemetry.mark_measured(&l.id, now);
         }
     }
 }

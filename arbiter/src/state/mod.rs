@@ -1,5 +1,7 @@
 //! The arbiter's state: leases, the admission queue, the memory ledger, drained
-//! GPUs, utilisation and the watchdog's findings, behind one lock.
+//! GPUs, the device plugin's grants, what was measured (`Telemetry`: GPU samples,
+//! held token time, process measurements) and what was found wrong (`Findings`:
+//! violations, quota refusals, suspected leases), behind one lock.
 //!
 //! Every lease change is appended to the store while the lock is held (so the
 //! log's order is the order of the changes) and acknowledged only once the
@@ -20,11 +22,11 @@ use gpushare_proto::message::PENDING_PREFIX;
 use gpushare_proto::{
     ByteSize, ClientStatus, ContainerRef, ErrorKind, GpuStatus, GpuUtilization, Lease, LeaseId,
     LeaseState, LeaseUsage, MemoryRequest, Priority, QueuedRequest, Quota, ReserveRequest,
-    StatusReport, Violation, ViolationKind,
+    StatusReport, Violation,
 };
 use tokio::sync::oneshot;
 
-use crate::inventory::{Gpu, GpuBackend, GpuProcess, GpuSample, UtilizationWindow};
+use crate::inventory::{Gpu, GpuBackend, GpuProcess, GpuSample};
 use crate::ledger::{Charge, ConnectionId, Ledger, LedgerError};
 use crate::placement::{self, GpuView, PlacementError, Policy};
 use crate::process::{check_peer, PeerCheck, ProcessProbe};
@@ -125,6 +127,7 @@ mod clients;
 mod demand;
 mod drain;
 mod endpoints;
+mod findings;
 #[cfg(test)]
 mod grant_tests;
 mod grants;
@@ -136,14 +139,17 @@ mod placement_tests;
 mod recovery;
 mod reserve;
 mod status;
+mod telemetry;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use batch_admission::{BatchOutcome, BatchSearchJob};
 pub use endpoints::{LeaseDirs, LeaseEndpoints};
+use findings::Findings;
 pub use grants::GrantError;
 pub use handle::{ArbiterHandle, MEASURE_FRESH};
 pub use memory::list_processes;
+use telemetry::Telemetry;
 
 /// A granted lease and the ticket to wait for before telling anyone.
 #[derive(Debug)]
@@ -182,22 +188,15 @@ pub struct Inventory {
 pub struct Arbiter {
     config: ArbiterConfig,
     inventory: Inventory,
-    utilization: Vec<UtilizationWindow>,
-    /// Utilisation over the last 10 s, shown beside the minute's, which lags.
-    short_utilization: Vec<UtilizationWindow>,
-    /// When the background loop last recorded a GPU sample (for `/healthz`).
-    last_sample: Option<Instant>,
-    /// Allocations refused for the quota, per live lease.
-    memory_refusals: HashMap<LeaseId, u64>,
+    /// GPU samples, held token time and process measurements (`telemetry.rs`).
+    telemetry: Telemetry,
+    /// Violations, quota refusals and suspected leases (`findings.rs`).
+    findings: Findings,
     /// Names the engine gave live leases' containers (docker's), found at confirmation.
     engine_names: HashMap<LeaseId, String>,
     /// Reserves that timed out in the admission queue, by priority.
     admission_rejections: gpushare_proto::AdmissionRejections,
-    /// Utilisation over `placement.utilization_window_ms`: the balanced policy's view.
-    recent_utilization: Vec<UtilizationWindow>,
     placement: gpushare_config::PlacementConfig,
-    /// Each lease's held token time, read with each sample (`demand.rs`).
-    held: HashMap<LeaseId, demand::HeldReadings>,
     /// Reserves that waited although the open GPUs' free memory added up would
     /// have held them (`placement::memory_fragmented`).
     waits_fragmented: u64,
@@ -205,20 +204,16 @@ pub struct Arbiter {
     placement_times: gpushare_proto::timing::PlacementTimes,
     /// The batch search's progress when it runs off the lock (`batch_admission.rs`).
     batch_search: batch_admission::BatchSearch,
-    memory_used: Vec<Option<u64>>,
     leases: BTreeMap<LeaseId, LeaseRecord>,
     by_container: HashMap<ContainerKey, LeaseId>,
     drained: BTreeSet<String>,
     queue: AdmissionQueue<Waiter>,
     ledger: Ledger,
-    suspects: HashMap<LeaseId, Instant>,
     /// When each lease was reserved, on the monotonic clock: reconciliation's age of an
     /// unconfirmed lease. The wall clock may jump (NTP correcting a clock that was
     /// days off): a forward jump would release every lease mid-create as "never
     /// confirmed", a backward one keep abandoned ones for the jump's length.
     reserved_at: HashMap<LeaseId, Instant>,
-    violations: Vec<Violation>,
-    violation_totals: BTreeMap<&'static str, u64>,
     store: Arc<LeaseStore>,
     last_ticket: Option<Ticket>,
     /// Leases granted whose creating record is not known durable yet: if the
@@ -233,8 +228,6 @@ pub struct Arbiter {
     /// Where per-process GPU memory is read (NVML), once the backend showed it can;
     /// None: overhead is neither measured nor charged (see `overhead_estimate`).
     memory_probe: Option<Arc<dyn GpuBackend>>,
-    /// When each lease's processes were last measured.
-    measured_at: HashMap<LeaseId, Instant>,
     /// The device plugin's grants (`grants.rs`), bound to their leases.
     grants: BTreeMap<gpushare_proto::grant::GrantId, gpushare_proto::grant::Grant>,
 }
@@ -267,24 +260,19 @@ impl Arbiter {
     ) -> Result<Self, StateError> {
         let n = inventory.gpus.len();
         let mut arbiter = Arbiter {
-            utilization: vec![UtilizationWindow::new(UtilizationWindow::LAST_MINUTE); n],
-            short_utilization: vec![UtilizationWindow::new(Duration::from_secs(10)); n],
-            last_sample: None,
-            memory_refusals: HashMap::new(),
+            telemetry: Telemetry::new(
+                n,
+                Duration::from_millis(
+                    gpushare_config::PlacementConfig::default().utilization_window_ms,
+                ),
+            ),
+            findings: Findings::default(),
             engine_names: HashMap::new(),
             admission_rejections: Default::default(),
-            recent_utilization: vec![
-                UtilizationWindow::new(Duration::from_millis(
-                    gpushare_config::PlacementConfig::default().utilization_window_ms
-                ));
-                n
-            ],
             placement: gpushare_config::PlacementConfig::default(),
-            held: HashMap::new(),
             waits_fragmented: 0,
             placement_times: Default::default(),
             batch_search: Default::default(),
-            memory_used: vec![None; n],
             by_container: table
                 .leases
                 .values()
@@ -295,10 +283,7 @@ impl Arbiter {
             grants: table.grants,
             queue: AdmissionQueue::default(),
             ledger: Ledger::default(),
-            suspects: HashMap::new(),
             reserved_at: HashMap::new(),
-            violations: Vec::new(),
-            violation_totals: BTreeMap::new(),
             store,
             last_ticket: None,
             undurable: BTreeMap::new(),
@@ -307,7 +292,6 @@ impl Arbiter {
             tokens: None,
             unshareable: Vec::new(),
             memory_probe: None,
-            measured_at: HashMap::new(),
             config,
             inventory,
         };
@@ -400,9 +384,8 @@ impl Arbiter {
             self.by_container.remove(&key);
         }
         self.ledger.close(id);
-        self.measured_at.remove(id);
-        self.held.remove(id);
-        self.suspects.remove(id);
+        self.telemetry.forget(id);
+        self.findings.forget(id);
         self.endpoints.close(id);
         self.unbind_grants(id);
         true
@@ -423,7 +406,10 @@ impl Arbiter {
                 high_leases: 0,
                 low_leases: 0,
                 ungated_leases: 0,
-                utilization: self.utilization[i].mean(now).unwrap_or(0.0),
+                utilization: self
+                    .telemetry
+                    .utilization_last_minute(i, now)
+                    .unwrap_or(0.0),
                 drained: self.drained.contains(&g.uuid),
                 reserved_for: self.config.reserved_for(&g.uuid),
             })

@@ -94,7 +94,7 @@ impl Arbiter {
             reserved_timeout: Duration::from_millis(self.config.reserved_timeout_ms),
         };
         let mut to_release = Vec::new();
-        let mut still_suspect = HashMap::new();
+        let mut still_suspect = Vec::new();
         for (id, record) in &self.leases {
             let presence = reconcile::presence(record, self.probe.as_ref());
             let reserved_at = *self
@@ -102,15 +102,14 @@ impl Arbiter {
                 .entry(id.clone())
                 .or_insert_with(|| reserved_at_from_wall(record, now, bounds.reserved_timeout));
             let age = now.saturating_duration_since(reserved_at);
-            match reconcile::decide(presence, self.suspects.get(id).copied(), now, age, &bounds) {
+            let suspected_since = self.findings.suspected_since(id);
+            match reconcile::decide(presence, suspected_since, now, age, &bounds) {
                 Verdict::Keep => {}
-                Verdict::Suspect => {
-                    still_suspect.insert(id.clone(), self.suspects.get(id).copied().unwrap_or(now));
-                }
+                Verdict::Suspect => still_suspect.push(id.clone()),
                 Verdict::Release(why) => to_release.push((id.clone(), why)),
             }
         }
-        self.suspects = still_suspect;
+        self.findings.set_suspects(still_suspect, now);
         let mut released = Vec::new();
         for (id, why) in to_release {
             match self.release(&id) {

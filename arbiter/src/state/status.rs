@@ -7,11 +7,7 @@ impl Arbiter {
     pub fn record_samples(&mut self, now: Instant, samples: &[(String, GpuSample)]) {
         for (uuid, sample) in samples {
             if let Some(i) = self.inventory.gpus.iter().position(|g| &g.uuid == uuid) {
-                self.utilization[i].record(now, sample.utilization);
-                self.recent_utilization[i].record(now, sample.utilization);
-                self.short_utilization[i].record(now, sample.utilization);
-                self.last_sample = Some(now);
-                self.memory_used[i] = Some(sample.memory_used);
+                self.telemetry.record_sample(i, now, sample);
             }
         }
         self.record_held_time(now);
@@ -42,37 +38,20 @@ impl Arbiter {
         }
     }
 
+    /// The watchdog's pass found `violations` (they replace those listed).
     pub fn record_violations(&mut self, violations: Vec<Violation>) {
-        for v in &violations {
-            let kind = match v.kind {
-                ViolationKind::Unregistered => "unregistered",
-                ViolationKind::OverQuota => "over_quota",
-                ViolationKind::Ungated => "ungated",
-                ViolationKind::ShiftedClock => "shifted_clock",
-                // Counted once, when the token service reports it (below); the
-                // watchdog's passes only keep it listed for a while.
-                ViolationKind::Overrun => continue,
-            };
-            *self.violation_totals.entry(kind).or_default() += 1;
-        }
-        self.violations = violations;
+        self.findings.record_watchdog_pass(violations);
     }
 
     /// A violation the token service measured on its own clock (an overrun) or the
     /// bypass check on NVML's (ungated beside an active high job): counted and listed
     /// at once, not at the watchdog's next pass.
     pub fn record_token_violation(&mut self, violation: Violation) {
-        let kind = match violation.kind {
-            ViolationKind::Ungated => "ungated",
-            ViolationKind::ShiftedClock => "shifted_clock",
-            _ => "overrun",
-        };
-        *self.violation_totals.entry(kind).or_default() += 1;
-        self.violations.push(violation);
+        self.findings.record_at_once(violation);
     }
 
     pub fn violation_totals(&self) -> &BTreeMap<&'static str, u64> {
-        &self.violation_totals
+        self.findings.totals()
     }
     // ----- reports -----
 
@@ -109,8 +88,8 @@ impl Arbiter {
                     memory_total: g.memory_total,
                     memory_allocatable: g.memory_allocatable,
                     memory_leased: v.memory_leased,
-                    memory_used: self.memory_used[i],
-                    utilization_last_minute: self.utilization[i].mean(now),
+                    memory_used: self.telemetry.memory_used(i),
+                    utilization_last_minute: self.telemetry.utilization_last_minute(i, now),
                     drained: v.drained,
                     reserved_for: v.reserved_for.map(str::to_owned),
                 })
@@ -146,11 +125,7 @@ impl Arbiter {
                         gpu_time_ms: gpu_time.map_or(0, |t| t.held_ns / 1_000_000),
                         gpu_share_10s: gpu_time.map(|t| t.share_short()),
                         gpu_share_1m: gpu_time.map(|t| t.share_long()),
-                        memory_refusals: self
-                            .memory_refusals
-                            .get(&r.lease.id)
-                            .copied()
-                            .unwrap_or(0),
+                        memory_refusals: self.findings.memory_refusals(&r.lease.id),
                         token_revocations: gpu_time.map_or(0, |t| t.revocations),
                         token_cut_offs: gpu_time.map_or(0, |t| t.cut_offs),
                         token_overdue: gpu_time.map_or(0, |t| t.overdue),
@@ -170,7 +145,7 @@ impl Arbiter {
                     waited_ms: now.duration_since(w.arrived).as_millis() as u64,
                 })
                 .collect(),
-            violations: self.violations.clone(),
+            violations: self.findings.violations().to_vec(),
             tokens: self.tokens.as_ref().map(|t| t.status()).unwrap_or_default(),
             unshareable: self.unshareable.iter().map(|u| u.status()).collect(),
             connections: self
@@ -187,16 +162,17 @@ impl Arbiter {
                 .inventory
                 .gpus
                 .iter()
-                .zip(&self.short_utilization)
-                .map(|(g, w)| GpuUtilization {
+                .enumerate()
+                .map(|(i, g)| GpuUtilization {
                     uuid: g.uuid.clone(),
-                    last_10s: w.mean(now),
+                    last_10s: self.telemetry.utilization_last_10s(i, now),
                 })
                 .collect(),
             admission_rejections: self.admission_rejections,
             last_sample_age_ms: self
-                .last_sample
-                .map(|at| now.saturating_duration_since(at).as_millis() as u64),
+                .telemetry
+                .last_sample_age(now)
+                .map(|age| age.as_millis() as u64),
         }
     }
 
@@ -223,9 +199,10 @@ impl Arbiter {
     }
 
     /// An allocation of `lease` was refused for its quota (counted for metrics).
+    /// A refusal reported after the lease went is dropped: only live leases' are shown.
     pub fn count_memory_refusal(&mut self, lease: &LeaseId) {
-        let leases = &self.leases;
-        self.memory_refusals.retain(|id, _| leases.contains_key(id));
-        *self.memory_refusals.entry(lease.clone()).or_default() += 1;
+        if self.leases.contains_key(lease) {
+            self.findings.count_memory_refusal(lease);
+        }
     }
 }

@@ -711,3 +711,49 @@ fn a_confirm_with_pid_zero_is_refused_naming_the_pid() {
     assert!(err.to_string().contains("pid = 0"), "{err}");
     assert_eq!(arbiter.status().leases[0].state, LeaseState::Reserved);
 }
+
+#[test]
+fn a_leases_refusals_and_readings_show_while_it_lives_and_go_with_it() {
+    let (_dir, mut arbiter, _) = setup();
+    let gone = arbiter
+        .reserve_now(request("c1", "1Gi", Priority::Low))
+        .unwrap()
+        .lease;
+    let kept = arbiter
+        .reserve_now(request("c2", "1Gi", Priority::Low))
+        .unwrap()
+        .lease;
+    arbiter.count_memory_refusal(&gone.id);
+    arbiter.count_memory_refusal(&gone.id);
+    arbiter.count_memory_refusal(&kept.id);
+    let refusals = |arbiter: &Arbiter| -> Vec<(LeaseId, u64)> {
+        let status = arbiter.status();
+        status
+            .usage
+            .iter()
+            .map(|u| (u.lease.clone(), u.memory_refusals))
+            .collect()
+    };
+    let mut shown = refusals(&arbiter);
+    shown.sort();
+    let mut want = vec![(gone.id.clone(), 2), (kept.id.clone(), 1)];
+    want.sort();
+    assert_eq!(shown, want);
+    let holding = |lease: &Lease| crate::tokens::Holding {
+        gpu: lease.gpus[0].clone(),
+        lease: lease.id.clone(),
+        pid: Some(1),
+        priority: Priority::Low,
+        held_ns: 1,
+        overran_ns: 0,
+    };
+    arbiter.record_holdings(Instant::now(), vec![holding(&gone), holding(&kept)]);
+
+    arbiter.release(&gone.id).unwrap();
+    // A refusal reported after the release is not kept for a lease no one shows.
+    arbiter.count_memory_refusal(&gone.id);
+    assert_eq!(arbiter.findings.memory_refusals(&gone.id), 0);
+    assert!(arbiter.telemetry.held_span(&gone.id).is_none());
+    assert_eq!(refusals(&arbiter), [(kept.id.clone(), 1)]);
+    assert!(arbiter.telemetry.held_span(&kept.id).is_some());
+}
