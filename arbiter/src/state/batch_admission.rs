@@ -246,7 +246,7 @@ impl Arbiter {
     }
 
     fn apply_batch(&mut self, outcome: BatchOutcome) {
-        self.placement_times.batch_searches.record(outcome.took);
+        self.admission_record.batch_searched(outcome.took);
         for waiting in self.queue.iter() {
             let plan = outcome
                 .plans

@@ -104,7 +104,7 @@ impl Arbiter {
     }
 
     pub fn waits_fragmented(&self) -> u64 {
-        self.waits_fragmented
+        self.admission_record.waits_fragmented()
     }
 
     /// Rebalancing hints for status: each GPU's expected demand and largest hole.

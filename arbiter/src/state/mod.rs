@@ -1,7 +1,9 @@
 //! The arbiter's state: leases, the admission queue, the memory ledger, drained
 //! GPUs, the device plugin's grants, what was measured (`Telemetry`: GPU samples,
 //! held token time, process measurements) and what was found wrong (`Findings`:
-//! violations, quota refusals, suspected leases), behind one lock.
+//! violations, quota refusals, suspected leases) and what admission did
+//! (`AdmissionRecord`: placement times, fragmented waits, queue timeouts), behind
+//! one lock.
 //!
 //! Every lease change is appended to the store while the lock is held (so the
 //! log's order is the order of the changes) and acknowledged only once the
@@ -122,6 +124,7 @@ impl StateError {
     }
 }
 
+mod admission_record;
 mod batch_admission;
 mod clients;
 mod demand;
@@ -194,14 +197,9 @@ pub struct Arbiter {
     findings: Findings,
     /// Names the engine gave live leases' containers (docker's), found at confirmation.
     engine_names: HashMap<LeaseId, String>,
-    /// Reserves that timed out in the admission queue, by priority.
-    admission_rejections: gpushare_proto::AdmissionRejections,
     placement: gpushare_config::PlacementConfig,
-    /// Reserves that waited although the open GPUs' free memory added up would
-    /// have held them (`placement::memory_fragmented`).
-    waits_fragmented: u64,
-    /// How long placement took, for status and metrics.
-    placement_times: gpushare_proto::timing::PlacementTimes,
+    /// What admission did, counted for status and metrics.
+    admission_record: admission_record::AdmissionRecord,
     /// The batch search's progress when it runs off the lock (`batch_admission.rs`).
     batch_search: batch_admission::BatchSearch,
     leases: BTreeMap<LeaseId, LeaseRecord>,
@@ -268,10 +266,8 @@ impl Arbiter {
             ),
             findings: Findings::default(),
             engine_names: HashMap::new(),
-            admission_rejections: Default::default(),
             placement: gpushare_config::PlacementConfig::default(),
-            waits_fragmented: 0,
-            placement_times: Default::default(),
+            admission_record: Default::default(),
             batch_search: Default::default(),
             by_container: table
                 .leases

@@ -176,7 +176,7 @@ impl Arbiter {
                             && self.waits_for_fragmented_memory(&w.request)
                         {
                             w.counted_fragmented.set(true);
-                            self.waits_fragmented += 1;
+                            self.admission_record.waited_for_fragmented_memory();
                         }
                         Attempt::Wait
                     }
@@ -257,7 +257,7 @@ impl Arbiter {
                 Some(gpu) => self.decide_on(&r, gpu),
                 None => self.decide(&r, request.compute_request.get()),
             };
-            self.placement_times.decisions.record(started.elapsed());
+            self.admission_record.placement_decided(started.elapsed());
             let p = decided?;
             placement::holds_a_process(p.memory_bytes, self.overhead_estimate())?;
             placement::Placement {
@@ -351,10 +351,7 @@ impl Arbiter {
                 free: self.free_summary(),
             };
             tracing::warn!(container = %r.container_id, error = %err, "admission timed out");
-            match w.priority {
-                Priority::High => self.admission_rejections.high += 1,
-                Priority::Low => self.admission_rejections.low += 1,
-            }
+            self.admission_record.timed_out(w.priority);
             let _ = w.item.reply.send(Err(err));
         }
     }

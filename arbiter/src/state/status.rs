@@ -156,8 +156,8 @@ impl Arbiter {
             store_failure: self.store.failure().map(|f| f.to_string()),
             grants: self.grants(),
             placement: self.placement_hints(),
-            placement_waits_fragmented: self.waits_fragmented,
-            placement_times: self.placement_times.clone(),
+            placement_waits_fragmented: self.admission_record.waits_fragmented(),
+            placement_times: self.admission_record.placement_times(),
             gpu_utilization: self
                 .inventory
                 .gpus
@@ -168,7 +168,7 @@ impl Arbiter {
                     last_10s: self.telemetry.utilization_last_10s(i, now),
                 })
                 .collect(),
-            admission_rejections: self.admission_rejections,
+            admission_rejections: self.admission_record.rejections(),
             last_sample_age_ms: self
                 .telemetry
                 .last_sample_age(now)
