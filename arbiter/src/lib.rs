@@ -8,6 +8,7 @@ pub mod background;
 pub mod balance;
 pub mod batch;
 pub mod bypass;
+pub mod capabilities;
 pub mod cli;
 pub mod connections;
 pub mod control;

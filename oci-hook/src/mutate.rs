@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use gpushare_config::{ArbiterConfig, RuntimeConfig};
 use gpushare_proto::Lease;
 
-use crate::spec::{EnvMut, Hook, HookStage, Mount, Process, Spec, SpecError};
+use crate::spec::{self, EnvMut, HookStage, Mount, Process, Spec, SpecError};
 use crate::{
     ANNOTATION_ASSIGNED_GPUS, ANNOTATION_LEASE, ANNOTATION_MARKER, CONTAINER_RUN_DIR,
     CONTAINER_SOCKET, MARKER_VALUE,
@@ -78,12 +78,12 @@ fn display(path: &Path) -> String {
 }
 
 fn bind_mount(source: &Path, destination: &Path, options: &[&str]) -> Mount {
-    Mount {
-        destination: display(destination),
-        kind: "bind".into(),
-        source: display(source),
-        options: options.iter().map(|o| o.to_string()).collect(),
-    }
+    spec::mount(
+        display(destination),
+        "bind",
+        display(source),
+        options.iter().map(|o| o.to_string()).collect(),
+    )
 }
 
 /// Applies `lease` to `spec`. Idempotent.
@@ -116,18 +116,16 @@ pub fn apply_lease(spec: &mut Spec, lease: &Lease, paths: &HostPaths) -> Result<
         (HookStage::Poststop, "poststop"),
     ] {
         let hook = display(&paths.hook);
-        spec.hooks_mut(stage)?.replace(Hook {
-            args: vec![
-                hook.clone(),
-                "--control-socket".into(),
-                display(&paths.control_socket),
-                action.into(),
-            ],
-            path: hook,
-            // A non-empty env is the hook's whole environment: keep it minimal and explicit.
-            env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
-            timeout: Some(paths.hook_timeout_seconds),
-        });
+        let args = vec![
+            hook.clone(),
+            "--control-socket".into(),
+            display(&paths.control_socket),
+            action.into(),
+        ];
+        // A non-empty env is the hook's whole environment: keep it minimal and explicit.
+        let env = vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()];
+        spec.hooks_mut(stage)?
+            .replace(spec::hook(hook, args, env, paths.hook_timeout_seconds));
     }
 
     let mut annotations = spec.annotations_mut()?;
@@ -237,17 +235,12 @@ pub fn apply_to_exec_process(
 pub fn apply_failure(spec: &mut Spec, hook: &Path, message: &str) -> Result<(), SpecError> {
     let hook = display(hook);
     spec.hooks_mut(HookStage::CreateRuntime)?
-        .insert_first(Hook {
-            args: vec![
-                hook.clone(),
-                "fail".into(),
-                "--message".into(),
-                message.into(),
-            ],
-            path: hook,
-            env: vec![],
-            timeout: Some(5),
-        });
+        .insert_first(spec::hook(
+            hook.clone(),
+            vec![hook, "fail".into(), "--message".into(), message.into()],
+            vec![],
+            5,
+        ));
     Ok(())
 }
 

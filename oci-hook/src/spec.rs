@@ -9,8 +9,9 @@
 //! into the `oci-spec` crate's structs: they drop every field they do not
 //! declare, and a wrapper must never silently remove a setting from a container.
 //!
-//! What gpushare adds (a `Mount`, a `Hook`) is typed, and serialised into the
-//! object in the runtime spec's own field names.
+//! What gpushare adds (a `Mount`, a `Hook`) and the state a hook reads are the
+//! `oci-spec` crate's types: values written or read whole, which lose nothing, and
+//! which serialise into the object in the runtime spec's own field names.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -57,29 +58,52 @@ impl HookStage {
     }
 }
 
-/// A runtime spec mount (the fields gpushare writes, in the spec's order).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mount {
-    pub destination: String,
-    #[serde(rename = "type", default)]
-    pub kind: String,
-    #[serde(default)]
-    pub source: String,
-    #[serde(default)]
-    pub options: Vec<String>,
+/// A runtime spec mount and hook, and the container state a hook reads on stdin:
+/// the `oci-spec` crate's types. Each is a value gpushare writes whole or reads
+/// whole, so a field it does not declare is never lost from a container's spec.
+pub use oci_spec::runtime::{ContainerState, Hook, Mount, State};
+
+/// A hook as gpushare writes it: `args` and `env` only when not empty (a non-empty
+/// `env` is the hook's whole environment), and always a timeout in seconds, since
+/// runc has none by default.
+pub fn hook(path: String, args: Vec<String>, env: Vec<String>, timeout_seconds: u32) -> Hook {
+    let mut hook = Hook::default();
+    hook.set_path(path.into());
+    hook.set_args(Some(args).filter(|a| !a.is_empty()));
+    hook.set_env(Some(env).filter(|e| !e.is_empty()));
+    hook.set_timeout(Some(i64::from(timeout_seconds)));
+    hook
 }
 
-/// A runtime spec hook. `env`, when not empty, is the hook's whole environment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hook {
-    pub path: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<String>,
-    /// Seconds; runc has no default, so gpushare always sets one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<u32>,
+/// A mount as gpushare writes it: every field of the runtime spec's mount set.
+pub fn mount(destination: String, kind: &str, source: String, options: Vec<String>) -> Mount {
+    let mut mount = Mount::default();
+    mount.set_destination(destination.into());
+    mount.set_typ(Some(kind.to_owned()));
+    mount.set_source(Some(source.into()));
+    mount.set_options(Some(options));
+    mount
+}
+
+/// The container's state as runc, crun and containerd's runtimes hand it to a
+/// hook on stdin. Its `status` is one of the runtime spec's four (runc's own
+/// `paused` is only in `runc state`, never in a hook's state); a field the spec
+/// does not declare is ignored.
+pub fn state_from_slice(bytes: &[u8]) -> Result<State, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
+
+/// A state annotation's value (runc passes the spec's annotations in the state).
+pub fn state_annotation<'a>(state: &'a State, key: &str) -> Option<&'a str> {
+    state.annotations().as_ref()?.get(key).map(String::as_str)
+}
+
+/// The container's process id, where the state names one (not in a poststop state).
+pub fn state_pid(state: &State) -> Option<u32> {
+    state
+        .pid()
+        .and_then(|pid| u32::try_from(pid).ok())
+        .filter(|&pid| pid > 0)
 }
 
 impl Spec {
@@ -275,7 +299,7 @@ pub struct Mounts<'a>(&'a mut Vec<Value>);
 impl Mounts<'_> {
     /// Adds `mount` last, removing any mount at the same destination first.
     pub fn replace(&mut self, mount: Mount) {
-        let destination = Value::String(mount.destination.clone());
+        let destination = to_value(mount.destination());
         self.0
             .retain(|m| m.get("destination") != Some(&destination));
         self.0.push(to_value(&mount));
@@ -288,7 +312,7 @@ pub struct Hooks<'a>(&'a mut Vec<Value>);
 impl Hooks<'_> {
     /// Adds `hook` last, removing any hook with the same path first.
     pub fn replace(&mut self, hook: Hook) {
-        let path = Value::String(hook.path.clone());
+        let path = to_value(hook.path());
         self.0.retain(|h| h.get("path") != Some(&path));
         self.0.push(to_value(&hook));
     }
@@ -394,15 +418,13 @@ mod tests {
         assert!(s.has_annotation("n"));
         assert_eq!(s.annotation_keys().collect::<Vec<_>>(), ["k", "n"]);
         assert_eq!(s.mounts().len(), 1, "only mounts with a destination");
-        assert_eq!(s.mounts()[0].options, ["ro"]);
+        assert_eq!(
+            s.mounts()[0].options().as_deref(),
+            Some(&["ro".to_owned()][..])
+        );
         assert_eq!(
             s.hooks(HookStage::Poststop),
-            [Hook {
-                path: "/h".into(),
-                args: vec![],
-                env: vec![],
-                timeout: Some(3)
-            }]
+            [hook("/h".into(), vec![], vec![], 3)]
         );
         assert!(s.hooks(HookStage::CreateRuntime).is_empty());
         let empty = spec(json!({}));
@@ -431,14 +453,12 @@ mod tests {
     fn missing_and_null_parts_are_created() {
         let mut s = spec(json!({"hooks": null, "process": {"env": null}}));
         s.env_mut().unwrap().set("A", "1");
-        s.hooks_mut(HookStage::CreateRuntime)
-            .unwrap()
-            .replace(Hook {
-                path: "/h".into(),
-                args: vec!["/h".into()],
-                env: vec![],
-                timeout: Some(1),
-            });
+        s.hooks_mut(HookStage::CreateRuntime).unwrap().replace(hook(
+            "/h".into(),
+            vec!["/h".into()],
+            vec![],
+            1,
+        ));
         s.annotations_mut().unwrap().set("k", "v");
         assert_eq!(
             s.into_value(),
@@ -466,21 +486,15 @@ mod tests {
         let mut s = spec(
             json!({"mounts": [{"destination": "/d", "type": "tmpfs", "vendor": 1}, {"destination": "/e"}]}),
         );
-        let mount = Mount {
-            destination: "/d".into(),
-            kind: "bind".into(),
-            source: "/s".into(),
-            options: vec!["ro".into()],
-        };
+        let mount = mount("/d".into(), "bind", "/s".into(), vec!["ro".into()]);
         s.mounts_mut().unwrap().replace(mount.clone());
         s.mounts_mut().unwrap().replace(mount.clone());
         assert_eq!(s.mounts().len(), 2);
         assert_eq!(s.mounts()[1], mount);
-        let hook = |path: &str| Hook {
-            path: path.into(),
-            args: vec![],
-            env: vec![],
-            timeout: None,
+        let hook = |path: &str| {
+            let mut hook = Hook::default();
+            hook.set_path(path.into());
+            hook
         };
         let mut hooks = s.hooks_mut(HookStage::Poststop).unwrap();
         hooks.replace(hook("/a"));
@@ -490,9 +504,79 @@ mod tests {
         let paths: Vec<String> = s
             .hooks(HookStage::Poststop)
             .into_iter()
-            .map(|h| h.path)
+            .map(|h| h.path().display().to_string())
             .collect();
         assert_eq!(paths, ["/f", "/b", "/a"]);
+    }
+
+    #[test]
+    fn a_runtime_hook_state_reads_into_the_oci_state() {
+        // As runc hands it to a createRuntime hook under containerd's CRI plugin,
+        // with a field the runtime spec does not declare.
+        let created = br#"{"ociVersion":"1.2.0","id":"8d3f0c1e","status":"creating","pid":41234,
+            "bundle":"/run/containerd/io.containerd.runtime.v2.task/k8s.io/8d3f0c1e",
+            "annotations":{"io.kubernetes.cri.container-type":"container",
+                           "gpushare.io/lease":"lease-7"},"x-vendor":{"a":1}}"#;
+        let state = state_from_slice(created).unwrap();
+        assert_eq!(state.id(), "8d3f0c1e");
+        assert_eq!(*state.status(), ContainerState::Creating);
+        assert_eq!(state_pid(&state), Some(41234));
+        assert_eq!(
+            state.bundle().to_str(),
+            Some("/run/containerd/io.containerd.runtime.v2.task/k8s.io/8d3f0c1e")
+        );
+        assert_eq!(
+            state_annotation(&state, "gpushare.io/lease"),
+            Some("lease-7")
+        );
+        assert_eq!(state_annotation(&state, "absent"), None);
+
+        // A poststop state: stopped, no pid (or pid 0), no annotations.
+        for stopped in [
+            &br#"{"ociVersion":"1.0.2","id":"c","status":"stopped","bundle":"/b"}"#[..],
+            br#"{"ociVersion":"1.0.2","id":"c","status":"stopped","pid":0,"bundle":"/b"}"#,
+        ] {
+            let state = state_from_slice(stopped).unwrap();
+            assert_eq!(*state.status(), ContainerState::Stopped);
+            assert_eq!(state_pid(&state), None);
+            assert_eq!(state_annotation(&state, "gpushare.io/lease"), None);
+        }
+        assert!(state_from_slice(b"\"c\"").is_err());
+        assert!(state_from_slice(br#"{"id":"c","pid":"12"}"#).is_err());
+    }
+
+    #[test]
+    fn an_added_mount_and_hook_round_trip_in_the_spec_field_names() {
+        let mut s = spec(json!({"mounts": [], "hooks": {}}));
+        let added_mount = mount(
+            "/usr/lib/libgpushare.so".into(),
+            "bind",
+            "/opt/gpushare/lib/libgpushare.so".into(),
+            vec!["rbind".into(), "ro".into()],
+        );
+        let added_hook = hook(
+            "/usr/bin/gpushare-hook".into(),
+            vec!["gpushare-hook".into(), "poststop".into()],
+            vec!["PATH=/usr/bin".into()],
+            10,
+        );
+        s.mounts_mut().unwrap().replace(added_mount.clone());
+        s.hooks_mut(HookStage::Poststop)
+            .unwrap()
+            .replace(added_hook.clone());
+        let written = s.to_vec();
+        assert_eq!(
+            String::from_utf8(written.clone()).unwrap(),
+            concat!(
+                r#"{"mounts":[{"destination":"/usr/lib/libgpushare.so","type":"bind","#,
+                r#""source":"/opt/gpushare/lib/libgpushare.so","options":["rbind","ro"]}],"#,
+                r#""hooks":{"poststop":[{"path":"/usr/bin/gpushare-hook","#,
+                r#""args":["gpushare-hook","poststop"],"env":["PATH=/usr/bin"],"timeout":10}]}}"#
+            )
+        );
+        let read = Spec::from_slice(&written).unwrap();
+        assert_eq!(read.mounts(), [added_mount]);
+        assert_eq!(read.hooks(HookStage::Poststop), [added_hook]);
     }
 
     proptest::proptest! {

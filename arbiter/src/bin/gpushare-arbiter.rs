@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use gpushare_arbiter::cli::{ArbiterArgs, ArbiterCommand};
-use gpushare_arbiter::{background, control, daemon, inventory, metrics};
+use gpushare_arbiter::{background, capabilities, control, daemon, inventory, metrics};
 
 fn main() -> ExitCode {
     let args = ArbiterArgs::parse();
@@ -37,6 +37,9 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
         Some(path) => tracing::info!(config = %path.display(), "configuration loaded"),
         None => tracing::info!("no configuration file; using defaults"),
     }
+    // Before any socket or file is touched: a capability the unit withholds is named
+    // now, not found later as a signal or a /proc read that fails.
+    capabilities::check_at_start(&config.arbiter, &config.scheduler)?;
     // What SIGHUP's reload compares the file with.
     let in_effect = config.clone();
     let scheduler = config.scheduler;

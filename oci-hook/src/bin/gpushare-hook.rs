@@ -24,9 +24,8 @@ use gpushare_oci::admission::{self, Admitted, ControlSocket, Identity};
 use gpushare_oci::broken_config::{self, Decision};
 use gpushare_oci::cli::{HookCli, Stage};
 use gpushare_oci::mutate;
-use gpushare_oci::spec::Spec;
+use gpushare_oci::spec::{self, Spec, State};
 use gpushare_proto::{ClientError, ContainerRef, ErrorKind, LeaseId};
-use serde_json::Value;
 
 /// An OCI spec or state is a few KiB; anything near this is not one.
 const MAX_INPUT: u64 = 16 << 20;
@@ -95,7 +94,7 @@ fn run_unconfigured(cli: &HookCli, input: &[u8], error: ConfigError) -> anyhow::
             }
         };
     }
-    let edited = state(input)?["annotations"][gpushare_oci::ANNOTATION_LEASE].is_string();
+    let edited = spec::state_annotation(&state(input)?, gpushare_oci::ANNOTATION_LEASE).is_some();
     let mut arbiter = match (&cli.control_socket, edited) {
         (_, false) => return Ok(()),
         (Some(socket), true) => {
@@ -158,12 +157,11 @@ fn admit(
 /// The container runc reports on stdin, and the lease gpushare's own edit named
 /// in its spec (runc passes the spec's annotations in the state): it tells apart
 /// two containers with one id in two namespaces, which the id alone cannot.
-fn container_of(state: &Value) -> anyhow::Result<ContainerRef> {
-    let container_id = state["id"]
-        .as_str()
+fn container_of(state: &State) -> anyhow::Result<ContainerRef> {
+    let container_id = Some(state.id().as_str())
+        .filter(|id| !id.is_empty())
         .context("the OCI state on stdin has no id")?;
-    let lease = state["annotations"][gpushare_oci::ANNOTATION_LEASE]
-        .as_str()
+    let lease = spec::state_annotation(state, gpushare_oci::ANNOTATION_LEASE)
         .map(|l| LeaseId(l.to_owned()));
     Ok(ContainerRef {
         container_id: container_id.to_owned(),
@@ -172,8 +170,8 @@ fn container_of(state: &Value) -> anyhow::Result<ContainerRef> {
     })
 }
 
-fn state(input: &[u8]) -> anyhow::Result<Value> {
-    serde_json::from_slice(input).context("stdin is not JSON")
+fn state(input: &[u8]) -> anyhow::Result<State> {
+    spec::state_from_slice(input).context("stdin is not an OCI state")
 }
 
 fn poststop(input: &[u8], arbiter: &mut ControlSocket) -> anyhow::Result<()> {
@@ -185,10 +183,7 @@ fn poststop(input: &[u8], arbiter: &mut ControlSocket) -> anyhow::Result<()> {
 fn create_runtime(input: &[u8], arbiter: &mut ControlSocket) -> anyhow::Result<()> {
     let state = state(input)?;
     let container = container_of(&state)?;
-    let pid = state["pid"]
-        .as_u64()
-        .filter(|&p| p > 0 && p <= u32::MAX as u64)
-        .context("the OCI state has no pid")? as u32;
+    let pid = spec::state_pid(&state).context("the OCI state has no pid")?;
     let (container_id, lease) = (container.container_id.clone(), container.lease.clone());
     match arbiter.with(|c| c.confirm_in(container, pid)) {
         Err(ClientError::Refused {
