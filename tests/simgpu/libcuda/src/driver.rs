@@ -365,8 +365,18 @@ pub fn init() -> CuResult<&'static Driver> {
     DRIVER.get_or_init(Driver::attach).as_ref().map_err(|e| *e)
 }
 
-/// The driver, if `cuInit` succeeded.
+/// The driver, if `cuInit` succeeded, once this process may use it: while another process
+/// has it locked or checkpointed (`cuCheckpointProcessLock`), the calling thread waits here
+/// until it is unlocked, as the real driver's API locks hold it.
 pub fn driver() -> CuResult<&'static Driver> {
+    let d = initialised()?;
+    d.device.wait_while_calls_held(d.process);
+    Ok(d)
+}
+
+/// The driver, if `cuInit` succeeded, whatever this process's checkpoint state (for the calls
+/// that act on other processes).
+pub fn initialised() -> CuResult<&'static Driver> {
     match DRIVER.get() {
         Some(Ok(d)) => Ok(d),
         _ => Err(CudaError::NotInitialized),
