@@ -365,21 +365,48 @@ pub fn init() -> CuResult<&'static Driver> {
     DRIVER.get_or_init(Driver::attach).as_ref().map_err(|e| *e)
 }
 
-/// The driver, if `cuInit` succeeded, once this process may use it: while another process
-/// has it locked or checkpointed (`cuCheckpointProcessLock`), the calling thread waits here
-/// until it is unlocked, as the real driver's API locks hold it.
+/// The driver, if `cuInit` succeeded.
 pub fn driver() -> CuResult<&'static Driver> {
-    let d = initialised()?;
-    d.device.wait_while_calls_held(d.process);
-    Ok(d)
-}
-
-/// The driver, if `cuInit` succeeded, whatever this process's checkpoint state (for the calls
-/// that act on other processes).
-pub fn initialised() -> CuResult<&'static Driver> {
     match DRIVER.get() {
         Some(Ok(d)) => Ok(d),
         _ => Err(CudaError::NotInitialized),
+    }
+}
+
+thread_local! {
+    /// Exports this thread is inside (one may call another).
+    static CALL_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// One export's run, as the real driver's API locks see it: while another process has this
+/// one locked or checkpointed (`cuCheckpointProcessLock`), an export waits on entry until it
+/// is unlocked; meanwhile it is counted in flight, so that a lock waits for it to leave. Only
+/// the outermost export of a thread counts (an inner one must not wait for a lock that waits
+/// for its caller).
+pub struct ApiCall {
+    counted: Option<&'static Driver>,
+}
+
+impl ApiCall {
+    pub fn enter() -> ApiCall {
+        let outermost = CALL_DEPTH.with(|d| {
+            d.set(d.get() + 1);
+            d.get() == 1
+        });
+        let counted = driver().ok().filter(|_| outermost);
+        if let Some(d) = counted {
+            d.device.enter_call(d.process);
+        }
+        ApiCall { counted }
+    }
+}
+
+impl Drop for ApiCall {
+    fn drop(&mut self) {
+        if let Some(d) = self.counted {
+            d.device.leave_call(d.process);
+        }
+        CALL_DEPTH.with(|d| d.set(d.get() - 1));
     }
 }
 

@@ -123,14 +123,15 @@ pub enum CheckpointError {
 /// A fresh or departing process slot: running, nothing refused, nothing checkpointed.
 pub(crate) fn reset(p: &mut ProcessSlot) {
     p.checkpoint_phase
-        .store(Phase::Running.raw(), Ordering::Release);
+        .store(Phase::Running.raw(), Ordering::SeqCst);
+    p.calls_in_flight.store(0, Ordering::SeqCst);
     p.checkpoint_refusals = 0;
     p.checkpointed = [0; MAX_GPUS];
 }
 
 /// Whether a checkpoint has moved the process off the GPU.
 pub(crate) fn is_checkpointed(p: &ProcessSlot) -> bool {
-    Phase::from_raw(p.checkpoint_phase.load(Ordering::Acquire)) == Phase::Checkpointed
+    Phase::from_raw(p.checkpoint_phase.load(Ordering::SeqCst)) == Phase::Checkpointed
 }
 
 impl Locked<'_> {
@@ -154,7 +155,7 @@ impl Locked<'_> {
         Ok(Phase::from_raw(
             self.state.processes[slot]
                 .checkpoint_phase
-                .load(Ordering::Acquire),
+                .load(Ordering::SeqCst),
         ))
     }
 
@@ -169,7 +170,7 @@ impl Locked<'_> {
     fn set_phase(&mut self, slot: usize, phase: Phase) {
         self.state.processes[slot]
             .checkpoint_phase
-            .store(phase.raw(), Ordering::Release);
+            .store(phase.raw(), Ordering::SeqCst);
     }
 
     /// Marks `p` as holding memory the driver cannot checkpoint (`REFUSE_*` bits).
@@ -263,21 +264,42 @@ impl Locked<'_> {
 }
 
 impl Device {
-    /// Whether `p`'s driver calls must wait now (it is locking, locked or checkpointed). Reads
-    /// the phase without the mutex: every driver call asks.
-    pub fn calls_held(&self, p: ProcessId) -> bool {
+    fn process_atomics(&self, p: ProcessId) -> &ProcessSlot {
         let state = self.region.state_ptr();
-        // SAFETY: the mapping lives as long as `self`; the phase is an atomic, written under
-        // the mutex and meant to be read without it.
-        let phase = unsafe { &(*state).processes[p.slot as usize].checkpoint_phase };
-        Phase::from_raw(phase.load(Ordering::Acquire)).holds_calls()
+        // SAFETY: the mapping lives as long as `self`; only the slot's atomics are used through
+        // this reference (`checkpoint_phase`, `calls_in_flight`), which are meant to be read
+        // and written without the mutex.
+        unsafe { &(*state).processes[p.slot as usize] }
     }
 
-    /// Blocks the calling thread while `p`'s calls are held; its other threads run on.
-    pub fn wait_while_calls_held(&self, p: ProcessId) {
-        while self.calls_held(p) {
+    /// Whether `p`'s driver calls must wait now (it is locking, locked or checkpointed).
+    pub fn calls_held(&self, p: ProcessId) -> bool {
+        let phase = &self.process_atomics(p).checkpoint_phase;
+        Phase::from_raw(phase.load(Ordering::SeqCst)).holds_calls()
+    }
+
+    /// Enters a driver call of `p` (its own): waits while its calls are held (its other
+    /// threads run on), then counts the call in flight until [`Device::leave_call`].
+    ///
+    /// Counting before looking, and the lock setting the phase before counting (both
+    /// sequentially consistent), means a call either sees the lock and waits, or the lock sees
+    /// the call and waits for it to leave.
+    pub fn enter_call(&self, p: ProcessId) {
+        let in_flight = &self.process_atomics(p).calls_in_flight;
+        loop {
+            in_flight.fetch_add(1, Ordering::SeqCst);
+            if !self.calls_held(p) {
+                return;
+            }
+            in_flight.fetch_sub(1, Ordering::SeqCst);
             std::thread::sleep(HELD_CALL_POLL);
         }
+    }
+
+    pub fn leave_call(&self, p: ProcessId) {
+        let in_flight = &self.process_atomics(p).calls_in_flight;
+        // Never below zero: a reset (the slot reaped and taken again) may have cleared it.
+        let _ = in_flight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 
     /// `cuCheckpointProcessGetState`.
@@ -287,8 +309,8 @@ impl Device {
         Ok(locked.checkpoint_phase(p)?.reported())
     }
 
-    /// `cuCheckpointProcessLock`: holds the process's new calls, then waits until the work it
-    /// had submitted has completed on the model's clock. Past `timeout_ms` (0: no limit) it
+    /// `cuCheckpointProcessLock`: holds the process's new calls, then waits until the calls
+    /// under way have left and the work it had submitted has completed on the model's clock. Past `timeout_ms` (0: no limit) it
     /// lets the process run again and fails, leaving it RUNNING.
     pub fn lock_process(&self, pid: u32, timeout_ms: u32) -> Result<(), CheckpointError> {
         let (p, deadline) = {
@@ -301,9 +323,16 @@ impl Device {
         loop {
             let mut locked = self.lock()?;
             let slot = locked.process_slot(p)?;
-            let Some(wake) = locked.pending_work_until(p)? else {
-                locked.set_phase(slot, Phase::Locked);
-                return Ok(());
+            let calls = locked.state.processes[slot]
+                .calls_in_flight
+                .load(Ordering::SeqCst);
+            let wake = match locked.pending_work_until(p)? {
+                None if calls == 0 => {
+                    locked.set_phase(slot, Phase::Locked);
+                    return Ok(());
+                }
+                None => locked.now_ns + HELD_CALL_POLL.as_nanos() as u64,
+                Some(wake) => wake,
             };
             if deadline.is_some_and(|d| locked.now_ns >= d) {
                 locked.set_phase(slot, Phase::Running);
@@ -466,5 +495,25 @@ mod tests {
         assert_eq!(device.restore_process(pid).unwrap(), 1 << 30);
         assert_eq!(device.lock().unwrap().memory_info(0).0, 3 << 30);
         assert_eq!(device.process_state(pid).unwrap(), ProcessState::Locked);
+    }
+
+    #[test]
+    fn a_lock_waits_for_the_calls_under_way_to_leave() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = crate::device::tests::device(dir.path(), &[("SIMGPU_CONTEXT_MEMORY", "0")]);
+        let pid = std::process::id();
+        let p = device.lock().unwrap().attach_process().unwrap();
+        device.enter_call(p);
+        assert!(matches!(
+            device.lock_process(pid, 50),
+            Err(CheckpointError::LockTimeout { timeout_ms: 50 })
+        ));
+        assert_eq!(device.process_state(pid).unwrap(), ProcessState::Running);
+        assert!(!device.calls_held(p), "a failed lock lets the calls go");
+        device.leave_call(p);
+        device.lock_process(pid, 0).unwrap();
+        assert!(device.calls_held(p));
+        device.unlock_process(pid).unwrap();
+        assert!(!device.calls_held(p));
     }
 }

@@ -3,7 +3,8 @@
 //! Everything is `repr(C)` plain data of fixed size, so that processes built separately (the
 //! driver, NVML, a test) agree on it; `LAYOUT_VERSION` changes whenever it does. Fields are only
 //! read or written while holding `SharedState::mutex`, except `magic`, which publishes the
-//! initialised state, and a process's `checkpoint_phase`, which its own driver calls read.
+//! initialised state, and a process's `checkpoint_phase` and `calls_in_flight`, which its own
+//! driver calls read and count on.
 
 use crate::lock::RobustMutex;
 use crate::pidns::PidNamespace;
@@ -111,6 +112,10 @@ pub struct ProcessSlot {
     /// Its `checkpoint::Phase`. Written under the mutex; read without it by the process's own
     /// driver calls, which must not take the mutex merely to learn that they may proceed.
     pub checkpoint_phase: AtomicU32,
+    /// Its driver calls under way (outermost entries only); a lock waits for them to leave,
+    /// as the real driver's lock takes the API locks they hold. Read and written without
+    /// the mutex, like `checkpoint_phase`.
+    pub calls_in_flight: AtomicU32,
     /// `checkpoint::REFUSE_*` bits: what it holds that the driver cannot checkpoint.
     pub checkpoint_refusals: u32,
     /// Device memory moved to the host by a checkpoint, per GPU (no longer on the GPU).

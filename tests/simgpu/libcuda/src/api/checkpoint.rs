@@ -2,7 +2,7 @@
 //! checkpoints, restores and unlocks a CUDA process by pid. The model does the work
 //! (`simgpu_model::checkpoint`); this maps arguments and errors as cuda.h documents them.
 
-use crate::driver::initialised;
+use crate::driver::driver;
 use crate::result::{guard, write_out, CUresult, CudaError};
 use libc::{c_int, c_uint, c_void};
 use simgpu_model::checkpoint::CheckpointError;
@@ -48,7 +48,7 @@ fn cuda_error(e: CheckpointError) -> CudaError {
 }
 
 fn target(pid: c_int) -> Result<u32, CudaError> {
-    initialised()?;
+    driver()?;
     u32::try_from(pid)
         .ok()
         .filter(|&p| p > 0)
@@ -73,10 +73,7 @@ type CuResult = Result<(), CudaError>;
 pub unsafe extern "C" fn cuCheckpointProcessGetState(pid: c_int, state: *mut c_int) -> CUresult {
     guard(|| {
         let pid = target(pid)?;
-        let s = initialised()?
-            .device
-            .process_state(pid)
-            .map_err(cuda_error)?;
+        let s = driver()?.device.process_state(pid).map_err(cuda_error)?;
         // SAFETY: out-parameter per the API contract.
         unsafe { write_out(state, s as c_int) }
     })
@@ -97,7 +94,7 @@ pub unsafe extern "C" fn cuCheckpointProcessLock(
         };
         // SAFETY: as above.
         let timeout_ms = unsafe { args.as_ref() }.map_or(0, |a| a.timeout_ms);
-        initialised()?
+        driver()?
             .device
             .lock_process(pid, timeout_ms)
             .map_err(cuda_error)
@@ -118,7 +115,7 @@ unsafe fn with_reserved_args(
         let pid = target(pid)?;
         // SAFETY: per this function's contract.
         unsafe { zeroed_reserved(args, |a| a.reserved.iter().all(|&r| r == 0))? };
-        op(&initialised()?.device, pid).map_err(cuda_error)
+        op(&driver()?.device, pid).map_err(cuda_error)
     })
 }
 
@@ -148,7 +145,7 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
         if unsafe { args.as_ref() }.is_some_and(|a| a.gpu_pairs_count != 0) {
             return Err(CudaError::NotSupported);
         }
-        initialised()?
+        driver()?
             .device
             .restore_process(pid)
             .map(|_| ())
@@ -174,10 +171,7 @@ pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
 ) -> CUresult {
     guard(|| {
         let pid = target(pid)?;
-        initialised()?
-            .device
-            .process_state(pid)
-            .map_err(cuda_error)?;
+        driver()?.device.process_state(pid).map_err(cuda_error)?;
         // SAFETY: out-parameter per the API contract.
         unsafe { write_out(tid, pid as c_int) }
     })
