@@ -373,6 +373,43 @@ pub fn driver() -> CuResult<&'static Driver> {
     }
 }
 
+thread_local! {
+    /// Exports this thread is inside (one may call another).
+    static CALL_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// One export's run, as the real driver's API locks see it: while another process has this
+/// one locked or checkpointed (`cuCheckpointProcessLock`), an export waits on entry until it
+/// is unlocked; meanwhile it is counted in flight, so that a lock waits for it to leave. Only
+/// the outermost export of a thread counts (an inner one must not wait for a lock that waits
+/// for its caller).
+pub struct ApiCall {
+    counted: Option<&'static Driver>,
+}
+
+impl ApiCall {
+    pub fn enter() -> ApiCall {
+        let outermost = CALL_DEPTH.with(|d| {
+            d.set(d.get() + 1);
+            d.get() == 1
+        });
+        let counted = driver().ok().filter(|_| outermost);
+        if let Some(d) = counted {
+            d.device.enter_call(d.process);
+        }
+        ApiCall { counted }
+    }
+}
+
+impl Drop for ApiCall {
+    fn drop(&mut self) {
+        if let Some(d) = self.counted {
+            d.device.leave_call(d.process);
+        }
+        CALL_DEPTH.with(|d| d.set(d.get() - 1));
+    }
+}
+
 pub fn current_context() -> Option<usize> {
     CONTEXT_STACK.with(|s| s.borrow().last().copied())
 }

@@ -12,7 +12,7 @@ pub mod handles;
 pub mod procaddr;
 pub mod result;
 
-use api::{cig::*, green::*, pool::*, stream::*, vmm::*};
+use api::{checkpoint::*, cig::*, green::*, pool::*, stream::*, vmm::*};
 use api::{
     context::*, copy::*, device::*, entry::*, event::*, graph::*, launch::*, memory::*, module::*,
 };
@@ -191,6 +191,12 @@ exports!(
     cuDeviceGetDevResource,
     cuDevResourceGenerateDesc,
     cuGreenCtxCreate,
+    cuCheckpointProcessGetState,
+    cuCheckpointProcessLock,
+    cuCheckpointProcessCheckpoint,
+    cuCheckpointProcessRestore,
+    cuCheckpointProcessUnlock,
+    cuCheckpointProcessGetRestoreThreadId,
     cuGreenCtxDestroy,
     cuCtxFromGreenCtx,
     cuGreenCtxStreamCreate,

@@ -211,7 +211,9 @@ pub type CuResult<T> = Result<T, CudaError>;
 
 /// Runs an export's body, turning its error into a `CUresult` and a panic into
 /// `CUDA_ERROR_UNKNOWN`: unwinding into C is undefined behaviour (and aborts since Rust 1.81).
+/// It is also the export's run as a checkpoint lock sees it ([`crate::driver::ApiCall`]).
 pub fn guard(body: impl FnOnce() -> CuResult<()>) -> CUresult {
+    let _call = crate::driver::ApiCall::enter();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e.code(),

@@ -37,6 +37,9 @@ pub struct SimConfig {
     pub host_copy_bytes_per_s: u64,
     /// Device-to-device copy bandwidth (device memory).
     pub device_copy_bytes_per_s: u64,
+    /// Bandwidth at which `cuCheckpointProcessCheckpoint` moves a process's device memory to
+    /// the host and `cuCheckpointProcessRestore` moves it back.
+    pub checkpoint_copy_bytes_per_s: u64,
     /// Duration of a kernel whose name encodes none.
     pub default_kernel_ns: u64,
     /// What `cuDriverGetVersion` reports, 1000 * major + 10 * minor.
@@ -50,6 +53,11 @@ pub struct SimConfig {
     /// Earliest a kernel can start on the device after its launch call submitted it.
     pub launch_latency_ns: u64,
 }
+
+/// Checkpoint and restore bandwidth: an estimate until a GPU measures it. The driver copies a
+/// checkpointed process's device memory into host memory it manages, so the copy cannot beat
+/// the host link; 25 GB/s is PCIe 4.0 x16's usable rate (the same as `SIMGPU_PCIE_GBPS`).
+pub const DEFAULT_CHECKPOINT_BYTES_PER_S: u64 = 25_000_000_000;
 
 /// Per-context overhead: PyTorch's maintainers measure "~300MB" of device memory for a CUDA
 /// context with lazy module loading (CUDA >= 11.7), against ">1000MB" when every kernel was
@@ -98,6 +106,7 @@ impl Default for SimConfig {
             switch_ns: 25_000,
             host_copy_bytes_per_s: 25_000_000_000,
             device_copy_bytes_per_s: 900_000_000_000,
+            checkpoint_copy_bytes_per_s: DEFAULT_CHECKPOINT_BYTES_PER_S,
             default_kernel_ns: 10_000,
             cuda_version: 12080,
             context_memory_bytes: DEFAULT_CONTEXT_MEMORY,
@@ -155,6 +164,10 @@ impl SimConfig {
         if let Some(v) = lookup("SIMGPU_DEVICE_GBPS") {
             config.device_copy_bytes_per_s =
                 parse_int("SIMGPU_DEVICE_GBPS", &v, 1, 1_000_000)? * 1_000_000_000;
+        }
+        if let Some(v) = lookup("SIMGPU_CHECKPOINT_GBPS") {
+            config.checkpoint_copy_bytes_per_s =
+                parse_int("SIMGPU_CHECKPOINT_GBPS", &v, 1, 100_000)? * 1_000_000_000;
         }
         if let Some(v) = lookup("SIMGPU_DEFAULT_KERNEL_US") {
             config.default_kernel_ns =

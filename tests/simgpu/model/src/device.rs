@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const REAP_INTERVAL_NS: u64 = 100_000_000;
 /// Longest a waiter sleeps before looking again (new work or a dead neighbour can change the
 /// prediction).
-const MAX_WAIT_SLICE_NS: u64 = 5_000_000;
+pub(crate) const MAX_WAIT_SLICE_NS: u64 = 5_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -138,7 +138,7 @@ pub struct ProcessActivity {
 
 /// This process's view of the shared device.
 pub struct Device {
-    region: Region,
+    pub(crate) region: Region,
     /// The descriptor through which this process holds its own owner byte.
     claim: OwnerLocks,
     /// A second descriptor to ask about others (OFD locks never conflict with their holder).
@@ -273,7 +273,7 @@ fn yield_until(deadline_ns: u64) {
 }
 
 /// Returns at `deadline_ns` (or a little after), or earlier on a signal.
-fn sleep_until(deadline_ns: u64) {
+pub(crate) fn sleep_until(deadline_ns: u64) {
     let wake_ns = deadline_ns.saturating_sub(WAIT_SPIN_NS);
     if now_ns() < wake_ns {
         sleep_with_small_slack(wake_ns);
@@ -340,7 +340,7 @@ impl OpSource for GpuOps<'_> {
 /// The shared state, locked; unlocks on drop.
 pub struct Locked<'a> {
     device: &'a Device,
-    state: &'a mut SharedState,
+    pub(crate) state: &'a mut SharedState,
     /// The clock, read once the lock was held (so it never goes backwards across processes).
     pub now_ns: u64,
 }
@@ -484,7 +484,7 @@ impl Locked<'_> {
         Ok(c)
     }
 
-    fn process_slot(&self, p: ProcessId) -> Result<usize, DeviceError> {
+    pub(crate) fn process_slot(&self, p: ProcessId) -> Result<usize, DeviceError> {
         let slot = self
             .state
             .processes
@@ -522,6 +522,7 @@ impl Locked<'_> {
             p.ns = ns;
             p.generation = generation;
             p.memory = [0; crate::shared::MAX_GPUS];
+            crate::checkpoint::reset(p);
             return Ok(ProcessId {
                 slot: slot as u32,
                 generation,
@@ -592,6 +593,9 @@ impl Locked<'_> {
             *used = used.saturating_sub(*bytes);
             *bytes = 0;
         }
+        // Memory a checkpoint moved to the host is no longer counted on the GPU: it goes
+        // with the process without touching the GPU's use.
+        crate::checkpoint::reset(p);
         p.state = SLOT_FREE;
     }
 
@@ -724,6 +728,8 @@ impl Locked<'_> {
         a.bytes = bytes;
         a.refs = [0; MAX_PROCESSES];
         a.refs[process] = 1;
+        // The driver cannot checkpoint a process that shares memory with others.
+        self.state.processes[process].checkpoint_refusals |= crate::checkpoint::REFUSE_IPC;
         Ok(SharedAllocId {
             slot: slot as u32,
             generation,
@@ -752,7 +758,9 @@ impl Locked<'_> {
         let a = self.shared_alloc(id)?;
         let a = &mut self.state.shared_allocs[a];
         a.refs[process] += 1;
-        Ok((a.gpu, a.bytes))
+        let (gpu, bytes) = (a.gpu, a.bytes);
+        self.state.processes[process].checkpoint_refusals |= crate::checkpoint::REFUSE_IPC;
+        Ok((gpu, bytes))
     }
 
     /// Drops a reference of `p`; the last one gives the bytes back to the exporter's charge.
@@ -1099,7 +1107,11 @@ impl Locked<'_> {
                     .filter(|c| c.process_slot == p as u32)
                     .count() as u32,
             })
-            .filter(|u| u.memory_bytes > 0 || u.contexts > 0)
+            // A checkpointed process has released every GPU resource: NVML lists it no more.
+            .filter(|u| {
+                (u.memory_bytes > 0 || u.contexts > 0)
+                    && !crate::checkpoint::is_checkpointed(&s.processes[u.slot as usize])
+            })
             .collect();
         Ok(GpuSnapshot {
             index: gpu,
@@ -1117,12 +1129,12 @@ impl Locked<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A private device; nothing reserved unless `extra` says so, so the byte counts below
     /// are the allocations' own.
-    fn device(dir: &std::path::Path, extra: &[(&str, &str)]) -> Device {
+    pub(crate) fn device(dir: &std::path::Path, extra: &[(&str, &str)]) -> Device {
         let mut vars: Vec<(String, String)> = extra
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

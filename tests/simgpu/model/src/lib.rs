@@ -5,6 +5,7 @@
 //! pure time-slicing rules of [`timeslice`], so completion times are exact and nothing depends on
 //! a thread waking up on time. Everything measured on it is *simulated*.
 
+pub mod checkpoint;
 pub mod clock;
 pub mod config;
 pub mod device;

@@ -3,7 +3,8 @@
 //! Everything is `repr(C)` plain data of fixed size, so that processes built separately (the
 //! driver, NVML, a test) agree on it; `LAYOUT_VERSION` changes whenever it does. Fields are only
 //! read or written while holding `SharedState::mutex`, except `magic`, which publishes the
-//! initialised state.
+//! initialised state, and a process's `checkpoint_phase` and `calls_in_flight`, which its own
+//! driver calls read and count on.
 
 use crate::lock::RobustMutex;
 use crate::pidns::PidNamespace;
@@ -14,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const MAX_GPUS: usize = 16;
 pub const MAX_PROCESSES: usize = 64;
@@ -29,7 +30,7 @@ pub const UTIL_BUCKETS: usize = 32;
 pub const UTIL_BUCKET_NS: u64 = 100_000_000;
 
 const MAGIC: u64 = 0x5349_4d47_5055_5354; // "SIMGPUST"
-pub const LAYOUT_VERSION: u64 = 4;
+pub const LAYOUT_VERSION: u64 = 5;
 
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_LIVE: u32 = 1;
@@ -66,6 +67,7 @@ pub struct StoredConfig {
     pub switch_ns: u64,
     pub host_copy_bytes_per_s: u64,
     pub device_copy_bytes_per_s: u64,
+    pub checkpoint_copy_bytes_per_s: u64,
     pub default_kernel_ns: u64,
     pub cuda_version: i64,
     pub context_memory_bytes: u64,
@@ -107,6 +109,17 @@ pub struct ProcessSlot {
     pub generation: u64,
     /// Device memory this process holds, per GPU.
     pub memory: [u64; MAX_GPUS],
+    /// Its `checkpoint::Phase`. Written under the mutex; read without it by the process's own
+    /// driver calls, which must not take the mutex merely to learn that they may proceed.
+    pub checkpoint_phase: AtomicU32,
+    /// Its driver calls under way (outermost entries only); a lock waits for them to leave,
+    /// as the real driver's lock takes the API locks they hold. Read and written without
+    /// the mutex, like `checkpoint_phase`.
+    pub calls_in_flight: AtomicU32,
+    /// `checkpoint::REFUSE_*` bits: what it holds that the driver cannot checkpoint.
+    pub checkpoint_refusals: u32,
+    /// Device memory moved to the host by a checkpoint, per GPU (no longer on the GPU).
+    pub checkpointed: [u64; MAX_GPUS],
 }
 
 #[repr(C)]
@@ -318,6 +331,7 @@ unsafe fn initialise(
             switch_ns: config.switch_ns,
             host_copy_bytes_per_s: config.host_copy_bytes_per_s,
             device_copy_bytes_per_s: config.device_copy_bytes_per_s,
+            checkpoint_copy_bytes_per_s: config.checkpoint_copy_bytes_per_s,
             default_kernel_ns: config.default_kernel_ns,
             cuda_version: config.cuda_version as i64,
             context_memory_bytes: config.context_memory_bytes,

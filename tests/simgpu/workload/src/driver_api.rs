@@ -40,6 +40,7 @@ pub struct Driver {
     pub module_load_data: unsafe extern "C" fn(*mut usize, *const c_void) -> CuResult,
     pub module_get_function: unsafe extern "C" fn(*mut usize, usize, *const c_char) -> CuResult,
     pub mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
+    pub mem_alloc_managed: unsafe extern "C" fn(*mut u64, usize, c_uint) -> CuResult,
     pub mem_free: unsafe extern "C" fn(u64) -> CuResult,
     pub launch_kernel: unsafe extern "C" fn(
         usize,
@@ -142,6 +143,7 @@ impl Driver {
             module_load_data: entry!("cuModuleLoadData"),
             module_get_function: entry!("cuModuleGetFunction"),
             mem_alloc: entry!("cuMemAlloc"),
+            mem_alloc_managed: entry!("cuMemAllocManaged"),
             mem_free: entry!("cuMemFree"),
             launch_kernel: entry!("cuLaunchKernel"),
             stream_synchronize: entry!("cuStreamSynchronize"),

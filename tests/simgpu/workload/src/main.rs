@@ -161,8 +161,13 @@ fn run(o: &Options) -> (serde_json::Value, bool) {
         }
         let mut ptr = 0u64;
         report.alloc_requested += bytes;
-        // SAFETY: see above.
-        let code = unsafe { (d.mem_alloc)(&mut ptr, bytes as usize) };
+        let code = if o.managed {
+            // SAFETY: see above; CU_MEM_ATTACH_GLOBAL.
+            unsafe { (d.mem_alloc_managed)(&mut ptr, bytes as usize, 1) }
+        } else {
+            // SAFETY: see above.
+            unsafe { (d.mem_alloc)(&mut ptr, bytes as usize) }
+        };
         if code == 0 {
             report.alloc_ok += 1;
             allocations.push(ptr);

@@ -38,6 +38,8 @@ pub struct Options {
     pub device: i32,
     pub memory: u64,
     pub memory_growth: u64,
+    /// Allocate managed (unified) memory (`cuMemAllocManaged`) rather than device memory.
+    pub managed: bool,
     pub kernels: u32,
     pub distribution: Distribution,
     pub gap_ns: u64,
@@ -69,7 +71,7 @@ pub struct Options {
     pub then_kernel: Option<(u64, Distribution)>,
 }
 
-pub const USAGE: &str = "simgpu-workload [--device N] [--memory BYTES] [--memory-growth BYTES] \
+pub const USAGE: &str = "simgpu-workload [--device N] [--memory BYTES] [--memory-growth BYTES] [--managed] \
 [--kernels N] [--kernel DIST] [--gap DURATION] [--sync context|stream|event] \
 [--iterations N | --duration DURATION] [--launch-ahead N] [--pipeline N] [--ptds] [--seed N] \
 [--start-barrier FILE] [--report-start] [--requests-per-s R] [--graph] [--then-kernel AFTER:DIST]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
@@ -148,6 +150,7 @@ impl Options {
             device: 0,
             memory: 0,
             memory_growth: 0,
+            managed: false,
             kernels: 10,
             distribution: Distribution::Fixed(1_000_000),
             gap_ns: 0,
@@ -177,6 +180,10 @@ impl Options {
                 }
                 "--graph" => {
                     o.graph = true;
+                    continue;
+                }
+                "--managed" => {
+                    o.managed = true;
                     continue;
                 }
                 _ => {}
@@ -269,8 +276,10 @@ mod tests {
     #[test]
     fn parses_every_option() {
         let o = parse("--device 1 --memory 2Gi --memory-growth 1Mi --kernels 4 --kernel lognormal:1ms:0.5 \
-                       --gap 200us --sync event --duration 2s --launch-ahead 8 --pipeline 2 --ptds --seed 7 --report-start")
+                       --gap 200us --sync event --duration 2s --launch-ahead 8 --pipeline 2 --ptds --seed 7 --report-start \
+                       --managed")
         .unwrap();
+        assert!(o.managed);
         assert_eq!(
             (o.device, o.memory, o.memory_growth, o.kernels),
             (1, 2 << 30, 1 << 20, 4)

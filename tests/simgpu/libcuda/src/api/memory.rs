@@ -65,7 +65,12 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         if flags != MEM_ATTACH_GLOBAL && flags != MEM_ATTACH_HOST {
             return Err(CudaError::InvalidValue);
         }
-        allocate_current(dptr, size, AllocKind::Managed)
+        allocate_current(dptr, size, AllocKind::Managed)?;
+        // The driver cannot checkpoint a process that holds managed memory.
+        let d = driver()?;
+        Ok(d.device
+            .lock()?
+            .refuse_checkpoint(d.process, simgpu_model::checkpoint::REFUSE_MANAGED)?)
     })
 }
 

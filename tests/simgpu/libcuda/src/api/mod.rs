@@ -5,6 +5,7 @@
 //! the safety documentation of these `unsafe fn`s.
 #![allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
 
+pub mod checkpoint;
 pub mod cig;
 pub mod context;
 pub mod copy;
