@@ -217,9 +217,12 @@ fn the_image_installs_onto_a_node_tree_undoes_byte_for_byte_and_runs_the_arbiter
     )
     .unwrap();
     let machine = SimMachine::new("/simgpu-state", 1, "16Gi");
+    // Privileged, as the DaemonSet runs it: the arbiter checks at start that it holds
+    // CAP_SYS_PTRACE and CAP_KILL, which a default container's set lacks (the first).
     let mut run = vec![
         "run".to_owned(),
         "-d".to_owned(),
+        "--privileged".to_owned(),
         "--mount".to_owned(),
         bind(&node.join("simgpu"), "/simgpu", "ro"),
         "--mount".to_owned(),
