@@ -15,9 +15,9 @@
 //! - `off_lock`: the batch search on the blocking pool, its outcome applied under
 //!   the lock after a check (the shipped behaviour).
 //!
-//! Reports each mode's latency of the charges started while the fillers were being
-//! released (each release an admission pass over the queue; median, p99, max over
-//! every round), the searches run, and the p99 ratios against `no_search`. Asserts
+//! Reports each mode's latency of the charges due from the fillers' release until
+//! 30 ms after the last (each release an admission pass over the queue, and the
+//! placements that follow; median, p99, max over every round), the searches run, and the p99 ratios against `no_search`. Asserts
 //! nothing.
 //! `GPUSHARE_BENCH_RESULTS=dir` writes `dir/charge_during_search.json`;
 //! `GPUSHARE_BENCH_CYCLES` sets the cycles per round (default 40).
@@ -189,8 +189,9 @@ async fn round(mode: Mode, cycles: usize) -> (Vec<f64>, u64) {
     };
 
     let mut sizes = Lcg(7);
-    // When the fillers were being released: every release an admission pass over
-    // the 64 waiters, so a search each (or one coalesced, off the lock).
+    // From the fillers' release until the placements that follow are made: every
+    // release an admission pass over the 64 waiters, so a search each (or one
+    // coalesced, off the lock).
     let mut windows = Vec::new();
     for cycle in 0..cycles {
         let mut fillers = Vec::new();
@@ -236,9 +237,10 @@ async fn round(mode: Mode, cycles: usize) -> (Vec<f64>, u64) {
         for filler in &fillers {
             handle.release(filler).await.unwrap();
         }
-        windows.push(releasing..Instant::now());
-        // Let the last passes' searches finish and their plans be applied.
+        // Let the last passes' searches finish and their plans be applied: the window
+        // covers the placements too, which each mode makes (one at a time or planned).
         tokio::time::sleep(Duration::from_millis(30)).await;
+        windows.push(releasing..Instant::now());
         for (withdraw, task) in waiters {
             let _ = withdraw.send(());
             if let Some(lease) = task.await.unwrap() {
