@@ -24,6 +24,7 @@ pub mod peer_clock;
 pub mod placement;
 pub mod process;
 pub mod queue;
+pub mod reclaim;
 pub mod reconcile;
 pub mod rhythm;
 pub mod server;
