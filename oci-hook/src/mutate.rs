@@ -252,7 +252,7 @@ pub fn apply_void(spec: &mut Spec) -> Result<(), SpecError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use gpushare_proto::{Fraction, LeaseId, LeaseState, Priority};
     use serde_json::{json, Value};

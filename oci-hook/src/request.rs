@@ -1240,23 +1240,7 @@ mod tests {
     #[test]
     fn gpushares_own_variables_are_never_refused() {
         use gpushare_config::{ArbiterConfig, RuntimeConfig};
-        use gpushare_proto::{Lease, LeaseId, LeaseState};
-        let lease = Lease {
-            id: LeaseId("00000000000000ab".into()),
-            container_id: "c1".into(),
-            namespace: None,
-            sandbox_id: None,
-            gpus: vec!["GPU-51a6d0e0-0000-4000-8000-000000000000".into()],
-            priority: Priority::High,
-            memory_bytes: 1 << 30,
-            compute_request: Fraction::ZERO,
-            compute_limit: Fraction::ONE,
-            tenant: None,
-            state: LeaseState::Reserved,
-            pid: None,
-            created_unix_ms: 0,
-            pod: None,
-        };
+        let lease = crate::mutate::tests::lease();
         let paths = crate::mutate::HostPaths::new(
             &RuntimeConfig::default(),
             &ArbiterConfig::default(),
