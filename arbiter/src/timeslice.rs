@@ -70,6 +70,16 @@
 //!   so the grace cannot see a blind 200 ms kernel or work admitted against a clock
 //!   of its own, but the window's end can.
 //! * Leave (death, disconnect) loses the token at once; it passes on in the same step.
+//! * Suspension (memory reclaim: the lease's processes are about to be locked and
+//!   checkpointed by the driver): a client of the lease that holds the token, or
+//!   drains after a revocation, is revoked and no longer waited for in the same step —
+//!   a locked process launches nothing, and its release may come only once it is
+//!   restored. Its holding interval ends there, so the suspension costs it no usage
+//!   and no credit; it is never overdue, never an overrun, never penalised for it, and
+//!   a release it sends while suspended ends nothing more. No client of the lease is
+//!   granted until it is resumed; their wants stay queued and are served by the
+//!   ordinary rules after (a high-priority one at once). The suspension belongs to the
+//!   lease: a client joining it meanwhile is suspended too.
 //! * `round-robin` (a baseline): no priority, FIFO order of wanting, fixed `slice`,
 //!   no launch-ahead bound, no limits.
 
@@ -131,6 +141,9 @@ pub struct TokenPolicy {
     overruns: u64,
     /// Until when each lease that overran gets no grant while a high client is active.
     penalties: BTreeMap<LeaseKey, u64>,
+    /// Leases whose processes are suspended (locked or checkpointed by the driver):
+    /// none of their clients is granted. Only leases with a client here are kept.
+    suspended: BTreeSet<LeaseKey>,
     /// The latest instant an event was handled at (`next_wakeup` has no clock).
     last_now: u64,
 }
@@ -169,6 +182,7 @@ impl TokenPolicy {
             early_returns: 0,
             overruns: 0,
             penalties: BTreeMap::new(),
+            suspended: BTreeSet::new(),
             last_now: 0,
         }
     }
@@ -195,7 +209,7 @@ impl TokenPolicy {
         let needs_window = self
             .clients
             .iter()
-            .any(|(&id, c)| c.wanting && c.need_ns > 0 && !self.holds(id));
+            .any(|(&id, c)| self.waits_for_window(id, c));
         let windowed = self
             .holder
             .is_some_and(|h| self.clients[&h.client].page_fit_by != FIT_UNBOUNDED);
@@ -248,11 +262,12 @@ impl TokenPolicy {
             needs: self
                 .clients
                 .iter()
-                .filter(|(&id, c)| c.wanting && c.need_ns > 0 && !self.holds(id))
+                .filter(|(&id, c)| self.waits_for_window(id, c))
                 .map(|(&id, c)| (id, c.need_ns))
                 .collect(),
             overruns: self.overruns,
             penalized: self.penalties.keys().copied().collect(),
+            suspended: self.suspended.iter().copied().collect(),
         }
     }
 
@@ -278,6 +293,8 @@ impl TokenPolicy {
             Event::Bypassed { lease } => {
                 penalize(&mut self.penalties, &self.settings, lease, now);
             }
+            Event::Suspend { lease } => self.suspend(now, lease, &mut actions),
+            Event::Resume { lease } => self.resume(now, lease, &mut actions),
             Event::Tick => {}
         }
         self.dispatch(now, &mut actions);
@@ -286,6 +303,16 @@ impl TokenPolicy {
 
     fn holds(&self, client: ClientId) -> bool {
         self.high_holders.contains(&client) || self.holder.is_some_and(|h| h.client == client)
+    }
+
+    fn is_suspended(&self, client: &Client) -> bool {
+        self.suspended.contains(&client.lease)
+    }
+
+    /// A waiter whose next launch fits no window now (a suspended one waits for its
+    /// resumption, not for a window).
+    fn waits_for_window(&self, id: ClientId, client: &Client) -> bool {
+        client.wanting && client.need_ns > 0 && !self.holds(id) && !self.is_suspended(client)
     }
 
     /// Under `priority`, high-priority clients bypass the queue.
@@ -397,6 +424,12 @@ impl TokenPolicy {
         let Some(client) = self.clients.get(&id) else {
             return;
         };
+        if self.is_suspended(client) {
+            // Remembered for its resumption; a locked process is no activity of the
+            // high job's.
+            self.queue(id);
+            return;
+        }
         let preemptive = self.is_preemptive(client);
         if let Some(client) = self.clients.get_mut(&id) {
             client.last_active = Some(now);
@@ -433,12 +466,83 @@ impl TokenPolicy {
             });
             return;
         }
+        self.queue(id);
+    }
+
+    /// `id` waits for the token, in the order of its first `Want` since it last held.
+    fn queue(&mut self, id: ClientId) {
         let queued = self.next_queued;
-        let client = self.clients.get_mut(&id).expect("checked above");
+        let Some(client) = self.clients.get_mut(&id) else {
+            return;
+        };
         if !client.wanting {
             client.wanting = true;
             client.queued = queued;
             self.next_queued += 1;
+        }
+    }
+
+    /// Revokes every client of `lease` that holds or drains, without waiting for any,
+    /// and grants none of them until `resume`.
+    fn suspend(&mut self, now: u64, lease: LeaseKey, actions: &mut Vec<Action>) {
+        let members: Vec<ClientId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.lease == lease)
+            .map(|(&id, _)| id)
+            .collect();
+        // A lease with no client here has nothing to suspend; the I/O layer suspends
+        // the clients that join it later.
+        if members.is_empty() || !self.suspended.insert(lease) {
+            return;
+        }
+        let window = self.settings.window;
+        for id in members {
+            let was_holder = self.holder.is_some_and(|h| h.client == id);
+            if was_holder {
+                self.holder = None;
+            }
+            let was_high_holder = self.high_holders.remove(&id);
+            let client = self.clients.get_mut(&id).expect("listed above");
+            // Its hold (or its drain after an earlier revocation) ends here: what the
+            // GPU still finishes of it before the driver's lock is not worth a
+            // penalty, and the time it is suspended is not GPU time it used.
+            client.settle_credit(now);
+            if let Some(since) = client.held_since.take() {
+                client.history.push_back((since, now));
+                client.forget_before(now.saturating_sub(window));
+            }
+            client.revoked_at = None;
+            client.overdue = false;
+            client.drain_overran = false;
+            if was_high_holder {
+                client.last_active = Some(now);
+            }
+            if was_holder || was_high_holder {
+                self.revocations += 1;
+                actions.push(Action::Revoke { client: id });
+            }
+            if was_high_holder && self.high_holders.is_empty() {
+                self.rhythm.released(now);
+                self.window = None;
+            }
+        }
+    }
+
+    fn resume(&mut self, now: u64, lease: LeaseKey, actions: &mut Vec<Action>) {
+        if !self.suspended.remove(&lease) {
+            return;
+        }
+        // High-priority waiters never wait: granted at once, as if they wanted now.
+        // Low ones take their turn in the dispatch that follows.
+        let high_waiters: Vec<ClientId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.lease == lease && c.wanting && self.is_preemptive(c))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in high_waiters {
+            self.want(now, id, actions);
         }
     }
 
@@ -505,7 +609,9 @@ impl TokenPolicy {
                 client.burst = 0.5 * client.burst + 0.5 * (now - since) as f64;
             }
         }
-        client.last_active = Some(now);
+        if !self.suspended.contains(&client.lease) {
+            client.last_active = Some(now);
+        }
         if client.overdue {
             client.overdue = false;
             actions.push(Action::Recovered {
@@ -535,7 +641,13 @@ impl TokenPolicy {
         if self.holder.is_some_and(|h| h.client == id) {
             self.holder = None;
         }
-        self.clients.remove(&id);
+        if let Some(gone) = self.clients.remove(&id) {
+            if !self.clients.values().any(|c| c.lease == gone.lease) {
+                // Kept only while the lease has a client here (the I/O layer keeps the
+                // lease's suspension for clients joining later).
+                self.suspended.remove(&gone.lease);
+            }
+        }
         if !self.clients.values().any(|c| c.priority == Priority::High) {
             self.rhythm.forget();
             self.window = None;
@@ -586,6 +698,7 @@ impl TokenPolicy {
                 && !self.is_preemptive(c)
                 && self.need_fits(now, c)
                 && !self.penalized(now, c)
+                && !self.is_suspended(c)
                 && (self.settings.round_robin
                     || c.budget(now).is_none_or(|b| b >= self.settings.min_slice));
             ok.then_some((id, c))
@@ -749,6 +862,7 @@ impl TokenPolicy {
             self.clients
                 .values()
                 .filter(|c| c.wanting && c.revoked_at.is_none() && !self.is_preemptive(c))
+                .filter(|c| !self.is_suspended(c))
                 .filter_map(|c| self.budget_returns_at(now, c))
                 .min()
         } else {
@@ -778,6 +892,7 @@ impl TokenPolicy {
         self.clients
             .iter()
             .filter(|(&id, c)| c.wanting && !self.holds(id) && self.penalized(now, c))
+            .filter(|(_, c)| !self.is_suspended(c))
             .filter_map(|(_, c)| {
                 let until = self.penalties.get(&c.lease).copied()?;
                 Some(

@@ -42,6 +42,17 @@ pub enum Event {
     Bypassed {
         lease: LeaseKey,
     },
+    /// The lease's processes are about to be locked by the driver (memory reclaim):
+    /// a client of it holding the token is revoked at once and not waited for, and
+    /// none of its clients is granted until `Resume`. Their wants stay queued. A
+    /// lease with no client here, or already suspended, is left as it is.
+    Suspend {
+        lease: LeaseKey,
+    },
+    /// The lease's processes run again: its clients are scheduled as usual.
+    Resume {
+        lease: LeaseKey,
+    },
     /// The time given by `next_wakeup` has come.
     Tick,
 }
@@ -116,4 +127,6 @@ pub struct PolicySnapshot {
     pub overruns: u64,
     /// Leases whose overrun penalty runs now.
     pub penalized: Vec<LeaseKey>,
+    /// Leases suspended now (none of their clients is granted).
+    pub suspended: Vec<LeaseKey>,
 }

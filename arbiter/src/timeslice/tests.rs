@@ -1,6 +1,7 @@
 use super::*;
 use Action::*;
 
+mod suspend;
 mod windows;
 
 const LOW: Priority = Priority::Low;
@@ -17,10 +18,23 @@ fn config() -> SchedulerConfig {
     }
 }
 
+/// The `round-robin` baseline, with the rules of [`config`] otherwise.
+fn round_robin() -> SchedulerConfig {
+    SchedulerConfig {
+        policy: SchedulingPolicy::RoundRobin,
+        ..config()
+    }
+}
+
+/// Client `client`, the only one of its lease (numbered the same).
 fn join(client: ClientId, priority: Priority) -> Event {
+    join_lease(client, client, priority)
+}
+
+fn join_lease(client: ClientId, lease: LeaseKey, priority: Priority) -> Event {
     Event::Join {
         client,
-        lease: client,
+        lease,
         priority,
         request: 0.0,
         limit: 1.0,
@@ -479,9 +493,8 @@ fn equal_bounds_or_round_robin_never_retune() {
     );
     assert_eq!(policy.next_wakeup(), Some(202 * MS), "the slice only");
     let round_robin = SchedulerConfig {
-        policy: SchedulingPolicy::RoundRobin,
         launch_ahead: 4,
-        ..config()
+        ..round_robin()
     };
     let policy = run_table(
         round_robin,
@@ -497,12 +510,8 @@ fn equal_bounds_or_round_robin_never_retune() {
 
 #[test]
 fn round_robin_is_fifo_with_a_fixed_slice_and_no_priority() {
-    let config = SchedulerConfig {
-        policy: SchedulingPolicy::RoundRobin,
-        ..config()
-    };
     run_table(
-        config,
+        round_robin(),
         &[
             (0, join(1, LOW), &[]),
             (0, join(2, HIGH), &[]),
