@@ -10,6 +10,16 @@ impl GpuToken {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The per-GPU key (account) of `lease` while it lives, if a client of it ever
+    /// joined this GPU.
+    pub(super) fn account_of(&self, lease: &LeaseId) -> Option<u64> {
+        self.lock()
+            .accounts
+            .iter()
+            .find(|(_, a)| &a.lease == lease && !a.closed)
+            .map(|(&id, _)| id)
+    }
+
     /// One policy step and its page changes. Wakes happen after the lock is dropped,
     /// so the woken client's first frame does not find the lock still held.
     pub(super) fn handle(&self, event: Event) {
@@ -47,6 +57,13 @@ impl GpuToken {
                     registered.overrun_from = Some(from);
                 }
                 state.end_hold(client, now);
+                state.end_suspended_drain(client, now);
+            }
+            match event {
+                Event::Suspend { lease } => state.suspend_holds(lease, now),
+                // Before this step's grants, which start new holds.
+                Event::Resume { lease } => state.resume_drains(lease, now),
+                _ => {}
             }
             for action in &actions {
                 self.apply(&mut state, action, &mut wakes);

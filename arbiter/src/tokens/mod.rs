@@ -101,12 +101,21 @@ struct Registered {
     overrun_from: Option<u64>,
     /// The parts of its ended holds that were overruns (ns).
     overran_ns: u64,
+    /// Its lease was suspended while it held or drained: its hold ended there (the
+    /// timeline and its lease's GPU time stop at the suspension), but until it
+    /// releases, or the lease is resumed, the GPU may still be finishing what it
+    /// queued before the driver's lock — token time for the watchdog and the bypass
+    /// check, as any drain after a revocation is.
+    suspended_drain_since: Option<u64>,
 }
 
 impl Registered {
     /// Its token time up to `now`: an open hold counts until it overran, if it did.
     fn held_ns_at(&self, now: u64) -> u64 {
         self.held_ns
+            + self
+                .suspended_drain_since
+                .map_or(0, |since| now.saturating_sub(since))
             + self.held_since.map_or(0, |since| {
                 let until = self
                     .overrun_from
@@ -208,6 +217,47 @@ impl GpuState {
         });
     }
 
+    /// `account`'s lease was suspended at `now`: the holds of its clients end there,
+    /// their drains (if any) go on as token time for the watchdog only.
+    fn suspend_holds(&mut self, account: u64, now: u64) {
+        let holding: Vec<ClientId> = self
+            .clients
+            .iter()
+            .filter(|(_, r)| r.account == account && r.held_since.is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        for client in holding {
+            self.end_hold(client, now);
+            if let Some(registered) = self.clients.get_mut(&client) {
+                registered.suspended_drain_since = Some(now);
+            }
+        }
+    }
+
+    /// `account`'s lease was resumed at `now`: whatever its clients still drained
+    /// from before their suspension is done.
+    fn resume_drains(&mut self, account: u64, now: u64) {
+        let members: Vec<ClientId> = self
+            .clients
+            .iter()
+            .filter(|(_, r)| r.account == account)
+            .map(|(&id, _)| id)
+            .collect();
+        for client in members {
+            self.end_suspended_drain(client, now);
+        }
+    }
+
+    /// What `client` had queued before its suspension is done (it released, or its
+    /// lease was resumed): that drain is counted as its token time.
+    fn end_suspended_drain(&mut self, client: ClientId, now: u64) {
+        if let Some(registered) = self.clients.get_mut(&client) {
+            if let Some(since) = registered.suspended_drain_since.take() {
+                registered.held_ns += now.saturating_sub(since);
+            }
+        }
+    }
+
     /// Forgets ended leases the timeline no longer shows (on a join: rare, and the
     /// only time an account is added).
     fn prune_accounts(&mut self) {
@@ -241,6 +291,14 @@ pub struct TokenService {
     overruns: Arc<OverrunLog>,
     /// Every lease-socket connection's place, token connections included.
     budget: Arc<ConnectionBudget>,
+    /// Leases suspended now (memory reclaim), kept here rather than in the GPUs'
+    /// policies so that a client joining one later, on any GPU, is suspended too.
+    suspended: Mutex<BTreeSet<LeaseId>>,
+    /// Held while a suspension, a resumption or a joining client's suspension is
+    /// applied to the policies, so that a resumption cannot come between a joining
+    /// client's check of `suspended` and its suspension. Never taken under
+    /// `suspended`, which is only ever held for a moment.
+    suspension_steps: Mutex<()>,
 }
 
 /// Names a lease for people (its container's display name); None: the lease is gone.
@@ -351,6 +409,8 @@ impl TokenService {
             namer: OnceLock::new(),
             overruns: Arc::new(OverrunLog::default()),
             budget,
+            suspended: Mutex::new(BTreeSet::new()),
+            suspension_steps: Mutex::new(()),
         })
     }
 
@@ -425,13 +485,7 @@ impl TokenService {
     pub fn report_bypass(&self, gpu: &str, lease: &LeaseId, pid: u32) {
         let token = self.all_gpus().into_iter().find(|g| g.gpu == gpu);
         if let Some(token) = token {
-            let account = token
-                .lock()
-                .accounts
-                .iter()
-                .find(|(_, a)| a.lease == *lease && !a.closed)
-                .map(|(&id, _)| id);
-            if let Some(account) = account {
+            if let Some(account) = token.account_of(lease) {
                 token.handle(Event::Bypassed { lease: account });
             }
         }
@@ -725,6 +779,7 @@ impl TokenService {
                 account,
                 overrun_from: None,
                 overran_ns: 0,
+                suspended_drain_since: None,
             },
         );
         drop(state);
@@ -735,6 +790,12 @@ impl TokenService {
             request: lease.request,
             limit: lease.limit,
         });
+        {
+            let _steps = self.lock_suspension_steps();
+            if self.is_suspended(&lease.lease) {
+                gpu.handle(Event::Suspend { lease: account });
+            }
+        }
         tracing::info!(gpu = %lease.gpu, lease = %lease.lease, ?pid, priority = ?lease.priority, "token client joined");
         gpu.io.hand_over(Arriving {
             client,
@@ -743,11 +804,66 @@ impl TokenService {
         Ok(())
     }
 
+    /// The lease's processes are about to be locked by the driver (memory reclaim):
+    /// from now on no client of it is granted the token on any GPU, and one holding it
+    /// is revoked at once (its page says so) and not waited for. They are never
+    /// overdue, overrun or penalised for the time suspended; their wants are kept.
+    /// Clients joining the lease later are suspended too. Suspending a lease already
+    /// suspended, or one without token clients, changes nothing more.
+    ///
+    /// Not to be called under the arbiter's lock: a policy step may report an
+    /// overrun, which takes it.
+    pub fn suspend_lease(&self, lease: &LeaseId) {
+        let _steps = self.lock_suspension_steps();
+        self.lock_suspended().insert(lease.clone());
+        self.step_lease(lease, |account| Event::Suspend { lease: account });
+    }
+
+    /// The lease's processes run again: its clients take their turn as usual. A
+    /// lease not suspended is left as it is. Not under the arbiter's lock either.
+    pub fn resume_lease(&self, lease: &LeaseId) {
+        let _steps = self.lock_suspension_steps();
+        if self.lock_suspended().remove(lease) {
+            self.step_lease(lease, |account| Event::Resume { lease: account });
+        }
+    }
+
+    /// The leases suspended now, sorted.
+    pub fn suspended_leases(&self) -> Vec<LeaseId> {
+        self.lock_suspended().iter().cloned().collect()
+    }
+
+    fn is_suspended(&self, lease: &LeaseId) -> bool {
+        self.lock_suspended().contains(lease)
+    }
+
+    fn lock_suspended(&self) -> MutexGuard<'_, BTreeSet<LeaseId>> {
+        self.suspended.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_suspension_steps(&self) -> MutexGuard<'_, ()> {
+        self.suspension_steps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One policy step on every GPU where `lease` has an account (its per-GPU key).
+    fn step_lease(&self, lease: &LeaseId, event: impl Fn(u64) -> Event) {
+        for gpu in self.all_gpus() {
+            if let Some(account) = gpu.account_of(lease) {
+                gpu.handle(event(account));
+            }
+        }
+    }
+
     /// The lease ended: its clients are flagged cut off (the only cut-off there is:
     /// nobody is cut off for a slow drain) and their connections closed, which loses
     /// their tokens. Not counted: the processes of an ended lease are normally gone or
     /// going, their EOF merely not seen yet.
     pub fn close_lease(&self, lease: &LeaseId) {
+        // Its clients stay suspended in the policies until their connections close
+        // (none of them is granted meanwhile); the lease's suspension ends with it.
+        self.lock_suspended().remove(lease);
         let gpus = self.all_gpus();
         for gpu in gpus {
             let mut state = gpu.lock();

@@ -96,13 +96,15 @@ pub(super) fn maybe_inject_panic(event: &Event) {
 }
 
 /// A token client of `service` on `lease`, through a lease socket's opening (as
-/// `lease_connection` serves it) on a socket in `dir`.
+/// `lease_connection` serves it) on a socket in `dir` (one per client).
 fn token_client(
     service: &Arc<TokenService>,
     dir: &std::path::Path,
     lease: &str,
 ) -> gpushare_proto::token_client::TokenConnection {
-    let path = dir.join(format!("{lease}.sock"));
+    static SOCKETS: AtomicU64 = AtomicU64::new(0);
+    let socket = SOCKETS.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("{lease}-{socket}.sock"));
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     let served = service.clone();
     let lease = TokenLease {
@@ -247,4 +249,122 @@ fn frames_split_across_reads_or_sharing_one_are_each_read_once() {
         pump(&mut connection),
         (_, Err(TokenError::Frame(FrameError::Closed)))
     ));
+}
+
+fn held(c: &gpushare_proto::token_client::TokenConnection) -> bool {
+    c.page().deadline_ns.load(Ordering::Acquire) != NOT_HELD
+}
+
+fn lease_time(service: &TokenService, lease: &LeaseId) -> LeaseTime {
+    service
+        .lease_times()
+        .into_iter()
+        .find(|t| &t.lease == lease)
+        .unwrap()
+}
+
+/// Memory reclaim suspends a lease whose client holds the token and will not release
+/// it (its process is about to be locked): the token passes to another lease's waiter
+/// at once, whatever the grace; the lease's clients, one joining meanwhile included,
+/// get nothing until it is resumed, and then take their turn.
+#[test]
+fn a_suspended_lease_loses_the_token_at_once_and_takes_its_turn_again_after_resumption() {
+    let dir = tempfile::tempdir().unwrap();
+    // A grace of a minute: only the suspension can pass the token on within the test.
+    let service = TokenService::new(SchedulerConfig {
+        revoke_grace_ms: 60_000,
+        ..SchedulerConfig::default()
+    });
+    let lease_a = LeaseId("a".into());
+    let a = token_client(&service, dir.path(), "a");
+    let b = token_client(&service, dir.path(), "b");
+    a.send(TokenRequest::Want).unwrap();
+    wait_for("a's grant", || held(&a));
+    b.send(TokenRequest::Want).unwrap();
+    wait_for("b waiting", || service.status()[0].waiting == 1);
+    service.suspend_lease(&lease_a);
+    service.suspend_lease(&lease_a);
+    // a never releases: its page says revoked, and b holds.
+    assert!(!held(&a), "the suspended holder's page must say revoked");
+    wait_for("b's grant", || held(&b));
+    assert_eq!(service.suspended_leases(), vec![lease_a.clone()]);
+    // Its hold ended at the suspension: its lease's GPU time stands still. Until it
+    // releases, what its GPU may still be finishing counts as its token time for the
+    // watchdog (the lock waits for that work), and that grows.
+    let gpu_time = || lease_time(&service, &lease_a).held_ns;
+    let token_time = || -> u64 {
+        service
+            .holdings()
+            .iter()
+            .filter(|h| h.lease == lease_a)
+            .map(|h| h.held_ns)
+            .sum()
+    };
+    let (gpu_time_then, token_time_then) = (gpu_time(), token_time());
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(gpu_time(), gpu_time_then);
+    assert!(token_time() > token_time_then);
+    // A new process of the suspended lease is suspended too.
+    let a2 = token_client(&service, dir.path(), "a");
+    a2.send(TokenRequest::Want).unwrap();
+    wait_for("a2 waiting", || service.status()[0].waiting == 2);
+    b.send(TokenRequest::Release { again: false }).unwrap();
+    wait_for("b's release", || service.status()[0].holders.is_empty());
+    let status = &service.status()[0];
+    assert_eq!(status.waiting, 2, "a's and a2's wants are kept");
+    assert!(!held(&a) && !held(&a2));
+    assert_eq!((status.revocations, status.overdue), (1, 0));
+    b.send(TokenRequest::Want).unwrap();
+    wait_for("b's grant while a's lease is suspended", || held(&b));
+    service.resume_lease(&lease_a);
+    assert_eq!(service.suspended_leases(), Vec::<LeaseId>::new());
+    // a's lease waits its turn: b's slice ends (b is revoked) and b drains.
+    wait_for("b's revocation", || !held(&b));
+    // The drain ended with the suspension: a's token time stands still now.
+    let token_time_resumed = token_time();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(token_time(), token_time_resumed);
+    b.send(TokenRequest::Release { again: false }).unwrap();
+    // Both clients of the lease get their turn (which first depends on their usage
+    // within the window, so on how long this test took).
+    wait_for("a grant to the lease after the resumption", || {
+        held(&a) || held(&a2)
+    });
+    let (first, second) = if held(&a) { (&a, &a2) } else { (&a2, &a) };
+    first.send(TokenRequest::Release { again: false }).unwrap();
+    wait_for("the other client's grant", || held(second));
+    let a_time = lease_time(&service, &lease_a);
+    assert_eq!(
+        (a_time.revocations, a_time.overdue, a_time.overruns),
+        (1, 0, 0)
+    );
+}
+
+/// Suspensions are kept by lease for clients joining later, on any GPU, and end with
+/// a resumption or with the lease.
+#[test]
+fn a_suspension_outlives_the_leases_clients_and_ends_with_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TokenService::new(SchedulerConfig::default());
+    let lease = LeaseId("a".into());
+    // No client has joined yet: kept for the first one.
+    service.suspend_lease(&lease);
+    let a = token_client(&service, dir.path(), "a");
+    a.send(TokenRequest::Want).unwrap();
+    wait_for("a's want", || held(&a) || service.status()[0].waiting == 1);
+    assert!(!held(&a), "a client of a suspended lease was granted");
+    // Its only client goes and another comes: still suspended.
+    drop(a);
+    wait_for("a gone", || service.status()[0].clients == 0);
+    let a2 = token_client(&service, dir.path(), "a");
+    a2.send(TokenRequest::Want).unwrap();
+    wait_for("a2's want", || {
+        held(&a2) || service.status()[0].waiting == 1
+    });
+    assert!(!held(&a2), "a client of a suspended lease was granted");
+    service.close_lease(&lease);
+    assert_eq!(service.suspended_leases(), Vec::<LeaseId>::new());
+    // Resuming a lease that is no longer suspended changes nothing.
+    service.resume_lease(&lease);
+    assert!(service.suspended_leases().is_empty());
 }
