@@ -808,8 +808,9 @@ impl TokenService {
     /// from now on no client of it is granted the token on any GPU, and one holding it
     /// is revoked at once (its page says so) and not waited for. They are never
     /// overdue, overrun or penalised for the time suspended; their wants are kept.
-    /// Clients joining the lease later are suspended too. Suspending a lease already
-    /// suspended, or one without token clients, changes nothing more.
+    /// Clients joining the lease later are suspended too: a lease with no token
+    /// client yet is remembered for its first. Suspending a lease already suspended
+    /// changes nothing.
     ///
     /// Not to be called under the arbiter's lock: a policy step may report an
     /// overrun, which takes it.
