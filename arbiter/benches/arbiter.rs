@@ -77,6 +77,7 @@ fn bench_placement_with(balanced: bool) -> f64 {
                 uuid: u,
                 memory_allocatable: 80 * GI,
                 memory_leased: 0,
+                lending: None,
                 high_leases: 0,
                 low_leases: 0,
                 ungated_leases: 0,
@@ -319,6 +320,7 @@ fn bench_recovery() -> serde_json::Value {
             let start = Instant::now();
             let shared = gpushare_arbiter::daemon::recover(
                 &config,
+                &Default::default(),
                 &Default::default(),
                 &Default::default(),
                 &backend,

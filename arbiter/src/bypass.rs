@@ -366,7 +366,7 @@ impl<S: Signals> Pauses<S> {
                 _ => Ok(()),
             }
         } else {
-            write_atomically(
+            crate::files::write_atomically(
                 &self.file,
                 &serde_json::to_vec(&self.paused).unwrap_or_default(),
             )
@@ -382,15 +382,6 @@ impl<S: Signals> Drop for Pauses<S> {
     fn drop(&mut self) {
         self.resume_all();
     }
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut file = tempfile::NamedTempFile::new_in(dir)?;
-    file.write_all(bytes)?;
-    file.persist(path).map_err(|e| e.error)?;
-    Ok(())
 }
 
 /// Where the stopped processes are listed.

@@ -326,7 +326,7 @@ async fn dispatch(
                 ControlResponse::Released { existed }
             })
         }
-        ControlRequest::Status => Ok(ControlResponse::Status(arbiter.status())),
+        ControlRequest::Status => Ok(ControlResponse::Status(Box::new(arbiter.status()))),
         ControlRequest::List => Ok(ControlResponse::Leases {
             leases: arbiter.list(),
         }),

@@ -8,11 +8,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpushare_config::{keys, ArbiterConfig, Config, ConfigError, PlacementConfig, SchedulerConfig};
+use gpushare_config::{
+    keys, ArbiterConfig, Config, ConfigError, MemoryConfig, PlacementConfig, SchedulerConfig,
+};
 use nix::fcntl::{Flock, FlockArg};
 
+use crate::checkpoint::CudaCheckpoint;
 use crate::inventory::{self, GpuBackend};
 use crate::process::ProcFs;
+use crate::reclaimer::{Fault, Reclaimer};
 use crate::server::{self, SocketEndpoints};
 use crate::shutdown::Tasks;
 use crate::state::{Arbiter, ArbiterHandle, Inventory, StateError};
@@ -34,6 +38,8 @@ pub enum DaemonError {
     Store(#[from] StoreError),
     #[error(transparent)]
     State(#[from] StateError),
+    #[error("memory.reclaim = true: {0}")]
+    Reclaim(String),
 }
 
 /// Held for the daemon's lifetime: a second arbiter on the same state directory
@@ -100,6 +106,7 @@ pub fn recover(
     config: &ArbiterConfig,
     scheduler: &SchedulerConfig,
     placement: &PlacementConfig,
+    memory: &MemoryConfig,
     backend: &dyn GpuBackend,
 ) -> Result<Running, DaemonError> {
     let survey = inventory::survey(
@@ -140,8 +147,15 @@ pub fn recover(
     arbiter.set_tokens(tokens.clone());
     arbiter.set_placement(placement.clone());
     arbiter.set_unshareable(survey.unshareable);
+    arbiter.set_memory_config(memory.clone());
     let arbiter = ArbiterHandle::new(arbiter);
     let tasks = Tasks::default();
+    if memory.reclaim {
+        // Before any client is served: processes a killed arbiter left locked or
+        // checkpointed are found first.
+        let reclaimer = start_reclaim(memory, &config.state_dir, &arbiter)?;
+        tasks.spawn(reclaimer.restore_loop(arbiter.clone()));
+    }
     tasks.spawn(server::serve_lease_sockets(
         endpoint_events,
         arbiter.clone(),
@@ -152,6 +166,26 @@ pub fn recover(
     let naming = arbiter.clone();
     tasks.spawn(async move { naming.relearn_engine_names().await });
     Ok(Running { arbiter, tasks })
+}
+
+/// Loads the driver's checkpoint API and finishes what the journal says a killed
+/// arbiter left half done.
+fn start_reclaim(
+    memory: &MemoryConfig,
+    state_dir: &std::path::Path,
+    arbiter: &ArbiterHandle,
+) -> Result<Arc<Reclaimer>, DaemonError> {
+    let driver = CudaCheckpoint::load(&memory.cuda_library).map_err(DaemonError::Reclaim)?;
+    let reclaimer = Reclaimer::new(Arc::new(driver), state_dir, Fault::from_env());
+    reclaimer.recover(arbiter).map_err(DaemonError::Reclaim)?;
+    arbiter.set_reclaimer(reclaimer.clone());
+    tracing::info!(
+        low_overcommit = memory.low_overcommit,
+        floor_ms = memory.reclaim_floor_ms,
+        checkpoint_gbps = memory.checkpoint_gbps,
+        "memory reclaim on: low-priority leases lend their memory to high-priority ones"
+    );
+    Ok(reclaimer)
 }
 
 /// Tells systemd (`Type=notify`) that the daemon is ready: called once the control socket
@@ -407,6 +441,11 @@ mod tests {
             ),
             ("kubernetes.poll_interval_ms", NeedsRestart("gpushare-kube")),
             ("kubernetes.require_grant", NeedsRestart("gpushare-kube")),
+            ("memory.checkpoint_gbps", restart),
+            ("memory.cuda_library", restart),
+            ("memory.low_overcommit", restart),
+            ("memory.reclaim", restart),
+            ("memory.reclaim_floor_ms", restart),
             ("placement.batch", Applied),
             ("placement.batch_budget_us", Applied),
             ("placement.compute_weight", Applied),

@@ -49,6 +49,7 @@ mod tests {
             uuid: "GPU-x",
             memory_allocatable: total_gib * GIB,
             memory_leased: leased_gib * GIB,
+            lending: None,
             high_leases: 0,
             low_leases: 0,
             ungated_leases: 0,

@@ -302,6 +302,36 @@ impl Ledger {
         }
     }
 
+    /// Every process the lease's memory is counted for: attached ones and the
+    /// container's unattached ones NVML listed, each once, in pid order.
+    pub fn pids(&self, lease: &LeaseId) -> Vec<u32> {
+        let Some(l) = self.leases.get(lease) else {
+            return Vec::new();
+        };
+        let pids: BTreeSet<u32> = l
+            .clients
+            .values()
+            .map(|c| c.pid)
+            .chain(l.unattached.keys().copied())
+            .collect();
+        pids.into_iter().collect()
+    }
+
+    /// Whether a process of the lease exported an allocation others can map, or holds
+    /// one another process exported: memory the driver cannot checkpoint.
+    pub fn shares_memory(&self, lease: &LeaseId) -> bool {
+        let Some(l) = self.leases.get(lease) else {
+            return false;
+        };
+        !l.shared.is_empty()
+            || self.leases.values().any(|other| {
+                other
+                    .shared
+                    .values()
+                    .any(|a| a.holders.iter().any(|c| l.clients.contains_key(c)))
+            })
+    }
+
     /// Whether `pid` is attached to any lease (its memory is counted there).
     pub fn is_attached(&self, pid: u32) -> bool {
         self.leases

@@ -189,6 +189,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     );
     render_tokens(&mut out, report);
     render_connections(&mut out, report);
+    render_reclaim(&mut out, report);
     out.gauges(
         "gpushare_gpu_memory_total_bytes",
         "GPU memory.",
@@ -640,6 +641,56 @@ where
 }
 
 /// The lease sockets' connections: how many are open, and the refused floods.
+/// Memory reclaim (`[memory] reclaim`): nothing when it is off.
+fn render_reclaim(out: &mut Exposition, report: &StatusReport) {
+    let Some(r) = &report.reclaim else {
+        return;
+    };
+    let mut suspended: BTreeMap<String, u64> = BTreeMap::new();
+    for s in &r.suspended {
+        *suspended.entry(s.gpu.clone()).or_default() += 1;
+    }
+    out.gauges(
+        "gpushare_suspended_leases",
+        "Low-priority leases checkpointed off the GPU (or being suspended or restored) to give their memory to a high-priority one.",
+        suspended.into_iter().map(|(g, n)| (gpu(&g), n)).collect(),
+    );
+    out.counters(
+        "gpushare_memory_reclaims_total",
+        "High-priority charges that needed memory lent to low-priority leases, by outcome (succeeded: the charge was granted).",
+        vec![
+            (
+                vec![("outcome", "succeeded".to_owned())],
+                r.reclaims - r.reclaims_failed,
+            ),
+            (vec![("outcome", "failed".to_owned())], r.reclaims_failed),
+        ],
+    );
+    out.counters(
+        "gpushare_memory_reclaimed_bytes_total",
+        "Memory the reclaims freed: what the suspended leases held.",
+        vec![(Labels::new(), r.reclaimed_bytes)],
+    );
+    out.counters(
+        "gpushare_memory_restores_total",
+        "Suspended leases restored onto their GPU.",
+        vec![(Labels::new(), r.restores)],
+    );
+    out.gauges(
+        "gpushare_memory_reclaim_last_seconds",
+        "The last reclaim's time, from the charge to its answer, beside its bound.",
+        r.recent
+            .last()
+            .map(|last| {
+                vec![
+                    (vec![("of", "reclaim".to_owned())], last.total_ms / 1e3),
+                    (vec![("of", "bound".to_owned())], last.bound_ms / 1e3),
+                ]
+            })
+            .unwrap_or_default(),
+    );
+}
+
 fn render_connections(out: &mut Exposition, report: &StatusReport) {
     out.gauges(
         "gpushare_store_failing",

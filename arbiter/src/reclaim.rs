@@ -125,5 +125,30 @@ pub fn restore_order(free: u64, suspended: &[Suspended]) -> Vec<usize> {
     back
 }
 
+/// Where a suspended lease stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SuspensionPhase {
+    /// Chosen: its token is being revoked, its processes locked and checkpointed.
+    Suspending,
+    /// Off the GPU: its memory is free for others.
+    Suspended,
+    /// Its processes are being restored and unlocked.
+    Restoring,
+}
+
+/// A lease the reclaim took, or is taking, off its GPU.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Suspension {
+    pub gpu: String,
+    pub pids: Vec<u32>,
+    /// What its processes held on the GPU when it was chosen.
+    pub bytes: u64,
+    pub phase: SuspensionPhase,
+    pub since_unix_ms: u64,
+}
+
+pub mod journal;
+
 #[cfg(test)]
 mod tests;

@@ -57,6 +57,7 @@ pub struct Config {
     pub scheduler: SchedulerConfig,
     pub kubernetes: KubernetesConfig,
     pub placement: PlacementConfig,
+    pub memory: MemoryConfig,
 }
 
 /// Which placement policy places a lease on a GPU.
@@ -131,6 +132,97 @@ impl PlacementConfig {
             1,
             10_000_000,
         );
+    }
+}
+
+/// The `[memory]` table: memory that follows priority. Off by default: the reclaim
+/// checkpoints low-priority processes through the driver's checkpoint API (r570+), and
+/// its latency has been measured on the simulated driver only.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Low-priority leases may be admitted beyond the memory high-priority leases leave;
+    /// a high-priority allocation that needs their memory checkpoints them off the GPU
+    /// (and they are restored when it fits again).
+    pub reclaim: bool,
+    /// With `reclaim`: how far low-priority quotas may add up beyond the GPU's memory that
+    /// guaranteed leases (high priority, and low ones that cannot be checkpointed) leave,
+    /// as a ratio (1.0: not beyond it; 2.0: twice it).
+    pub low_overcommit: f64,
+    /// The driver library whose `cuCheckpointProcess*` the reclaim calls.
+    pub cuda_library: String,
+    /// The device-to-host bandwidth a checkpoint is expected to reach, in GB/s: what the
+    /// reclaim's time bound is computed from. 25 is an estimate (a copy to host memory
+    /// is no faster than PCIe 4.0 x16) until a GPU measures it (`make gpu-check`).
+    pub checkpoint_gbps: f64,
+    /// The bound's floor: a reclaim may always take this long (locking waits for the
+    /// victims' submitted work).
+    pub reclaim_floor_ms: u64,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            reclaim: false,
+            low_overcommit: 1.0,
+            cuda_library: "libcuda.so.1".into(),
+            checkpoint_gbps: 25.0,
+            reclaim_floor_ms: 250,
+        }
+    }
+}
+
+/// The most `memory.low_overcommit` may be: beyond it nearly every low-priority job
+/// would be checkpointed whenever the high one grows.
+pub const MAX_LOW_OVERCOMMIT: f64 = 8.0;
+
+impl MemoryConfig {
+    /// How long reclaiming `bytes` may take: the floor, or 1.5 times the copy at the
+    /// expected bandwidth.
+    pub fn reclaim_bound(&self, bytes: u64) -> std::time::Duration {
+        let copy_s = bytes as f64 / (self.checkpoint_gbps.max(0.001) * 1e9);
+        std::time::Duration::from_millis(self.reclaim_floor_ms)
+            .max(std::time::Duration::from_secs_f64(1.5 * copy_s))
+    }
+
+    fn validate(&self, placement: &PlacementConfig, problems: &mut Vec<Problem>) {
+        if !(self.low_overcommit.is_finite()
+            && (1.0..=MAX_LOW_OVERCOMMIT).contains(&self.low_overcommit))
+        {
+            problems.push(Problem::at(
+                "memory.low_overcommit",
+                self.low_overcommit,
+                format!("must be a ratio from 1.0 (no over-commitment) to {MAX_LOW_OVERCOMMIT}"),
+            ));
+        }
+        if !(self.checkpoint_gbps.is_finite() && (0.1..=10_000.0).contains(&self.checkpoint_gbps)) {
+            problems.push(Problem::at(
+                "memory.checkpoint_gbps",
+                self.checkpoint_gbps,
+                "must be a bandwidth in GB/s from 0.1 to 10000",
+            ));
+        }
+        check_duration(
+            problems,
+            "memory.reclaim_floor_ms",
+            self.reclaim_floor_ms,
+            1,
+            60_000,
+        );
+        if self.cuda_library.is_empty() {
+            problems.push(Problem::at(
+                "memory.cuda_library",
+                "\"\"",
+                "name the CUDA driver library (e.g. \"libcuda.so.1\")",
+            ));
+        }
+        if self.reclaim && placement.batch {
+            problems.push(Problem::at(
+                "memory.reclaim",
+                true,
+                "cannot be on with placement.batch = true yet (the batch search does not count lent memory); turn one of them off",
+            ));
+        }
     }
 }
 
@@ -1120,6 +1212,7 @@ impl Config {
         self.scheduler.validate(&mut problems);
         self.kubernetes.validate(&mut problems);
         self.placement.validate(&mut problems);
+        self.memory.validate(&self.placement, &mut problems);
         let mut reserved = std::collections::BTreeSet::new();
         for r in &a.reservations {
             if r.tenant.is_empty() {
@@ -1162,6 +1255,51 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/etc/gpushare/config.toml"))
+    }
+
+    #[test]
+    fn memory_reclaim_is_off_by_default_and_its_keys_name_themselves_when_wrong() {
+        let m = Config::default().memory;
+        assert!(!m.reclaim);
+        assert_eq!(m.low_overcommit, 1.0);
+        let c = parse("[memory]\nreclaim = true\nlow_overcommit = 2.5\n").unwrap();
+        assert!(c.memory.reclaim);
+        assert_eq!(c.memory.low_overcommit, 2.5);
+        for (text, key, accepted) in [
+            ("low_overcommit = 0.5", "memory.low_overcommit", "from 1.0"),
+            ("low_overcommit = 9", "memory.low_overcommit", "to 8"),
+            ("checkpoint_gbps = 0", "memory.checkpoint_gbps", "GB/s"),
+            (
+                "reclaim_floor_ms = 0",
+                "memory.reclaim_floor_ms",
+                "at least 1",
+            ),
+            ("cuda_library = \"\"", "memory.cuda_library", "libcuda.so.1"),
+        ] {
+            let err = parse(&format!("[memory]\n{text}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key) && err.contains(accepted), "{text}: {err}");
+        }
+        let err = parse("[memory]\nreclaim = true\n[placement]\nbatch = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("memory.reclaim") && err.contains("placement.batch"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_reclaim_bound_is_the_floor_or_one_and_a_half_copies() {
+        let m = MemoryConfig::default();
+        assert_eq!(m.reclaim_bound(256 << 20).as_millis(), 250);
+        // 8 GiB at 25 GB/s: 0.344 s; 1.5 times that.
+        let bound = m.reclaim_bound(8 << 30).as_secs_f64();
+        assert!(
+            (bound - 1.5 * 8.0 * 1073741824.0 / 25e9).abs() < 1e-6,
+            "{bound}"
+        );
     }
 
     #[test]

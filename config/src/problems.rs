@@ -499,7 +499,7 @@ mod tests {
                 "runtme",
                 "",
                 1,
-                "unknown key (accepted: arbiter, requests, runtime, scheduler, kubernetes, placement)",
+                "unknown key (accepted: arbiter, requests, runtime, scheduler, kubernetes, placement, memory)",
                 Some("did you mean [runtime]?"),
             ),
             (

@@ -323,6 +323,49 @@ fn percent(x: Option<f64>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// Memory reclaim: the leases checkpointed off their GPU, the bound, the last reclaims.
+fn render_reclaim(r: &gpushare_proto::ReclaimStatus) -> String {
+    let mut out = format!(
+        "MEMORY RECLAIM on: low-priority quotas up to {:.2}x what guaranteed leases leave; bound max({} ms, 1.5 x bytes / {} GB/s)\n",
+        r.low_overcommit, r.floor_ms, r.checkpoint_gbps
+    );
+    out += &format!(
+        "  reclaims {} ({} failed), freed {}, restores {}\n",
+        r.reclaims,
+        r.reclaims_failed,
+        ByteSize(r.reclaimed_bytes),
+        r.restores
+    );
+    for s in &r.suspended {
+        out += &format!(
+            "  {} {} on {}: {} off the GPU until it fits back (oldest first)\n",
+            s.phase,
+            if s.name.is_empty() { &s.lease } else { &s.name },
+            s.gpu,
+            ByteSize(s.bytes),
+        );
+    }
+    for (lease, why) in &r.never_again {
+        out += &format!("  never reclaimed: {lease}: {why}\n");
+    }
+    if let Some(last) = r.recent.last() {
+        out += &format!(
+            "  last: {} needed {} more on {}: {} from {} lease(s) in {:.0} ms (lock {:.0} ms, checkpoint {:.0} ms; bound {:.0} ms){}\n",
+            last.lease,
+            ByteSize(last.shortfall),
+            last.gpu,
+            ByteSize(last.bytes),
+            last.victims.len(),
+            last.total_ms,
+            last.lock_ms,
+            last.checkpoint_ms,
+            last.bound_ms,
+            if last.succeeded { "" } else { ", refused" }
+        );
+    }
+    out
+}
+
 fn render_status(report: &StatusReport) -> String {
     let mut out = format!(
         "INVENTORY {}  driver CUDA {}\n",
@@ -470,6 +513,9 @@ fn render_status(report: &StatusReport) -> String {
             q.gpu,
             q.waited_ms / 1000
         );
+    }
+    if let Some(r) = &report.reclaim {
+        out += &render_reclaim(r);
     }
     out += &format!("VIOLATIONS ({})\n", report.violations.len());
     for v in &report.violations {
@@ -735,6 +781,50 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("batch searches"), "{text}");
+    }
+
+    #[test]
+    fn status_shows_suspended_leases_and_the_last_reclaim_beside_its_bound_only_when_on() {
+        assert!(!render_status(&StatusReport::default()).contains("MEMORY RECLAIM"));
+        let report = StatusReport {
+            reclaim: Some(Box::new(gpushare_proto::ReclaimStatus {
+                low_overcommit: 1.5,
+                floor_ms: 250,
+                checkpoint_gbps: 25.0,
+                suspended: vec![gpushare_proto::SuspendedLease {
+                    lease: "l1".into(),
+                    name: "trainer".into(),
+                    gpu: "GPU-0".into(),
+                    bytes: 3 << 30,
+                    phase: "suspended".into(),
+                    since_unix_ms: 1,
+                }],
+                recent: vec![gpushare_proto::ReclaimReport {
+                    lease: "h1".into(),
+                    gpu: "GPU-0".into(),
+                    shortfall: 2 << 30,
+                    bytes: 3 << 30,
+                    victims: vec!["l1".into()],
+                    succeeded: true,
+                    lock_ms: 4.0,
+                    checkpoint_ms: 120.0,
+                    total_ms: 130.0,
+                    bound_ms: 250.0,
+                    at_unix_ms: 2,
+                }],
+                reclaims: 1,
+                reclaimed_bytes: 3 << 30,
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let text = render_status(&report);
+        assert!(text.contains("MEMORY RECLAIM on"), "{text}");
+        assert!(text.contains("suspended trainer on GPU-0: 3Gi"), "{text}");
+        assert!(
+            text.contains("in 130 ms (lock 4 ms, checkpoint 120 ms; bound 250 ms)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -319,7 +319,7 @@ impl ControlClient {
 
     pub fn status(&mut self) -> Result<StatusReport, ClientError> {
         match self.call(&ControlRequest::Status)? {
-            ControlResponse::Status(report) => Ok(report),
+            ControlResponse::Status(report) => Ok(*report),
             other => Err(unexpected(other)),
         }
     }

@@ -22,8 +22,9 @@ pub use lease_socket::{LeaseRequest, LeaseResponse, Quota, ShareKey};
 pub use message::{
     AdmissionRejections, AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest,
     ControlResponse, ErrorKind, GpuStatus, GpuTimeline, GpuUtilization, LeaseGpuTime, LeaseUsage,
-    QueuedRequest, ReserveRequest, StatusReport, TimelineReport, TokenHold, TokenHolder,
-    TokenStatus, UnshareableGpuStatus, Violation, ViolationKind, WindowWaiter,
+    QueuedRequest, ReclaimReport, ReclaimStatus, ReserveRequest, StatusReport, SuspendedLease,
+    TimelineReport, TokenHold, TokenHolder, TokenStatus, UnshareableGpuStatus, Violation,
+    ViolationKind, WindowWaiter,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
 pub use token::{FitCounts, LossPolicy, ScheduleTerms, TokenPage, TokenRequest};

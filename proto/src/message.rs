@@ -129,7 +129,7 @@ pub enum ControlResponse {
     Released {
         existed: bool,
     },
-    Status(StatusReport),
+    Status(Box<StatusReport>),
     Leases {
         leases: Vec<Lease>,
     },
@@ -362,6 +362,62 @@ pub struct StatusReport {
     /// the first sample. A stalled loop shows here (and fails `/healthz`).
     #[serde(default)]
     pub last_sample_age_ms: Option<u64>,
+    /// Memory that follows priority (`[memory] reclaim`): None when it is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim: Option<Box<ReclaimStatus>>,
+}
+
+/// Memory reclaim's state: the leases checkpointed off their GPU and the last reclaims.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReclaimStatus {
+    pub low_overcommit: f64,
+    /// The bound: max(`floor_ms`, 1.5 x bytes / `checkpoint_gbps`).
+    pub floor_ms: u64,
+    pub checkpoint_gbps: f64,
+    pub suspended: Vec<SuspendedLease>,
+    /// Leases never suspended again (the driver could not checkpoint them, or failed),
+    /// with why.
+    pub never_again: Vec<(String, String)>,
+    /// The last reclaims, oldest first.
+    pub recent: Vec<ReclaimReport>,
+    /// Totals since the arbiter started.
+    pub reclaims: u64,
+    pub reclaims_failed: u64,
+    pub restores: u64,
+    pub reclaimed_bytes: u64,
+}
+
+/// A low-priority lease checkpointed off its GPU (or being suspended or restored).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SuspendedLease {
+    pub lease: String,
+    pub name: String,
+    pub gpu: String,
+    pub bytes: u64,
+    /// "suspending", "suspended" or "restoring".
+    pub phase: String,
+    pub since_unix_ms: u64,
+}
+
+/// One reclaim: a high-priority lease needed `shortfall` more on `gpu`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReclaimReport {
+    pub lease: String,
+    pub gpu: String,
+    pub shortfall: u64,
+    /// What the suspended victims held.
+    pub bytes: u64,
+    pub victims: Vec<String>,
+    pub succeeded: bool,
+    /// The longest lock among the victims' processes, the checkpoints' time, the whole.
+    pub lock_ms: f64,
+    pub checkpoint_ms: f64,
+    pub total_ms: f64,
+    pub bound_ms: f64,
+    pub at_unix_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

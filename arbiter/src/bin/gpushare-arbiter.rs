@@ -44,6 +44,7 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
     let in_effect = config.clone();
     let scheduler = config.scheduler;
     let placement = config.placement;
+    let memory = config.memory;
     let config = config.arbiter;
     let _lock = daemon::lock_state_dir(&config)?;
     daemon::raise_open_files_limit();
@@ -70,7 +71,7 @@ fn run(args: ArbiterArgs) -> anyhow::Result<()> {
         // socket is touched. Connections wait in the backlog until recovery is done.
         let listener = control::bind_control_socket(&socket)?;
         let started = std::time::Instant::now();
-        let running = daemon::recover(&config, &scheduler, &placement, backend.as_ref())
+        let running = daemon::recover(&config, &scheduler, &placement, &memory, backend.as_ref())
             .context("recovering the lease table")?;
         let arbiter = running.handle().clone();
         tracing::info!(

@@ -174,6 +174,7 @@ mod tests {
                 uuid: UUIDS[i],
                 memory_allocatable: 16 * GI,
                 memory_leased: leased * GI,
+                lending: None,
                 high_leases: high,
                 low_leases: low,
                 ungated_leases: 0,

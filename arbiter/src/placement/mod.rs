@@ -43,6 +43,10 @@ pub struct GpuView<'a> {
     pub memory_allocatable: u64,
     /// Sum of the quotas of the leases on this GPU.
     pub memory_leased: u64,
+    /// With memory reclaim on: which part of `memory_leased` is lent (quotas of
+    /// low-priority leases the arbiter can checkpoint off the GPU) and how far lent
+    /// quotas may over-commit. None: every quota is guaranteed.
+    pub lending: Option<Lending>,
     pub high_leases: u32,
     pub low_leases: u32,
     /// Leases on this GPU that span several GPUs, and so run ungated.
@@ -53,9 +57,40 @@ pub struct GpuView<'a> {
     pub reserved_for: Option<&'a str>,
 }
 
+/// Memory lent to low-priority leases on one GPU (memory reclaim on).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lending {
+    /// Quotas of the low-priority leases that may be checkpointed (a part of
+    /// `memory_leased`; the rest is guaranteed).
+    pub lent: u64,
+    /// How far lent quotas may add up beyond the memory guaranteed leases leave
+    /// (`memory.low_overcommit`, at least 1).
+    pub overcommit: f64,
+}
+
 impl GpuView<'_> {
+    /// Room for more quotas, ignoring lending (what status and the preferences see).
     pub fn memory_free(&self) -> u64 {
         self.memory_allocatable.saturating_sub(self.memory_leased)
+    }
+
+    /// Room for a quota of `priority`. With lending, a high-priority quota needs only
+    /// the memory no guaranteed lease holds (the lent memory is reclaimed when needed);
+    /// a low-priority one shares `overcommit` times that with the lent quotas, and
+    /// one quota never exceeds what is left to lend.
+    pub fn memory_free_for(&self, priority: Priority) -> u64 {
+        let Some(lending) = self.lending else {
+            return self.memory_free();
+        };
+        let guaranteed = self.memory_leased.saturating_sub(lending.lent);
+        let unguaranteed = self.memory_allocatable.saturating_sub(guaranteed);
+        match priority {
+            Priority::High => unguaranteed,
+            Priority::Low => {
+                let budget = (unguaranteed as f64 * lending.overcommit.max(1.0)) as u64;
+                budget.saturating_sub(lending.lent).min(unguaranteed)
+            }
+        }
     }
 
     fn in_use(&self) -> bool {
@@ -221,11 +256,9 @@ pub fn hard_skip_reason(
     if priority == Priority::High && gpu.ungated_leases > 0 {
         return Some(Skip::RunsUngatedLease);
     }
-    if wanted > gpu.memory_free() {
-        return Some(Skip::TooLittleMemory {
-            wanted,
-            free: gpu.memory_free(),
-        });
+    let free = gpu.memory_free_for(priority);
+    if wanted > free {
+        return Some(Skip::TooLittleMemory { wanted, free });
     }
     if priority == Priority::High && gpu.high_leases > 0 {
         return Some(Skip::HasHighPriorityLease);

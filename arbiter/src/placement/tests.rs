@@ -14,6 +14,7 @@ fn gpu(i: usize, (high, low, leased, util): (u32, u32, u64, f64)) -> GpuView<'st
         uuid: UUIDS[i],
         memory_allocatable: 16 * GI,
         memory_leased: leased * GI,
+        lending: None,
         high_leases: high,
         low_leases: low,
         ungated_leases: 0,

@@ -31,6 +31,21 @@ pub const MEASURE_FRESH: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub struct ArbiterHandle {
     state: Arc<Mutex<Arbiter>>,
+    /// Memory reclaim's driver side, set at start when `memory.reclaim` is on.
+    reclaimer: Arc<std::sync::OnceLock<Arc<dyn MemoryReclaim>>>,
+}
+
+/// Memory reclaim's driver side as the charge path needs it (the daemon's reclaimer,
+/// which calls the driver; set once at start when `memory.reclaim` is on).
+pub trait MemoryReclaim: Send + Sync {
+    /// Suspends `plan`'s victims and answers its charge.
+    fn reclaim<'a>(
+        &'a self,
+        arbiter: &'a ArbiterHandle,
+        plan: ReclaimPlan,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Charge, StateError>> + Send + 'a>>;
+    /// Memory may have come free: suspended leases may fit back.
+    fn memory_freed(&self);
 }
 
 impl ArbiterHandle {
@@ -39,6 +54,7 @@ impl ArbiterHandle {
         let tokens = arbiter.tokens();
         let handle = ArbiterHandle {
             state: Arc::new(Mutex::new(arbiter)),
+            reclaimer: Arc::default(),
         };
         if let Some(tokens) = tokens {
             // Weak: the token service lives inside the state it would keep alive.
@@ -105,6 +121,8 @@ impl ArbiterHandle {
             let (value, ticket) = act(&mut arbiter)?;
             (value, ticket, arbiter.store.clone())
         };
+        // A release, a drain, a grant given back: suspended leases may fit again.
+        self.memory_freed();
         durable(store, ticket).await?;
         Ok(value)
     }
@@ -321,14 +339,22 @@ impl ArbiterHandle {
         if stale {
             self.measure_memory(Some(lease)).await;
         }
-        let charge = {
-            let mut arbiter = self.lock();
-            let charge = arbiter.lease_charge(lease, connection, bytes)?;
-            if !charge.granted {
-                arbiter.count_memory_refusal(lease);
-            }
-            charge
+        let decision = self.lock().lease_charge_on_gpu(lease, connection, bytes)?;
+        let charge = match decision {
+            ChargeDecision::Done(charge) => charge,
+            ChargeDecision::Reclaim(plan) => match self.reclaimer.get() {
+                Some(reclaimer) => reclaimer.reclaim(self, plan).await?,
+                None => {
+                    // Reclaim is on in the configuration but its driver side was not
+                    // started (a test without it): nothing can be freed.
+                    let mut arbiter = self.lock();
+                    arbiter.finish_reclaim(&plan, &[], ReclaimTimes::default())?
+                }
+            },
         };
+        if !charge.granted {
+            self.lock().count_memory_refusal(lease);
+        }
         Ok(charge)
     }
 
@@ -338,7 +364,60 @@ impl ArbiterHandle {
         connection: ConnectionId,
         bytes: u64,
     ) -> Result<u64, StateError> {
-        self.lock().lease_credit(lease, connection, bytes)
+        let used = self.lock().lease_credit(lease, connection, bytes)?;
+        self.memory_freed();
+        Ok(used)
+    }
+
+    // ----- memory reclaim -----
+
+    /// Starts memory reclaim's driver side (once).
+    pub fn set_reclaimer(&self, reclaimer: Arc<dyn MemoryReclaim>) {
+        let _ = self.reclaimer.set(reclaimer);
+    }
+
+    /// Memory may have come free: suspended leases may fit back.
+    pub fn memory_freed(&self) {
+        if let Some(r) = self.reclaimer.get() {
+            r.memory_freed();
+        }
+    }
+
+    pub fn suspensions(&self) -> BTreeMap<LeaseId, Suspension> {
+        self.lock().suspensions()
+    }
+
+    pub fn finish_reclaim(
+        &self,
+        plan: &ReclaimPlan,
+        outcomes: &[(LeaseId, SuspendOutcome)],
+        times: ReclaimTimes,
+    ) -> Result<Charge, StateError> {
+        self.lock().finish_reclaim(plan, outcomes, times)
+    }
+
+    pub fn take_restorable(&self) -> Vec<Victim> {
+        self.lock().take_restorable()
+    }
+
+    pub fn take_orphans(&self) -> Vec<Vec<u32>> {
+        self.lock().take_orphans()
+    }
+
+    pub fn return_orphan(&self, pids: Vec<u32>) {
+        self.lock().return_orphan(pids)
+    }
+
+    pub fn finish_restore(&self, lease: &LeaseId, restored: bool) {
+        self.lock().finish_restore(lease, restored)
+    }
+
+    pub fn recover_suspension(&self, lease: &LeaseId, suspension: Option<Suspension>) {
+        self.lock().recover_suspension(lease, suspension)
+    }
+
+    pub fn mark_never_again(&self, lease: &LeaseId, why: String) {
+        self.lock().mark_never_again(lease, why)
     }
 
     pub fn share(
@@ -351,7 +430,8 @@ impl ArbiterHandle {
     }
 
     pub fn detach(&self, lease: &LeaseId, connection: ConnectionId) {
-        self.lock().lease_detach(lease, connection)
+        self.lock().lease_detach(lease, connection);
+        self.memory_freed();
     }
 
     // ----- per-process memory -----

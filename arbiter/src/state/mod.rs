@@ -142,16 +142,22 @@ mod placement_tests;
 mod recovery;
 mod reserve;
 mod status;
+mod suspensions;
 mod telemetry;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+pub(crate) use suspensions::tests::Node as ReclaimTestNode;
 
+pub use crate::reclaim::{Suspension, SuspensionPhase};
 pub use batch_admission::{BatchOutcome, BatchSearchJob};
 pub use endpoints::{LeaseDirs, LeaseEndpoints};
 use findings::Findings;
 pub use grants::GrantError;
-pub use handle::{ArbiterHandle, MEASURE_FRESH};
+pub use handle::{ArbiterHandle, MemoryReclaim, MEASURE_FRESH};
 pub use memory::list_processes;
+use suspensions::Suspensions;
+pub use suspensions::{ChargeDecision, ReclaimPlan, ReclaimTimes, SuspendOutcome, Victim};
 use telemetry::Telemetry;
 
 /// A granted lease and the ticket to wait for before telling anyone.
@@ -228,6 +234,10 @@ pub struct Arbiter {
     memory_probe: Option<Arc<dyn GpuBackend>>,
     /// The device plugin's grants (`grants.rs`), bound to their leases.
     grants: BTreeMap<gpushare_proto::grant::GrantId, gpushare_proto::grant::Grant>,
+    /// The `[memory]` table: whether memory is lent to low-priority leases.
+    memory: gpushare_config::MemoryConfig,
+    /// Leases the memory reclaim took off their GPU (`suspensions.rs`).
+    suspensions: Suspensions,
 }
 
 /// A container's id space and id: two namespaces may each hold a container "web".
@@ -288,6 +298,8 @@ impl Arbiter {
             tokens: None,
             unshareable: Vec::new(),
             memory_probe: None,
+            memory: Default::default(),
+            suspensions: Default::default(),
             config,
             inventory,
         };
@@ -380,6 +392,7 @@ impl Arbiter {
             self.by_container.remove(&key);
         }
         self.ledger.close(id);
+        self.suspensions.forget(id);
         self.telemetry.forget(id);
         self.findings.forget(id);
         self.endpoints.close(id);
@@ -399,6 +412,10 @@ impl Arbiter {
                 uuid: &g.uuid,
                 memory_allocatable: g.memory_allocatable,
                 memory_leased: 0,
+                lending: self.memory.reclaim.then_some(placement::Lending {
+                    lent: 0,
+                    overcommit: self.memory.low_overcommit,
+                }),
                 high_leases: 0,
                 low_leases: 0,
                 ungated_leases: 0,
@@ -415,6 +432,9 @@ impl Arbiter {
             for uuid in &l.gpus {
                 if let Some(v) = views.iter_mut().find(|v| v.uuid == uuid) {
                     v.memory_leased += l.memory_bytes;
+                    if let Some(lending) = v.lending.as_mut().filter(|_| self.lends_memory(l)) {
+                        lending.lent += l.memory_bytes;
+                    }
                     match l.priority {
                         Priority::High => v.high_leases += 1,
                         Priority::Low => v.low_leases += 1,

@@ -173,6 +173,7 @@ impl Arbiter {
                 .telemetry
                 .last_sample_age(now)
                 .map(|age| age.as_millis() as u64),
+            reclaim: self.reclaim_status().map(Box::new),
         }
     }
 

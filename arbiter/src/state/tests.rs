@@ -5,7 +5,7 @@ use gpushare_proto::{Fraction, GpuSelector};
 
 const GI: u64 = 1 << 30;
 
-struct SharedProbe(Arc<FakeProcs>);
+pub(crate) struct SharedProbe(pub Arc<FakeProcs>);
 impl ProcessProbe for SharedProbe {
     fn start_time(&self, pid: u32) -> Option<u64> {
         self.0.start_time(pid)

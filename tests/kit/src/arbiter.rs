@@ -263,6 +263,13 @@ impl Arbiter {
         self.child.as_ref().expect("the arbiter is running").id()
     }
 
+    /// Whether the arbiter exited by itself (reaped, its status); None while it runs.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(status)
+    }
+
     /// SIGKILL, as a crash would: the arbiter cleans nothing up, so its sockets and state
     /// stay for [`Arbiter::restart`]. Returns once it is reaped.
     pub fn kill(&mut self) {

@@ -114,6 +114,7 @@ impl Node {
                 uuid: "",
                 memory_allocatable: u64::from(self.gpu_gib) * GIB,
                 memory_leased: u64::from(g.granted_gib) * GIB,
+                lending: None,
                 high_leases: u32::from(g.has_high),
                 low_leases: g.pods - u32::from(g.has_high),
                 ungated_leases: 0,
