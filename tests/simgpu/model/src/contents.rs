@@ -292,17 +292,19 @@ mod tests {
     #[test]
     fn ranges_are_cut_into_whole_chunks_and_a_remainder() {
         let c = CHUNK_BYTES;
-        let table: [(u64, u64, Vec<(u64, u64)>); 4] = [
-            (0, 0, vec![]),
-            (10, 5, vec![(10, 5)]),
-            (100, c, vec![(100, c)]),
+        /// (offset, length)
+        type Piece = (u64, u64);
+        // A range and its pieces.
+        let table: [(Piece, &[Piece]); 4] = [
+            ((0, 0), &[]),
+            ((10, 5), &[(10, 5)]),
+            ((100, c), &[(100, c)]),
             (
-                100,
-                2 * c + 1,
-                vec![(100, c), (100 + c, c), (100 + 2 * c, 1)],
+                (100, 2 * c + 1),
+                &[(100, c), (100 + c, c), (100 + 2 * c, 1)],
             ),
         ];
-        for (offset, len, want) in table {
+        for ((offset, len), want) in table {
             assert_eq!(
                 chunks(offset, len).collect::<Vec<_>>(),
                 want,
