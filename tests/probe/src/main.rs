@@ -29,6 +29,7 @@
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
 #![allow(clippy::missing_transmute_annotations)]
 
+mod pattern;
 mod steps;
 
 use steps::{

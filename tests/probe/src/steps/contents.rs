@@ -2,6 +2,7 @@
 //! a checkpoint and restore of the probe by another process, say): `fill BYTE` and
 //! `check BYTE`, on the most recent `alloc` or `managed` allocation.
 
+use crate::pattern::{first_mismatch, pattern};
 use crate::{fatal, num, Probe, Ptr, R};
 use std::ffi::c_void;
 
@@ -10,24 +11,6 @@ const CHUNK: usize = 4 << 20;
 /// The result `check` reports for memory that does not hold the pattern (the driver's own
 /// failures are reported as their own result, without `mismatch_at`).
 const MISMATCH: R = 999; // CUDA_ERROR_UNKNOWN
-
-/// `(first + i) mod 256` for the bytes at offsets `from..from + len` of an allocation.
-fn pattern(first: u8, from: usize, len: usize) -> Vec<u8> {
-    (from..from + len)
-        .map(|i| first.wrapping_add(i as u8))
-        .collect()
-}
-
-/// The offset (from the allocation's start) of the first byte of `found`, read at `from`,
-/// that breaks the pattern, with the byte found and the one expected.
-fn first_mismatch(first: u8, from: usize, found: &[u8]) -> Option<(usize, u8, u8)> {
-    let expected = pattern(first, from, found.len());
-    found
-        .iter()
-        .zip(&expected)
-        .position(|(a, b)| a != b)
-        .map(|i| (from + i, found[i], expected[i]))
-}
 
 fn first_byte(args: &mut impl Iterator<Item = String>, step: &str) -> u8 {
     u8::try_from(num(args)).unwrap_or_else(|_| fatal(&format!("{step} BYTE: 0 to 255")))
@@ -80,22 +63,4 @@ pub(crate) fn check(p: &mut Probe, args: &mut impl Iterator<Item = String>) {
         }
     }
     p.report("check", 0, &format!("bytes={bytes}"));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_pattern_counts_up_from_its_first_byte_and_wraps_and_a_mismatch_is_located() {
-        assert_eq!(pattern(254, 0, 4), vec![254, 255, 0, 1]);
-        assert_eq!(pattern(0, 256 + 5, 2), vec![5, 6]);
-        assert_eq!(first_mismatch(3, 0, &[3, 4, 5]), None);
-        assert_eq!(first_mismatch(3, 100, &[103, 0, 105]), Some((101, 0, 104)));
-        assert_eq!(
-            first_mismatch(0, 0, &[0, 0]),
-            Some((1, 0, 1)),
-            "zeros are no pattern"
-        );
-    }
 }

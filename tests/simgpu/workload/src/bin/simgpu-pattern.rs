@@ -2,13 +2,19 @@
 //! the process (a checkpoint and restore by another process), then reads it back.
 //!
 //! `simgpu-pattern --ready FILE --go FILE SIZE:BYTE...`: for each `SIZE:BYTE` (SIZE as the
-//! workload's `--memory`: bytes, or with `Ki Mi Gi K M G`) allocates SIZE bytes with `cuMemAlloc_v2` and writes the pattern
-//! `(BYTE + i) mod 256` at offset `i` with `cuMemcpyHtoD_v2`; creates the ready file; waits
+//! workload's `--memory`: bytes, or with `Ki Mi Gi K M G`) allocates SIZE bytes with
+//! `cuMemAlloc_v2` and writes the pattern `(BYTE + i) mod 256` at offset `i` with
+//! `cuMemcpyHtoD_v2` (the probe's `fill`); creates the ready file; waits
 //! (up to a minute) for the go file; reads every allocation back with `cuMemcpyDtoH_v2` and
 //! prints a JSON report: per allocation its `ptr`, `bytes`, `first` (BYTE) and `mismatch`
 //! (null, or the first wrong byte's `offset`, `found` and `expected`), and `error` (null, or
 //! the driver call that failed and its result). It resolves the driver with `dlsym`, as a
 //! program linked with `-lcuda` does.
+
+// The pattern the probe's `fill` and `check` steps use.
+#[path = "../../../../probe/src/pattern.rs"]
+mod pattern;
+use pattern::{first_mismatch, pattern};
 
 // The workload's size syntax; the rest of its options are not this program's.
 #[allow(dead_code)]
@@ -48,13 +54,6 @@ impl Cuda {
     }
 }
 
-/// `(first + i) mod 256` for the bytes at offsets `from..from + len`.
-fn pattern(first: u8, from: usize, len: usize) -> Vec<u8> {
-    (from..from + len)
-        .map(|i| first.wrapping_add(i as u8))
-        .collect()
-}
-
 fn parse_size(text: &str) -> Result<usize, String> {
     let n = options::bytes(text).map_err(|e| e.to_string())?;
     usize::try_from(n).map_err(|_| format!("size {text:?}: too large"))
@@ -92,14 +91,10 @@ fn parse_args() -> Result<Options, String> {
 }
 
 /// The first byte of `found` (at offset `from` of its allocation) that breaks the pattern.
-fn first_mismatch(first: u8, from: usize, found: &[u8]) -> Option<serde_json::Value> {
-    let expected = pattern(first, from, found.len());
-    let i = found.iter().zip(&expected).position(|(a, b)| a != b)?;
-    Some(serde_json::json!({
-        "offset": from + i,
-        "found": found[i],
-        "expected": expected[i],
-    }))
+fn mismatch_report(first: u8, from: usize, found: &[u8]) -> Option<serde_json::Value> {
+    first_mismatch(first, from, found).map(|(offset, found, expected)| {
+        serde_json::json!({ "offset": offset, "found": found, "expected": expected })
+    })
 }
 
 /// Bytes written or read per copy, so that large allocations need little host memory.
@@ -157,7 +152,7 @@ fn run(o: &Options, report: &mut Vec<serde_json::Value>) -> Result<(), String> {
             // SAFETY: `chunk` has room for the bytes copied, from inside the allocation.
             let rc = unsafe { dtoh(chunk.as_mut_ptr().cast(), ptr + from as u64, chunk.len()) };
             call("cuMemcpyDtoH_v2", rc)?;
-            mismatch = first_mismatch(first, from, chunk);
+            mismatch = mismatch_report(first, from, chunk);
             if mismatch.is_some() {
                 break;
             }
@@ -191,15 +186,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pattern_counts_up_from_its_first_byte_and_wraps() {
-        assert_eq!(pattern(254, 0, 4), vec![254, 255, 0, 1]);
+    fn a_mismatch_is_reported_with_its_offset_and_bytes() {
+        assert_eq!(mismatch_report(1, 0, &[1, 2, 3]), None);
         assert_eq!(
-            pattern(7, 300, 2),
-            vec![(7 + 300 % 256) as u8, (8 + 300 % 256) as u8]
-        );
-        assert_eq!(first_mismatch(1, 0, &[1, 2, 3]), None);
-        assert_eq!(
-            first_mismatch(1, 10, &[11, 0, 13]),
+            mismatch_report(1, 10, &[11, 0, 13]),
             Some(serde_json::json!({"offset": 11, "found": 0, "expected": 12}))
         );
     }
