@@ -264,3 +264,43 @@ fn unified_copies_with_attributes_move_bytes_either_way() {
     sync(lib);
     assert_eq!(back, data);
 }
+
+/// `CUmemAllocationProp` of device memory on device 0.
+#[repr(C)]
+struct AllocationProp {
+    alloc_type: u32,
+    handle_types: u32,
+    location_type: u32,
+    location_id: i32,
+    win32: *mut c_void,
+    flags: [u8; 8],
+}
+
+#[test]
+fn mapped_virtual_memory_holds_data_by_address() {
+    let lib = current();
+    let size = 2usize << 20;
+    let prop = AllocationProp {
+        alloc_type: 1,
+        handle_types: 0,
+        location_type: 1,
+        location_id: 0,
+        win32: std::ptr::null_mut(),
+        flags: [0; 8],
+    };
+    let (mut handle, mut va) = (0u64, 0u64);
+    // SAFETY: live out-pointers, a CUmemAllocationProp that outlives the calls, a range the
+    // reservation covers.
+    unsafe {
+        let create: P4<*mut u64, usize, *const AllocationProp, u64> = lib.f("cuMemCreate");
+        assert_eq!(create(&mut handle, size, &prop, 0), SUCCESS);
+        let reserve: P5<*mut u64, usize, usize, u64, u64> = lib.f("cuMemAddressReserve");
+        assert_eq!(reserve(&mut va, size, 0, 0, 0), SUCCESS);
+        let map: P5<u64, usize, usize, u64, u64> = lib.f("cuMemMap");
+        assert_eq!(map(va, size, 0, handle, 0), SUCCESS);
+    }
+    let data = pattern(250, 3 << 10);
+    write(lib, "cuMemcpyHtoD_v2", va + (1 << 20), &data);
+    assert_eq!(read(lib, va + (1 << 20), data.len()), data);
+    assert_eq!(read(lib, va, 8), vec![0; 8], "unwritten");
+}
