@@ -20,15 +20,21 @@
 //! `raw-launch N MS` (N kernels of MS ms through the driver's own cuLaunchKernel, past the interposer),
 //! `max-alloc` (the largest single allocation granted, by binary search), `timeslice-trace MS`
 //! (when a kernel of MS ms was running, from the GPU's clock), `checkpoint PID`
-//! (cuCheckpointProcess* latencies on another process).
+//! (cuCheckpointProcess* latencies on another process), `fill BYTE` (the pattern
+//! `(BYTE + i) mod 256` over the whole most recent `alloc`/`managed` allocation, with
+//! cuMemcpyHtoD), `check BYTE` (reads it back with cuMemcpyDtoH: CUDA_SUCCESS when it holds
+//! that pattern, else CUDA_ERROR_UNKNOWN with `mismatch_at=OFFSET found=B expected=B`).
 //!
 //! Its kernel is `gpushare_spin_ns` from tests/simgpu/ptx/spin.ptx (PTX, spinning on
 //! `%globaltimer`), so it runs unchanged on the simulated driver and on a real GPU.
 #![allow(clippy::missing_transmute_annotations)]
 
+mod pattern;
 mod steps;
 
-use steps::{captures, contexts, copies, info, launches, memory, process, streams, symbols};
+use steps::{
+    captures, contents, contexts, copies, info, launches, memory, process, streams, symbols,
+};
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
@@ -217,6 +223,9 @@ struct Probe {
     pool: Option<H>,
     /// The stream `capture-begin` is capturing on, and the graph it ended with.
     capture: Option<(H, H)>,
+    /// The most recent `alloc` or `managed` allocation and its size: what `fill` and `check`
+    /// work on.
+    last_alloc: Option<(Ptr, usize)>,
     error_name: unsafe extern "C" fn(R, *mut *const c_char) -> R,
 }
 
@@ -394,6 +403,7 @@ fn main() {
         held: Vec::new(),
         pool: None,
         capture: None,
+        last_alloc: None,
         error_name,
     };
     while let Some(step) = args.next() {
@@ -420,6 +430,8 @@ fn run_step(
         "async" | "pool-async" => memory::alloc_async(p, step, args, dev),
         "vmm" | "vmm-host" => memory::vmm(p, step, args, dev),
         "free-all" => memory::free_all(p),
+        "fill" => contents::fill(p, args),
+        "check" => contents::check(p, args),
         "sync" => contexts::sync(p),
         "trim" => memory::trim(p, dev),
         "pool-destroy" => memory::pool_destroy(p),

@@ -57,6 +57,7 @@ pub(crate) fn alloc(p: &mut Probe, step: &str, args: &mut impl Iterator<Item = S
     };
     if rc == 0 {
         p.held.push(Held::Device(ptr));
+        p.last_alloc = Some((ptr, bytes));
     }
     p.report(step, rc, &format!("bytes={bytes}"));
 }
@@ -278,6 +279,7 @@ pub(crate) fn vmm(p: &mut Probe, step: &str, args: &mut impl Iterator<Item = Str
 }
 
 pub(crate) fn free_all(p: &mut Probe) {
+    p.last_alloc = None;
     let c = &p.cuda;
     let mut worst = 0;
     while let Some(h) = p.held.pop() {

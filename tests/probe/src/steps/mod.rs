@@ -1,6 +1,7 @@
 //! The probe's steps, one function each, grouped by what they exercise.
 
 pub(crate) mod captures;
+pub(crate) mod contents;
 pub(crate) mod contexts;
 pub(crate) mod copies;
 pub(crate) mod info;

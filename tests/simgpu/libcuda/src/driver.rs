@@ -6,13 +6,14 @@
 
 use crate::handles::{Kind, Slab};
 use crate::result::{CuResult, CudaError};
+use simgpu_model::contents::{DeviceImage, ImageError};
 use simgpu_model::device::{ContextId, ProcessId, Waiter};
 use simgpu_model::kernel::{KernelDuration, ModuleImage};
 use simgpu_model::shared::{StoredConfig, MAX_GPUS, NO_EVENT};
 use simgpu_model::{Device, DeviceError, SimConfig};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::ThreadId;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the compilation mode.
@@ -21,6 +22,19 @@ pub const STREAM_LEGACY: usize = 0x1;
 pub const STREAM_PER_THREAD: usize = 0x2;
 /// First device address handed out; an arbitrary, recognisable range like the real driver's.
 const VA_BASE: u64 = 0x7f10_0000_0000;
+
+/// Where device address `ptr` (a valid one, at or above [`VA_BASE`]) lives in the process's
+/// memory image: addresses are per process, linear and never reused, so one offset each.
+pub fn image_offset(ptr: u64) -> u64 {
+    ptr - VA_BASE
+}
+
+/// A memory image that cannot be read or written: the call fails as the driver's own
+/// failures do, and the reason goes to stderr (the CUDA result cannot carry it).
+pub fn image_failed(e: ImageError) -> CudaError {
+    eprintln!("simgpu: {e}");
+    CudaError::Unknown
+}
 const ALLOC_ALIGN: u64 = 512;
 
 pub struct Context {
@@ -336,6 +350,9 @@ pub struct Driver {
     /// Model GPU index of each device ordinal (see `visible_gpus`).
     visible: Vec<u32>,
     state: Mutex<State>,
+    /// This process's device memory image, open, with the model's `images_moved` count it was
+    /// opened at (a checkpoint and a restore move it: reopened by name afterwards).
+    image: Mutex<Option<(u64, Arc<DeviceImage>)>>,
 }
 
 static DRIVER: OnceLock<Result<Driver, CudaError>> = OnceLock::new();
@@ -476,7 +493,29 @@ impl Driver {
             config,
             visible,
             state: Mutex::new(State::new()),
+            image: Mutex::new(None),
         })
+    }
+
+    /// The process's device memory image (`simgpu_model::contents`), opened once and again
+    /// after each checkpoint or restore moved it. Calls hold a reference only while they run,
+    /// and a checkpoint lock waits for every call to leave, so no call straddles a move.
+    pub fn device_image(&self) -> CuResult<Arc<DeviceImage>> {
+        let moved = self.device.images_moved(self.process);
+        let mut cached = self.image.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, image)) = cached.as_ref() {
+            if *at == moved {
+                return Ok(Arc::clone(image));
+            }
+        }
+        let image = Arc::new(
+            self.device
+                .images()
+                .open_device(self.process)
+                .map_err(image_failed)?,
+        );
+        *cached = Some((moved, Arc::clone(&image)));
+        Ok(image)
     }
 
     pub fn state(&self) -> MutexGuard<'_, State> {

@@ -7,6 +7,7 @@
 //! apply them under the device mutex; the waits (a lock draining submitted work, the copies'
 //! time at `checkpoint_copy_bytes_per_s`) happen outside it.
 
+use crate::contents::Side;
 use crate::device::{sleep_until, ContextId, Device, DeviceError, Locked, ProcessId};
 use crate::shared::{ProcessSlot, MAX_CONTEXTS, MAX_GPUS, MAX_PROCESSES, SLOT_LIVE};
 use std::sync::atomic::Ordering;
@@ -116,6 +117,8 @@ pub enum CheckpointError {
     Unsupported,
     #[error("restoring needs {needed} bytes on GPU {gpu}, {free} are free")]
     OutOfMemory { gpu: usize, needed: u64, free: u64 },
+    #[error("cannot move the process's memory contents: {0}")]
+    Image(#[from] crate::contents::ImageError),
     #[error(transparent)]
     Device(#[from] DeviceError),
 }
@@ -220,6 +223,7 @@ impl Locked<'_> {
         if self.state.processes[slot].checkpoint_refusals != 0 {
             return Err(CheckpointError::Unsupported);
         }
+        self.move_image(p, Side::Device, Side::Host)?;
         self.step(p, Step::Checkpoint)?;
         let mut total = 0;
         for gpu in 0..MAX_GPUS {
@@ -250,6 +254,7 @@ impl Locked<'_> {
                 return Err(CheckpointError::OutOfMemory { gpu, needed, free });
             }
         }
+        self.move_image(p, Side::Host, Side::Device)?;
         self.step(p, Step::Restore)?;
         let mut total = 0;
         for gpu in 0..MAX_GPUS {
@@ -263,12 +268,31 @@ impl Locked<'_> {
     }
 }
 
+impl Locked<'_> {
+    /// Moves `p`'s memory contents between the device and the host (`crate::contents`), and
+    /// tells its driver to reopen them.
+    fn move_image(&mut self, p: ProcessId, from: Side, to: Side) -> Result<(), CheckpointError> {
+        let slot = self.process_slot(p)?;
+        self.device.images().move_image(p, from, to)?;
+        self.state.processes[slot]
+            .images_moved
+            .fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 impl Device {
+    /// How many times a checkpoint or restore has moved `p`'s memory image: its driver
+    /// reopens the image when this changes.
+    pub fn images_moved(&self, p: ProcessId) -> u64 {
+        self.process_atomics(p).images_moved.load(Ordering::SeqCst)
+    }
+
     fn process_atomics(&self, p: ProcessId) -> &ProcessSlot {
         let state = self.region.state_ptr();
         // SAFETY: the mapping lives as long as `self`; only the slot's atomics are used through
-        // this reference (`checkpoint_phase`, `calls_in_flight`), which are meant to be read
-        // and written without the mutex.
+        // this reference (`checkpoint_phase`, `calls_in_flight`, `images_moved`), which are
+        // meant to be read and written without the mutex.
         unsafe { &(*state).processes[p.slot as usize] }
     }
 
@@ -495,6 +519,101 @@ mod tests {
         assert_eq!(device.restore_process(pid).unwrap(), 1 << 30);
         assert_eq!(device.lock().unwrap().memory_info(0).0, 3 << 30);
         assert_eq!(device.process_state(pid).unwrap(), ProcessState::Locked);
+    }
+
+    #[test]
+    fn a_checkpoint_moves_the_memory_image_to_the_host_and_a_restore_brings_it_back() {
+        use crate::contents::Side;
+        let dir = tempfile::tempdir().unwrap();
+        let vars = [("SIMGPU_MEMORY", "4Gi"), ("SIMGPU_CONTEXT_MEMORY", "0")];
+        let (device, other) = (
+            crate::device::tests::device(dir.path(), &vars),
+            crate::device::tests::device(dir.path(), &vars),
+        );
+        let pid = std::process::id();
+        let p = device.lock().unwrap().attach_process().unwrap();
+        device
+            .lock()
+            .unwrap()
+            .reserve_memory(p, 0, 3 << 30)
+            .unwrap();
+        let images = device.images().clone();
+        images
+            .open_device(p)
+            .unwrap()
+            .write(4096, b"contents")
+            .unwrap();
+        let (on_device, on_host) = (images.path(Side::Device, p), images.path(Side::Host, p));
+        let moved = device.images_moved(p);
+
+        device.lock_process(pid, 0).unwrap();
+        device.checkpoint_process(pid).unwrap();
+        assert!(!on_device.exists(), "no device image while checkpointed");
+        assert!(on_host.exists());
+        assert_eq!(device.images_moved(p), moved + 1, "the driver reopens it");
+
+        // Another process takes the memory: the restore fails and the image stays on the host.
+        let q = other.lock().unwrap().attach_process().unwrap();
+        other.lock().unwrap().reserve_memory(q, 0, 2 << 30).unwrap();
+        assert!(matches!(
+            device.restore_process(pid),
+            Err(CheckpointError::OutOfMemory { .. })
+        ));
+        assert!(!on_device.exists() && on_host.exists());
+        assert_eq!(device.images_moved(p), moved + 1);
+        other.lock().unwrap().release_memory(q, 0, 2 << 30).unwrap();
+
+        device.restore_process(pid).unwrap();
+        assert!(!on_host.exists());
+        let mut back = [0u8; 10];
+        images
+            .open_device(p)
+            .unwrap()
+            .read(4095, &mut back)
+            .unwrap();
+        assert_eq!(&back, b"\0contents\0");
+        assert_eq!(device.images_moved(p), moved + 2);
+    }
+
+    #[test]
+    fn a_process_that_dies_checkpointed_or_not_leaves_no_image() {
+        use crate::contents::Side;
+        let dir = tempfile::tempdir().unwrap();
+        let vars = [("SIMGPU_CONTEXT_MEMORY", "0")];
+        let (first, second, reaper) = (
+            crate::device::tests::device(dir.path(), &vars),
+            crate::device::tests::device(dir.path(), &vars),
+            crate::device::tests::device(dir.path(), &vars),
+        );
+        let images = reaper.images().clone();
+        let running = first.lock().unwrap().attach_process().unwrap();
+        images.open_device(running).unwrap().write(0, b"x").unwrap();
+        // This test's pid belongs to both; the checkpoint finds the first live one, so the
+        // checkpointed process is attached once the other is dead.
+        first.simulate_death(running);
+        reaper.lock().unwrap().reap_dead();
+        assert!(!images.path(Side::Device, running).exists());
+
+        let checkpointed = second.lock().unwrap().attach_process().unwrap();
+        images
+            .open_device(checkpointed)
+            .unwrap()
+            .write(0, b"y")
+            .unwrap();
+        let pid = std::process::id();
+        second.lock_process(pid, 0).unwrap();
+        second.checkpoint_process(pid).unwrap();
+        assert!(images.path(Side::Host, checkpointed).exists());
+        second.simulate_death(checkpointed);
+        reaper.lock().unwrap().reap_dead();
+        assert!(!images.path(Side::Host, checkpointed).exists());
+        assert_eq!(
+            std::fs::read_dir(dir.path().join(crate::contents::MEMORY_DIR))
+                .unwrap()
+                .count(),
+            0,
+            "nothing left in the memory directory"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Every operation takes the shared mutex, reads the clock, and advances the GPU it touches to
 //! that instant before acting, so the model is exact whatever the callers' timing.
 
+use crate::contents::Images;
 use crate::liveness::{LivenessError, OwnerLocks};
 use crate::lock::Acquired;
 use crate::pidns::PidNamespace;
@@ -45,6 +46,8 @@ pub enum DeviceError {
     InvalidEvent,
     #[error("the shared allocation no longer exists")]
     StaleSharedAlloc,
+    #[error(transparent)]
+    Image(#[from] crate::contents::ImageError),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +147,8 @@ pub struct Device {
     /// A second descriptor to ask about others (OFD locks never conflict with their holder).
     observe: OwnerLocks,
     last_reap_ns: AtomicU64,
+    /// The processes' memory contents (`SIMGPU_DIR/memory`).
+    images: Images,
 }
 
 impl Device {
@@ -155,7 +160,13 @@ impl Device {
             claim: OwnerLocks::open(&owners)?,
             observe: OwnerLocks::open(&owners)?,
             last_reap_ns: AtomicU64::new(0),
+            images: Images::open(&config.dir)?,
         })
+    }
+
+    /// Where the processes' memory contents are kept.
+    pub fn images(&self) -> &Images {
+        &self.images
     }
 
     /// The configuration fixed when the state was created.
@@ -339,7 +350,7 @@ impl OpSource for GpuOps<'_> {
 
 /// The shared state, locked; unlocks on drop.
 pub struct Locked<'a> {
-    device: &'a Device,
+    pub(crate) device: &'a Device,
     pub(crate) state: &'a mut SharedState,
     /// The clock, read once the lock was held (so it never goes backwards across processes).
     pub now_ns: u64,
@@ -523,10 +534,14 @@ impl Locked<'_> {
             p.generation = generation;
             p.memory = [0; crate::shared::MAX_GPUS];
             crate::checkpoint::reset(p);
-            return Ok(ProcessId {
+            let id = ProcessId {
                 slot: slot as u32,
                 generation,
-            });
+            };
+            // Unwritten memory reads as zero: no image of an earlier state file (whose
+            // generations started again from 1) may pass for this process's.
+            self.device.images.remove(id);
+            return Ok(id);
         }
         Err(DeviceError::NoFreeSlot("process"))
     }
@@ -597,6 +612,12 @@ impl Locked<'_> {
         // with the process without touching the GPU's use.
         crate::checkpoint::reset(p);
         p.state = SLOT_FREE;
+        // Its contents go with it, on the device or checkpointed to the host.
+        let id = ProcessId {
+            slot: slot as u32,
+            generation: p.generation,
+        };
+        self.device.images.remove(id);
     }
 
     fn free_context_slot(&mut self, c: usize) {

@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod contents;
 pub mod device;
 pub mod kernel;
 pub mod liveness;

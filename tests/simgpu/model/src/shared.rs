@@ -3,8 +3,8 @@
 //! Everything is `repr(C)` plain data of fixed size, so that processes built separately (the
 //! driver, NVML, a test) agree on it; `LAYOUT_VERSION` changes whenever it does. Fields are only
 //! read or written while holding `SharedState::mutex`, except `magic`, which publishes the
-//! initialised state, and a process's `checkpoint_phase` and `calls_in_flight`, which its own
-//! driver calls read and count on.
+//! initialised state, and a process's `checkpoint_phase`, `calls_in_flight` and `images_moved`,
+//! which its own driver calls read and count on.
 
 use crate::lock::RobustMutex;
 use crate::pidns::PidNamespace;
@@ -30,7 +30,7 @@ pub const UTIL_BUCKETS: usize = 32;
 pub const UTIL_BUCKET_NS: u64 = 100_000_000;
 
 const MAGIC: u64 = 0x5349_4d47_5055_5354; // "SIMGPUST"
-pub const LAYOUT_VERSION: u64 = 5;
+pub const LAYOUT_VERSION: u64 = 6;
 
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_LIVE: u32 = 1;
@@ -120,6 +120,10 @@ pub struct ProcessSlot {
     pub checkpoint_refusals: u32,
     /// Device memory moved to the host by a checkpoint, per GPU (no longer on the GPU).
     pub checkpointed: [u64; MAX_GPUS],
+    /// How many times a checkpoint or a restore has moved its memory image
+    /// (`crate::contents`): its driver reopens the image by name when this changes. Written
+    /// under the mutex, read without it, like `checkpoint_phase`.
+    pub images_moved: AtomicU64,
 }
 
 #[repr(C)]

@@ -98,7 +98,8 @@ fn simgpu_model_duration(text: &str) -> Option<u64> {
     })
 }
 
-fn bytes(text: &str) -> Result<u64, OptionsError> {
+/// A size in bytes: a number, or with a unit (`Ki Mi Gi`, `K M G`).
+pub fn bytes(text: &str) -> Result<u64, OptionsError> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());

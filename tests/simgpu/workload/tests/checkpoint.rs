@@ -377,3 +377,162 @@ fn a_process_killed_while_checkpointed_leaves_nothing_behind() {
         "its checkpointed memory is not taken off the GPU a second time"
     );
 }
+
+/// A `simgpu-pattern` process holding memory with known contents until told to read it back.
+struct PatternHolder {
+    child: Child,
+    files: tempfile::TempDir,
+    /// Its device memory image's name, without the `device-` prefix (`<slot>-<generation>`).
+    image: String,
+}
+
+impl PatternHolder {
+    /// Starts one with `allocations` (`SIZE:BYTE` each) and waits until it has written them.
+    fn start(allocations: &[&str]) -> PatternHolder {
+        let files = tempfile::tempdir().unwrap();
+        let (ready, go) = (files.path().join("ready"), files.path().join("go"));
+        let mut args = vec![
+            "--ready",
+            ready.to_str().unwrap(),
+            "--go",
+            go.to_str().unwrap(),
+        ];
+        args.extend(allocations);
+        let child = sim().pattern(&args).spawn().unwrap();
+        assert!(
+            common::eventually(Duration::from_secs(30), || ready.exists()),
+            "simgpu-pattern never wrote its memory"
+        );
+        let model = sim().model();
+        let slot = model
+            .lock()
+            .unwrap()
+            .snapshot(0)
+            .unwrap()
+            .processes
+            .iter()
+            .find(|u| u.pid == child.id())
+            .expect("the holder is listed")
+            .slot;
+        let image = sim()
+            .memory_images()
+            .iter()
+            .find_map(|name| name.strip_prefix(&format!("device-{slot}-")))
+            .map(|generation| format!("{slot}-{generation}"))
+            .expect("the holder's device image exists once it wrote");
+        PatternHolder {
+            child,
+            files,
+            image,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether its image exists on the device side and on the host side.
+    fn images(&self) -> (bool, bool) {
+        let names = sim().memory_images();
+        let has = |side: &str| names.contains(&format!("{side}-{}", self.image));
+        (has("device"), has("host"))
+    }
+
+    /// Lets it read its memory back; its report.
+    fn finish(self) -> serde_json::Value {
+        std::fs::write(self.files.path().join("go"), b"").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        common::report(&out.stdout, &out.stderr)
+    }
+}
+
+#[test]
+fn a_restored_process_reads_back_every_byte_it_wrote_at_the_same_addresses() {
+    let _turn = one_at_a_time();
+    let ctl = Controller::new();
+    let nvml = sim().nvml();
+    let gpu = nvml.device_by_index(0).unwrap();
+    // Several allocations, one over the driver's 4 MiB copy chunk, each its own pattern.
+    let holder = PatternHolder::start(&["3Mi:11", "5Mi:200", "1Mi:0", "4097:77"]);
+    let pid = holder.pid();
+    assert_eq!(holder.images(), (true, false), "written on the device");
+    let before = gpu.memory_info().unwrap().free;
+
+    assert_eq!(ctl.lock(pid, 0), SUCCESS);
+    assert_eq!(ctl.checkpoint(pid), SUCCESS);
+    assert_eq!(
+        holder.images(),
+        (false, true),
+        "checkpointed: the contents are on the host, none on the device"
+    );
+    assert!(gpu.memory_info().unwrap().free > before);
+
+    // A restore that does not fit leaves the contents on the host.
+    let blocker = Blocker::take(&ctl, 0);
+    assert_eq!(ctl.restore(pid), OUT_OF_MEMORY);
+    assert_eq!(holder.images(), (false, true));
+    drop(blocker);
+
+    assert_eq!(ctl.restore(pid), SUCCESS);
+    assert_eq!(holder.images(), (true, false), "restored onto the device");
+    assert_eq!(ctl.unlock(pid), SUCCESS);
+
+    let report = holder.finish();
+    assert_eq!(report["error"], serde_json::Value::Null, "{report}");
+    let allocations = report["allocations"].as_array().unwrap();
+    assert_eq!(allocations.len(), 4, "{report}");
+    for a in allocations {
+        assert_eq!(a["mismatch"], serde_json::Value::Null, "{report}");
+    }
+    let mut addresses: Vec<u64> = allocations
+        .iter()
+        .map(|a| a["ptr"].as_u64().unwrap())
+        .collect();
+    addresses.dedup();
+    assert_eq!(addresses.len(), 4, "distinct allocations: {report}");
+}
+
+#[test]
+fn a_process_s_memory_contents_go_with_it_whether_it_exits_is_killed_or_is_checkpointed() {
+    let _turn = one_at_a_time();
+    let ctl = Controller::new();
+    let gone = |holder_image: &str| {
+        common::eventually(Duration::from_secs(5), || {
+            // Opening the model reaps dead processes.
+            drop(sim().model().lock().unwrap());
+            !sim()
+                .memory_images()
+                .iter()
+                .any(|name| name.ends_with(&format!("-{holder_image}")))
+        })
+    };
+
+    let exits = PatternHolder::start(&["1Mi:1"]);
+    let image = exits.image.clone();
+    let report = exits.finish();
+    assert_eq!(report["error"], serde_json::Value::Null, "{report}");
+    assert!(
+        gone(&image),
+        "the image of a process that exited is removed"
+    );
+
+    let mut killed = PatternHolder::start(&["1Mi:2"]);
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    assert!(
+        gone(&killed.image),
+        "nor does a SIGKILLed one leave its image"
+    );
+
+    let mut checkpointed = PatternHolder::start(&["1Mi:3"]);
+    let pid = checkpointed.pid();
+    assert_eq!(ctl.lock(pid, 0), SUCCESS);
+    assert_eq!(ctl.checkpoint(pid), SUCCESS);
+    assert_eq!(checkpointed.images(), (false, true));
+    checkpointed.child.kill().unwrap();
+    checkpointed.child.wait().unwrap();
+    assert!(
+        gone(&checkpointed.image),
+        "the host-side image of a process killed while checkpointed is removed"
+    );
+}

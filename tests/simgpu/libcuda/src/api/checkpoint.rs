@@ -44,6 +44,8 @@ fn cuda_error(e: CheckpointError) -> CudaError {
         CheckpointError::Unsupported => CudaError::NotSupported,
         CheckpointError::OutOfMemory { .. } => CudaError::OutOfMemory,
         CheckpointError::Device(_) => CudaError::Unknown,
+        // The memory image could not be moved (a file system failure): nothing changed.
+        CheckpointError::Image(e) => crate::driver::image_failed(e),
     }
 }
 

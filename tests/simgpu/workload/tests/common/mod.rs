@@ -101,14 +101,23 @@ impl Sim {
     /// [`Self::workload`] run by `wrapper` (a program and its arguments, e.g. `unshare …`),
     /// which runs the workload's command line as its own.
     pub fn workload_under(&self, wrapper: &[&str], args: &[&str]) -> Command {
-        let workload = env!("CARGO_BIN_EXE_simgpu-workload");
+        self.program_under(env!("CARGO_BIN_EXE_simgpu-workload"), wrapper, args)
+    }
+
+    /// `simgpu-pattern` (see its source): holds memory with known contents until told to read
+    /// it back.
+    pub fn pattern(&self, args: &[&str]) -> Command {
+        self.program_under(env!("CARGO_BIN_EXE_simgpu-pattern"), &[], args)
+    }
+
+    fn program_under(&self, program: &str, wrapper: &[&str], args: &[&str]) -> Command {
         let mut cmd = match wrapper.split_first() {
-            Some((program, wrapper_args)) => {
-                let mut cmd = Command::new(program);
-                cmd.args(wrapper_args).arg(workload);
+            Some((wrapper_program, wrapper_args)) => {
+                let mut cmd = Command::new(wrapper_program);
+                cmd.args(wrapper_args).arg(program);
                 cmd
             }
-            None => Command::new(workload),
+            None => Command::new(program),
         };
         cmd.args(args)
             .env("LD_LIBRARY_PATH", libs_dir())
@@ -124,6 +133,20 @@ impl Sim {
     pub fn run(&self, args: &[&str]) -> serde_json::Value {
         let out = self.workload(args).output().expect("spawn simgpu-workload");
         report(&out.stdout, &out.stderr)
+    }
+
+    /// The names of the memory images (`simgpu_model::contents`) in this machine's directory.
+    pub fn memory_images(&self) -> Vec<String> {
+        let dir = self.dir.path().join(simgpu_model::contents::MEMORY_DIR);
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
     }
 
     /// The model itself, for checks against its own accounting.
