@@ -13,10 +13,10 @@
 //! The naming is pure ([`image_name`]); [`Images`] and [`DeviceImage`] do the file I/O.
 
 use crate::device::ProcessId;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::ErrorKind;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 
 /// The directory under `SIMGPU_DIR` that holds the images.
@@ -123,14 +123,7 @@ impl Images {
     /// `p`'s device image, created empty (all zeros) if it does not exist.
     pub fn open_device(&self, p: ProcessId) -> Result<DeviceImage, ImageError> {
         let path = self.path(Side::Device, p);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            .open(&path)
-            .map_err(image_error(&path))?;
+        let file = crate::shared::open_shared_file(&path).map_err(image_error(&path))?;
         Ok(DeviceImage { file, path })
     }
 }

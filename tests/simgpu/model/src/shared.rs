@@ -229,6 +229,19 @@ unsafe impl Send for Region {}
 // SAFETY: as above.
 unsafe impl Sync for Region {}
 
+/// Opens `path` for reading and writing, created (empty) if missing, as every process of the
+/// machine may, whatever its user: the state file, and the memory images of
+/// `crate::contents`.
+pub(crate) fn open_shared_file(path: &Path) -> std::io::Result<std::fs::File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(path)
+}
+
 impl Region {
     /// Maps `dir/state`, creating and initialising it from `config` if it does not exist.
     pub fn open(dir: &Path, config: &SimConfig, now_ns: u64) -> Result<Region, SharedError> {
@@ -237,17 +250,10 @@ impl Region {
             source,
         })?;
         let path = dir.join("state");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            .open(&path)
-            .map_err(|source| SharedError::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
+        let file = open_shared_file(&path).map_err(|source| SharedError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
         let fd = file.as_raw_fd();
         let size = std::mem::size_of::<SharedState>();
         // Creation is serialised by an exclusive flock: two processes starting at once must not
