@@ -220,7 +220,7 @@ async fn a_lock_that_times_out_touches_nothing_and_may_be_tried_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_keeps_what_is_checkpointed_unlocks_what_is_only_locked_and_reports_failed() {
-    let (setup, pids, driver) = Setup::with_driver();
+    let (setup, _pids, driver) = Setup::with_driver();
     let (handle, reclaimer, plan, setup) = setup.start(driver.clone());
     // As a kill left it: the journal lists both victims as being suspended; the first
     // is checkpointed, the second only locked.

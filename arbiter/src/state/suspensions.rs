@@ -389,7 +389,12 @@ impl Arbiter {
                 .map(|(id, s)| {
                     let admitted = self.lease(id).map_or(0, |l| l.created_unix_ms);
                     // What it holds now: a process that exited meanwhile is credited.
-                    let bytes = self.ledger.get(id).map_or(0, |l| l.used()).min(s.bytes);
+                    // A lease none of whose processes has attached (after a restart: a
+                    // checkpointed process cannot) needs what it held when suspended.
+                    let bytes = match self.ledger.get(id) {
+                        Some(l) if !l.clients.is_empty() => l.used().min(s.bytes),
+                        _ => s.bytes,
+                    };
                     (
                         id.clone(),
                         reclaim::Suspended { bytes, admitted },

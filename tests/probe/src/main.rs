@@ -10,7 +10,7 @@
 //! `--driver-library PATH` (`dlopen` PATH instead of `libcuda.so.1`: a library that
 //! fronts the driver, as a tracer does, answers `cuGetProcAddress_v2`).
 //! Steps: `alloc B`, `linked-alloc B`, `pitch W H`, `managed B`, `array W H`, `array3d W H D`,
-//! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `free-all`,
+//! `mipmap W H LEVELS`, `async B`, `pool-async B`, `vmm B`, `vmm-host B`, `vmm-export B` (exported as a POSIX descriptor, kept), `free-all`,
 //! `sync`, `trim`, `meminfo`, `totalmem`, `launch N`, `launch-ex`, `coop`, `graph`,
 //! `legacy-launch`, `ptsz-check`, `procaddr NAME VERSION FLAGS`, `resolver-alloc FLAGS B`, `dlsym NAME`, `next NAME`, `nvml-meminfo`,
 //! `wait FILE`, `touch FILE`, `sleep MS`, `chaos`, `bench-launch N`, `bench-totalmem N`, `bench-linked-totalmem N`,
@@ -428,7 +428,7 @@ fn run_step(
         "array3d" => memory::array3d(p, args),
         "mipmap" => memory::mipmap(p, args),
         "async" | "pool-async" => memory::alloc_async(p, step, args, dev),
-        "vmm" | "vmm-host" => memory::vmm(p, step, args, dev),
+        "vmm" | "vmm-host" | "vmm-export" => memory::vmm(p, step, args, dev),
         "free-all" => memory::free_all(p),
         "fill" => contents::fill(p, args),
         "check" => contents::check(p, args),

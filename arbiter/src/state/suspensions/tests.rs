@@ -233,7 +233,7 @@ fn a_reclaim_that_frees_too_little_takes_the_charge_back_and_marks_what_the_driv
 
 #[test]
 fn a_released_suspended_lease_leaves_its_processes_to_the_restorer() {
-    let (mut node, a, h, plan) = one_low_full_and_a_high_short();
+    let (mut node, a, _h, plan) = one_low_full_and_a_high_short();
     node.arbiter
         .finish_reclaim(
             &plan,

@@ -238,10 +238,13 @@ pub(crate) fn vmm(p: &mut Probe, step: &str, args: &mut impl Iterator<Item = Str
     let size = num(args) as usize;
     let create: unsafe extern "C" fn(*mut u64, usize, *const AllocProp, u64) -> R =
         c.get("cuMemCreate");
-    let location_type = if step == "vmm" { 1 } else { 2 };
+    let location_type = if step == "vmm-host" { 2 } else { 1 };
+    // `vmm-export`: shareable as a POSIX descriptor (IPC memory, which the driver cannot
+    // checkpoint), exported once created and kept exported.
+    let exported = step == "vmm-export";
     let prop = AllocProp {
         kind: 1,
-        handle_types: 0,
+        handle_types: u32::from(exported),
         location_type,
         location_id: dev,
         win32: std::ptr::null_mut(),
@@ -260,6 +263,17 @@ pub(crate) fn vmm(p: &mut Probe, step: &str, args: &mut impl Iterator<Item = Str
         }
         return p.report(step, rc, &format!("bytes={size}"));
     }
+    let mut fd: c_int = -1;
+    if exported {
+        let export: unsafe extern "C" fn(*mut c_void, u64, u32, u64) -> R =
+            c.get("cuMemExportToShareableHandle");
+        // SAFETY: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR writes an int: `fd` is a live
+        // c_int; the handle is the one cuMemCreate just made.
+        let rc = unsafe { export((&mut fd as *mut c_int).cast(), handle, 1, 0) };
+        if rc != 0 {
+            return p.report(step, rc, &format!("bytes={size}"));
+        }
+    }
     let reserve: unsafe extern "C" fn(*mut Ptr, usize, usize, Ptr, u64) -> R =
         c.get("cuMemAddressReserve");
     let map: unsafe extern "C" fn(Ptr, usize, usize, u64, u64) -> R = c.get("cuMemMap");
@@ -275,7 +289,7 @@ pub(crate) fn vmm(p: &mut Probe, step: &str, args: &mut impl Iterator<Item = Str
     let released = unsafe { release(handle) };
     let rc = reserved.max(mapped).max(released);
     p.held.push(Held::Mapped { va, size });
-    p.report(step, rc, &format!("bytes={size}"));
+    p.report(step, rc, &format!("bytes={size} fd={fd}"));
 }
 
 pub(crate) fn free_all(p: &mut Probe) {
