@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use gpushare_proto::{LeaseId, Priority, TimelineReport, TokenHold};
+use gpushare_proto::{ByteSize, LeaseId, Priority, TimelineReport, TokenHold};
 use plotters::prelude::*;
 
 use crate::terminal::shown_name;
@@ -125,7 +125,8 @@ fn seconds(ms: u64) -> String {
 pub fn render_text(report: &TimelineReport) -> String {
     let Some((from, to)) = span(report) else {
         return "no token holds recorded (no container on a time-sliced GPU yet, or none within --since)\n"
-            .into();
+            .to_owned()
+            + &render_reclaims(report, None);
     };
     let shown = letters(report);
     let mut out = format!(
@@ -160,6 +161,35 @@ pub fn render_text(report: &TimelineReport) -> String {
                 100.0 * ms as f64 / (to - from) as f64
             );
         }
+    }
+    out + &render_reclaims(report, Some(from))
+}
+
+/// The memory reclaims, each at its time from the span's start (`from`, unix ms).
+fn render_reclaims(report: &TimelineReport, from: Option<u64>) -> String {
+    if report.reclaims.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "memory reclaims (low-priority leases checkpointed off the GPU for a high-priority one):\n",
+    );
+    for r in &report.reclaims {
+        let at = match from {
+            Some(from) if r.at_unix_ms >= from => format!("+{}", seconds(r.at_unix_ms - from)),
+            _ => "before the span".into(),
+        };
+        let _ = writeln!(
+            out,
+            "  {at} {}: {} needed {} more: {} from {} lease(s) in {:.0} ms (bound {:.0} ms){}",
+            r.gpu,
+            r.lease,
+            ByteSize(r.shortfall),
+            ByteSize(r.bytes),
+            r.victims.len(),
+            r.total_ms,
+            r.bound_ms,
+            if r.succeeded { "" } else { ", refused" }
+        );
     }
     out
 }
@@ -279,6 +309,7 @@ mod tests {
 
     fn report() -> TimelineReport {
         TimelineReport {
+            reclaims: Vec::new(),
             gpus: vec![GpuTimeline {
                 gpu: "GPU-0".into(),
                 holds: vec![
@@ -323,6 +354,31 @@ mod tests {
             assert!(text.contains(line), "{line:?} in\n{text}");
         }
         assert!(render_text(&TimelineReport::default()).starts_with("no token holds"));
+    }
+
+    #[test]
+    fn memory_reclaims_are_listed_at_their_time_in_the_span() {
+        let mut r = report();
+        assert!(!render_text(&r).contains("memory reclaims"));
+        r.reclaims.push(gpushare_proto::ReclaimReport {
+            lease: "hi".into(),
+            gpu: "GPU-0".into(),
+            shortfall: 2 << 30,
+            bytes: 3 << 30,
+            victims: vec!["lo".into()],
+            succeeded: true,
+            total_ms: 130.0,
+            bound_ms: 250.0,
+            at_unix_ms: 13_500,
+            ..Default::default()
+        });
+        let text = render_text(&r);
+        assert!(
+            text.contains(
+                "+12.5 s GPU-0: hi needed 2Gi more: 3Gi from 1 lease(s) in 130 ms (bound 250 ms)"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -106,6 +106,12 @@ pub fn render_frame(report: &StatusReport) -> String {
         );
         for l in leases {
             let usage = report.usage.iter().find(|u| u.lease == l.id);
+            let suspended = report.reclaim.as_ref().and_then(|r| {
+                r.suspended
+                    .iter()
+                    .find(|s| s.lease == l.id.0)
+                    .map(|s| format!("  {} (memory reclaimed)", s.phase))
+            });
             let memory = format!(
                 "{} / {}",
                 ByteSize(usage.map_or(0, |u| u.memory_used)),
@@ -113,13 +119,14 @@ pub fn render_frame(report: &StatusReport) -> String {
             );
             let _ = writeln!(
                 out,
-                "  {:<28} {:<4} {:>21}  {:>9} {:>6} {:>6}",
+                "  {:<28} {:<4} {:>21}  {:>9} {:>6} {:>6}{}",
                 container_of(l, usage),
                 l.priority.to_string(),
                 memory,
                 usage.map_or_else(|| "-".into(), |u| gpu_time(u.gpu_time_ms)),
                 percent(usage.and_then(|u| u.gpu_share_10s)),
                 percent(usage.and_then(|u| u.gpu_share_1m)),
+                suspended.unwrap_or_default(),
             );
         }
     }
@@ -246,6 +253,20 @@ mod tests {
             "abababababab high 1Gi / 4Gi 12.3 s 61 % 48 %"
         );
         assert_eq!(row("trainer"), "trainer low 2Gi / 4Gi 12.6 min - -");
+        let mut reclaimed = report.clone();
+        reclaimed.reclaim = Some(Box::new(gpushare_proto::ReclaimStatus {
+            suspended: vec![gpushare_proto::SuspendedLease {
+                lease: "l2".into(),
+                phase: "suspended".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }));
+        let frame = render_frame(&reclaimed);
+        assert!(
+            frame.contains("12.6 min      -      -  suspended (memory reclaimed)"),
+            "{frame}"
+        );
         for line in [
             "gpushare top: 1 GPU(s), 2 lease(s), 0 queued",
             "util 10 s 97 %  1 min 40 %   memory used 3Gi  leased 8Gi of 16Gi",

@@ -567,6 +567,10 @@ pub struct TimelineReport {
     pub gpus: Vec<GpuTimeline>,
     /// Every lease that appears in a hold or still has token clients.
     pub leases: Vec<LeaseGpuTime>,
+    /// The last memory reclaims (`[memory] reclaim`), oldest first; absent from an older
+    /// arbiter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reclaims: Vec<ReclaimReport>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

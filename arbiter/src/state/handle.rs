@@ -77,10 +77,19 @@ impl ArbiterHandle {
 
     /// Who held each GPU's token when (empty without time-slice tokens).
     pub fn timeline(&self, since_ms: Option<u64>) -> gpushare_proto::TimelineReport {
-        let tokens = self.lock().tokens();
-        tokens
+        let (tokens, reclaims) = {
+            let arbiter = self.lock();
+            let reclaims = arbiter
+                .reclaim_status()
+                .map(|r| r.recent)
+                .unwrap_or_default();
+            (arbiter.tokens(), reclaims)
+        };
+        let mut report = tokens
             .map(|t| t.timeline(since_ms.map(|ms| ms.saturating_mul(1_000_000))))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        report.reclaims = reclaims;
+        report
     }
 
     fn lock(&self) -> Locked<'_> {

@@ -615,7 +615,11 @@ impl TokenService {
                 gpu_time_ms: t.held_ns / 1_000_000,
             })
             .collect();
-        TimelineReport { gpus, leases }
+        TimelineReport {
+            gpus,
+            leases,
+            reclaims: Vec::new(),
+        }
     }
 
     /// The scheduler's configuration (the watchdog reads its policy and grace).
