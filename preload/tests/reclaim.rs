@@ -171,7 +171,37 @@ fn a_high_allocation_takes_two_low_leases_memory_and_both_come_back_with_their_d
     // 5 + 5 + 2 GiB and four 64 MiB contexts are in use: 11 GiB more is 7.25 GiB over
     // the GPU, which only both 5 GiB low leases cover (the IPC one cannot be checkpointed).
     let eleven = (11 * GI).to_string();
-    let s = run(&mut m.probe(&high, &["meminfo", "alloc", &eleven, "meminfo", "free-all"]));
+    let (holding, release) = (m.file("high-holds"), m.file("high-frees"));
+    let high_job = m
+        .probe(
+            &high,
+            &[
+                "meminfo",
+                "alloc",
+                &eleven,
+                "meminfo",
+                "touch",
+                holding.to_str().unwrap(),
+                "wait",
+                release.to_str().unwrap(),
+                "free-all",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    wait_for_file(&holding);
+    // While the low leases are off the GPU, NVML (as the arbiter reads it) shows the GPU
+    // within its memory.
+    let during = m.status();
+    let gpu = &during.gpus[0];
+    assert!(
+        gpu.memory_used.is_some_and(|used| used <= gpu.memory_total),
+        "{gpu:?}"
+    );
+    let suspended = &during.reclaim.as_ref().unwrap().suspended;
+    assert_eq!(suspended.len(), 2, "{suspended:?}");
+    std::fs::write(&release, "").unwrap();
+    let s = finish_within(high_job, Duration::from_secs(60), "high");
     assert_eq!(
         s.result("alloc", 0),
         "CUDA_SUCCESS",
@@ -313,4 +343,65 @@ fn killed_before_the_charge_is_answered_the_suspended_come_back() {
 #[test]
 fn killed_between_a_restore_and_its_unlock_the_process_is_unlocked() {
     killed_at("restored");
+}
+
+/// A low process SIGKILLed while its lease is suspended: the arbiter lets its suspension
+/// go (nothing to restore), the other victim comes back, and the lease is released
+/// cleanly, leaving nothing in the simulated driver.
+#[test]
+fn a_victim_killed_while_suspended_leaves_its_lease_to_release_cleanly() {
+    let mut m = ReclaimMachine::start(None);
+    let a = m.lease("6Gi", Priority::Low);
+    let b = m.lease("6Gi", Priority::Low);
+    let high = m.lease("12Gi", Priority::High);
+    let mut low_a = low_job(&m, &a, "a", 5, 0x55);
+    let low_b = low_job(&m, &b, "b", 5, 0x66);
+    wait_for_file(&m.file("a-ready"));
+    wait_for_file(&m.file("b-ready"));
+    let (holding, release) = (m.file("high-holds"), m.file("high-frees"));
+    let eleven = (11 * GI).to_string();
+    let high_job = m
+        .probe(
+            &high,
+            &[
+                "alloc",
+                &eleven,
+                "touch",
+                holding.to_str().unwrap(),
+                "wait",
+                release.to_str().unwrap(),
+                "free-all",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    wait_for_file(&holding);
+    let suspended = m.status().reclaim.unwrap().suspended;
+    assert!(suspended.iter().any(|s| s.lease == a), "{suspended:?}");
+    low_a.kill().unwrap();
+    low_a.wait().unwrap();
+    std::fs::write(&release, "").unwrap();
+    std::fs::write(m.file("go"), "").unwrap();
+    finish_within(high_job, Duration::from_secs(60), "high");
+    let s = finish_within(low_b, Duration::from_secs(60), "b");
+    assert_eq!(s.result("check", 0), "CUDA_SUCCESS", "{}", s.stderr);
+    wait_until("no lease suspended", Duration::from_secs(30), || {
+        m.status().reclaim.unwrap().suspended.is_empty()
+    });
+    let a_id = gpushare_proto::LeaseId(a.clone());
+    let usage = m.status().usage;
+    let a_usage = usage.iter().find(|u| u.lease == a_id).unwrap();
+    assert!(a_usage.clients.is_empty(), "{a_usage:?}");
+    assert!(m.control().release(a_id).unwrap(), "released");
+    // The killed process's memory images went with it.
+    let images = m.machine.state_dir.join("memory");
+    wait_until(
+        "the killed process's images removed",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_dir(&images)
+                .map(|d| d.count() == 0)
+                .unwrap_or(true)
+        },
+    );
 }

@@ -20,6 +20,8 @@ struct FakeDriver {
     busy: Mutex<BTreeSet<u32>>,
     /// Restores refused for want of memory.
     no_room: Mutex<bool>,
+    /// Checkpoints that fail and leave the process FAILED.
+    failing: Mutex<BTreeSet<u32>>,
 }
 
 impl FakeDriver {
@@ -65,6 +67,13 @@ impl CheckpointDriver for FakeDriver {
     fn checkpoint(&self, pid: u32) -> Result<(), DriverError> {
         if self.unsupported.lock().unwrap().contains(&pid) {
             return Err(DriverError::NotSupported);
+        }
+        if self.failing.lock().unwrap().contains(&pid) {
+            self.set(pid, ProcessState::Failed);
+            return Err(DriverError::Other {
+                call: "cuCheckpointProcessCheckpoint",
+                code: 999,
+            });
         }
         self.step(pid, ProcessState::Locked, ProcessState::Checkpointed)
     }
@@ -291,4 +300,22 @@ async fn a_released_suspended_lease_is_restored_and_unlocked_whatever_it_holds()
         Some(ProcessState::Checkpointed),
         "still waits for room"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_fails_is_reported_and_its_lease_is_never_chosen_again() {
+    let (setup, pids, driver) = Setup::with_driver();
+    driver.failing.lock().unwrap().insert(pids[1]);
+    let (handle, reclaimer, plan, setup) = setup.start(driver.clone());
+    let charge = reclaimer.reclaim(&handle, plan).await.unwrap();
+    assert!(!charge.granted);
+    assert_eq!(driver.state_of(pids[1]), Some(ProcessState::Failed));
+    let status = handle.status().reclaim.unwrap();
+    assert_eq!(status.never_again.len(), 1, "{status:?}");
+    assert!(status.never_again[0].1.contains("FAILED"), "{status:?}");
+    reclaimer.restore_what_fits(&handle).await;
+    // The same charge again: the failed lease is not tried; the other alone is not enough.
+    let decision = handle.charge(&setup.high.0, setup.high.1, 5 * GI).await.unwrap();
+    assert!(!decision.granted);
+    assert_eq!(handle.status().reclaim.unwrap().reclaims, 1, "no second reclaim");
 }
