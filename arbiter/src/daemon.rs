@@ -446,6 +446,7 @@ mod tests {
             ("memory.low_overcommit", restart),
             ("memory.reclaim", restart),
             ("memory.reclaim_floor_ms", restart),
+            ("memory.restore_delay_ms", restart),
             ("placement.batch", Applied),
             ("placement.batch_budget_us", Applied),
             ("placement.compute_weight", Applied),

@@ -158,6 +158,11 @@ pub struct MemoryConfig {
     /// The bound's floor: a reclaim may always take this long (locking waits for the
     /// victims' submitted work).
     pub reclaim_floor_ms: u64,
+    /// How long after a reclaim on a GPU its suspended leases stay off it even if they
+    /// fit again. A bursty high-priority job frees its memory between requests and takes
+    /// it again within a second: restoring in between made it pay a checkpoint at nearly
+    /// every request (simulated: p99 request latency 1.0 s against 0.11 s without reclaim).
+    pub restore_delay_ms: u64,
 }
 
 impl Default for MemoryConfig {
@@ -168,6 +173,7 @@ impl Default for MemoryConfig {
             cuda_library: "libcuda.so.1".into(),
             checkpoint_gbps: 25.0,
             reclaim_floor_ms: 250,
+            restore_delay_ms: 2_000,
         }
     }
 }
@@ -208,6 +214,13 @@ impl MemoryConfig {
             self.reclaim_floor_ms,
             1,
             60_000,
+        );
+        check_duration(
+            problems,
+            "memory.restore_delay_ms",
+            self.restore_delay_ms,
+            0,
+            HOUR_MS,
         );
         if self.cuda_library.is_empty() {
             problems.push(Problem::at(

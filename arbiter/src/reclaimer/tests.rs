@@ -315,7 +315,14 @@ async fn a_checkpoint_that_fails_is_reported_and_its_lease_is_never_chosen_again
     assert!(status.never_again[0].1.contains("FAILED"), "{status:?}");
     reclaimer.restore_what_fits(&handle).await;
     // The same charge again: the failed lease is not tried; the other alone is not enough.
-    let decision = handle.charge(&setup.high.0, setup.high.1, 5 * GI).await.unwrap();
+    let decision = handle
+        .charge(&setup.high.0, setup.high.1, 5 * GI)
+        .await
+        .unwrap();
     assert!(!decision.granted);
-    assert_eq!(handle.status().reclaim.unwrap().reclaims, 1, "no second reclaim");
+    assert_eq!(
+        handle.status().reclaim.unwrap().reclaims,
+        1,
+        "no second reclaim"
+    );
 }

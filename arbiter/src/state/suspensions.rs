@@ -83,6 +83,9 @@ pub(super) struct Suspensions {
     /// whatever they hold (their container is ending).
     orphans: Vec<Vec<u32>>,
     recent: std::collections::VecDeque<ReclaimReport>,
+    /// When each GPU's last reclaim ended: its suspended leases wait
+    /// `memory.restore_delay_ms` from then.
+    last_reclaim: BTreeMap<String, Instant>,
     pub(super) reclaims: u64,
     pub(super) reclaims_failed: u64,
     pub(super) restores: u64,
@@ -315,6 +318,9 @@ impl Arbiter {
             .sum();
         self.suspensions.reclaims += 1;
         self.suspensions.reclaimed_bytes += freed;
+        self.suspensions
+            .last_reclaim
+            .insert(plan.gpu.clone(), Instant::now());
         if !fits {
             self.suspensions.reclaims_failed += 1;
         }
@@ -359,8 +365,11 @@ impl Arbiter {
         recent.push_back(report);
     }
 
-    /// Suspended leases that fit back on their GPU now, oldest first, marked restoring.
+    /// Suspended leases that fit back on their GPU now, oldest first, marked restoring;
+    /// none on a GPU whose last reclaim is younger than `memory.restore_delay_ms`.
     pub fn take_restorable(&mut self) -> Vec<Victim> {
+        let now = Instant::now();
+        let delay = Duration::from_millis(self.memory.restore_delay_ms);
         let mut back = Vec::new();
         let gpus: BTreeSet<String> = self
             .suspensions
@@ -376,6 +385,14 @@ impl Arbiter {
                 .any(|s| s.gpu == gpu && s.phase != SuspensionPhase::Suspended)
             {
                 // A reclaim or restore is under way there: its figures are not final.
+                continue;
+            }
+            if self
+                .suspensions
+                .last_reclaim
+                .get(&gpu)
+                .is_some_and(|at| now.duration_since(*at) < delay)
+            {
                 continue;
             }
             let free = self

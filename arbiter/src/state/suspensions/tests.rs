@@ -22,6 +22,8 @@ impl Node {
         arbiter.set_memory_config(gpushare_config::MemoryConfig {
             reclaim,
             low_overcommit: overcommit,
+            // Restores are looked at as soon as the tests free memory.
+            restore_delay_ms: 0,
             ..Default::default()
         });
         Node {
@@ -247,4 +249,34 @@ fn a_released_suspended_lease_leaves_its_processes_to_the_restorer() {
         node.arbiter.take_orphans(),
         vec![plan.victims[0].pids.clone()]
     );
+}
+
+#[test]
+fn suspended_leases_stay_off_the_gpu_for_the_restore_delay_after_a_reclaim() {
+    let (mut node, a, h, plan) = one_low_full_and_a_high_short();
+    node.arbiter
+        .set_memory_config(gpushare_config::MemoryConfig {
+            reclaim: true,
+            restore_delay_ms: 3_600_000,
+            ..Default::default()
+        });
+    node.arbiter
+        .finish_reclaim(
+            &plan,
+            &[(a.0.clone(), SuspendOutcome::Suspended)],
+            ReclaimTimes::default(),
+        )
+        .unwrap();
+    node.arbiter.lease_credit(&h.0, h.1, 6 * GI).unwrap();
+    assert!(
+        node.arbiter.take_restorable().is_empty(),
+        "it fits, but the high job may take the memory again"
+    );
+    node.arbiter
+        .set_memory_config(gpushare_config::MemoryConfig {
+            reclaim: true,
+            restore_delay_ms: 0,
+            ..Default::default()
+        });
+    assert_eq!(node.arbiter.take_restorable().len(), 1);
 }
