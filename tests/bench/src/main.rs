@@ -84,7 +84,8 @@ struct Args {
     e_duration_s: Option<f64>,
     /// Run nothing: re-write the Markdown and the charts of the results in `--out` from
     /// their JSON, which stays as it is (after the report or the charts changed); the cluster
-    /// simulation's too (in --out/cluster-issue-17, or in --out with --scenario cluster).
+    /// simulation's too (in --out/cluster-issue-17, or in --out with --scenario cluster);
+    /// with --scenario reclaim, only --out/reclaim's.
     #[arg(long)]
     rerender: bool,
     /// e2-mixed: multiply each job shape's CPU gap by this (1: E2's shapes; 3: lighter jobs).
@@ -112,6 +113,17 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
     if args.rerender {
         let io = |what: String| move |source| ExperimentError::Io { what, source };
         use gpushare_bench::kube_sim;
+        if args.scenario.as_deref() == Some("reclaim") {
+            use gpushare_bench::reclaim;
+            let dir = args.out.join(reclaim::RESULTS_SUBDIR);
+            let path = dir.join(reclaim::JSON_FILE);
+            let text = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+            let results: Value = serde_json::from_slice(&text).map_err(|e| {
+                ExperimentError::Usage(format!("{} is not a results document: {e}", path.display()))
+            })?;
+            return reclaim::write_rendered(&dir, &results)
+                .map_err(io(format!("re-rendering {}", dir.display())));
+        }
         if args.scenario.as_deref() == Some("cluster") {
             return kube_sim::rerender(&args.out)
                 .map_err(io(format!("re-rendering {}", args.out.display())));

@@ -862,7 +862,7 @@ pub fn latency_chart(latency: &Value) -> Result<Option<String>, String> {
         series
             .iter()
             .filter(|s| s["victims"].as_u64() == Some(v))
-            .map(|s| (num(&s["bytes"]) / MIB as f64, num(&s[key][stat])))
+            .map(|s| (size_axis(num(&s["bytes"])), num(&s[key][stat])))
             .collect()
     };
     let mut top = Vec::new();
@@ -881,7 +881,7 @@ pub fn latency_chart(latency: &Value) -> Result<Option<String>, String> {
     let bound: Vec<(f64, f64)> = series
         .iter()
         .filter(|s| s["victims"].as_u64() == victims.first().copied())
-        .map(|s| (num(&s["bytes"]) / MIB as f64, num(&s["bound_ms"])))
+        .map(|s| (size_axis(num(&s["bytes"])), num(&s["bound_ms"])))
         .collect();
     top.push(("bound".into(), bound));
     let panels = [
@@ -889,6 +889,25 @@ pub fn latency_chart(latency: &Value) -> Result<Option<String>, String> {
         ("High allocation and restore (simulated)", bottom),
     ];
     render_lines(&panels).map(Some)
+}
+
+/// Bytes on the charts' x axis: log2 of MiB, so that each size the benchmark measures
+/// (a power of two) falls on a labelled tick.
+fn size_axis(bytes: f64) -> f64 {
+    (bytes / MIB as f64).log2()
+}
+
+/// The label of a tick of [`size_axis`]: the size where it is a whole power of two, else none.
+fn size_label(x: f64) -> String {
+    if (x - x.round()).abs() > 1e-6 || x < 0.0 {
+        return String::new();
+    }
+    let mib = 1u64 << x.round() as u32;
+    if mib >= 1024 {
+        format!("{} GiB", mib / 1024)
+    } else {
+        format!("{mib} MiB")
+    }
 }
 
 type Lines = Vec<(String, Vec<(f64, f64)>)>;
@@ -902,9 +921,10 @@ fn render_lines(panels: &[(&str, Lines)]) -> Result<String, String> {
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         for ((title, lines), area) in panels.iter().zip(root.split_evenly((panels.len(), 1))) {
             let points = lines.iter().flat_map(|(_, l)| l.iter());
-            let (x_lo, x_hi, y_hi) = points.fold((f64::MAX, 0f64, 0f64), |(a, b, c), &(x, y)| {
-                (a.min(x), b.max(x), if y.is_finite() { c.max(y) } else { c })
-            });
+            let (x_lo, x_hi, y_hi) = points
+                .fold((f64::MAX, f64::MIN, 0f64), |(a, b, c), &(x, y)| {
+                    (a.min(x), b.max(x), if y.is_finite() { c.max(y) } else { c })
+                });
             let y_lo = lines
                 .iter()
                 .flat_map(|(_, l)| l.iter().map(|p| p.1))
@@ -916,14 +936,13 @@ fn render_lines(panels: &[(&str, Lines)]) -> Result<String, String> {
                 .margin(12)
                 .x_label_area_size(35)
                 .y_label_area_size(60)
-                .build_cartesian_2d(
-                    (x_lo * 0.8..x_hi * 1.25).log_scale(),
-                    (y_lo * 0.5..y_hi * 3.0).log_scale(),
-                )
+                .build_cartesian_2d(x_lo - 0.3..x_hi + 0.3, (y_lo * 0.5..y_hi * 3.0).log_scale())
                 .map_err(|e| e.to_string())?;
             chart
                 .configure_mesh()
-                .x_desc("bytes reclaimed (MiB, log)")
+                .x_desc("bytes reclaimed (log)")
+                .x_labels(((x_hi - x_lo).round() as usize + 1) * 2)
+                .x_label_formatter(&|x| size_label(*x))
                 .y_desc("ms (log)")
                 .draw()
                 .map_err(|e| e.to_string())?;
@@ -1018,6 +1037,11 @@ pub fn write(dir: &Path, results: &Value) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let text = serde_json::to_string_pretty(results).map_err(std::io::Error::other)?;
     std::fs::write(dir.join(JSON_FILE), text + "\n")?;
+    write_rendered(dir, results)
+}
+
+/// Writes `reclaim.md` and the charts of `results` into `dir` (the JSON stays as it is).
+pub fn write_rendered(dir: &Path, results: &Value) -> std::io::Result<()> {
     std::fs::write(dir.join(MARKDOWN_FILE), markdown(results))?;
     if let Some(svg) = latency_chart(&results["latency"]).map_err(std::io::Error::other)? {
         std::fs::write(dir.join(LATENCY_CHART), svg)?;
@@ -1106,6 +1130,13 @@ mod tests {
         let mut over = within.clone();
         over[7] = rep(251.0, 250.0);
         assert_eq!(series_figures(GIB, 2, &over)["p99_within_bound"], false);
+    }
+
+    #[test]
+    fn the_size_axis_labels_powers_of_two() {
+        assert_eq!(size_label(size_axis((256 * MIB) as f64)), "256 MiB");
+        assert_eq!(size_label(size_axis((8 * GIB) as f64)), "8 GiB");
+        assert_eq!(size_label(8.5), "");
     }
 
     #[test]
