@@ -83,7 +83,9 @@ test-containerd-2:
 # tests/bench/results/; each benchmark writes its figures there as <bench>.json
 # (GPUSHARE_BENCH_RESULTS), which gpushare-bench, run last, gathers into its control-path
 # section (E4) and charts. The last run is E2-mixed with lighter jobs (every shape's CPU gap
-# tripled), issue 18's second setting, in tests/bench/results/e2-mixed-light/.
+# tripled), issue 18's second setting, in tests/bench/results/e2-mixed-light/. Memory
+# reclaim (latency against bytes, and bursty inference beside training: static partition
+# against reclaim) writes tests/bench/results/reclaim/.
 BENCH_RESULTS := $(CURDIR)/tests/bench/results
 BENCH_ENV := GPUSHARE_BIN_DIR=$(RELEASE_DIR) GPUSHARE_PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so GPUSHARE_BENCH_RESULTS=$(BENCH_RESULTS)
 bench: deps
@@ -93,6 +95,7 @@ bench: deps
 	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench
 	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench --scenario e2-mixed --e2-mixed-gap-scale 3 \
 		--out $(BENCH_RESULTS)/e2-mixed-light
+	$(BENCH_ENV) $(RELEASE_DIR)/gpushare-bench --scenario reclaim
 
 # On a machine with an NVIDIA driver: the compatibility matrix on the real GPU (the probe,
 # quota, captures under token churn, long kernels, the priority pair, PyTorch, CuPy, Triton,

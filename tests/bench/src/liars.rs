@@ -96,7 +96,8 @@ struct LowOutcome {
     first_lie_unix_us: Option<u128>,
 }
 
-fn unix_us_now() -> u128 {
+/// Wall-clock µs now, comparable with the probe's `stamp`s.
+pub fn unix_us_now() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros())
@@ -104,14 +105,7 @@ fn unix_us_now() -> u128 {
 
 /// The `unix_us` of the probe's first `stamp` line (`stamp CUDA_SUCCESS unix_us=…`).
 pub fn first_stamp_us(stdout: &str) -> Option<u128> {
-    stdout
-        .lines()
-        .filter(|l| l.split_whitespace().next() == Some("stamp"))
-        .find_map(|l| {
-            l.split_whitespace()
-                .find_map(|f| f.strip_prefix("unix_us="))
-        })
-        .and_then(|v| v.parse().ok())
+    crate::reclaim::stamps_us(stdout).first().copied()
 }
 
 /// The probe's steps that did not succeed (`<step> <result> …` lines whose result is not
@@ -160,7 +154,7 @@ fn device_busy_ns(simgpu_env: &[(String, String)]) -> Result<u64, String> {
 }
 
 /// A probe run to completion: its stdout, or why it failed.
-fn probe_output(child: Child) -> Result<String, String> {
+pub fn probe_output(child: Child) -> Result<String, String> {
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let failed = failed_steps(&stdout);

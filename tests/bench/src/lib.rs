@@ -14,6 +14,7 @@ pub mod liars;
 pub mod metrics;
 pub mod plot;
 pub mod profiles;
+pub mod reclaim;
 pub mod report;
 pub mod scaling;
 pub mod setup;

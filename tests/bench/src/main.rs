@@ -11,8 +11,9 @@ use gpushare_bench::report;
 use gpushare_bench::setup::{self, Binaries, SetupError};
 use serde_json::{json, Map, Value};
 
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 11] = [
     "priority", "shares", "kernels", "e1", "e2", "e2-mixed", "e3", "e5", "cluster", "liars",
+    "reclaim",
 ];
 /// The kernel-length sweep of what the low-priority job launches: kernels of 100 µs (what every
 /// other scenario uses), 1–20 ms (real GEMMs, convolutions and attention), and a real CUDA
@@ -55,7 +56,9 @@ struct Args {
     /// pairs), e2 (jobs arriving on 4 GPUs), e2-mixed (mixed priorities arriving on 4 GPUs), e3 (inference latency), e5 (scaling) or cluster
     /// (the cluster simulation of kube-scheduler on 1,000 nodes: its files go straight into
     /// --out, or into --out/cluster-issue-17 when every scenario runs) or liars (low jobs
-    /// that lie to the interposer beside the high job: their files go into --out/liars).
+    /// that lie to the interposer beside the high job: their files go into --out/liars) or
+    /// reclaim (memory reclaim: latency against bytes and a bursty inference job beside
+    /// training jobs; only when named; its files go into --out/reclaim).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenario: Option<String>,
     /// Modes, comma-separated: alone, uncontrolled, round-robin, tgs, gpushare-before,
@@ -81,7 +84,8 @@ struct Args {
     e_duration_s: Option<f64>,
     /// Run nothing: re-write the Markdown and the charts of the results in `--out` from
     /// their JSON, which stays as it is (after the report or the charts changed); the cluster
-    /// simulation's too (in --out/cluster-issue-17, or in --out with --scenario cluster).
+    /// simulation's too (in --out/cluster-issue-17, or in --out with --scenario cluster);
+    /// with --scenario reclaim, only --out/reclaim's.
     #[arg(long)]
     rerender: bool,
     /// e2-mixed: multiply each job shape's CPU gap by this (1: E2's shapes; 3: lighter jobs).
@@ -109,6 +113,17 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
     if args.rerender {
         let io = |what: String| move |source| ExperimentError::Io { what, source };
         use gpushare_bench::kube_sim;
+        if args.scenario.as_deref() == Some("reclaim") {
+            use gpushare_bench::reclaim;
+            let dir = args.out.join(reclaim::RESULTS_SUBDIR);
+            let path = dir.join(reclaim::JSON_FILE);
+            let text = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+            let results: Value = serde_json::from_slice(&text).map_err(|e| {
+                ExperimentError::Usage(format!("{} is not a results document: {e}", path.display()))
+            })?;
+            return reclaim::write_rendered(&dir, &results)
+                .map_err(io(format!("re-rendering {}", dir.display())));
+        }
         if args.scenario.as_deref() == Some("cluster") {
             return kube_sim::rerender(&args.out)
                 .map_err(io(format!("re-rendering {}", args.out.display())));
@@ -187,19 +202,21 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         run_case(&binaries, libs, &parameters, mode, jobs)
     };
 
+    if args.scenario.as_deref() == Some("reclaim") {
+        return run_reclaim(args, &binaries, libs);
+    }
     if wanted("liars") {
         use gpushare_bench::liars::{self, Variant};
         let dir = args.out.join(liars::RESULTS_SUBDIR);
         let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let results = json!({
-            "simulated": true,
-            "note": "Every figure is simulated: GPU time is the simgpu model's, not a device's.",
-            "command": command,
-            "machine": report::machine(),
-            "binaries": {"dir": binaries.dir, "preload": binaries.preload, "profile": binaries.profile},
-            "parameters": parameters,
-            "scenarios": {"liars": liars::run(&binaries, libs, &parameters, &Variant::ALL)?},
-        });
+        let mut results = results_header(
+            "Every figure is simulated: GPU time is the simgpu model's, not a device's.",
+            &command,
+            &binaries,
+        );
+        results["parameters"] = json!(parameters);
+        results["scenarios"] =
+            json!({"liars": liars::run(&binaries, libs, &parameters, &Variant::ALL)?});
         let write = || -> std::io::Result<()> {
             std::fs::create_dir_all(&dir)?;
             let text = serde_json::to_string_pretty(&results).map_err(std::io::Error::other)?;
@@ -372,4 +389,49 @@ fn run(args: &Args) -> Result<(), ExperimentError> {
         args.out.join(report::MARKDOWN_FILE).display()
     );
     Ok(())
+}
+
+/// `--scenario reclaim`: the latency benchmark and the scenario, into `--out/reclaim`.
+fn run_reclaim(
+    args: &Args,
+    binaries: &Binaries,
+    libs: &std::path::Path,
+) -> Result<(), ExperimentError> {
+    use gpushare_bench::reclaim::{self, LatencyParameters, ScenarioParameters};
+    let dir = args.out.join(reclaim::RESULTS_SUBDIR);
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let latency = reclaim::run_latency(binaries, libs, &LatencyParameters::new(args.quick))?;
+    let scenario = reclaim::run_scenario(
+        binaries,
+        libs,
+        &ScenarioParameters::new(args.quick, args.seed, args.duration_s),
+    )?;
+    let mut results = results_header(
+        "Every figure is simulated: the checkpoint copy is simgpu's model, not a device's.",
+        &command,
+        binaries,
+    );
+    results["latency"] = latency;
+    results["scenario"] = scenario;
+    reclaim::write(&dir, &results).map_err(|source| ExperimentError::Io {
+        what: format!("writing the reclaim results into {}", dir.display()),
+        source,
+    })?;
+    eprintln!(
+        "gpushare-bench: wrote the reclaim results into {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// What every scenario's own results document starts with: simulated, why, the command, the
+/// machine and the binaries.
+fn results_header(note: &str, command: &str, binaries: &Binaries) -> Value {
+    json!({
+        "simulated": true,
+        "note": note,
+        "command": command,
+        "machine": report::machine(),
+        "binaries": {"dir": binaries.dir, "preload": binaries.preload, "profile": binaries.profile},
+    })
 }

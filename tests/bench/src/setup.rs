@@ -196,6 +196,24 @@ pub fn reserve(
     compute_request: f64,
     compute_limit: f64,
 ) -> Result<Lease, SetupError> {
+    reserve_with_memory(
+        arbiter,
+        job,
+        priority,
+        (compute_request, compute_limit),
+        LEASE_MEMORY_BYTES,
+    )
+}
+
+/// [`reserve`] with a memory quota of `memory_bytes` (the memory-reclaim benchmark's leases
+/// hold what they allocate).
+pub fn reserve_with_memory(
+    arbiter: &Arbiter,
+    job: &str,
+    priority: Priority,
+    (compute_request, compute_limit): (f64, f64),
+    memory_bytes: u64,
+) -> Result<Lease, SetupError> {
     let fraction = |v: f64| Fraction::new(v).unwrap_or(Fraction::ONE);
     let reserve = || -> Result<Lease, gpushare_proto::ClientError> {
         let mut client =
@@ -205,7 +223,7 @@ pub fn reserve(
             namespace: None,
             sandbox_id: None,
             priority,
-            memory: Some(MemoryRequest::Bytes(LEASE_MEMORY_BYTES)),
+            memory: Some(MemoryRequest::Bytes(memory_bytes)),
             compute_request: fraction(compute_request),
             compute_limit: fraction(compute_limit),
             gpu: GpuSelector::Count(1),

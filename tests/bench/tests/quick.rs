@@ -266,3 +266,58 @@ fn quick_run_covers_every_mode() {
     );
     assert_charts_and_control_path(out.path(), &results);
 }
+
+/// `--quick --scenario reclaim` (a few seconds): every latency series has finite figures and
+/// a verdict against its bound, the high job never meets an out-of-memory below its quota in
+/// either configuration, only the over-committed one reclaims, and the files are written.
+#[test]
+fn quick_reclaim_run_measures_both_parts() {
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_gpushare-bench"))
+        .args(["--quick", "--scenario", "reclaim", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("run gpushare-bench");
+    assert!(
+        output.status.success(),
+        "gpushare-bench --scenario reclaim failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let dir = out.path().join("reclaim");
+    let results: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("reclaim.json")).unwrap()).unwrap();
+    assert_eq!(results["simulated"], true);
+    let series = results["latency"]["series"].as_array().unwrap();
+    assert!(!series.is_empty());
+    for s in series {
+        for key in ["reclaim_ms", "checkpoint_ms", "high_alloc_ms", "restore_ms"] {
+            let p99 = s[key]["p99"].as_f64().unwrap_or(f64::NAN);
+            assert!(p99.is_finite() && p99 >= 0.0, "{key}: {s}");
+        }
+        assert!(s["p99_within_bound"].is_boolean(), "{s}");
+        assert!(s["bound_ms"].as_f64().unwrap() >= 250.0, "{s}");
+    }
+    let configurations = &results["scenario"]["configurations"];
+    for name in ["static", "reclaim"] {
+        let c = &configurations[name];
+        assert_eq!(c["high"]["oom_below_quota"], 0, "{name}: {c}");
+        assert!(c["high"]["requests"].as_u64().unwrap() > 0, "{name}: {c}");
+        for low in ["low-0", "low-1"] {
+            let rate = c["lows"][low]["iterations_per_s"].as_f64().unwrap();
+            assert!(rate > 0.0, "{name}/{low}: {c}");
+        }
+    }
+    assert_eq!(configurations["static"]["reclaims"], 0);
+    assert!(configurations["reclaim"]["reclaims"].as_u64().unwrap() >= 1);
+    let md = std::fs::read_to_string(dir.join("reclaim.md")).unwrap();
+    assert!(
+        md.contains("simulated") && md.contains("| static | reclaim |"),
+        "{md}"
+    );
+    for chart in ["reclaim-latency.svg", "reclaim-scenario.svg"] {
+        let svg = std::fs::read_to_string(dir.join(chart)).unwrap();
+        assert!(svg.contains("<svg"), "{chart}");
+        assert!(md.contains(&format!("({chart})")), "{md}");
+    }
+}

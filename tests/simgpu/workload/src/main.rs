@@ -574,6 +574,9 @@ fn serve_requests(
     let mut next_arrival = start;
     let (mut requests, mut kernels, mut kernel_ns) = (0u64, 0u64, 0u64);
     let mut latencies_ms = Vec::new();
+    // Request sizes from a stream of their own: the same sizes whatever the kernels draw.
+    let mut sizes = Rng((o.seed ^ 0x5851_F42D_4C95_7F2D).max(1));
+    let mut memory = RequestMemory::default();
     loop {
         // Exponential inter-arrival time: -ln(U) / rate, U in (0, 1].
         let u = 1.0 - arrivals.unit();
@@ -587,6 +590,18 @@ fn serve_requests(
         if next_arrival > now {
             std::thread::sleep(next_arrival - now);
         }
+        let buffer = match o.request_memory {
+            Some(range) => match memory.allocate(d, request_bytes(&mut sizes, range)) {
+                Some(ptr) => Some(ptr),
+                // A request without its memory fails: it runs nothing.
+                None => {
+                    latencies_ms.push(next_arrival.elapsed().as_secs_f64() * 1e3);
+                    requests += 1;
+                    continue;
+                }
+            },
+            None => None,
+        };
         for _ in 0..o.kernels {
             let duration = rng.duration(o.distribution);
             if report.check(d, "cuLaunchKernel", launch(d, function, duration)) {
@@ -603,6 +618,10 @@ fn serve_requests(
         sync(report, event);
         // SAFETY: as above; the event is ours and complete.
         unsafe { (d.event_destroy)(event) };
+        if let Some(ptr) = buffer {
+            // SAFETY: as above; the request's own allocation, its kernels done.
+            unsafe { report.check(d, "cuMemFree", (d.mem_free)(ptr)) };
+        }
         latencies_ms.push(next_arrival.elapsed().as_secs_f64() * 1e3);
         requests += 1;
     }
@@ -621,5 +640,76 @@ fn serve_requests(
         "throughput_iters_per_s": requests as f64 / elapsed,
         "seed": o.seed,
         "request_latency_ms": summary(latencies_ms),
+        "request_memory": o.request_memory.map(|(min, max)| json!({
+            "min_bytes": min,
+            "max_bytes": max,
+            "allocated": memory.allocated,
+            "failed": memory.failed,
+            "last_error": memory.last_error,
+            "alloc_latency_ms": summary(std::mem::take(&mut memory.alloc_latencies_ms)),
+        })),
     })
+}
+
+/// A request's size: uniform over `[min, max]`, in whole MiB (at least `min`).
+fn request_bytes(rng: &mut Rng, (min, max): (u64, u64)) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let drawn = min + (rng.unit() * (max - min) as f64) as u64;
+    (drawn / MIB * MIB).clamp(min, max)
+}
+
+/// The requests' own allocations (`--request-memory`): how many, how long each took as the
+/// program saw it, and the failures.
+#[derive(Default)]
+struct RequestMemory {
+    allocated: u64,
+    failed: u64,
+    last_error: Option<String>,
+    alloc_latencies_ms: Vec<f64>,
+}
+
+impl RequestMemory {
+    fn allocate(&mut self, d: &Driver, bytes: u64) -> Option<u64> {
+        let mut ptr = 0u64;
+        let began = Instant::now();
+        // SAFETY: the entry point comes from cuGetProcAddress_v2; the out-pointer is live.
+        let code = unsafe { (d.mem_alloc)(&mut ptr, bytes as usize) };
+        self.alloc_latencies_ms
+            .push(began.elapsed().as_secs_f64() * 1e3);
+        if code == 0 {
+            self.allocated += 1;
+            Some(ptr)
+        } else {
+            self.failed += 1;
+            self.last_error = Some(d.error_name(code));
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_sizes_stay_in_range_in_whole_mib_and_repeat_per_seed() {
+        const MIB: u64 = 1 << 20;
+        let range = (2 << 30, 6 << 30);
+        let draw = |seed: u64| {
+            let mut rng = Rng(seed);
+            (0..200)
+                .map(|_| request_bytes(&mut rng, range))
+                .collect::<Vec<_>>()
+        };
+        let sizes = draw(7);
+        assert!(sizes
+            .iter()
+            .all(|&b| (range.0..=range.1).contains(&b) && b % MIB == 0));
+        assert!(sizes.iter().any(|&b| b > 4 << 30) && sizes.iter().any(|&b| b < 4 << 30));
+        assert_eq!(sizes, draw(7), "the same seed, the same sizes");
+        let mut rng = Rng(3);
+        assert_eq!(request_bytes(&mut rng, (5 << 20, 5 << 20)), 5 << 20);
+        // A minimum that is not whole MiB is still the least a request gets.
+        assert_eq!(request_bytes(&mut rng, (1000, 1000)), 1000);
+    }
 }

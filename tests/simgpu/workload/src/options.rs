@@ -69,12 +69,17 @@ pub struct Options {
     /// Kernel lengths that change mid-run: from this long after the start barrier on,
     /// plain kernels follow this distribution instead (`--then-kernel AFTER:DIST`).
     pub then_kernel: Option<(u64, Distribution)>,
+    /// Inference mode: each request allocates this many bytes before its kernels (drawn
+    /// uniformly from the range, in whole MiB, from a stream of its own seeded by `seed`) and
+    /// frees them after its synchronisation (`--request-memory MIN[:MAX]`).
+    pub request_memory: Option<(u64, u64)>,
 }
 
 pub const USAGE: &str = "simgpu-workload [--device N] [--memory BYTES] [--memory-growth BYTES] [--managed] \
 [--kernels N] [--kernel DIST] [--gap DURATION] [--sync context|stream|event] \
 [--iterations N | --duration DURATION] [--launch-ahead N] [--pipeline N] [--ptds] [--seed N] \
-[--start-barrier FILE] [--report-start] [--requests-per-s R] [--graph] [--then-kernel AFTER:DIST]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
+[--start-barrier FILE] [--report-start] [--requests-per-s R [--request-memory MIN[:MAX]]] [--graph] \
+[--then-kernel AFTER:DIST]\n  DIST: fixed:1ms | uniform:200us:2ms | lognormal:1ms:0.5 (median, sigma)";
 
 fn duration(text: &str) -> Result<u64, OptionsError> {
     if text == "0" {
@@ -118,6 +123,20 @@ pub fn bytes(text: &str) -> Result<u64, OptionsError> {
         _ => return Err(invalid(format!("bad size unit in {text:?}"))),
     };
     n.checked_mul(mult).ok_or_else(|| invalid("size too large"))
+}
+
+/// `MIN[:MAX]` sizes (`2Gi:6Gi`; one size: every request the same), MIN no more than MAX.
+fn byte_range(text: &str) -> Result<(u64, u64), OptionsError> {
+    let (low, high) = match text.split_once(':') {
+        Some((a, b)) => (bytes(a)?, bytes(b)?),
+        None => (bytes(text)?, bytes(text)?),
+    };
+    if low > high {
+        return Err(invalid(format!(
+            "--request-memory {text:?}: the smallest size is above the largest (MIN[:MAX])"
+        )));
+    }
+    Ok((low, high))
 }
 
 fn distribution(text: &str) -> Result<Distribution, OptionsError> {
@@ -167,6 +186,7 @@ impl Options {
             requests_per_s: None,
             graph: false,
             then_kernel: None,
+            request_memory: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -232,6 +252,7 @@ impl Options {
                     }
                     o.requests_per_s = Some(rate);
                 }
+                "--request-memory" => o.request_memory = Some(byte_range(value)?),
                 _ => return Err(invalid(format!("unknown option {flag}\n{USAGE}"))),
             }
         }
@@ -248,6 +269,11 @@ impl Options {
         if o.graph && o.requests_per_s.is_some() {
             return Err(invalid(
                 "--graph applies to the training mode, not --requests-per-s",
+            ));
+        }
+        if o.request_memory.is_some() && o.requests_per_s.is_none() {
+            return Err(invalid(
+                "--request-memory is per request: it needs --requests-per-s",
             ));
         }
         if o.iterations.is_none() && o.duration_ns.is_none() {
@@ -331,6 +357,15 @@ mod tests {
     }
 
     #[test]
+    fn request_memory_is_a_size_or_a_range() {
+        let o = parse("--requests-per-s 2 --request-memory 2Gi:6Gi").unwrap();
+        assert_eq!(o.request_memory, Some((2 << 30, 6 << 30)));
+        let o = parse("--requests-per-s 2 --request-memory 512Mi").unwrap();
+        assert_eq!(o.request_memory, Some((512 << 20, 512 << 20)));
+        assert_eq!(parse("").unwrap().request_memory, None);
+    }
+
+    #[test]
     fn rejects_nonsense() {
         for bad in [
             "--kernel fixed:5h",
@@ -348,6 +383,9 @@ mod tests {
             "--then-kernel 5ms",
             "--then-kernel 1s:fixed:5h",
             "--then-kernel 1s:fixed:5ms --graph",
+            "--request-memory 1Gi",
+            "--requests-per-s 1 --request-memory 6Gi:2Gi",
+            "--requests-per-s 1 --request-memory 2Q",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }

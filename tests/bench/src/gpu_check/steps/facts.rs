@@ -43,10 +43,10 @@ pub fn memory(env: &StepEnv) -> Verdict {
 }
 
 /// The sizes a checkpointed process holds.
-const CHECKPOINT_SIZES: [&str; 3] = ["256Mi", "1Gi", "4Gi"];
+const CHECKPOINT_SIZES: [&str; 4] = ["256Mi", "1Gi", "4Gi", "8Gi"];
 
 /// `cuCheckpointProcess{Lock,Checkpoint,Restore,Unlock}` (r570+) on a bare probe holding
-/// 256 MiB, 1 GiB and 4 GiB: each operation's latency; after the restore and unlock the
+/// 256 MiB, 1 GiB, 4 GiB and 8 GiB: each operation's latency; after the restore and unlock the
 /// process must launch again. SKIP where the driver lacks the API.
 pub fn checkpoint(env: &StepEnv) -> Verdict {
     let mut seen = Vec::new();

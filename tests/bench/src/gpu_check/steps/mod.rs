@@ -96,7 +96,7 @@ pub const STEPS: &[Step] = &[
     },
     Step {
         name: "checkpoint",
-        what: "cuCheckpointProcess lock/checkpoint/restore/unlock latency of a process holding 256 MiB, 1 GiB, 4 GiB (r570+)",
+        what: "cuCheckpointProcess lock/checkpoint/restore/unlock latency of a process holding 256 MiB, 1 GiB, 4 GiB, 8 GiB (r570+)",
         budget: secs(45),
         run: facts::checkpoint,
     },
