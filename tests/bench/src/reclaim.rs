@@ -340,6 +340,9 @@ fn latency_series(
     let env = experiment::simgpu_env(&machine, libs);
     let arbiter = reclaim_arbiter(dir.path(), &machine, &env, libs, |c| {
         c.memory.reclaim = true;
+        // The mechanism's restore time: no hold-down before it (the scenario keeps the
+        // default, a policy for bursty jobs).
+        c.memory.restore_delay_ms = 0;
         // The simulated processes have no context memory: nothing to estimate.
         c.arbiter.context_memory_estimate = gpushare_proto::ByteSize(0);
     })?;
@@ -733,7 +736,8 @@ pub fn markdown(results: &Value) -> String {
                 of one or two low-priority leases; each size reclaimed and restored repeatedly. \
                 Times in ms: the arbiter's (reclaim = lock + checkpoint of every victim), the high \
                 process's `cuMemAlloc`, the restore (the high's free to the slowest low's next CUDA \
-                call returning; the low notices the free within 5 ms).\n\n\
+                call returning; the low notices the free within 5 ms; `memory.restore_delay_ms = 0` \
+                here, so it is the mechanism's time alone).\n\n\
                 | bytes | leases | n | reclaim p50 | reclaim p99 | lock p50 / p99 | checkpoint p50 / p99 | high alloc p50 / p99 | restore p50 / p99 | bound | p99 ≤ bound |\n\
                 |---|---|---|---|---|---|---|---|---|---|---|\n";
         for s in series {
@@ -767,7 +771,9 @@ pub fn markdown(results: &Value) -> String {
              allocating {} bytes (uniform), running {} kernels ({}), freeing it; {} low-priority \
              training jobs ({} × {} kernels per iteration) hold one allocation each (their quota less {} MiB). \
              `static`: reclaim off, quotas add up to the GPU. `reclaim`: reclaim on, \
-             `low_overcommit = {}`. {} s per configuration, the same seeds.\n\n",
+             `low_overcommit = {}`, the other `[memory]` keys their defaults (suspended leases \
+             stay off the GPU for `restore_delay_ms`, 2 s, after its last reclaim). {} s per \
+             configuration, the same seeds.\n\n",
             p["gpu_memory"].as_str().unwrap_or(""),
             p["requests_per_s"],
             p["request_memory"].as_str().unwrap_or(""),
