@@ -10,8 +10,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpushare_proto::LeaseId;
-
 use crate::checkpoint::{CheckpointDriver, DriverError, ProcessState};
 use crate::reclaim::journal;
 use crate::state::{
@@ -152,11 +150,6 @@ impl Reclaimer {
         if let Err(e) = journal::write(&self.journal, &arbiter.suspensions()) {
             tracing::error!(error = %e, file = %self.journal.display(), "cannot write the reclaim journal");
         }
-    }
-
-    /// Memory may have come free: look for suspended leases that fit back.
-    pub fn memory_freed(&self) {
-        self.wake.notify_one();
     }
 
     /// Suspends `plan`'s victims until enough memory is free for its charge, within its
@@ -380,14 +373,6 @@ impl Reclaimer {
         }
         self.write_journal(arbiter);
         Ok(())
-    }
-
-    /// Whether a lease is suspended now (for tests and status).
-    pub fn is_suspended(arbiter: &ArbiterHandle, lease: &LeaseId) -> bool {
-        arbiter
-            .suspensions()
-            .get(lease)
-            .is_some_and(|s| s.phase == SuspensionPhase::Suspended)
     }
 }
 

@@ -132,6 +132,50 @@ fn low_job(m: &ReclaimMachine, lease: &str, name: &str, gib: u64, byte: u8) -> C
     .unwrap()
 }
 
+/// Two low-priority leases of 6 GiB, each with a job holding 5 GiB (`low_job`, patterns
+/// `bytes`), ready; and a high-priority lease of 12 GiB. Returns (a, b, high, jobs).
+fn two_lows_and_a_high(
+    m: &mut ReclaimMachine,
+    bytes: [u8; 2],
+) -> (String, String, String, [Child; 2]) {
+    let a = m.lease("6Gi", Priority::Low);
+    let b = m.lease("6Gi", Priority::Low);
+    let high = m.lease("12Gi", Priority::High);
+    let jobs = [
+        low_job(m, &a, "a", 5, bytes[0]),
+        low_job(m, &b, "b", 5, bytes[1]),
+    ];
+    wait_for_file(&m.file("a-ready"));
+    wait_for_file(&m.file("b-ready"));
+    (a, b, high, jobs)
+}
+
+/// The high-priority process: allocates `bytes` (with `meminfo` before and after), says so,
+/// and holds it until the file this returns is written. Returns once it holds it.
+fn high_job_holding(m: &ReclaimMachine, lease: &str, bytes: u64) -> (Child, PathBuf) {
+    let (holding, release) = (m.file("high-holds"), m.file("high-frees"));
+    let bytes = bytes.to_string();
+    let job = m
+        .probe(
+            lease,
+            &[
+                "meminfo",
+                "alloc",
+                &bytes,
+                "meminfo",
+                "touch",
+                holding.to_str().unwrap(),
+                "wait",
+                release.to_str().unwrap(),
+                "free-all",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    wait_for_file(&holding);
+    (job, release)
+}
+
 fn wait_for_file(path: &Path) {
     wait_until(
         &format!("{}", path.display()),
@@ -170,26 +214,7 @@ fn a_high_allocation_takes_two_low_leases_memory_and_both_come_back_with_their_d
     wait_for_file(&m.file("b-ready"));
     // 5 + 5 + 2 GiB and four 64 MiB contexts are in use: 11 GiB more is 7.25 GiB over
     // the GPU, which only both 5 GiB low leases cover (the IPC one cannot be checkpointed).
-    let eleven = (11 * GI).to_string();
-    let (holding, release) = (m.file("high-holds"), m.file("high-frees"));
-    let high_job = m
-        .probe(
-            &high,
-            &[
-                "meminfo",
-                "alloc",
-                &eleven,
-                "meminfo",
-                "touch",
-                holding.to_str().unwrap(),
-                "wait",
-                release.to_str().unwrap(),
-                "free-all",
-            ],
-        )
-        .spawn()
-        .unwrap();
-    wait_for_file(&holding);
+    let (high_job, release) = high_job_holding(&m, &high, 11 * GI);
     // While the low leases are off the GPU, NVML (as the arbiter reads it) shows the GPU
     // within its memory.
     let during = m.status();
@@ -267,13 +292,7 @@ fn a_high_allocation_takes_two_low_leases_memory_and_both_come_back_with_their_d
 /// lease is still there.
 fn killed_at(point: &str) {
     let mut m = ReclaimMachine::start(Some(point));
-    let a = m.lease("6Gi", Priority::Low);
-    let b = m.lease("6Gi", Priority::Low);
-    let high = m.lease("12Gi", Priority::High);
-    let low_a = low_job(&m, &a, "a", 5, 0x33);
-    let low_b = low_job(&m, &b, "b", 5, 0x44);
-    wait_for_file(&m.file("a-ready"));
-    wait_for_file(&m.file("b-ready"));
+    let (_a, _b, high, [low_a, low_b]) = two_lows_and_a_high(&mut m, [0x33, 0x44]);
     let eleven = (11 * GI).to_string();
     let high_job = m
         .probe(&high, &["alloc", &eleven, "free-all"])
@@ -351,31 +370,8 @@ fn killed_between_a_restore_and_its_unlock_the_process_is_unlocked() {
 #[test]
 fn a_victim_killed_while_suspended_leaves_its_lease_to_release_cleanly() {
     let mut m = ReclaimMachine::start(None);
-    let a = m.lease("6Gi", Priority::Low);
-    let b = m.lease("6Gi", Priority::Low);
-    let high = m.lease("12Gi", Priority::High);
-    let mut low_a = low_job(&m, &a, "a", 5, 0x55);
-    let low_b = low_job(&m, &b, "b", 5, 0x66);
-    wait_for_file(&m.file("a-ready"));
-    wait_for_file(&m.file("b-ready"));
-    let (holding, release) = (m.file("high-holds"), m.file("high-frees"));
-    let eleven = (11 * GI).to_string();
-    let high_job = m
-        .probe(
-            &high,
-            &[
-                "alloc",
-                &eleven,
-                "touch",
-                holding.to_str().unwrap(),
-                "wait",
-                release.to_str().unwrap(),
-                "free-all",
-            ],
-        )
-        .spawn()
-        .unwrap();
-    wait_for_file(&holding);
+    let (a, _b, high, [mut low_a, low_b]) = two_lows_and_a_high(&mut m, [0x55, 0x66]);
+    let (high_job, release) = high_job_holding(&m, &high, 11 * GI);
     let suspended = m.status().reclaim.unwrap().suspended;
     assert!(suspended.iter().any(|s| s.lease == a), "{suspended:?}");
     low_a.kill().unwrap();

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use gpushare_proto::Priority;
+use gpushare_proto::{LeaseId, Priority};
 
 use super::*;
 use crate::state::{ChargeDecision, ReclaimTestNode};
