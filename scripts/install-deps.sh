@@ -3,7 +3,8 @@
 #
 #   install-deps.sh demo     make demo: containerd and ctr, runc, busybox-static, binutils, zig
 #   install-deps.sh test     make test (the default): the demo's, plus dockerd and docker, podman,
-#                            tar, faketime, groff, systemd-analyze, kill (procps)
+#                            tar, faketime, groff, systemd-analyze, kill (procps), promtool
+#                            (prometheus), man (man-db)
 #   install-deps.sh build    make install (also --build): binutils and the zig toolchain
 #   ... --plan               print what is present and what would be installed, and install nothing
 #
@@ -25,7 +26,7 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 mode=test
@@ -209,6 +210,8 @@ if [ "$mode" = test ]; then
   need_tool kill procps "the unit's ExecReload (/bin/kill), which systemd-analyze verify looks for"
   need_tool readelf binutils "the simulated driver's tests check its soname and -Bsymbolic linking"
   need_tool lintian lintian "tests/e2e's debian_package holds the package to no lintian error or warning"
+  need_tool promtool prometheus "the arbiter's metrics test checks a live scrape with promtool check metrics"
+  need_tool man man-db "tools/docgen's test renders every man page with man -l"
 fi
 need_tool objdump binutils "make checks the GLIBC_ versions libgpushare.so needs"
 need_zig_toolchain

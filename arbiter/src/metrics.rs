@@ -465,17 +465,17 @@ fn render_lease_time(out: &mut Exposition, report: &StatusReport) {
     out.counters(
         "gpushare_lease_gpu_time_seconds_total",
         "GPU time the lease's token clients held the token, gone clients included.",
-        per_lease(|u| Some(u.gpu_time_ms as f64 / 1000.0)),
+        per_lease(|u| Some(u.token_time_ms as f64 / 1000.0)),
     );
     out.gauges(
         "gpushare_lease_gpu_share_10s_ratio",
         "The lease's share of one GPU's time over the last 10 s (0-1).",
-        per_lease(|u| u.gpu_share_10s),
+        per_lease(|u| u.token_share_10s),
     );
     out.gauges(
         "gpushare_lease_gpu_share_1m_ratio",
         "The lease's share of one GPU's time over the last minute (0-1).",
-        per_lease(|u| u.gpu_share_1m),
+        per_lease(|u| u.token_share_1m),
     );
     type Count = fn(&gpushare_proto::LeaseUsage) -> u64;
     let counts: [(&str, &str, Count); 4] = [

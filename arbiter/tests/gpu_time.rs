@@ -147,7 +147,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
     let mut total_ms = 0.0;
     for (lease, _) in &leases {
         let usage = report.usage.iter().find(|u| &u.lease.0 == lease).unwrap();
-        let truth_ms = usage.gpu_time_ms as f64;
+        let truth_ms = usage.token_time_ms as f64;
         assert!(
             truth_ms > 500.0,
             "{lease} held the token only {truth_ms} ms of its 6 s run:\n{top}"
@@ -176,7 +176,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
             .iter()
             .find(|t| &t.lease.0 == lease)
             .unwrap()
-            .gpu_time_ms as f64;
+            .token_time_ms as f64;
         within_2_percent("timeline", timed, truth_ms);
         // The holds drawn add up to the same time.
         let held: u64 = timeline.gpus[0]
@@ -250,8 +250,8 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
         .iter()
         .find(|t| &t.lease.0 == ended)
         .unwrap()
-        .gpu_time_ms;
-    assert_eq!(kept["gpu_time_ms"].as_u64(), Some(before));
+        .token_time_ms;
+    assert_eq!(kept["token_time_ms"].as_u64(), Some(before));
     assert_eq!(kept["container"], "trainer-a");
     let svg = arbiter.dir().join("timeline.svg");
     let text = arbiter.ctl(&["timeline", "--svg", svg.to_str().unwrap()]);

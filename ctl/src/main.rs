@@ -274,12 +274,12 @@ fn pod_of(lease: &Lease) -> String {
 /// ", GPU time 12.3 s, 10 s share 61 %, 1 min 48 %" for a lease that had token
 /// clients; nothing for one that never had (or an older arbiter's report).
 fn gpu_time_of(usage: &gpushare_proto::LeaseUsage) -> String {
-    let (Some(short), Some(long)) = (usage.gpu_share_10s, usage.gpu_share_1m) else {
+    let (Some(short), Some(long)) = (usage.token_share_10s, usage.token_share_1m) else {
         return String::new();
     };
     format!(
         ", GPU time {}, 10 s share {:.0} %, 1 min {:.0} %",
-        gpushare_ctl::top::gpu_time(usage.gpu_time_ms),
+        gpushare_ctl::top::gpu_time(usage.token_time_ms),
         short * 100.0,
         long * 100.0
     )

@@ -295,7 +295,7 @@ pub fn render_svg(report: &TimelineReport) -> Result<String, TimelineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpushare_proto::{GpuTimeline, LeaseGpuTime};
+    use gpushare_proto::{GpuTimeline, LeaseTokenTime};
 
     fn hold(lease: &str, priority: Priority, start: u64, end: u64) -> TokenHold {
         TokenHold {
@@ -321,17 +321,17 @@ mod tests {
                 ],
             }],
             leases: vec![
-                LeaseGpuTime {
+                LeaseTokenTime {
                     lease: LeaseId("hi".into()),
                     container: "c-hi".into(),
                     priority: Priority::High,
-                    gpu_time_ms: 30_000,
+                    token_time_ms: 30_000,
                 },
-                LeaseGpuTime {
+                LeaseTokenTime {
                     lease: LeaseId("lo".into()),
                     container: "c-lo".into(),
                     priority: Priority::Low,
-                    gpu_time_ms: 28_100,
+                    token_time_ms: 28_100,
                 },
             ],
         }
@@ -386,11 +386,11 @@ mod tests {
         let mut r = report();
         r.leases.insert(
             0,
-            LeaseGpuTime {
+            LeaseTokenTime {
                 lease: LeaseId("baseline".into()),
                 container: "c-baseline".into(),
                 priority: Priority::High,
-                gpu_time_ms: 4_000,
+                token_time_ms: 4_000,
             },
         );
         let text = render_text(&r);

@@ -21,7 +21,7 @@ pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota, ShareKey};
 pub use message::{
     AdmissionRejections, AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest,
-    ControlResponse, ErrorKind, GpuStatus, GpuTimeline, GpuUtilization, LeaseGpuTime, LeaseUsage,
+    ControlResponse, ErrorKind, GpuStatus, GpuTimeline, GpuUtilization, LeaseTokenTime, LeaseUsage,
     QueuedRequest, ReclaimReport, ReclaimStatus, ReserveRequest, StatusReport, SuspendedLease,
     TimelineReport, TokenHold, TokenHolder, TokenStatus, UnshareableGpuStatus, Violation,
     ViolationKind, WindowWaiter,

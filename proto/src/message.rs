@@ -99,7 +99,7 @@ pub enum ControlRequest {
     /// Every grant the arbiter holds.
     Grants,
     /// Who held each GPU's time-slice token when: the token service's recent holds
-    /// (bounded; see `TimelineReport`) and each lease's GPU time.
+    /// (bounded; see `TimelineReport`) and each lease's token time.
     Timeline {
         /// Only holds that ended within this many ms before now (None: all kept).
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,16 +228,18 @@ pub struct LeaseUsage {
     /// an older arbiter.
     #[serde(default)]
     pub container: String,
-    /// GPU time the lease's token clients held the token, summed over its GPUs and
-    /// every client it ever had (gone ones included), in ms.
-    #[serde(default)]
-    pub gpu_time_ms: u64,
-    /// Its share of one GPU's time (0–1) over the last 10 s and the last minute:
-    /// time held in the window over the window's length. None without token clients.
-    #[serde(default)]
-    pub gpu_share_10s: Option<f64>,
-    #[serde(default)]
-    pub gpu_share_1m: Option<f64>,
+    /// Token time: how long the lease's token clients held the GPU's time-slice token
+    /// (its turn on the GPU), summed over its GPUs and every client it ever had (gone
+    /// ones included), in ms. Its kernels run only while it holds the token, so this
+    /// bounds its GPU time (the time its kernels ran), which only the job itself sees.
+    #[serde(default, alias = "gpu_time_ms")]
+    pub token_time_ms: u64,
+    /// Its token share: token time in the last 10 s and the last minute over the
+    /// window's length (0–1 of one GPU). None without token clients.
+    #[serde(default, alias = "gpu_share_10s")]
+    pub token_share_10s: Option<f64>,
+    #[serde(default, alias = "gpu_share_1m")]
+    pub token_share_1m: Option<f64>,
     /// Allocations refused because they would have passed the memory quota.
     #[serde(default)]
     pub memory_refusals: u64,
@@ -566,7 +568,7 @@ pub struct TokenHolder {
 pub struct TimelineReport {
     pub gpus: Vec<GpuTimeline>,
     /// Every lease that appears in a hold or still has token clients.
-    pub leases: Vec<LeaseGpuTime>,
+    pub leases: Vec<LeaseTokenTime>,
     /// The last memory reclaims (`[memory] reclaim`), oldest first; absent from an older
     /// arbiter.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -592,11 +594,12 @@ pub struct TokenHold {
     pub end_unix_ms: u64,
 }
 
-/// A lease's GPU time, summed over its GPUs and clients (gone ones included).
+/// A lease's token time, summed over its GPUs and clients (gone ones included).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LeaseGpuTime {
+pub struct LeaseTokenTime {
     pub lease: LeaseId,
     pub container: String,
     pub priority: Priority,
-    pub gpu_time_ms: u64,
+    #[serde(alias = "gpu_time_ms")]
+    pub token_time_ms: u64,
 }

@@ -49,9 +49,9 @@ fn usage(id: &str, container: &str) -> LeaseUsage {
         clients: vec![],
         cgroup: None,
         container: container.into(),
-        gpu_time_ms: 0,
-        gpu_share_10s: None,
-        gpu_share_1m: None,
+        token_time_ms: 0,
+        token_share_10s: None,
+        token_share_1m: None,
         memory_refusals: 0,
         token_revocations: 0,
         token_cut_offs: 0,
@@ -115,8 +115,8 @@ fn renders_build_info_gpu_time_shares_and_refusals_per_lease() {
         usage: vec![LeaseUsage {
             memory_used: 0,
             memory_quota: 1,
-            gpu_time_ms: 12_345,
-            gpu_share_10s: Some(0.61),
+            token_time_ms: 12_345,
+            token_share_10s: Some(0.61),
             memory_refusals: 3,
             token_revocations: 4,
             token_cut_offs: 1,
@@ -310,9 +310,9 @@ fn full_report() -> (StatusReport, BTreeMap<&'static str, u64>) {
         inventory_source: "declared".into(),
         usage: vec![
             counted(LeaseUsage {
-                gpu_time_ms: 12_345,
-                gpu_share_10s: Some(0.61),
-                gpu_share_1m: Some(0.25),
+                token_time_ms: 12_345,
+                token_share_10s: Some(0.61),
+                token_share_1m: Some(0.25),
                 ..usage("l1", "team-a/web-0/main")
             }),
             counted(usage("l3", "odd \"name\" \\ with\nnewline")),

@@ -26,7 +26,7 @@ use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::token::{FLAG_CUT_OFF, NOT_HELD, TOKEN_PAGE_SIZE};
 use gpushare_proto::token_client::futex_wake;
 use gpushare_proto::{
-    AdmissionStatus, ErrorKind, FitCounts, GpuTimeline, LeaseGpuTime, LeaseId, LeaseResponse,
+    AdmissionStatus, ErrorKind, FitCounts, GpuTimeline, LeaseId, LeaseResponse, LeaseTokenTime,
     Priority, ScheduleTerms, TimelineReport, TokenHold, TokenHolder, TokenPage, TokenRequest,
     TokenStatus, Violation, ViolationKind, WindowWaiter,
 };
@@ -608,11 +608,11 @@ impl TokenService {
         let leases = self
             .lease_times()
             .into_iter()
-            .map(|t| LeaseGpuTime {
+            .map(|t| LeaseTokenTime {
                 lease: t.lease,
                 container: t.container,
                 priority: t.priority,
-                gpu_time_ms: t.held_ns / 1_000_000,
+                token_time_ms: t.held_ns / 1_000_000,
             })
             .collect();
         TimelineReport {

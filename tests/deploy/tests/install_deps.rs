@@ -63,6 +63,8 @@ fn debian_complete() -> Machine {
             "usr/bin/kill",
             "usr/bin/readelf",
             "usr/bin/lintian",
+            "usr/bin/promtool",
+            "usr/bin/man",
             "usr/bin/objdump",
             "usr/bin/zig",
             "usr/bin/cargo-zigbuild",
@@ -279,6 +281,8 @@ fn each_command_plans_only_what_it_needs_on_a_bare_machine() {
             "systemd",
             "procps",
             "lintian",
+            "prometheus",
+            "man-db",
         ],
     ]
     .concat();
