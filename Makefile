@@ -105,9 +105,19 @@ bench: deps
 gpu-check:
 	@scripts/gpu-check.sh $(GPU_CHECK_ARGS)
 
+# The build's output goes to target/demo/build.log (its tail is shown if it fails), so what
+# the demo prints is its own story. scripts/demo.sh installs what was built into a temporary
+# prefix, as make install lays out a node, and runs the containers through that.
+DEMO_DIR := $(CURDIR)/target/demo
 demo: DEPS_FOR = demo
-demo: deps build
-	@GPUSHARE_BIN_DIR=$(BIN_DIR) scripts/demo.sh
+demo: deps
+	@mkdir -p $(DEMO_DIR)
+	@echo "make demo: building gpushare and its man pages (the build's log: target/demo/build.log)"
+	@$(MAKE) --no-print-directory build man >$(DEMO_DIR)/build.log 2>&1 || { \
+		tail -n 40 $(DEMO_DIR)/build.log; \
+		echo "make demo: the build failed; its whole log is target/demo/build.log" >&2; exit 1; }
+	@GPUSHARE_BIN_DIR=$(BIN_DIR) GPUSHARE_MAN_DIR=$(CURDIR)/target/man \
+		GPUSHARE_COMPLETIONS_DIR=$(CURDIR)/target/completions scripts/demo.sh
 
 # make install PREFIX=… SYSCONFDIR=… UNITDIR=… DESTDIR=…: builds the shipped crates only
 # (release), the glibc-2.28 libgpushare.so and the man pages, then scripts/install-files.sh

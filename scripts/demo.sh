@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# make demo: a high- and a low-priority container share one GPU through real
-# containerd + runc, with gpushare-runc as the runc binary. Everything runs in a
-# private directory with a private containerd; nothing on the host is touched.
-# What it shows is kept in target/demo (GPUSHARE_DEMO_DIR): the timeline chart
-# (timeline.svg), each job's report, gpusharectl's views and the arbiter's log.
+# make demo: a high- and a low-priority container share one GPU through a real containerd and
+# runc, the way an installed node runs them. gpushare is installed into a temporary prefix
+# exactly as `make install` lays out a node (scripts/install-files.sh: programs in bin/, the
+# interposer in lib/gpushare/, the shipped configuration in etc/gpushare/config.toml), and
+# the containers start through the installed shim, `ctr run --runtime io.containerd.gpushare.v2`,
+# which a private containerd finds on its PATH. Nothing on the host is touched.
+# What it shows is kept in target/demo (GPUSHARE_DEMO_DIR): the timeline chart (timeline.svg),
+# each job's report, gpusharectl's views and the arbiter's log.
 set -euo pipefail
 
-BIN=${GPUSHARE_BIN_DIR:?set by make}
+BIN=${GPUSHARE_BIN_DIR:?set by make: the built programs and libgpushare.so}
+MAN_DIR=${GPUSHARE_MAN_DIR:?set by make: the man pages make man wrote}
+COMPLETIONS_DIR=${GPUSHARE_COMPLETIONS_DIR:?set by make: the completions make man wrote}
 if [ "$(id -u)" -ne 0 ]; then echo "make demo needs root (it runs containers)" >&2; exit 1; fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${GPUSHARE_DEMO_DIR:-$repo/target/demo}
 mkdir -p "$out"
-rm -f "$out"/*.json "$out"/*.out "$out"/*.txt "$out"/*.svg "$out"/*.log
+rm -f "$out"/*.json "$out"/*.out "$out"/*.txt "$out"/*.svg "$out"/arbiter.log "$out"/config.toml
 
 work=$(mktemp -d /tmp/gpushare-demo.XXXXXX)
+prefix=$work/prefix
+etc=$work/etc
 pids=()
 cleanup() {
   set +e
@@ -28,6 +35,8 @@ trap cleanup EXIT
 # Bold headings on a terminal only: a file (make demo > demo.txt) gets plain text.
 if [ -t 1 ]; then bold=$'\033[1m' plain=$'\033[0m'; else bold="" plain=""; fi
 say() { printf '\n%s== %s%s\n' "$bold" "$*" "$plain"; }
+# A paragraph of explanation under a heading, indented.
+explain() { fold -s -w 96 | sed -e 's/ *$//' -e '/./s/^/  /'; }
 
 # 4294967296 -> "4 GiB", 2464153600 -> "2.3 GiB", 524288000 -> "500 MiB".
 human_bytes() {
@@ -36,6 +45,20 @@ human_bytes() {
     else if (b >= 1048576) printf "%.0f MiB\n", b / 1048576
     else printf "%d bytes\n", b }'
 }
+
+say "Installing gpushare into a temporary prefix, laid out as make install lays out a node"
+PREFIX=$prefix SYSCONFDIR=$etc UNITDIR=$etc/systemd/system HOOKS_DIR=$etc/containers/oci/hooks.d \
+  BUILD_DIR=$BIN LIBRARY=$BIN/libgpushare.so MAN_DIR=$MAN_DIR COMPLETIONS_DIR=$COMPLETIONS_DIR \
+  STRIP="" MANIFEST=no "$repo/scripts/install-files.sh" >/dev/null
+config=$etc/gpushare/config.toml
+cp "$config" "$work/config.shipped.toml"
+printf '  %-44s %s\n' "${prefix#"$work"/}/bin/" "the programs (below)" \
+  "${prefix#"$work"/}/lib/gpushare/libgpushare.so" "the interposer each sharing container loads" \
+  "${config#"$work"/}" "the shipped configuration (GPUSHARE_CONFIG names it here)" \
+  "${etc#"$work"/}/systemd/system/gpushare-arbiter.service" "the unit that runs the arbiter on a node"
+(cd "$prefix/bin" && echo *) | fold -s -w 92 | sed 's/^/    /'
+echo "  (under $work; a node has them under /usr/local and /etc)"
+export PATH="$prefix/bin:$PATH" GPUSHARE_CONFIG=$config
 
 # --- GPUs: the real ones when an NVIDIA driver answers, simulated ones otherwise.
 devices=""
@@ -60,22 +83,17 @@ else
   done
 fi
 
-cat > "$work/config.toml" <<TOML
-[arbiter]
-run_dir = "$work/run"
-state_dir = "$work/state"
-$nvml
+# The demo's changes to the installed configuration: its own directories (the installed ones
+# are /run/gpushare and /var/lib/gpushare) and, without a driver, the simulated GPUs' NVML.
+sed -i -e "s|^run_dir = .*|run_dir = \"$work/run\"|" -e "s|^state_dir = .*|state_dir = \"$work/state\"|" "$config"
+if [ -n "$nvml" ]; then sed -i "s|^nvml_library = .*|$nvml|" "$config"; fi
+printf '%s' "$devices" >>"$config"
+cp "$config" "$out/config.toml"
+say "The arbiter's configuration: the installed file with the demo's changes (whole file: $out/config.toml)"
+diff -u "$work/config.shipped.toml" "$config" | grep '^[-+][^-+]' | sed 's/^/    /' || true
 
-[runtime]
-runtimes = ["nvidia-container-runtime", "runc"]
-library = "$BIN/libgpushare.so"
-hook = "$BIN/gpushare-hook"
-$devices
-TOML
-export GPUSHARE_CONFIG="$work/config.toml"
-
-say "Starting gpushare-arbiter"
-"$BIN/gpushare-arbiter" >"$work/arbiter.log" 2>&1 &
+say "Starting gpushare-arbiter, as the unit would (its log: $out/arbiter.log)"
+gpushare-arbiter >"$work/arbiter.log" 2>&1 &
 pids+=($!)
 
 cat > "$work/containerd.toml" <<TOML
@@ -86,7 +104,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
   address = "$work/containerd.sock"
 TOML
-say "Starting a private containerd ($(containerd --version | awk '{print $3}'))"
+say "Starting a private containerd ($(containerd --version | awk '{print $3}')), the gpushare shim on its PATH"
 containerd --config "$work/containerd.toml" >"$work/containerd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do
@@ -103,7 +121,7 @@ make_rootfs() {
     # The workload and the libraries are glibc programs: bring their dependencies.
     cp "$BIN/simgpu-workload" "$1/bin/"
     cp -L "$work/simgpu-lib/libcuda.so.1" "$work/simgpu-lib/libnvidia-ml.so.1" "$1/opt/simgpu/lib/"
-    for f in "$BIN/simgpu-workload" "$work/simgpu-lib/libcuda.so.1" "$work/simgpu-lib/libnvidia-ml.so.1" "$BIN/libgpushare.so"; do
+    for f in "$BIN/simgpu-workload" "$work/simgpu-lib/libcuda.so.1" "$work/simgpu-lib/libnvidia-ml.so.1" "$prefix/lib/gpushare/libgpushare.so"; do
       ldd "$f" | grep -o '/[^ ]*' | while read -r lib; do cp -L --parents "$lib" "$1/"; done
     done
   fi
@@ -123,7 +141,7 @@ run() { # name priority memory command > its output
   if [ -n "$simulated" ]; then
     mounts=(--mount "type=bind,src=$work/simgpu,dst=/run/simgpu,options=rbind:rw" --env LD_LIBRARY_PATH=/opt/simgpu/lib)
   fi
-  ctr -a "$work/containerd.sock" run --rm --rootfs --runc-binary "$BIN/gpushare-runc" \
+  ctr -a "$work/containerd.sock" run --rm --rootfs --runtime io.containerd.gpushare.v2 \
     --env PATH=/bin "${mounts[@]}" --annotation gpushare.io/gpu=index:0 \
     --annotation "gpushare.io/priority=$2" --annotation "gpushare.io/memory=$3" \
     "$work/rootfs-$2" "$1" /bin/sh -c "$show; $4" 2>&1
@@ -150,7 +168,8 @@ json_number() {
 }
 
 if [ -n "$simulated" ]; then
-  say "Baselines: each job alone on GPU 0"
+  say "Baselines: each job alone on GPU 0, the figures the shared run is compared with"
+  echo "Each container first prints what gpushare gave it: its priority, its GPU (NVIDIA_VISIBLE_DEVICES), its memory quota, its lease and the interposer on its LD_PRELOAD; the workload's summary follows." | explain
   run demo-high-alone high 4Gi "$high_job" >"$work/high-alone.out"
   describe demo-high-alone "$work/high-alone.out"
   report high-alone
@@ -159,7 +178,7 @@ if [ -n "$simulated" ]; then
   report low-alone
 fi
 
-say "A high-priority (4 GiB) and a low-priority (25 % of the GPU's memory) container, both on GPU 0"
+say "Sharing: a high-priority (4 GiB) and a low-priority (25 % of the GPU's memory) container, both on GPU 0"
 if [ -z "$simulated" ]; then high_job="sleep 3"; low_job="sleep 3"; fi
 # The timeline below starts here: --since takes whole seconds, so a pause longer than one
 # keeps the baselines' holds out of it.
@@ -172,35 +191,31 @@ run demo-low low 25% "$low_job" >"$work/low.out" &
 low=$!
 sleep 1.5
 say "gpusharectl status while both run (also in $out/status-sharing.txt)"
-"$BIN/gpusharectl" status | tee "$out/status-sharing.txt"
+echo "Each GPU with its containers: priority, memory used of the quota, token time (how long the container has held the GPU's time-slice token, its turn on the GPU: its kernels run only then) and its token share of the last 10 s; then what is waiting and what is wrong. gpusharectl status --verbose adds the scheduler's internals." | explain
+gpusharectl status | tee "$out/status-sharing.txt"
 wait $high $low
+say "What the two containers printed"
 describe demo-high "$work/high.out"
 describe demo-low "$work/low.out"
 report high
 report low
 
 # The token service's account of who held each GPU, from the start of the shared run.
-timeline_json=""
-if "$BIN/gpusharectl" timeline --help >/dev/null 2>&1; then
-  since=$(awk -v start="$shared_start" -v now="$(date +%s.%N)" 'BEGIN { s = now - start; print (s == int(s)) ? s : int(s) + 1 }')
-  say "Who held GPU 0 when (gpusharectl timeline --since $since)"
-  "$BIN/gpusharectl" timeline --since "$since" --svg "$out/timeline.svg" | tee "$out/timeline.txt"
-  "$BIN/gpusharectl" timeline --since "$since" --json >"$out/timeline.json"
-  timeline_json=$out/timeline.json
-else
-  say "No timeline: this gpusharectl has no 'timeline' command"
-fi
+since=$(awk -v start="$shared_start" -v now="$(date +%s.%N)" 'BEGIN { s = now - start; print (s == int(s)) ? s : int(s) + 1 }')
+say "Who held GPU 0's token when (gpusharectl timeline --since $since; chart in $out/timeline.svg)"
+echo "The token service's record of the shared run: each column of the strip is a slice of time, marked with the container that held the token for most of it; the totals are token time." | explain
+gpusharectl timeline --since "$since" --svg "$out/timeline.svg" | tee "$out/timeline.txt"
+gpusharectl timeline --since "$since" --json >"$out/timeline.json"
 
-# GPU time the token service counted for a container's lease (ms), from the timeline's JSON.
+# Token time the token service counted for a container's lease (ms), from the timeline's JSON.
 token_ms() { # container
-  [ -n "$timeline_json" ] || return 0
   # Compacted to one line (names hold no blanks), then one lease object a line.
-  tr -d ' \n\t' <"$timeline_json" | grep -o '"leases":\[.*' | sed 's/},{/}\n{/g' |
-    grep "\"container\":\"$1\"" | grep -o '"gpu_time_ms":[0-9]*' | head -n1 | cut -d: -f2 || true
+  tr -d ' \n\t' <"$out/timeline.json" | grep -o '"leases":\[.*' | sed 's/},{/}\n{/g' |
+    grep "\"container\":\"$1\"" | grep -o '"token_time_ms":[0-9]*' | head -n1 | cut -d: -f2 || true
 }
 
 if [ -n "$simulated" ]; then
-  say "What each container got (simulated GPU; reports in $out)"
+  say "What each container got (simulated GPU; the reports are in $out)"
   # The simulated GPU runs on the host's CPUs: on a busy machine every figure is slower and
   # varies from run to run, the high job's too.
   read -r load _ </proc/loadavg
@@ -208,7 +223,7 @@ if [ -n "$simulated" ]; then
   if awk -v l="$load" -v c="$cpus" 'BEGIN { exit !(l > c) }'; then
     echo "  (load average $load on $cpus CPUs: this machine is busy, so these figures vary between runs)"
   fi
-  printf '  %-10s %-9s %13s %13s %9s %16s %14s\n' container priority "alone, it/s" "shared, it/s" "vs alone" "GPU time, shared" "token held"
+  printf '  %-10s %-9s %12s %13s %9s %17s %11s\n' container priority "alone, it/s" "shared, it/s" "vs alone" "GPU time, shared" "token time"
   for job in high low; do
     alone_rate=$(json_number "$out/$job-alone.json" throughput_iters_per_s)
     shared_rate=$(json_number "$out/$job.json" throughput_iters_per_s)
@@ -220,30 +235,25 @@ if [ -n "$simulated" ]; then
         vs = a > 0 ? sprintf("%+.1f %%", (s / a - 1) * 100) : "-"
         gpu = e > 0 ? sprintf("%.2f s (%.0f %%)", k, 100 * k / e) : "-"
         tok = h != "" ? sprintf("%.2f s", h / 1000) : "-"
-        printf "  %-10s %-9s %13.1f %13.1f %9s %16s %14s\n", name, p, a, s, vs, gpu, tok }'
+        printf "  %-10s %-9s %12.1f %13.1f %9s %17s %11s\n", name, p, a, s, vs, gpu, tok }'
   done
+  echo
   for job in high low; do
     p50=$(json_number "$out/$job-alone.json" p50 period_ms)
     p50_shared=$(json_number "$out/$job.json" p50 period_ms)
     p99_shared=$(json_number "$out/$job.json" p99 period_ms)
-    printf '  demo-%-5s iteration p50 %.2f ms alone, %.2f ms shared (p99 %.2f ms)\n' "$job" "${p50:-0}" "${p50_shared:-0}" "${p99_shared:-0}"
+    printf '  demo-%-5s one iteration: %.2f ms alone, %.2f ms shared (median); 99th percentile shared %.2f ms\n' "$job" "${p50:-0}" "${p50_shared:-0}" "${p99_shared:-0}"
   done
-  cat <<'NOTE'
+  echo
+  explain <<'NOTE'
+alone, shared it/s: iterations per second (one iteration is a burst of kernels and, for the high job, a CPU gap), alone on the GPU and beside the other container; vs alone: the change. GPU time: how long the container's kernels ran on the GPU, as the job measured it, and its part of the job's run. Token time: how long its lease held GPU 0's time-slice token (the token service's account, as in gpusharectl status and the timeline); its kernels run only while it holds the token, so token time is at least its GPU time, the difference being its CPU gaps while holding and the waits for its last kernels to drain.
 
-  GPU time, shared: the time the container's kernels ran, and its part of the container's
-  run; token held: how long its lease held GPU 0's time-slice token (the token service's
-  account, the same as gpusharectl status and the timeline).
-  libgpushare.so enforces each container's memory quota (see "used" in the status above) and
-  gates kernel launches on the GPU's time-slice token: the high-priority job takes it
-  whenever it has work, so its iteration rate stays near its rate alone, and the low-priority
-  job runs in the time it leaves idle. Without the token the GPU would time-slice between
-  them like the hardware, and the high-priority job's iterations would take about 70 %
-  longer (tests/bench/results).
+libgpushare.so holds each container to its memory quota and gates its kernel launches on the GPU's token: the high-priority job takes the token whenever it has work, so its iteration rate stays near its rate alone, and the low-priority job runs in the time it leaves idle. Without the token the GPU would time-slice between them like the hardware does, and the high-priority job's iterations would take about 70 % longer (tests/bench/results).
 NOTE
 fi
 
 # One watchdog pass (every 2 s) so the status no longer lists the exited processes.
 sleep 2.5
 say "gpusharectl status after both exited (their leases are released)"
-"$BIN/gpusharectl" status | tee "$out/status-after.txt"
-say "Kept in $out: timeline.svg, timeline.txt, each job's report (*.json), the statuses, arbiter.log"
+gpusharectl status | tee "$out/status-after.txt"
+say "Kept in $out: timeline.svg, timeline.txt, each job's report (*.json), the statuses, config.toml, arbiter.log"
