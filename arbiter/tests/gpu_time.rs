@@ -155,7 +155,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
         total_ms += truth_ms;
         within_2_percent(
             "metrics",
-            series(&metrics, "gpushare_lease_gpu_time_seconds_total", lease) * 1000.0,
+            series(&metrics, "gpushare_lease_token_time_seconds_total", lease) * 1000.0,
             truth_ms,
         );
         // top shows "x.yz s" in the row of the container (named by its id).
