@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpushare_proto::{Fraction, GpuSelector, Priority, ReserveRequest};
-use gpushare_testkit::{binaries, simgpu, Arbiter};
+use gpushare_testkit::{binaries, simgpu, stand_in_init, Arbiter};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -83,14 +83,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
                 pod: None,
             })
             .unwrap();
-        // Stdio null: a leaked one must not hold a caller's pipe open.
-        let init = Command::new("sleep")
-            .arg("1000")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let init = stand_in_init();
         control
             .confirm(container_id.to_string(), init.id())
             .unwrap();
