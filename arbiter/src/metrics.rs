@@ -470,13 +470,7 @@ fn leases_on_gpus(report: &StatusReport) -> Vec<LeaseOnGpu<'_>> {
 /// token account, and the counts of what was refused or taken from it.
 fn render_leases(out: &mut Exposition, report: &StatusReport) {
     let leases = leases_on_gpus(report);
-    let series = |value: &dyn Fn(&LeaseOnGpu) -> Option<f64>| -> Vec<(Labels, f64)> {
-        leases
-            .iter()
-            .filter_map(|l| Some((l.labels.clone(), value(l)?)))
-            .collect()
-    };
-    let counts = |value: &dyn Fn(&LeaseOnGpu) -> u64| -> Vec<(Labels, u64)> {
+    let per_lease = |value: &dyn Fn(&LeaseOnGpu) -> u64| -> Vec<(Labels, u64)> {
         leases
             .iter()
             .map(|l| (l.labels.clone(), value(l)))
@@ -500,17 +494,23 @@ fn render_leases(out: &mut Exposition, report: &StatusReport) {
     out.gauges(
         "gpushare_lease_memory_used_bytes",
         "GPU memory charged to the lease by its processes, over all its GPUs (the ledger counts per process, not per GPU): a lease on several GPUs shows this same value on each GPU's series.",
-        counts(&|l| l.usage.memory_used),
+        per_lease(&|l| l.usage.memory_used),
     );
     out.gauges(
         "gpushare_lease_memory_quota_bytes",
         "The lease's memory quota over all its GPUs (its per-GPU quota times its GPUs), the same on each GPU's series.",
-        counts(&|l| l.usage.memory_quota),
+        per_lease(&|l| l.usage.memory_quota),
     );
     out.counters(
         "gpushare_lease_token_time_seconds_total",
         "Token time: how long the lease's token clients held this GPU's time-slice token (its turn on the GPU), gone clients included. Its kernels run only while it holds the token, so this bounds its GPU time.",
-        series(&|l| Some(l.account.map_or(0.0, |a| a.token_time_ms as f64 / 1000.0))),
+        leases
+            .iter()
+            .map(|l| {
+                let ms = l.account.map_or(0, |a| a.token_time_ms);
+                (l.labels.clone(), ms as f64 / 1000.0)
+            })
+            .collect(),
     );
     let share = |window: &'static str, value: fn(&LeaseTokenAccount) -> f64| {
         leases.iter().filter_map(move |l| {
@@ -530,22 +530,22 @@ fn render_leases(out: &mut Exposition, report: &StatusReport) {
     out.counters(
         "gpushare_lease_memory_refusals_total",
         "Allocations refused because they would have passed the lease's memory quota, over all its GPUs: the same on each GPU's series.",
-        counts(&|l| l.usage.memory_refusals),
+        per_lease(&|l| l.usage.memory_refusals),
     );
     out.counters(
         "gpushare_lease_token_revocations_total",
         "Times the lease's token clients on this GPU were revoked (a higher-priority job, or the slice ran out): routine.",
-        counts(&on_gpu(|a| a.revocations)),
+        per_lease(&on_gpu(|a| a.revocations)),
     );
     out.counters(
         "gpushare_lease_token_cut_offs_total",
         "Token clients of the lease on this GPU cut off because the lease ended while they were connected.",
-        counts(&on_gpu(|a| a.cut_offs)),
+        per_lease(&on_gpu(|a| a.cut_offs)),
     );
     out.counters(
         "gpushare_lease_token_overdue_total",
         "Times a revoked token client of the lease on this GPU had not released within scheduler.revoke_grace_ms.",
-        counts(&on_gpu(|a| a.overdue)),
+        per_lease(&on_gpu(|a| a.overdue)),
     );
 }
 
