@@ -11,7 +11,9 @@ use axum::routing::get;
 use axum::Router;
 use gpushare_proto::grant::{Grant, GrantAmount, PodBinding};
 use gpushare_proto::timing::{DurationHistogram, BUCKET_BOUNDS_US};
-use gpushare_proto::{LeaseId, LeaseState, Priority, StatusReport, ViolationKind};
+use gpushare_proto::{
+    LeaseState, LeaseTokenAccount, LeaseUsage, Priority, StatusReport, ViolationKind,
+};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
@@ -29,10 +31,10 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const COMMIT: &str = env!("GPUSHARE_COMMIT");
 
 /// What `prometheus_client::encoding::prometheus_text` writes: Prometheus's text format
-/// 0.0.4, which every Prometheus scrapes. Not OpenMetrics: there a counter's family is
-/// named without `_total`, and `gpushare_watchdog_violations_total` would then clash
-/// with the gauge `gpushare_watchdog_violations` (a strict parser refuses the scrape);
-/// 0.0.4 also keeps the `# TYPE` lines dashboards and alerts were written against.
+/// 0.0.4, which every Prometheus scrapes, and whose `# TYPE` lines name a counter's
+/// family with its `_total` (as dashboards and alerts were written against). No family
+/// is named as another's counter without `_total`, so the names would hold in
+/// OpenMetrics too.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// How long the background loop may go without a GPU sample before `/healthz`
@@ -173,9 +175,23 @@ impl Exposition {
     }
 }
 
-/// One label for a GPU, by UUID.
-fn gpu(uuid: &str) -> Labels {
-    vec![("gpu", uuid.to_owned())]
+/// A GPU's labels: its UUID and its NVML index (empty for a GPU the report does not
+/// list, which no series of a live arbiter names).
+fn gpu_labels(report: &StatusReport, uuid: &str) -> Labels {
+    let index = report
+        .gpus
+        .iter()
+        .map(|g| (&g.uuid, g.index))
+        .chain(report.unshareable.iter().map(|u| (&u.uuid, u.index)))
+        .find(|(u, _)| u.as_str() == uuid)
+        .map_or(String::new(), |(_, index)| index.to_string());
+    vec![("gpu", uuid.to_owned()), ("gpu_index", index)]
+}
+
+/// `labels` and one more.
+fn with(mut labels: Labels, key: &'static str, value: impl Into<String>) -> Labels {
+    labels.push((key, value.into()));
+    labels
 }
 
 pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u64>) -> String {
@@ -196,10 +212,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         report
             .gpus
             .iter()
-            .map(|g| {
-                let labels = vec![("gpu", g.uuid.clone()), ("index", g.index.to_string())];
-                (labels, g.memory_total)
-            })
+            .map(|g| (gpu_labels(report, &g.uuid), g.memory_total))
             .collect(),
     );
     out.gauges(
@@ -208,7 +221,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         report
             .gpus
             .iter()
-            .map(|g| (gpu(&g.uuid), g.memory_leased))
+            .map(|g| (gpu_labels(report, &g.uuid), g.memory_leased))
             .collect(),
     );
     out.gauges(
@@ -217,17 +230,21 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         report
             .gpus
             .iter()
-            .filter_map(|g| Some((gpu(&g.uuid), g.memory_used?)))
+            .filter_map(|g| Some((gpu_labels(report, &g.uuid), g.memory_used?)))
             .collect(),
     );
+    let utilization_1m = report.gpus.iter().filter_map(|g| {
+        let labels = with(gpu_labels(report, &g.uuid), "window", "1m");
+        Some((labels, g.utilization_last_minute?))
+    });
+    let utilization_10s = report.gpu_utilization.iter().filter_map(|u| {
+        let labels = with(gpu_labels(report, &u.uuid), "window", "10s");
+        Some((labels, u.last_10s?))
+    });
     out.gauges(
         "gpushare_gpu_utilization_ratio",
-        "Mean GPU utilisation over the last minute (0-1).",
-        report
-            .gpus
-            .iter()
-            .filter_map(|g| Some((gpu(&g.uuid), g.utilization_last_minute?)))
-            .collect(),
+        "Mean GPU utilisation as NVML samples it (0-1), over the last minute (window=\"1m\") and the last 10 s (window=\"10s\", follows a change within seconds).",
+        utilization_1m.chain(utilization_10s).collect(),
     );
     out.gauges(
         "gpushare_last_sample_age_seconds",
@@ -239,21 +256,12 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
             .collect(),
     );
     out.gauges(
-        "gpushare_gpu_utilization_10s_ratio",
-        "Mean GPU utilisation over the last 10 s (0-1): follows a change within seconds.",
-        report
-            .gpu_utilization
-            .iter()
-            .filter_map(|u| Some((gpu(&u.uuid), u.last_10s?)))
-            .collect(),
-    );
-    out.gauges(
         "gpushare_gpu_expected_demand",
         "Expected GPU demand of the leases on the GPU, in GPUs (measured token time, else the requests, else an assumption by priority).",
         report
             .placement
             .iter()
-            .map(|h| (gpu(&h.uuid), h.expected_demand))
+            .map(|h| (gpu_labels(report, &h.uuid), h.expected_demand))
             .collect(),
     );
     out.gauges(
@@ -262,7 +270,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         report
             .placement
             .iter()
-            .map(|h| (gpu(&h.uuid), h.largest_free_hole))
+            .map(|h| (gpu_labels(report, &h.uuid), h.largest_free_hole))
             .collect(),
     );
     out.counters(
@@ -286,19 +294,22 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         report
             .gpus
             .iter()
-            .map(|g| (gpu(&g.uuid), u64::from(g.drained)))
+            .map(|g| (gpu_labels(report, &g.uuid), u64::from(g.drained)))
             .collect(),
     );
     out.gauges(
         "gpushare_gpu_unshareable",
-        "1 for a GPU set aside at inventory because gpushare cannot share it (compute mode, MIG, MPS; see gpusharectl status).",
+        "1 for a GPU set aside at inventory because gpushare cannot share it (compute mode, MIG, MPS; see gpusharectl status), 0 for each GPU it shares.",
         report
-            .unshareable
+            .gpus
             .iter()
-            .map(|u| {
-                let labels = vec![("gpu", u.uuid.clone()), ("index", u.index.to_string())];
-                (labels, 1u64)
-            })
+            .map(|g| (gpu_labels(report, &g.uuid), 0u64))
+            .chain(
+                report
+                    .unshareable
+                    .iter()
+                    .map(|u| (gpu_labels(report, &u.uuid), 1u64)),
+            )
             .collect(),
     );
     let mut leases = Vec::new();
@@ -317,25 +328,7 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
         }
     }
     out.gauges("gpushare_leases", "Leases by priority and state.", leases);
-    out.gauges(
-        "gpushare_lease_memory_used_bytes",
-        "GPU memory charged to the lease by its processes.",
-        report
-            .usage
-            .iter()
-            .map(|u| (lease_labels(report, &u.lease), u.memory_used))
-            .collect(),
-    );
-    out.gauges(
-        "gpushare_lease_memory_quota_bytes",
-        "The lease's memory quota.",
-        report
-            .usage
-            .iter()
-            .map(|u| (lease_labels(report, &u.lease), u.memory_quota))
-            .collect(),
-    );
-    render_lease_time(&mut out, report);
+    render_leases(&mut out, report);
     render_grants(&mut out, report);
     out.counters(
         "gpushare_admission_rejections_total",
@@ -367,8 +360,8 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
             .collect(),
     );
     out.gauges(
-        "gpushare_watchdog_violations",
-        "Violations seen by the watchdog's latest pass.",
+        "gpushare_watchdog_current_violations",
+        "Violations listed now: the watchdog's latest pass, and the overruns and bypasses measured since.",
         [
             (ViolationKind::Unregistered, "unregistered"),
             (ViolationKind::OverQuota, "over_quota"),
@@ -406,108 +399,154 @@ pub fn render(report: &StatusReport, violation_totals: &BTreeMap<&'static str, u
     text
 }
 
-/// A lease's labels: its id, and its Kubernetes pod and container (empty when the
-/// runtime did not say), so dashboards can join on the pod without the lease id.
-fn lease_labels(report: &StatusReport, lease: &LeaseId) -> Labels {
-    let pod = report
-        .leases
-        .iter()
-        .find(|l| &l.id == lease)
-        .and_then(|l| l.pod.as_ref());
-    let part =
-        |f: fn(&PodBinding) -> &Option<String>| pod.and_then(|p| f(p).clone()).unwrap_or_default();
-    vec![
-        ("lease", lease.0.clone()),
-        ("pod_namespace", part(|p| &p.namespace)),
-        ("pod", part(|p| &p.name)),
-        ("container", part(|p| &p.container)),
-    ]
+/// One lease on one of its GPUs: a series of each per-lease family.
+struct LeaseOnGpu<'a> {
+    usage: &'a LeaseUsage,
+    labels: Labels,
+    /// The GPU's token account of the lease (None: no token client of it came there).
+    account: Option<&'a LeaseTokenAccount>,
 }
 
-/// [`lease_labels`] and `name`: the container's display name (the pod's
-/// namespace/name/container, else the container id, shortened as docker shows it),
-/// which docker and ctr containers, having no pod, are known by.
-fn named_lease_labels(report: &StatusReport, usage: &gpushare_proto::LeaseUsage) -> Labels {
-    let mut labels = lease_labels(report, &usage.lease);
-    labels.push(("name", usage.container.clone()));
-    labels
+/// Each live lease on each of its GPUs (a lease on two GPUs has two), labelled
+/// `lease`, `name` (the container's display name: the pod's namespace/name/container,
+/// else the engine's name, else the container id shortened as docker shows it),
+/// `pod`, `namespace` and `container` (its Kubernetes pod; empty when the runtime
+/// did not say), `gpu` and `gpu_index`. A lease whose GPUs are unknown keeps one
+/// series with the GPU labels empty.
+fn leases_on_gpus(report: &StatusReport) -> Vec<LeaseOnGpu<'_>> {
+    let mut out = Vec::new();
+    for usage in &report.usage {
+        let lease = report.leases.iter().find(|l| l.id == usage.lease);
+        let pod = lease.and_then(|l| l.pod.as_ref());
+        let part = |f: fn(&PodBinding) -> &Option<String>| {
+            pod.and_then(|p| f(p).clone()).unwrap_or_default()
+        };
+        let account_on = |uuid: &str| {
+            report
+                .tokens
+                .iter()
+                .filter(|t| t.gpu == uuid)
+                .flat_map(|t| &t.leases)
+                .find(|a| a.lease == usage.lease)
+        };
+        // Its GPUs, and any other GPU whose token keeps an account of it.
+        let mut gpus: Vec<&str> =
+            lease.map_or(vec![], |l| l.gpus.iter().map(String::as_str).collect());
+        for t in &report.tokens {
+            if !gpus.contains(&t.gpu.as_str()) && t.leases.iter().any(|a| a.lease == usage.lease) {
+                gpus.push(&t.gpu);
+            }
+        }
+        let lease_labels = vec![
+            ("lease", usage.lease.0.clone()),
+            ("name", usage.container.clone()),
+            ("pod", part(|p| &p.name)),
+            ("namespace", part(|p| &p.namespace)),
+            ("container", part(|p| &p.container)),
+        ];
+        if gpus.is_empty() {
+            let labels = with(with(lease_labels, "gpu", ""), "gpu_index", "");
+            out.push(LeaseOnGpu {
+                usage,
+                labels,
+                account: None,
+            });
+            continue;
+        }
+        for uuid in gpus {
+            let mut labels = lease_labels.clone();
+            labels.extend(gpu_labels(report, uuid));
+            out.push(LeaseOnGpu {
+                usage,
+                labels,
+                account: account_on(uuid),
+            });
+        }
+    }
+    out
 }
 
-/// Per lease: GPU time and recent shares from the token service, and the counts
-/// of what was refused or taken from it.
-fn render_lease_time(out: &mut Exposition, report: &StatusReport) {
-    type Value = fn(&gpushare_proto::LeaseUsage) -> Option<f64>;
+/// Per lease and GPU: its memory, its token time and token shares from the GPU's
+/// token account, and the counts of what was refused or taken from it.
+fn render_leases(out: &mut Exposition, report: &StatusReport) {
+    let leases = leases_on_gpus(report);
+    let per_lease = |value: &dyn Fn(&LeaseOnGpu) -> u64| -> Vec<(Labels, u64)> {
+        leases
+            .iter()
+            .map(|l| (l.labels.clone(), value(l)))
+            .collect()
+    };
     out.gauges(
         "gpushare_lease_info",
-        "Always 1, one per lease: its labels, to join other series on `lease`.",
-        report
-            .usage
+        "Always 1, one per lease and GPU: its labels and priority, to join other series on `lease`.",
+        leases
             .iter()
-            .map(|u| {
+            .map(|l| {
                 let priority = report
                     .leases
                     .iter()
-                    .find(|l| l.id == u.lease)
-                    .map_or(String::new(), |l| l.priority.to_string());
-                let mut labels = named_lease_labels(report, u);
-                labels.push(("priority", priority));
-                (labels, 1u64)
+                    .find(|lease| lease.id == l.usage.lease)
+                    .map_or(String::new(), |lease| lease.priority.to_string());
+                (with(l.labels.clone(), "priority", priority), 1u64)
             })
             .collect(),
     );
-    let per_lease = |value: Value| -> Vec<(Labels, f64)> {
-        report
-            .usage
-            .iter()
-            .filter_map(|u| Some((named_lease_labels(report, u), value(u)?)))
-            .collect()
-    };
+    out.gauges(
+        "gpushare_lease_memory_used_bytes",
+        "GPU memory charged to the lease by its processes, over all its GPUs (the ledger counts per process, not per GPU): a lease on several GPUs shows this same value on each GPU's series.",
+        per_lease(&|l| l.usage.memory_used),
+    );
+    out.gauges(
+        "gpushare_lease_memory_quota_bytes",
+        "The lease's memory quota over all its GPUs (its per-GPU quota times its GPUs), the same on each GPU's series.",
+        per_lease(&|l| l.usage.memory_quota),
+    );
     out.counters(
-        "gpushare_lease_gpu_time_seconds_total",
-        "GPU time the lease's token clients held the token, gone clients included.",
-        per_lease(|u| Some(u.token_time_ms as f64 / 1000.0)),
-    );
-    out.gauges(
-        "gpushare_lease_gpu_share_10s_ratio",
-        "The lease's share of one GPU's time over the last 10 s (0-1).",
-        per_lease(|u| u.token_share_10s),
-    );
-    out.gauges(
-        "gpushare_lease_gpu_share_1m_ratio",
-        "The lease's share of one GPU's time over the last minute (0-1).",
-        per_lease(|u| u.token_share_1m),
-    );
-    type Count = fn(&gpushare_proto::LeaseUsage) -> u64;
-    let counts: [(&str, &str, Count); 4] = [
-        (
-            "gpushare_lease_memory_refusals_total",
-            "Allocations refused because they would have passed the lease's memory quota.",
-            |u| u.memory_refusals,
-        ),
-        (
-            "gpushare_lease_token_revocations_total",
-            "Times the lease's token clients were revoked (a higher-priority job, or the slice ran out).",
-            |u| u.token_revocations,
-        ),
-        (
-            "gpushare_lease_token_cut_offs_total",
-            "Token clients cut off because the lease ended while they were connected.",
-            |u| u.token_cut_offs,
-        ),
-        (
-            "gpushare_lease_token_overdue_total",
-            "Times a revoked token client of the lease had not released within scheduler.revoke_grace_ms.",
-            |u| u.token_overdue,
-        ),
-    ];
-    for (name, help, count) in counts {
-        let series = report
-            .usage
+        "gpushare_lease_token_time_seconds_total",
+        "Token time: how long the lease's token clients held this GPU's time-slice token (its turn on the GPU), gone clients included. Its kernels run only while it holds the token, so this bounds its GPU time.",
+        leases
             .iter()
-            .map(|u| (named_lease_labels(report, u), count(u)))
-            .collect();
-        out.counters(name, help, series);
-    }
+            .map(|l| {
+                let ms = l.account.map_or(0, |a| a.token_time_ms);
+                (l.labels.clone(), ms as f64 / 1000.0)
+            })
+            .collect(),
+    );
+    let share = |window: &'static str, value: fn(&LeaseTokenAccount) -> f64| {
+        leases.iter().filter_map(move |l| {
+            let account = l.account?;
+            Some((with(l.labels.clone(), "window", window), value(account)))
+        })
+    };
+    out.gauges(
+        "gpushare_lease_token_share_ratio",
+        "Token share: the lease's token time on this GPU over the last 10 s (window=\"10s\") or minute (window=\"1m\"), over the window's length (0-1). No series while no token client of the lease came to the GPU.",
+        share("10s", |a| a.token_share_10s)
+            .chain(share("1m", |a| a.token_share_1m))
+            .collect(),
+    );
+    let on_gpu =
+        |field: fn(&LeaseTokenAccount) -> u64| move |l: &LeaseOnGpu| l.account.map_or(0, field);
+    out.counters(
+        "gpushare_lease_memory_refusals_total",
+        "Allocations refused because they would have passed the lease's memory quota, over all its GPUs: the same on each GPU's series.",
+        per_lease(&|l| l.usage.memory_refusals),
+    );
+    out.counters(
+        "gpushare_lease_token_revocations_total",
+        "Times the lease's token clients on this GPU were revoked (a higher-priority job, or the slice ran out): routine.",
+        per_lease(&on_gpu(|a| a.revocations)),
+    );
+    out.counters(
+        "gpushare_lease_token_cut_offs_total",
+        "Token clients of the lease on this GPU cut off because the lease ended while they were connected.",
+        per_lease(&on_gpu(|a| a.cut_offs)),
+    );
+    out.counters(
+        "gpushare_lease_token_overdue_total",
+        "Times a revoked token client of the lease on this GPU had not released within scheduler.revoke_grace_ms.",
+        per_lease(&on_gpu(|a| a.overdue)),
+    );
 }
 
 /// Grants by state and resource: placed (holding room, no lease yet), bound (a
@@ -653,7 +692,10 @@ fn render_reclaim(out: &mut Exposition, report: &StatusReport) {
     out.gauges(
         "gpushare_suspended_leases",
         "Low-priority leases checkpointed off the GPU (or being suspended or restored) to give their memory to a high-priority one.",
-        suspended.into_iter().map(|(g, n)| (gpu(&g), n)).collect(),
+        suspended
+            .into_iter()
+            .map(|(g, n)| (gpu_labels(report, &g), n))
+            .collect(),
     );
     out.counters(
         "gpushare_memory_reclaims_total",
@@ -727,7 +769,7 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
         Gauge,
     }
     use Kind::{Counter, Gauge};
-    let families: [(&str, Kind, &str, Field); 18] = [
+    let families: [(&str, Kind, &str, Field); 15] = [
         (
             "gpushare_token_grants_total",
             Counter,
@@ -751,12 +793,6 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
             Gauge,
             "Revoked clients still draining past scheduler.revoke_grace_ms.",
             |t| t.overdue_clients.len() as u64,
-        ),
-        (
-            "gpushare_token_cut_offs_total",
-            Counter,
-            "Always 0 (kept for compatibility): nobody is cut off for a slow drain; see gpushare_token_overdue_total.",
-            |t| t.cut_offs,
         ),
         (
             "gpushare_token_thread_restarts_total",
@@ -813,22 +849,10 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
             |t| t.admission.launches.overran,
         ),
         (
-            "gpushare_admission_overran_microseconds_total",
-            Counter,
-            "Their total time past the window's end, in microseconds.",
-            |t| t.admission.launches.overran_ns / 1_000,
-        ),
-        (
             "gpushare_admission_measured_overruns_total",
             Counter,
             "Low-priority holders revoked beside an active high-priority job and still running after scheduler.revoke_grace_ms, or past their admission window by more than scheduler.window_overrun_grace_ms, on the arbiter's clock.",
             |t| t.admission.measured_overruns,
-        ),
-        (
-            "gpushare_admission_measured_overrun_milliseconds_total",
-            Counter,
-            "Their GPU time past the grace or the window, in milliseconds (ended drains).",
-            |t| t.admission.measured_overrun_ms,
         ),
         (
             "gpushare_admission_penalized_leases",
@@ -841,13 +865,34 @@ fn render_tokens(out: &mut Exposition, report: &StatusReport) {
         let series = report
             .tokens
             .iter()
-            .map(|t| (gpu(&t.gpu), field(t)))
+            .map(|t| (gpu_labels(report, &t.gpu), field(t)))
             .collect();
         if kind == Counter {
             out.counters(name, help, series);
         } else {
             out.gauges(name, help, series);
         }
+    }
+    type Seconds = fn(&gpushare_proto::TokenStatus) -> f64;
+    let durations: [(&str, &str, Seconds); 2] = [
+        (
+            "gpushare_admission_overran_seconds_total",
+            "The overran launches' total time past their window's end, in seconds.",
+            |t| t.admission.launches.overran_ns as f64 / 1e9,
+        ),
+        (
+            "gpushare_admission_measured_overrun_seconds_total",
+            "The measured overruns' token time past the grace or the window, in seconds (ended drains).",
+            |t| t.admission.measured_overrun_ms as f64 / 1e3,
+        ),
+    ];
+    for (name, help, seconds) in durations {
+        let series = report
+            .tokens
+            .iter()
+            .map(|t| (gpu_labels(report, &t.gpu), seconds(t)))
+            .collect();
+        out.counters(name, help, series);
     }
 }
 

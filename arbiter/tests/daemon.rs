@@ -505,7 +505,7 @@ fn metrics_endpoint_serves_prometheus_text() {
         "{text}"
     );
     assert!(text.contains(&format!(
-        "gpushare_gpu_memory_leased_bytes{{gpu=\"{}\"}} {}",
+        "gpushare_gpu_memory_leased_bytes{{gpu=\"{}\",gpu_index=\"0\"}} {}",
         sim_uuid(0),
         GI
     )));

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpushare_proto::{Fraction, GpuSelector, Priority, ReserveRequest};
-use gpushare_testkit::{binaries, simgpu, Arbiter};
+use gpushare_testkit::{binaries, simgpu, stand_in_init, Arbiter};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -83,14 +83,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
                 pod: None,
             })
             .unwrap();
-        // Stdio null: a leaked one must not hold a caller's pipe open.
-        let init = Command::new("sleep")
-            .arg("1000")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let init = stand_in_init();
         control
             .confirm(container_id.to_string(), init.id())
             .unwrap();
@@ -155,7 +148,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
         total_ms += truth_ms;
         within_2_percent(
             "metrics",
-            series(&metrics, "gpushare_lease_gpu_time_seconds_total", lease) * 1000.0,
+            series(&metrics, "gpushare_lease_token_time_seconds_total", lease) * 1000.0,
             truth_ms,
         );
         // top shows "x.yz s" in the row of the container (named by its id).

@@ -21,10 +21,10 @@ pub use lease::{Lease, LeaseId, LeaseState};
 pub use lease_socket::{LeaseRequest, LeaseResponse, Quota, ShareKey};
 pub use message::{
     AdmissionRejections, AdmissionStatus, ClientStatus, ConnectionStatus, ControlRequest,
-    ControlResponse, ErrorKind, GpuStatus, GpuTimeline, GpuUtilization, LeaseTokenTime, LeaseUsage,
-    QueuedRequest, ReclaimReport, ReclaimStatus, ReserveRequest, StatusReport, SuspendedLease,
-    TimelineReport, TokenHold, TokenHolder, TokenStatus, UnshareableGpuStatus, Violation,
-    ViolationKind, WindowWaiter,
+    ControlResponse, ErrorKind, GpuStatus, GpuTimeline, GpuUtilization, LeaseTokenAccount,
+    LeaseTokenTime, LeaseUsage, QueuedRequest, ReclaimReport, ReclaimStatus, ReserveRequest,
+    StatusReport, SuspendedLease, TimelineReport, TokenHold, TokenHolder, TokenStatus,
+    UnshareableGpuStatus, Violation, ViolationKind, WindowWaiter,
 };
 pub use quantity::{ByteSize, Fraction, GpuSelector, MemoryRequest, Priority, QuantityError};
 pub use token::{FitCounts, LossPolicy, ScheduleTerms, TokenPage, TokenRequest};

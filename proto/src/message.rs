@@ -516,6 +516,28 @@ pub struct TokenStatus {
     /// A token thread of this GPU failed within the last minute: `/healthz` fails.
     #[serde(default)]
     pub thread_failed_recently: bool,
+    /// The token's account of each lease that had token clients on this GPU (live
+    /// leases, and ended ones the timeline still shows): the per-GPU parts of which
+    /// `LeaseUsage`'s token time, token shares and token counts are the sums.
+    #[serde(default)]
+    pub leases: Vec<LeaseTokenAccount>,
+}
+
+/// One lease's token account on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseTokenAccount {
+    pub lease: LeaseId,
+    /// Token time on this GPU: how long the lease's token clients held its token,
+    /// gone clients included, in ms.
+    pub token_time_ms: u64,
+    /// Token share on this GPU over the last 10 s and the last minute (0–1).
+    pub token_share_10s: f64,
+    pub token_share_1m: f64,
+    /// Times its clients here were revoked, cut off (the lease ended while they were
+    /// connected) and found overdue (revoked, not released within the grace).
+    pub revocations: u64,
+    pub cut_offs: u64,
+    pub overdue: u64,
 }
 
 /// What duration-aware admission did on one GPU: the arbiter's side (windows, the

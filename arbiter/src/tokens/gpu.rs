@@ -226,6 +226,8 @@ impl GpuToken {
             overdue_clients: describe(&snapshot.overdue),
             thread_restarts: self.restarts.count.load(Ordering::Relaxed),
             thread_failed_recently: self.restarts.recent(monotonic_ns()),
+            // Filled by the service, which sums the accounts into each lease's time.
+            leases: Vec::new(),
             admission: AdmissionStatus {
                 windows: snapshot.windows,
                 early_returns: snapshot.early_returns,

@@ -26,9 +26,9 @@ use gpushare_proto::frame::{self, FrameError};
 use gpushare_proto::token::{FLAG_CUT_OFF, NOT_HELD, TOKEN_PAGE_SIZE};
 use gpushare_proto::token_client::futex_wake;
 use gpushare_proto::{
-    AdmissionStatus, ErrorKind, FitCounts, GpuTimeline, LeaseId, LeaseResponse, LeaseTokenTime,
-    Priority, ScheduleTerms, TimelineReport, TokenHold, TokenHolder, TokenPage, TokenRequest,
-    TokenStatus, Violation, ViolationKind, WindowWaiter,
+    AdmissionStatus, ErrorKind, FitCounts, GpuTimeline, LeaseId, LeaseResponse, LeaseTokenAccount,
+    LeaseTokenTime, Priority, ScheduleTerms, TimelineReport, TokenHold, TokenHolder, TokenPage,
+    TokenRequest, TokenStatus, Violation, ViolationKind, WindowWaiter,
 };
 
 use crate::connections::{ConnectionBudget, Permit};
@@ -500,11 +500,35 @@ impl TokenService {
         });
     }
 
-    /// Every lease's GPU time (leases that had a token client and are still live,
-    /// or ended but still on the timeline), by lease id.
+    /// Every lease's token time (leases that had a token client and are still live,
+    /// or ended but still on the timeline), summed over its GPUs, by lease id.
     pub fn lease_times(&self) -> Vec<LeaseTime> {
-        let now = monotonic_ns();
         let mut times: Vec<LeaseTime> = Vec::new();
+        for (_, time) in self.lease_times_per_gpu() {
+            match times.iter_mut().find(|t| t.lease == time.lease) {
+                Some(t) => {
+                    t.held_ns += time.held_ns;
+                    t.held_short_ns += time.held_short_ns;
+                    t.held_long_ns += time.held_long_ns;
+                    t.clients += time.clients;
+                    t.closed &= time.closed;
+                    t.revocations += time.revocations;
+                    t.cut_offs += time.cut_offs;
+                    t.overdue += time.overdue;
+                    t.overruns += time.overruns;
+                }
+                None => times.push(time),
+            }
+        }
+        times.sort_by(|a, b| a.lease.cmp(&b.lease));
+        times
+    }
+
+    /// Each GPU's account of each lease (the token keeps one per lease per GPU), as
+    /// (GPU UUID, its token time there).
+    fn lease_times_per_gpu(&self) -> Vec<(String, LeaseTime)> {
+        let now = monotonic_ns();
+        let mut times = Vec::new();
         for gpu in self.all_gpus() {
             let state = gpu.lock();
             for (id, a) in &state.accounts {
@@ -539,23 +563,9 @@ impl TokenService {
                     overdue: a.overdue,
                     overruns: a.overruns,
                 };
-                match times.iter_mut().find(|t| t.lease == time.lease) {
-                    Some(t) => {
-                        t.held_ns += time.held_ns;
-                        t.held_short_ns += time.held_short_ns;
-                        t.held_long_ns += time.held_long_ns;
-                        t.clients += time.clients;
-                        t.closed &= time.closed;
-                        t.revocations += time.revocations;
-                        t.cut_offs += time.cut_offs;
-                        t.overdue += time.overdue;
-                        t.overruns += time.overruns;
-                    }
-                    None => times.push(time),
-                }
+                times.push((gpu.gpu.clone(), time));
             }
         }
-        times.sort_by(|a, b| a.lease.cmp(&b.lease));
         times
     }
 
@@ -890,6 +900,22 @@ impl TokenService {
         let gpus = self.all_gpus();
         let mut status: Vec<TokenStatus> =
             gpus.iter().map(|g| g.status(self.config.policy)).collect();
+        for (gpu, t) in self.lease_times_per_gpu() {
+            if let Some(s) = status.iter_mut().find(|s| s.gpu == gpu) {
+                s.leases.push(LeaseTokenAccount {
+                    lease: t.lease.clone(),
+                    token_time_ms: t.held_ns / 1_000_000,
+                    token_share_10s: t.share_short(),
+                    token_share_1m: t.share_long(),
+                    revocations: t.revocations,
+                    cut_offs: t.cut_offs,
+                    overdue: t.overdue,
+                });
+            }
+        }
+        for s in &mut status {
+            s.leases.sort_by(|a, b| a.lease.cmp(&b.lease));
+        }
         status.sort_by(|a, b| a.gpu.cmp(&b.gpu));
         status
     }

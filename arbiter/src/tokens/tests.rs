@@ -102,6 +102,16 @@ fn token_client(
     dir: &std::path::Path,
     lease: &str,
 ) -> gpushare_proto::token_client::TokenConnection {
+    token_client_on(service, dir, lease, "GPU-0")
+}
+
+/// [`token_client`] on the token of `gpu`.
+fn token_client_on(
+    service: &Arc<TokenService>,
+    dir: &std::path::Path,
+    lease: &str,
+    gpu: &str,
+) -> gpushare_proto::token_client::TokenConnection {
     static SOCKETS: AtomicU64 = AtomicU64::new(0);
     let socket = SOCKETS.fetch_add(1, Ordering::Relaxed);
     let path = dir.join(format!("{lease}-{socket}.sock"));
@@ -109,7 +119,7 @@ fn token_client(
     let served = service.clone();
     let lease = TokenLease {
         lease: LeaseId(lease.into()),
-        gpu: "GPU-0".into(),
+        gpu: gpu.into(),
         priority: Priority::Low,
         request: 0.0,
         limit: 1.0,
@@ -261,6 +271,48 @@ fn lease_time(service: &TokenService, lease: &LeaseId) -> LeaseTime {
         .into_iter()
         .find(|t| &t.lease == lease)
         .unwrap()
+}
+
+/// Each GPU's token lists its own account of each lease (status, and so the metrics'
+/// per-GPU series); the lease's token time is their sum.
+#[test]
+fn each_gpus_status_lists_its_own_account_of_a_lease_on_two_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = TokenService::new(SchedulerConfig::default());
+    let lease = LeaseId("a".into());
+    let on_0 = token_client_on(&service, dir.path(), "a", "GPU-0");
+    let on_1 = token_client_on(&service, dir.path(), "a", "GPU-1");
+    // GPU-0's token is held a while, GPU-1's briefly.
+    on_0.send(TokenRequest::Want).unwrap();
+    wait_for("the grant on GPU-0", || held(&on_0));
+    std::thread::sleep(Duration::from_millis(50));
+    on_0.send(TokenRequest::Release { again: false }).unwrap();
+    on_1.send(TokenRequest::Want).unwrap();
+    wait_for("the grant on GPU-1", || held(&on_1));
+    on_1.send(TokenRequest::Release { again: false }).unwrap();
+    let ended = |gpu: usize| service.status()[gpu].holders.is_empty();
+    wait_for("both releases", || ended(0) && ended(1));
+    let status = service.status();
+    let accounts: Vec<(&str, Vec<&LeaseId>)> = status
+        .iter()
+        .map(|s| (s.gpu.as_str(), s.leases.iter().map(|a| &a.lease).collect()))
+        .collect();
+    assert_eq!(accounts, [("GPU-0", vec![&lease]), ("GPU-1", vec![&lease])]);
+    let (time_0, time_1) = (
+        status[0].leases[0].token_time_ms,
+        status[1].leases[0].token_time_ms,
+    );
+    assert!(
+        time_0 >= 50,
+        "GPU-0 held 50 ms or more, its account says {time_0} ms"
+    );
+    // The sum is the lease's (not each account the whole repeated); ms are truncated
+    // per account, so within a ms each.
+    let total_ms = lease_time(&service, &lease).held_ns / 1_000_000;
+    assert!(
+        (time_0 + time_1..=time_0 + time_1 + 2).contains(&total_ms),
+        "{time_0} + {time_1} ms against {total_ms} ms"
+    );
 }
 
 /// Memory reclaim suspends a lease whose client holds the token and will not release

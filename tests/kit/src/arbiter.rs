@@ -379,3 +379,16 @@ impl Drop for Arbiter {
         self.stop();
     }
 }
+
+/// A stand-in for a container's init process, whose pid confirms a lease: `sleep
+/// 1000`, its stdio null so that a leaked one holds no caller's pipe open. The caller
+/// kills it when the container is to end.
+pub fn stand_in_init() -> Child {
+    Command::new("sleep")
+        .arg("1000")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting sleep, a container's stand-in init")
+}
