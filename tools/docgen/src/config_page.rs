@@ -388,7 +388,8 @@ pub fn render(tables: &[Table]) -> Vec<u8> {
             },
             Entry {
                 term: "PREFIX/share/gpushare/config.toml.default",
-                text: "The file as installed, with every key at its default, commented.",
+                text: "The file as this installation shipped it: the defaults, with a comment \
+                       per key; uninstalling removes config.toml only while it still equals it.",
             },
         ]),
     );
