@@ -871,7 +871,8 @@ pub enum SchedulingPolicy {
     Off,
 }
 
-/// The `[scheduler]` table: how the arbiter shares GPU time (the time-slice token).
+/// The `[scheduler]` table: how the arbiter gives each GPU to its containers in turns (the
+/// time-slice token).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
