@@ -155,7 +155,8 @@ deb: install-build
 image: install-build
 	PRELOAD_LIB=$(BASELINE_DIR)/release/libgpushare.so BIN_DIR=$(RELEASE_DIR) scripts/build-image.sh
 
-# Man pages (target/man) and bash/zsh/fish completions (target/completions), from the
+# Man pages (target/man: one per program and subcommand, and gpushare.toml.5 from the
+# typed configuration) and bash/zsh/fish completions (target/completions), from the
 # binaries' own command-line definitions.
 .PHONY: man
 man:

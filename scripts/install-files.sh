@@ -71,8 +71,9 @@ put "$LIBRARY" 0644 "$PREFIX/lib/gpushare/libgpushare.so"
 # Loaded into every CUDA process of every sharing container: 8.9 MB unstripped, 0.8 MB stripped.
 [ -z "$STRIP" ] || "$STRIP" --strip-unneeded "$DESTDIR$PREFIX/lib/gpushare/libgpushare.so"
 
-for page in "$MAN_DIR"/*.1; do
-    put "$page" 0644 "$PREFIX/share/man/man1/$(basename "$page")"
+# Section 1, the programs; section 5, gpushare.toml, the configuration file.
+for page in "$MAN_DIR"/*.1 "$MAN_DIR"/*.5; do
+    put "$page" 0644 "$PREFIX/share/man/man${page##*.}/$(basename "$page")"
 done
 for c in "$COMPLETIONS_DIR"/*; do
     name=$(basename "$c")

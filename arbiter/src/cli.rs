@@ -15,7 +15,10 @@ use gpushare_types::cli::HELP_TEMPLATE;
     name = "gpushare-arbiter",
     version,
     help_template = HELP_TEMPLATE,
-    about = "gpushare node daemon: places containers on GPUs and owns their leases"
+    about = "gpushare's node daemon: places containers on GPUs",
+    long_about = "gpushare's node daemon: places containers on GPUs and owns their leases \
+                  (memory quotas, the time-slice token), serving the control socket and \
+                  one socket per lease. Without a command it runs the daemon."
 )]
 pub struct ArbiterArgs {
     /// Configuration file (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).
@@ -28,9 +31,11 @@ pub struct ArbiterArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ArbiterCommand {
-    /// Check a configuration file as every component reads it, before saving it where
-    /// they read it: `FILE: ok`, or each problem as FILE:LINE: key = value: what is
-    /// wrong; the likely fix. Exit 0 ok, 1 problems, 2 unreadable.
+    /// Check gpushare's configuration file.
+    ///
+    /// Checks the file as every component reads it, before saving it where they read
+    /// it: `FILE: ok`, or each problem as FILE:LINE: key = value: what is wrong; the
+    /// likely fix. Exit 0 ok, 1 problems, 2 unreadable.
     CheckConfig(CheckConfig),
 }
 

@@ -16,6 +16,8 @@ pub mod check;
 pub mod installation;
 pub mod keys;
 pub mod problems;
+#[cfg(feature = "schema")]
+mod schema;
 
 pub use problems::Problem;
 
@@ -50,6 +52,7 @@ impl ConfigError {
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Config {
     pub arbiter: ArbiterConfig,
     pub requests: RequestPolicy,
@@ -63,6 +66,7 @@ pub struct Config {
 /// Which placement policy places a lease on a GPU.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum PlacementPolicy {
     /// Wang et al.'s Algorithm 1 (`arbiter.gpu_util_limit`, `arbiter.low_nums_limit`):
     /// co-locates low-priority jobs before opening an empty GPU. Kept so the paper's
@@ -77,14 +81,21 @@ pub enum PlacementPolicy {
 /// The `[placement]` table: the placement policy and its weights.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PlacementConfig {
+    /// Which placement policy places a lease on a GPU.
     pub policy: PlacementPolicy,
     /// Place several waiting requests together with a search over assignments
     /// (bounded by `batch_budget_us`, greedy order as the fallback).
     pub batch: bool,
-    /// Weights of the balanced score (Sun et al.'s weighted resource scores).
+    /// Weight of a GPU's memory load (its quotas over its memory) in the balanced
+    /// score, Sun et al.'s weighted resource scores; from 0 to 1000.
     pub memory_weight: f64,
+    /// Weight of a GPU's compute load (its leases' expected demand, in GPUs) in the
+    /// balanced score; from 0 to 1000.
     pub compute_weight: f64,
+    /// Weight of a GPU's job count (over 4 jobs as a full load) in the balanced
+    /// score; from 0 to 1000.
     pub jobs_weight: f64,
     /// The utilisation window the balanced policy sees load over: seconds, not
     /// Algorithm 1's minute, so load a short run creates is visible.
@@ -140,6 +151,7 @@ impl PlacementConfig {
 /// its latency has been measured on the simulated driver only.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct MemoryConfig {
     /// Low-priority leases may be admitted beyond the memory high-priority leases leave;
     /// a high-priority allocation that needs their memory checkpoints them off the GPU
@@ -242,10 +254,12 @@ impl MemoryConfig {
 /// The `[kubernetes]` table: the device plugin `gpushare-kube`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct KubernetesConfig {
     /// One unit of `gpushare.io/memory`. 1 GiB: Sun et al.'s granularity, and fine
     /// enough that a 24 GiB job wastes under 1 GiB to rounding; every unit is a
     /// device kubelet tracks, so 80 GiB GPUs × 8 stay at 640 devices.
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::byte_size"))]
     pub memory_unit: ByteSize,
     /// kubelet's device plugin directory: its registration socket `kubelet.sock`
     /// and the plugin's own sockets live here.
@@ -321,8 +335,10 @@ impl KubernetesConfig {
     }
 }
 
+/// The `[arbiter]` table: the node daemon's sockets, state, GPUs and placement limits.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ArbiterConfig {
     /// Holds the control socket and one directory per lease (mounted into that
     /// container as /run/gpushare). A tmpfs: it is rebuilt from `state_dir` after a reboot.
@@ -341,6 +357,10 @@ pub struct ArbiterConfig {
     /// A fraction (here and in requests: `25%`, `0.25`) is of the memory CUDA can allocate on
     /// the GPU, NVML's total less what the driver reserves, so quotas that add up to a whole
     /// GPU fit in it.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::memory_request")
+    )]
     pub default_memory: gpushare_types::MemoryRequest,
     /// How long the client tools wait for the arbiter before failing a container start.
     pub client_timeout_ms: u64,
@@ -381,6 +401,7 @@ pub struct ArbiterConfig {
     /// it within one reconcile tick. Not charged at all without NVML (declared
     /// devices), where nothing could ever measure it. 0 disables the estimate
     /// (measurement stays).
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::byte_size"))]
     pub context_memory_estimate: ByteSize,
     /// Quotas are shared out of the memory CUDA can allocate on a GPU: NVML's total (the
     /// physical memory) less what the driver and firmware reserve, which
@@ -416,9 +437,11 @@ pub struct ArbiterConfig {
 /// GPUs set aside for one tenant.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TenantReservation {
+    /// The tenant whose requests alone may be placed on these GPUs.
     pub tenant: String,
-    /// UUIDs.
+    /// The reserved GPUs' UUIDs.
     pub gpus: Vec<String>,
 }
 
@@ -494,10 +517,15 @@ impl ArbiterConfig {
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct DeclaredDevice {
+    /// The GPU's UUID (`GPU-…`), as NVML and `NVIDIA_VISIBLE_DEVICES` name it.
     pub uuid: String,
+    /// The name shown for it (status, metrics); default "declared GPU".
     #[serde(default = "DeclaredDevice::default_name")]
     pub name: String,
+    /// The memory CUDA can allocate on it: what its quotas are shared out of.
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::byte_size"))]
     pub memory: ByteSize,
 }
 
@@ -509,6 +537,7 @@ impl DeclaredDevice {
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Unrequested {
     /// Pass the container through unchanged, so gpushare can be a node's default runtime.
     #[default]
@@ -520,6 +549,7 @@ pub enum Unrequested {
 /// Where a container's tenant comes from (`requests.tenant_from`).
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum TenantSource {
     /// The pod's namespace where the CRI runtime records one (as
     /// `KubernetesNamespace`), and the request's tenant elsewhere. Why that is sound:
@@ -539,11 +569,14 @@ pub enum TenantSource {
     KubernetesNamespace,
 }
 
+/// The `[requests]` table: what a container's annotations and environment may ask for.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RequestPolicy {
     /// Accept `GPUSHARE_*` environment variables as requests (docker 20.10 has no annotations).
     pub accept_env: bool,
+    /// What happens to a container that asks for no GPU share.
     pub unrequested: Unrequested,
     /// Tenants allowed to ask for high priority; `None` (the key absent) allows everyone.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -564,10 +597,15 @@ pub struct RequestPolicy {
     /// The most memory an environment request may ask for; absent: the arbiter's
     /// `default_memory`, what a container gets that names no amount.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::memory_request")
+    )]
     pub env_memory_ceiling: Option<gpushare_types::MemoryRequest>,
     /// The largest compute request an environment request may make. 0.25: at the
     /// shipped `arbiter.low_nums_limit` of 4, the guarantees of the low-priority
     /// containers on one GPU then add up to the whole GPU at most.
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::fraction"))]
     pub env_compute_request_ceiling: gpushare_types::Fraction,
 }
 
@@ -630,8 +668,11 @@ impl Default for RequestPolicy {
     }
 }
 
+/// The `[runtime]` table: what gpushare-runc, the hook and the shim hand over to and
+/// put into a container.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RuntimeConfig {
     /// The runtime `gpushare-runc` hands over to: the first one found. The NVIDIA
     /// runtime comes first so device nodes and driver libraries are still injected.
@@ -664,18 +705,25 @@ pub struct RuntimeConfig {
 /// container started through it asks for a share even when it names nothing.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct RuntimeProfile {
     /// Absent: low.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::priority"))]
     pub priority: Option<gpushare_types::Priority>,
     /// Absent: `arbiter.default_memory`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::memory_request")
+    )]
     pub memory: Option<gpushare_types::MemoryRequest>,
     /// Absent: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// Absent: 0.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "crate::schema::fraction"))]
     pub compute_request: Option<gpushare_types::Fraction>,
 }
 
@@ -810,6 +858,7 @@ fn runtimes_in(text: &str) -> Option<Vec<String>> {
 /// Which scheduler hands out the per-GPU time-slice token.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum SchedulingPolicy {
     /// High priority preempts low at once; request/limit shares among equals; slices
     /// sized from each client's bursts.
@@ -822,9 +871,11 @@ pub enum SchedulingPolicy {
     Off,
 }
 
-/// The `[scheduler]` table: how the arbiter shares GPU time (the time-slice token).
+/// The `[scheduler]` table: how the arbiter gives each GPU to its containers in turns (the
+/// time-slice token).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SchedulerConfig {
     /// "priority" by default: the project's policy; the others exist to compare against.
     pub policy: SchedulingPolicy,
@@ -856,7 +907,7 @@ pub struct SchedulerConfig {
     /// high-priority job 0.8–1.0 % slowdown and a start latency p99 of 128 µs; depth 2
     /// gave 2.2–2.4 % and 355–435 µs, for 5 points more of the idle time captured.
     pub launch_ahead_with_high: u32,
-    /// Sliding window over which each client's GPU time is measured for request/limit.
+    /// Sliding window over which each client's token time is measured for request/limit.
     /// 2 s: long enough to average over many slices, short enough to follow phase changes.
     pub window_ms: u64,
     /// A high-priority client counts as active (and bounds a low holder's launch-ahead
@@ -928,9 +979,17 @@ pub struct SchedulerConfig {
     pub high_return_risk_percent: u32,
     /// High-priority clients keep running while the arbiter is unreachable: they never
     /// wait for a grant anyway, and an arbiter restart must not stall them.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::loss_policy")
+    )]
     pub high_on_arbiter_loss: LossPolicy,
     /// Low-priority clients wait while the arbiter is unreachable: they only borrow
     /// time the high-priority job leaves idle, which nobody can vouch for then.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::loss_policy")
+    )]
     pub low_on_arbiter_loss: LossPolicy,
 }
 

@@ -28,7 +28,10 @@ pub struct CtlArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum CtlCommand {
-    /// GPUs, utilisation, leases by priority, memory used/quota, the queue and the watchdog's findings.
+    /// Who is on each GPU, what waits, what is wrong.
+    ///
+    /// GPUs, utilisation, leases by priority, memory used/quota, the queue and the
+    /// watchdog's findings.
     Status {
         /// Machine-readable output.
         #[arg(long)]
@@ -40,20 +43,38 @@ pub enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Check a configuration file as every component reads it (no arbiter needed):
-    /// `FILE: ok`, or each problem as FILE:LINE: key = value: what is wrong; the
-    /// likely fix. Exit 0 ok, 1 problems, 2 unreadable.
+    /// Check gpushare's configuration file.
+    ///
+    /// Checks the file as every component reads it (no arbiter needed): `FILE: ok`, or
+    /// each problem as FILE:LINE: key = value: what is wrong; the likely fix. Exit 0
+    /// ok, 1 problems, 2 unreadable.
     CheckConfig(CheckConfig),
     /// Release a lease by id (idempotent).
     Release { lease: String },
-    /// Place no new leases on a GPU (UUID or index); its leases stay.
+    /// Place no new leases on a GPU; its leases stay.
+    ///
+    /// The GPU is named by UUID or index.
     Drain { gpu: String },
     /// Place leases on a drained GPU again.
     Undrain { gpu: String },
-    /// Add gpushare's runtime to a container engine's configuration (docker's daemon.json,
-    /// containerd's config.toml, podman's containers.conf), keeping everything else; with
-    /// --undo, take it out again (the file as it was, byte for byte, if nothing else changed
-    /// it since). Here --config names the engine's file. The engine is not restarted.
+    /// Add gpushare's runtime to an engine's configuration.
+    ///
+    /// Edits the container ENGINE's configuration file (docker's daemon.json,
+    /// containerd's config.toml, podman's containers.conf, CRI-O's drop-in), keeping
+    /// everything else; with --undo, takes it out again (the file as it was, byte for
+    /// byte, if nothing else changed it since). Here --config names that engine's file,
+    /// not gpushare's configuration. The engine is not restarted.
+    #[command(arg(
+        clap::Arg::new("config")
+            .long("config")
+            .value_name("FILE")
+            .value_parser(clap::value_parser!(PathBuf))
+            .help(
+                "The engine's configuration file, not gpushare's (default: docker \
+                 /etc/docker/daemon.json, containerd /etc/containerd/config.toml, podman \
+                 /etc/containers/containers.conf, crio /etc/crio/crio.conf.d/50-gpushare.conf)"
+            )
+    ))]
     Setup {
         engine: crate::setup::Engine,
         /// Take gpushare's runtime out again.
@@ -76,16 +97,18 @@ pub enum CtlCommand {
         #[arg(long)]
         set_as_default: bool,
     },
-    /// Live view per GPU: memory used/quota, GPU-time share per lease, priority, the
-    /// token's holder and the queue, redrawn every second (one frame when stdout is
-    /// not a terminal).
+    /// Live view of each GPU, redrawn every second.
+    ///
+    /// Per GPU: memory used/quota, token share per lease, priority, the token's holder
+    /// and the queue, redrawn every second (one frame when stdout is not a terminal).
     Top {
         /// Print one frame, without terminal control codes, and exit.
         #[arg(long)]
         once: bool,
     },
-    /// Who held each GPU's time-slice token when: a text strip per GPU (a letter per
-    /// container), an SVG chart, or JSON.
+    /// Who held each GPU's time-slice token when.
+    ///
+    /// A text strip per GPU (a letter per container), an SVG chart, or JSON.
     Timeline {
         /// Only holds that ended within the last SECS seconds (default: all kept,
         /// up to 10 minutes).
@@ -139,6 +162,40 @@ mod tests {
             };
             assert_eq!(check.file, file.map(PathBuf::from), "{args:?}");
         }
+    }
+
+    #[test]
+    fn setup_says_its_config_is_the_engines_and_still_reads_it_into_config() {
+        for args in [
+            ["gpusharectl", "setup", "docker", "--config", "/x.json"],
+            ["gpusharectl", "--config", "/x.json", "setup", "docker"],
+        ] {
+            let parsed = CtlArgs::try_parse_from(args).unwrap();
+            assert!(
+                matches!(parsed.command, CtlCommand::Setup { .. }),
+                "{args:?}"
+            );
+            assert_eq!(parsed.config, Some(PathBuf::from("/x.json")), "{args:?}");
+        }
+        let mut command = CtlArgs::command();
+        command.build();
+        let help_of = |command: &clap::Command| {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_id() == "config")
+                .expect("--config");
+            arg.get_help().map(|h| h.to_string()).unwrap_or_default()
+        };
+        let setup = command.find_subcommand("setup").unwrap();
+        assert!(help_of(setup).starts_with("The engine's configuration file, not gpushare's"));
+        assert!(setup
+            .get_long_about()
+            .unwrap()
+            .to_string()
+            .contains("not gpushare's configuration"));
+        // Every other command's --config is gpushare's file.
+        let status = command.find_subcommand("status").unwrap();
+        assert!(help_of(status).starts_with("Configuration file (default: $GPUSHARE_CONFIG"));
     }
 
     #[test]

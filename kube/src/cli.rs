@@ -12,7 +12,8 @@ use gpushare_types::cli::HELP_TEMPLATE;
     name = "gpushare-kube",
     version,
     help_template = HELP_TEMPLATE,
-    about = "gpushare's Kubernetes device plugin: advertises gpushare.io/memory, gpushare.io/high and gpushare.io/compute, and turns Allocate into arbiter grants"
+    about = "gpushare's Kubernetes device plugin",
+    long_about = "gpushare's Kubernetes device plugin: advertises gpushare.io/memory, gpushare.io/high and gpushare.io/compute, and turns Allocate into arbiter grants"
 )]
 pub struct KubeArgs {
     /// Configuration file (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).

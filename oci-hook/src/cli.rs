@@ -30,10 +30,11 @@ pub use gpushare_types::cli::HELP_TEMPLATE;
     name = HOOK,
     version,
     help_template = HELP_TEMPLATE,
-    about = "gpushare's OCI hooks: the spec or the container's state on stdin"
+    about = "gpushare's OCI hooks for podman and runc",
+    long_about = "gpushare's OCI hooks: each stage reads the spec or the container's state on stdin"
 )]
 pub struct HookCli {
-    /// gpushare's configuration (default: /etc/gpushare/config.toml, if present).
+    /// gpushare's configuration (default: $GPUSHARE_CONFIG, then /etc/gpushare/config.toml).
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The arbiter's control socket (default: the configuration's).
@@ -45,14 +46,23 @@ pub struct HookCli {
 
 #[derive(Subcommand, Debug)]
 pub enum Stage {
-    /// podman's precreate: the spec on stdin, the edited spec on stdout.
+    /// podman's precreate hook: edits the spec.
+    ///
+    /// The spec on stdin, the edited spec on stdout.
     Precreate,
+    /// createRuntime hook: confirm the lease.
+    ///
     /// Confirms the container's lease with its pid (the OCI state on stdin).
     CreateRuntime,
+    /// poststop hook: release the container's lease.
+    ///
     /// Releases the container's lease (the OCI state on stdin).
     Poststop,
+    /// Fail with a message, as a refused precreate does.
+    ///
     /// Fails with the message: how precreate reports an error through runc.
     Fail {
+        /// What to fail with (default: container creation refused).
         #[arg(long)]
         message: Option<String>,
     },
@@ -77,7 +87,8 @@ pub fn runc_wrapper_command() -> clap::Command {
                 .action(ArgAction::Version)
                 .help("Print gpushare-runc's version, then the runtime's"),
         )
-        .about(RUNC_WRAPPER_ABOUT)
+        .about("gpushare's runc-compatible wrapper")
+        .long_about(RUNC_WRAPPER_ABOUT)
         .after_help(
             "--version prints gpushare-runc's version line, then the runtime's own version; \
              --help, what the wrapper does, then the runtime's help. Every other argument is \

@@ -190,6 +190,23 @@ fn an_installation_under_any_prefix_names_its_own_paths_and_verifies() {
         prefix.join("share/doc/gpushare/README.md").exists(),
         "the Documentation link is not dangling"
     );
+    // Each man: page the unit names is installed under this prefix.
+    let pages: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("Documentation="))
+        .flat_map(str::split_whitespace)
+        .filter_map(|link| link.strip_prefix("man:"))
+        .collect();
+    assert!(pages.contains(&"gpushare.toml(5)"), "{unit}");
+    for page in pages {
+        let (name, section) = page.trim_end_matches(')').split_once('(').unwrap();
+        let file = prefix.join(format!("share/man/man{section}/{name}.{section}"));
+        assert!(
+            file.exists(),
+            "Documentation names {page}: {} is missing",
+            file.display()
+        );
+    }
     let mut settings = unit.lines().filter(|l| !l.starts_with('#'));
     assert!(settings.all(|l| !l.contains("/usr/local")), "{unit}");
     // podman's hook where podman looks for the administrator's (SYSCONFDIR), naming this
@@ -270,6 +287,7 @@ fn an_installation_under_any_prefix_names_its_own_paths_and_verifies() {
     for expected in [
         "./prefix/share/man/man1/gpusharectl.1",
         "./prefix/share/man/man1/gpushare-arbiter.1",
+        "./prefix/share/man/man5/gpushare.toml.5",
         "./prefix/share/bash-completion/completions/gpusharectl",
         "./prefix/share/zsh/site-functions/_gpusharectl",
         "./prefix/share/fish/vendor_completions.d/gpusharectl.fish",

@@ -200,6 +200,7 @@ fn a_packaged_node_runs_two_containers_on_a_minimal_config_upgrades_and_purges_c
         "./usr/lib/systemd/system/gpushare-arbiter.service",
         "./etc/gpushare/config.toml",
         "./usr/share/man/man1/gpusharectl.1.gz",
+        "./usr/share/man/man5/gpushare.toml.5.gz",
         "./usr/share/bash-completion/completions/gpusharectl",
         "./usr/share/zsh/vendor-completions/_gpusharectl",
         "./usr/share/fish/vendor_completions.d/gpusharectl.fish",
