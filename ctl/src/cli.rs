@@ -28,13 +28,19 @@ pub struct CtlArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum CtlCommand {
-    /// GPUs, utilisation, leases by priority, memory used/quota, the queue and the watchdog's findings.
+    /// Each GPU with its containers (priority, memory used/quota, token time, token share),
+    /// then what is waiting and why, then what is wrong (or "no problems"); with no GPU,
+    /// why not.
     Status {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Also the internals: inventory, placement, token counters, admission windows,
+        /// memory reclaim, each lease's processes and pod.
+        #[arg(long, short)]
+        verbose: bool,
     },
-    /// The leases alone.
+    /// The leases alone, a row each: container, lease id, GPUs, priority, memory, state.
     List {
         /// Machine-readable output.
         #[arg(long)]
@@ -76,8 +82,8 @@ pub enum CtlCommand {
         #[arg(long)]
         set_as_default: bool,
     },
-    /// Live view per GPU: memory used/quota, GPU-time share per lease, priority, the
-    /// token's holder and the queue, redrawn every second (one frame when stdout is
+    /// Live view per GPU: memory used/quota, token time and token share per container,
+    /// priority, the token's holder and the queue, redrawn every second (one frame when stdout is
     /// not a terminal).
     Top {
         /// Print one frame, without terminal control codes, and exit.
@@ -85,7 +91,8 @@ pub enum CtlCommand {
         once: bool,
     },
     /// Who held each GPU's time-slice token when: a text strip per GPU (a letter per
-    /// container), an SVG chart, or JSON.
+    /// container) with each container's token time and token share of the span, an SVG
+    /// chart, or JSON.
     Timeline {
         /// Only holds that ended within the last SECS seconds (default: all kept,
         /// up to 10 minutes).
