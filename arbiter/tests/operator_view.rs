@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use gpushare_proto::grant::PodBinding;
+use gpushare_proto::grant::{GrantAmount, GrantRequest, PodBinding};
 use gpushare_proto::{GpuSelector, Priority};
 
 /// The widest line gpusharectl's text views may write.
@@ -118,8 +118,16 @@ fn status_list_top_and_timeline_answer_who_is_on_which_gpu_getting_what() {
         .map(|lease| token_workload(&d, lease, &simgpu_dir, "2s"))
         .collect();
     wait_for_workloads(jobs);
-    // Something true to report under PROBLEMS: GPU 1 taken out of placement.
+    // Something true to report under PROBLEMS: GPU 1 taken out of placement; and under
+    // WAITING: a device plugin's grant of more memory than GPU 0 has left.
     ctl_text(&d, &["drain", "1"]);
+    let waiting = control
+        .grant(GrantRequest {
+            amount: GrantAmount::Memory { bytes: 15 << 30 },
+            device_ids: vec!["memory-0".into()],
+        })
+        .unwrap();
+    assert_eq!(waiting.gpu, None, "15Gi fits no open GPU");
     let truth = control.status().unwrap();
 
     // status: each GPU, its container under it with priority, memory and token time.
@@ -153,9 +161,16 @@ fn status_list_top_and_timeline_answer_who_is_on_which_gpu_getting_what() {
         );
     }
     assert!(gpu1[0].contains("DRAINED"), "{status}");
-    assert!(
-        status.contains("WAITING: nothing waiting\n"),
-        "nothing waits:\n{status}"
+    assert_eq!(
+        block(&status, "WAITING"),
+        [
+            "WAITING (1)".to_owned(),
+            format!(
+                "  grant {} wants memory 15Gi: no GPU has room for it now",
+                waiting.id.0
+            )
+        ],
+        "{status}"
     );
     let problems = block(&status, "PROBLEMS");
     assert_eq!(
