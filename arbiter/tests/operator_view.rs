@@ -2,7 +2,8 @@
 //! containers, one on each, whose token clients (simgpu-workload under the interposer)
 //! really ran; then `status`, `list`, `top --once` and `timeline` through the real
 //! gpusharectl. Each answers who is on which GPU getting what, names the containers
-//! the same way, and fits 120 columns. And `status` on a node with no GPU says why.
+//! the same way, and fits 120 columns. And `status` (and `top`) on a node with no GPU
+//! says why.
 //!
 //! Needs the built programs (`make build`; GPUSHARE_BIN_DIR, GPUSHARE_PRELOAD_LIB).
 
@@ -282,6 +283,8 @@ fn status_on_a_node_with_no_gpu_says_why() {
             "{nvml_library:?}: {status}"
         );
         eprintln!("{status}");
+        let top = ctl_text(&d, &["top", "--once"]);
+        assert!(top.contains("NO GPU is shared on this node: "), "{top}");
         let json = d.status_json();
         assert!(
             json["no_gpus_reason"].as_str().unwrap().contains(why),

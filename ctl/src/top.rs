@@ -22,7 +22,14 @@ pub fn render_frame(report: &StatusReport) -> String {
         report.queue.len()
     );
     if let Some(why) = &report.store_failure {
-        let _ = writeln!(out, "STORE FAILING: {why}");
+        let _ = writeln!(out, "STORE FAILING: {}", crate::terminal::shown_text(why));
+    }
+    if let (true, Some(why)) = (report.gpus.is_empty(), &report.no_gpus_reason) {
+        let _ = writeln!(
+            out,
+            "NO GPU is shared on this node: {}",
+            crate::terminal::shown_text(why)
+        );
     }
     for g in &report.gpus {
         let short = report
@@ -224,6 +231,14 @@ mod tests {
             ..Default::default()
         });
         assert!(empty.contains("  no leases\n"), "{empty}");
+        let none = render_frame(&StatusReport {
+            no_gpus_reason: Some("arbiter.devices declares none".into()),
+            ..Default::default()
+        });
+        assert!(
+            none.contains("\nNO GPU is shared on this node: arbiter.devices declares none\n"),
+            "{none}"
+        );
         assert!(!empty.contains("QUEUE"), "{empty}");
     }
 
