@@ -120,6 +120,15 @@ pub fn recover(
     for set_aside in &survey.unshareable {
         tracing::warn!(uuid = %set_aside.gpu.uuid, "{}", set_aside.describe());
     }
+    let no_gpus_reason = inventory::no_gpus_reason(
+        &survey,
+        backend.source(),
+        backend.fallback_reason(),
+        config.devices.len(),
+    );
+    if let Some(why) = &no_gpus_reason {
+        tracing::warn!("no GPU to share: {why}");
+    }
     let (store, table) = LeaseStore::open(&config.state_dir, StoreOptions::default())?;
     let tokens = TokenService::with_budget(
         scheduler.clone(),
@@ -147,6 +156,7 @@ pub fn recover(
     arbiter.set_tokens(tokens.clone());
     arbiter.set_placement(placement.clone());
     arbiter.set_unshareable(survey.unshareable);
+    arbiter.set_no_gpus_reason(no_gpus_reason);
     arbiter.set_memory_config(memory.clone());
     let arbiter = ArbiterHandle::new(arbiter);
     let tasks = Tasks::default();

@@ -113,6 +113,11 @@ pub trait GpuBackend: Send + Sync {
     ) -> Result<Option<Vec<ProcessUtilization>>, InventoryError> {
         Ok(None)
     }
+    /// Why the declared devices stand in for NVML (it is not configured, does not
+    /// load, or reports no GPU); None for NVML itself or when nothing fell back.
+    fn fallback_reason(&self) -> Option<&str> {
+        None
+    }
 }
 
 // ----- can a GPU be shared? -----
@@ -372,6 +377,8 @@ pub fn refusal(
 /// The configuration's devices: no measurements, no processes.
 pub struct DeclaredBackend {
     gpus: Vec<Gpu>,
+    /// Why these stand in for NVML ([`GpuBackend::fallback_reason`]).
+    fallback_reason: Option<String>,
 }
 
 impl DeclaredBackend {
@@ -391,6 +398,15 @@ impl DeclaredBackend {
                     memory_allocatable: d.memory.0,
                 })
                 .collect(),
+            fallback_reason: None,
+        }
+    }
+
+    /// The declared devices, standing in for NVML because of `why`.
+    pub fn instead_of_nvml(config: &ArbiterConfig, why: String) -> Self {
+        DeclaredBackend {
+            fallback_reason: Some(why),
+            ..DeclaredBackend::new(config)
         }
     }
 }
@@ -410,6 +426,9 @@ impl GpuBackend for DeclaredBackend {
     }
     fn processes(&self, _uuid: &str) -> Result<Option<Vec<GpuProcess>>, InventoryError> {
         Ok(None)
+    }
+    fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
     }
 }
 
@@ -640,7 +659,10 @@ impl NvmlBackend {
 pub fn open_backend(config: &ArbiterConfig) -> Box<dyn GpuBackend> {
     if config.nvml_library.is_empty() {
         tracing::info!("arbiter.nvml_library is empty: using the declared devices");
-        return Box::new(DeclaredBackend::new(config));
+        return Box::new(DeclaredBackend::instead_of_nvml(
+            config,
+            "arbiter.nvml_library is empty (no driver is asked)".into(),
+        ));
     }
     match NvmlBackend::load(&config.nvml_library, config.driver_reserved_fraction) {
         Ok(nvml) if !nvml.gpus.is_empty() => {
@@ -649,13 +671,50 @@ pub fn open_backend(config: &ArbiterConfig) -> Box<dyn GpuBackend> {
         }
         Ok(_) => {
             tracing::warn!(library = %config.nvml_library, declared = config.devices.len(), "NVML reports no GPUs; using the declared devices");
-            Box::new(DeclaredBackend::new(config))
+            Box::new(DeclaredBackend::instead_of_nvml(
+                config,
+                format!("NVML ({}) reports no GPU", config.nvml_library),
+            ))
         }
         Err(e) => {
             tracing::warn!(library = %config.nvml_library, error = %e, declared = config.devices.len(), "NVML cannot be loaded; using the declared devices (no utilisation, no watchdog)");
-            Box::new(DeclaredBackend::new(config))
+            Box::new(DeclaredBackend::instead_of_nvml(
+                config,
+                format!("no usable NVIDIA driver: {e}"),
+            ))
         }
     }
+}
+
+/// Pure: why this node shares no GPU, for status (else only the log would say); None
+/// when it shares one. `source` and `fallback` are the backend's, `declared` the number
+/// of `arbiter.devices`.
+pub fn no_gpus_reason(
+    survey: &Survey,
+    source: &str,
+    fallback: Option<&str>,
+    declared: usize,
+) -> Option<String> {
+    if !survey.shareable.is_empty() {
+        return None;
+    }
+    if !survey.unshareable.is_empty() {
+        return Some(format!(
+            "every GPU of this node ({}) is set aside as unshareable: {}",
+            survey.unshareable.len(),
+            survey
+                .unshareable
+                .iter()
+                .map(|u| format!("GPU {}: {}", u.gpu.index, u.reason()))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    Some(match (source, fallback, declared) {
+        ("declared", Some(why), 0) => format!("{why}, and arbiter.devices declares none"),
+        ("declared", None, 0) => "arbiter.devices declares none".into(),
+        (source, _, _) => format!("the inventory ({source}) lists no GPU"),
+    })
 }
 
 /// `all` narrowed to `shared` (UUIDs) when that list is non-empty; indices are kept.

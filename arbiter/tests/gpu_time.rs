@@ -6,13 +6,14 @@
 //!
 //! Needs the built programs (`make build`; GPUSHARE_BIN_DIR, GPUSHARE_PRELOAD_LIB).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::*;
 use gpushare_proto::{Fraction, GpuSelector, Priority, ReserveRequest};
-use gpushare_testkit::{binaries, simgpu, stand_in_init, Arbiter};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -57,7 +58,6 @@ fn within_2_percent(what: &str, got: f64, truth: f64) {
 fn top_metrics_and_timeline_agree_with_the_token_accounting() {
     binaries::gpusharectl();
     binaries::require(&["gpushare-arbiter", "gpusharectl", "simgpu-workload"]);
-    let libs = simgpu::libs();
     let port = free_port();
     let arbiter = Arbiter::builder()
         .declared_gpus(1, "16Gi")
@@ -66,7 +66,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
     let simgpu_dir = arbiter.dir().join("simgpu");
     std::fs::create_dir_all(&simgpu_dir).unwrap();
     let mut control = arbiter.client();
-    let mut containers = Containers(Vec::new());
+    let mut containers = Inits(Vec::new());
     let mut leases = Vec::new();
     for (i, container_id) in ["trainer-a", "trainer-b"].iter().enumerate() {
         let lease = control
@@ -83,7 +83,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
                 pod: None,
             })
             .unwrap();
-        let init = stand_in_init();
+        let init = container_process();
         control
             .confirm(container_id.to_string(), init.id())
             .unwrap();
@@ -91,37 +91,11 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
         leases.push((lease.id.0, i));
     }
     // Two busy jobs, back to back kernels of 2 ms for 6 s: each wants the whole GPU.
-    let jobs: Vec<_> = leases
+    let jobs = leases
         .iter()
-        .map(|(lease, _)| {
-            Command::new(binaries::program("simgpu-workload"))
-                .args([
-                    "--kernels",
-                    "4",
-                    "--kernel",
-                    "fixed:2ms",
-                    "--duration",
-                    "6s",
-                ])
-                .env("LD_PRELOAD", binaries::preload_library())
-                .env("LD_LIBRARY_PATH", libs)
-                .env("SIMGPU_DIR", &simgpu_dir)
-                .env("GPUSHARE_LEASE", lease)
-                .env("GPUSHARE_SOCKET", arbiter.lease_socket(lease))
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|(lease, _)| token_workload(&arbiter, lease, &simgpu_dir, "6s"))
         .collect();
-    for job in jobs {
-        let out = job.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "workload failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    wait_for_workloads(jobs);
     // The clients are gone; their time stays with their leases.
     let report = control.status().unwrap();
     let top = arbiter.ctl(&["top", "--once"]);
@@ -273,16 +247,4 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
         &chart[..200.min(chart.len())]
     );
     drop(containers);
-}
-
-/// The containers' stand-in init processes, killed however the test ends.
-struct Containers(Vec<std::process::Child>);
-
-impl Drop for Containers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }

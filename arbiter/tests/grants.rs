@@ -81,8 +81,8 @@ fn a_grant_its_placement_and_its_lease_survive_sigkill() {
         matches!(&err, ClientError::Refused { kind: ErrorKind::InvalidRequest, message } if message.contains(&lease.id.0)),
         "{err}"
     );
-    let text = String::from_utf8(d.ctl(&["status"]).stdout).unwrap();
-    assert!(text.contains("GRANTS (1)"), "{text}");
+    let text = String::from_utf8(d.ctl(&["status", "--verbose"]).stdout).unwrap();
+    assert!(text.contains("  grants (1)"), "{text}");
     assert!(text.contains("pod=team-a/trainer/main"), "{text}");
     let _ = container.kill();
     let _ = container.wait();

@@ -127,9 +127,10 @@ fn gpus_in_exclusive_process_mode_or_with_mig_are_set_aside_reported_and_refused
 
     let text = String::from_utf8_lossy(&d.ctl(&["status"]).stdout).into_owned();
     assert!(
-        text.contains("UNSHAREABLE (2)")
-            && text.contains(&format!("1 {} ", sim_uuid(1)))
-            && text.contains("EXCLUSIVE_PROCESS"),
+        text.contains(&format!("GPU 1 ({}) cannot be shared: ", sim_uuid(1)))
+            && text.contains(&format!("GPU 2 ({}) cannot be shared: ", sim_uuid(2)))
+            && text.contains("EXCLUSIVE_PROCESS")
+            && text.contains("NOT SHARED: unshareable"),
         "{text}"
     );
     let json: serde_json::Value =
@@ -268,8 +269,7 @@ fn the_watchdog_reports_an_unregistered_process() {
     let text = String::from_utf8_lossy(&d.ctl(&["status"]).stdout).into_owned();
     assert!(
         text.contains(&format!(
-            "Unregistered gpu={} pid={}",
-            sim_uuid(0),
+            "violation on GPU 0: pid {} uses the GPU without a lease",
             rogue.id()
         )),
         "{text}"

@@ -68,9 +68,9 @@ fn a_lone_low_client_is_granted_a_slice() {
     let status = d.client().status().unwrap();
     assert_eq!(status.tokens.len(), 1);
     assert_eq!(status.tokens[0].holders[0].lease, lease.id);
-    let text = String::from_utf8_lossy(&d.ctl(&["status"]).stdout).into_owned();
+    let text = String::from_utf8_lossy(&d.ctl(&["status", "--verbose"]).stdout).into_owned();
     assert!(
-        text.contains("TOKENS (1)") && text.contains("grants=1"),
+        text.contains("token of GPU 0: policy=") && text.contains("grants=1"),
         "{text}"
     );
 }
@@ -297,9 +297,11 @@ fn a_holder_draining_past_the_grace_is_overdue_stays_connected_and_is_granted_ag
     assert_eq!(token.overdue_clients.len(), 1, "{token:?}");
     assert_eq!(token.overdue_clients[0].lease, a_lease.id);
     assert_eq!(token.clients, 2, "A is still a client");
-    let text = String::from_utf8_lossy(&d.ctl(&["status"]).stdout).into_owned();
+    let text = String::from_utf8_lossy(&d.ctl(&["status", "--verbose"]).stdout).into_owned();
     assert!(
-        text.contains("overdue=1") && text.contains(&format!("overdue: {}", a_lease.id)),
+        text.contains("overdue=1")
+            && text.contains("overdue on GPU 0: a (pid ")
+            && text.contains("was revoked and still runs past scheduler.revoke_grace_ms"),
         "{text}"
     );
     assert!(d.log().contains("token client overdue"), "{}", d.log());

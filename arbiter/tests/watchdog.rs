@@ -441,7 +441,8 @@ fn ungated_reported(sim: &Sim, pid: u32, timeout: Duration) {
     });
     let text = String::from_utf8_lossy(&sim.d.ctl(&["status"]).stdout).into_owned();
     assert!(
-        text.contains(&format!("Ungated gpu={} pid={pid}", sim_uuid(0))),
+        text.contains(&format!("violation on GPU 0: pid {pid} of "))
+            && text.contains("ran on the GPU without holding the token"),
         "{text}"
     );
     assert!(sim.d.log().contains("without holding its time-slice token"));

@@ -30,14 +30,19 @@ pub struct CtlArgs {
 pub enum CtlCommand {
     /// Who is on each GPU, what waits, what is wrong.
     ///
-    /// GPUs, utilisation, leases by priority, memory used/quota, the queue and the
-    /// watchdog's findings.
+    /// Each GPU with its containers (priority, memory used/quota, token time, token share),
+    /// then what is waiting and why, then what is wrong (or "no problems"); with no GPU,
+    /// why not. --verbose adds the scheduler's internals.
     Status {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Also the internals: inventory, placement, token counters, admission windows,
+        /// memory reclaim, each lease's processes and pod.
+        #[arg(long, short)]
+        verbose: bool,
     },
-    /// The leases alone.
+    /// The leases alone, a row each: container, lease id, GPUs, priority, memory, state.
     List {
         /// Machine-readable output.
         #[arg(long)]
@@ -99,8 +104,9 @@ pub enum CtlCommand {
     },
     /// Live view of each GPU, redrawn every second.
     ///
-    /// Per GPU: memory used/quota, token share per lease, priority, the token's holder
-    /// and the queue, redrawn every second (one frame when stdout is not a terminal).
+    /// Per GPU: memory used/quota, token time and token share per container, priority, the
+    /// token's holder and the queue, redrawn every second (one frame when stdout is not a
+    /// terminal).
     Top {
         /// Print one frame, without terminal control codes, and exit.
         #[arg(long)]
@@ -108,7 +114,8 @@ pub enum CtlCommand {
     },
     /// Who held each GPU's time-slice token when.
     ///
-    /// A text strip per GPU (a letter per container), an SVG chart, or JSON.
+    /// A text strip per GPU (a letter per container) with each container's token time and
+    /// token share of the span, an SVG chart, or JSON.
     Timeline {
         /// Only holds that ended within the last SECS seconds (default: all kept,
         /// up to 10 minutes).

@@ -20,6 +20,17 @@ fn acts_on_a_terminal(c: char) -> bool {
 /// and nothing is silently dropped; a name longer than [`SHOWN_NAME_MAX`] characters
 /// is cut.
 pub fn shown_name(name: &str) -> String {
+    inert(name, SHOWN_NAME_MAX)
+}
+
+/// Pure: `text` made inert for a terminal as [`shown_name`] makes a name, but whole: an
+/// explanation (why no GPU is shared, why the store fails) is cut by nobody.
+pub fn shown_text(text: &str) -> String {
+    inert(text, usize::MAX)
+}
+
+/// `text` with each character a terminal would act on escaped, cut after `max` characters.
+fn inert(name: &str, max: usize) -> String {
     let mut out = String::with_capacity(name.len().min(SHOWN_NAME_MAX * 4));
     let mut count = 0;
     for c in name.chars() {
@@ -29,7 +40,7 @@ pub fn shown_name(name: &str) -> String {
             c.to_string()
         };
         let width = piece.chars().count();
-        if count + width > SHOWN_NAME_MAX {
+        if count + width > max {
             out.push('…');
             return out;
         }
@@ -75,5 +86,10 @@ mod tests {
             assert!(!shown.chars().any(acts_on_a_terminal), "{name:?}");
             assert!(shown.chars().count() <= SHOWN_NAME_MAX + 1, "{name:?}");
         }
+        let reason = format!("{} \x1b[2J", "r".repeat(3 * SHOWN_NAME_MAX));
+        assert_eq!(
+            shown_text(&reason),
+            format!("{} \\u{{1b}}[2J", "r".repeat(3 * SHOWN_NAME_MAX))
+        );
     }
 }

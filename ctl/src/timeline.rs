@@ -8,10 +8,15 @@ use std::fmt::Write as _;
 use gpushare_proto::{ByteSize, LeaseId, Priority, TimelineReport, TokenHold};
 use plotters::prelude::*;
 
+use crate::render::{fit, wrap};
 use crate::terminal::shown_name;
 
 /// Columns of the text strip: one per time bucket.
 pub const STRIP_COLUMNS: usize = 60;
+
+/// The most characters of a container's name in the legend, which keeps its line within
+/// the width beside the letter, priority, lease id, token time and token share.
+const LEGEND_NAME: usize = 48;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TimelineError {
@@ -83,11 +88,19 @@ fn overlap_ms(hold: &TokenHold, from: u64, to: u64) -> u64 {
         .saturating_sub(hold.start_unix_ms.max(from))
 }
 
-/// One character per bucket: the letter of the lease that held the token longest in
-/// it, upper case when the token was held at least half the bucket, lower case when
-/// less; '.' when nobody held it.
+/// One character per bucket: the letter of a lease that held the token in it, upper
+/// case when the token was held at least half the bucket, lower case when less; '.'
+/// when nobody held it.
+///
+/// Which holder a shared bucket shows is decided by credit: each lease earns the time it
+/// held in the bucket, the bucket goes to the holder in it with the most credit, and that
+/// one pays the bucket's held time. Holders taking turns faster than a bucket is wide
+/// (the token's slices are milliseconds) thus get buckets in proportion to their token
+/// time: a lease holding 41 % of every bucket shows in about 41 % of them, where "who
+/// held it most" would draw its rival in every one.
 fn strip(holds: &[TokenHold], shown: &BTreeMap<LeaseId, Shown>, from: u64, to: u64) -> String {
     let width = (to - from) as f64 / STRIP_COLUMNS as f64;
+    let mut credit: BTreeMap<&LeaseId, i64> = BTreeMap::new();
     (0..STRIP_COLUMNS)
         .map(|c| {
             let a = from + (c as f64 * width) as u64;
@@ -99,10 +112,19 @@ fn strip(holds: &[TokenHold], shown: &BTreeMap<LeaseId, Shown>, from: u64, to: u
                     *held.entry(&h.lease).or_default() += ms;
                 }
             }
+            for (lease, ms) in &held {
+                *credit.entry(lease).or_default() += *ms as i64;
+            }
             let total: u64 = held.values().sum();
-            match held.iter().max_by_key(|(_, ms)| **ms) {
+            let chosen = held
+                .iter()
+                .max_by_key(|(lease, ms)| (credit.get(*lease).copied().unwrap_or(0), **ms));
+            match chosen {
                 None => '.',
                 Some((lease, _)) => {
+                    if let Some(owed) = credit.get_mut(*lease) {
+                        *owed -= total as i64;
+                    }
                     let letter = shown.get(*lease).map_or('?', |s| s.letter);
                     if 2 * total.min(b - a) >= b - a {
                         letter
@@ -121,18 +143,21 @@ fn seconds(ms: u64) -> String {
 }
 
 /// The text view: per GPU a strip and, per lease that held it, its letter, name,
-/// priority, GPU time in the span and share of the span.
+/// priority, token time in the span and token share of the span.
 pub fn render_text(report: &TimelineReport) -> String {
     let Some((from, to)) = span(report) else {
-        return "no token holds recorded (no container on a time-sliced GPU yet, or none within --since)\n"
-            .to_owned()
-            + &render_reclaims(report, None);
+        return wrap(
+            &("no token holds recorded (no container on a time-sliced GPU yet, or none within --since)\n"
+                .to_owned()
+                + &render_reclaims(report, None)),
+        );
     };
     let shown = letters(report);
     let mut out = format!(
-        "token holds over {} ({} per column; upper case: held at least half the column, '.': idle)\n",
+        "token holds over {}, {} per column: holders get columns in proportion to their token time\n\
+         (lower case: the token was held less than half the column; '.': idle)\n",
         seconds(to - from),
-        seconds((to - from) / STRIP_COLUMNS as u64)
+        crate::render::duration((to - from) / STRIP_COLUMNS as u64)
     );
     for gpu in &report.gpus {
         if gpu.holds.is_empty() {
@@ -152,9 +177,9 @@ pub fn render_text(report: &TimelineReport) -> String {
             let Some(s) = shown.get(lease) else { continue };
             let _ = writeln!(
                 out,
-                "  {} {} ({}, {})  GPU time {}, {:.0} % of the span",
+                "  {} {} ({}, {})  token time {}, token share {:.0} % of the span",
                 s.letter,
-                s.container,
+                fit(&s.container, LEGEND_NAME),
                 s.priority,
                 lease,
                 seconds(ms),
@@ -162,7 +187,7 @@ pub fn render_text(report: &TimelineReport) -> String {
             );
         }
     }
-    out + &render_reclaims(report, Some(from))
+    wrap(&(out + &render_reclaims(report, Some(from))))
 }
 
 /// The memory reclaims, each at its time from the span's start (`from`, unix ms).
@@ -347,13 +372,51 @@ mod tests {
         let want = format!("{}{}.b", "A".repeat(30), "B".repeat(28));
         assert_eq!(strip, want, "{text}");
         for line in [
-            "A c-hi (high, hi)  GPU time 30.0 s, 50 % of the span",
-            "B c-lo (low, lo)  GPU time 28.1 s, 47 % of the span",
-            "token holds over 60.0 s (1.0 s per column",
+            "A c-hi (high, hi)  token time 30.0 s, token share 50 % of the span",
+            "B c-lo (low, lo)  token time 28.1 s, token share 47 % of the span",
+            "token holds over 60.0 s, 1.00 s per column: holders get columns in proportion",
         ] {
             assert!(text.contains(line), "{line:?} in\n{text}");
         }
         assert!(render_text(&TimelineReport::default()).starts_with("no token holds"));
+    }
+
+    /// Two containers taking turns far faster than a column is wide: A holds 59 ms, B
+    /// 41 ms, over and over. Each column has both, A a little more; the strip must still
+    /// show B in about its share of the columns, not A alone.
+    #[test]
+    fn a_holder_with_a_sizeable_share_shows_in_the_strip_however_fine_the_turns() {
+        let mut holds = Vec::new();
+        let mut t = 0;
+        while t < 60_000 {
+            holds.push(hold("hi", Priority::High, t, t + 59));
+            holds.push(hold("lo", Priority::Low, t + 59, t + 100));
+            t += 100;
+        }
+        let r = TimelineReport {
+            gpus: vec![GpuTimeline {
+                gpu: "GPU-0".into(),
+                holds,
+            }],
+            ..Default::default()
+        };
+        let text = render_text(&r);
+        let strip = text
+            .lines()
+            .find(|l| l.starts_with("GPU-0"))
+            .and_then(|l| l.split('|').nth(1))
+            .unwrap();
+        let columns = |letter: char| strip.chars().filter(|c| *c == letter).count();
+        // 41 % of 60 columns is 24.6; the turns are drawn in proportion.
+        assert!(
+            (23..=26).contains(&columns('B')),
+            "B held 41 % of the span: {strip}"
+        );
+        assert_eq!(columns('A') + columns('B'), STRIP_COLUMNS, "{strip}");
+        assert!(
+            text.contains("B c-lo (low, lo)  token time 24.6 s, token share 41 % of the span"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -3,43 +3,17 @@
 
 use std::fmt::Write as _;
 
-use gpushare_proto::{ByteSize, Lease, LeaseUsage, StatusReport};
+use gpushare_proto::{ByteSize, Lease, StatusReport};
 
+use crate::render::{container_of, duration, fit, percent, wrap};
 use crate::terminal::shown_name;
 
-/// "61 %", or "-" when unknown.
-fn percent(x: Option<f64>) -> String {
-    x.map_or_else(|| "-".into(), |x| format!("{:.0} %", x * 100.0))
-}
-
-/// "1.23 s" below ten seconds (a short job's split must read within 1 %), "12.3 s"
-/// below ten minutes, "12.3 min" below ten hours, else "12.3 h".
-pub fn gpu_time(ms: u64) -> String {
-    let s = ms as f64 / 1000.0;
-    if s < 10.0 {
-        format!("{s:.2} s")
-    } else if s < 600.0 {
-        format!("{s:.1} s")
-    } else if s < 36_000.0 {
-        format!("{:.1} min", s / 60.0)
-    } else {
-        format!("{:.1} h", s / 3600.0)
-    }
-}
-
-/// The name a person knows the lease's container by: the arbiter's display name,
-/// else (an older arbiter) the pod or short id worked out here.
-/// Made inert for a terminal: the name is whatever the container's creator wrote.
-pub fn container_of(lease: &Lease, usage: Option<&LeaseUsage>) -> String {
-    let name = usage
-        .map(|u| u.container.clone())
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| lease.display_name());
-    shown_name(&name)
-}
+/// The CONTAINER column, as in `status` and `list`.
+const NAME_COLUMN: usize = 28;
 
 /// One frame: per GPU its utilisation (10 s and 1 min), memory, the token's holder
-/// and waiters, and a row per lease on it; then the admission queue.
+/// and waiters, and a row per container on it (token time, token share of the last
+/// 10 s and minute); then the admission queue.
 pub fn render_frame(report: &StatusReport) -> String {
     let mut out = format!(
         "gpushare top: {} GPU(s), {} lease(s), {} queued\n",
@@ -48,7 +22,14 @@ pub fn render_frame(report: &StatusReport) -> String {
         report.queue.len()
     );
     if let Some(why) = &report.store_failure {
-        let _ = writeln!(out, "STORE FAILING: {why}");
+        let _ = writeln!(out, "STORE FAILING: {}", crate::terminal::shown_text(why));
+    }
+    if let (true, Some(why)) = (report.gpus.is_empty(), &report.no_gpus_reason) {
+        let _ = writeln!(
+            out,
+            "NO GPU is shared on this node: {}",
+            crate::terminal::shown_text(why)
+        );
     }
     for g in &report.gpus {
         let short = report
@@ -58,10 +39,10 @@ pub fn render_frame(report: &StatusReport) -> String {
             .and_then(|u| u.last_10s);
         let _ = writeln!(
             out,
-            "\nGPU {} {} {}{}\n  util 10 s {}  1 min {}   memory used {}  leased {} of {}",
+            "\nGPU {}  {}  {}{}\n  util 10 s {}  1 min {}   memory used {}  leased {} of {}",
             g.index,
-            g.uuid,
-            g.name,
+            fit(&shown_name(&g.name), 24),
+            shown_name(&g.uuid),
             if g.drained { " (drained)" } else { "" },
             percent(short),
             percent(g.utilization_last_minute),
@@ -101,8 +82,8 @@ pub fn render_frame(report: &StatusReport) -> String {
         }
         let _ = writeln!(
             out,
-            "  {:<28} {:<4} {:>21}  {:>9} {:>6} {:>6}",
-            "CONTAINER", "PRIO", "MEMORY USED/QUOTA", "GPU TIME", "10 s", "1 min"
+            "  {:<NAME_COLUMN$} {:<8}  {:>17}  {:>10}  {:>16}  {:>5}",
+            "CONTAINER", "PRIORITY", "MEMORY USED/QUOTA", "TOKEN TIME", "TOKEN SHARE 10 s", "1 min"
         );
         for l in leases {
             let usage = report.usage.iter().find(|u| u.lease == l.id);
@@ -110,7 +91,7 @@ pub fn render_frame(report: &StatusReport) -> String {
                 r.suspended
                     .iter()
                     .find(|s| s.lease == l.id.0)
-                    .map(|s| format!("  {} (memory reclaimed)", s.phase))
+                    .map(|s| format!("  {} (reclaimed)", s.phase))
             });
             let memory = format!(
                 "{} / {}",
@@ -119,11 +100,11 @@ pub fn render_frame(report: &StatusReport) -> String {
             );
             let _ = writeln!(
                 out,
-                "  {:<28} {:<4} {:>21}  {:>9} {:>6} {:>6}{}",
-                container_of(l, usage),
+                "  {:<NAME_COLUMN$} {:<8}  {:>17}  {:>10}  {:>16}  {:>5}{}",
+                fit(&container_of(l, usage), NAME_COLUMN),
                 l.priority.to_string(),
                 memory,
-                usage.map_or_else(|| "-".into(), |u| gpu_time(u.token_time_ms)),
+                usage.map_or_else(|| "-".into(), |u| duration(u.token_time_ms)),
                 percent(usage.and_then(|u| u.token_share_10s)),
                 percent(usage.and_then(|u| u.token_share_1m)),
                 suspended.unwrap_or_default(),
@@ -144,62 +125,21 @@ pub fn render_frame(report: &StatusReport) -> String {
             );
         }
     }
-    out
+    wrap(&out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpushare_proto::{
-        Fraction, GpuStatus, GpuUtilization, LeaseId, LeaseState, Priority, TokenHolder,
-        TokenStatus,
-    };
+    use crate::fixtures::usage;
+    use gpushare_proto::{GpuStatus, GpuUtilization, LeaseId, Priority, TokenHolder, TokenStatus};
 
     fn lease(id: &str, container_id: &str, priority: Priority) -> Lease {
-        Lease {
-            id: LeaseId(id.into()),
-            container_id: container_id.into(),
-            namespace: None,
-            sandbox_id: None,
-            gpus: vec!["GPU-0".into()],
-            priority,
-            memory_bytes: 4 << 30,
-            compute_request: Fraction::ZERO,
-            compute_limit: Fraction::ONE,
-            tenant: None,
-            state: LeaseState::Confirmed,
-            pid: None,
-            created_unix_ms: 0,
-            pod: None,
-        }
-    }
-
-    fn usage(
-        id: &str,
-        container: &str,
-        used: u64,
-        ms: u64,
-        shares: Option<(f64, f64)>,
-    ) -> LeaseUsage {
-        LeaseUsage {
-            lease: LeaseId(id.into()),
-            memory_used: used,
-            memory_quota: 4 << 30,
-            clients: vec![],
-            cgroup: None,
-            container: container.into(),
-            token_time_ms: ms,
-            token_share_10s: shares.map(|s| s.0),
-            token_share_1m: shares.map(|s| s.1),
-            memory_refusals: 0,
-            token_revocations: 0,
-            token_cut_offs: 0,
-            token_overdue: 0,
-        }
+        crate::fixtures::lease(id, container_id, "GPU-0", priority)
     }
 
     #[test]
-    fn a_frame_shows_each_lease_with_memory_gpu_time_and_shares() {
+    fn a_frame_shows_each_container_with_memory_token_time_and_token_shares() {
         let docker_id = "ab".repeat(32);
         let report = StatusReport {
             gpus: vec![GpuStatus {
@@ -262,11 +202,23 @@ mod tests {
             }],
             ..Default::default()
         }));
-        let frame = render_frame(&reclaimed);
+        let suspended = render_frame(&reclaimed);
+        let row = suspended
+            .lines()
+            .find(|l| l.trim_start().starts_with("trainer"))
+            .unwrap_or_else(|| panic!("trainer in\n{suspended}"));
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>().join(" "),
+            "trainer low 2Gi / 4Gi 12.6 min - - suspended (reclaimed)"
+        );
+        // The token's account is named for what it is, within the width.
         assert!(
-            frame.contains("12.6 min      -      -  suspended (memory reclaimed)"),
+            frame.contains("TOKEN TIME  TOKEN SHARE 10 s  1 min") && !frame.contains("GPU TIME"),
             "{frame}"
         );
+        assert!(frame
+            .lines()
+            .all(|l| l.chars().count() <= crate::render::WIDTH));
         for line in [
             "gpushare top: 1 GPU(s), 2 lease(s), 0 queued",
             "util 10 s 97 %  1 min 40 %   memory used 3Gi  leased 8Gi of 16Gi",
@@ -279,6 +231,14 @@ mod tests {
             ..Default::default()
         });
         assert!(empty.contains("  no leases\n"), "{empty}");
+        let none = render_frame(&StatusReport {
+            no_gpus_reason: Some("arbiter.devices declares none".into()),
+            ..Default::default()
+        });
+        assert!(
+            none.contains("\nNO GPU is shared on this node: arbiter.devices declares none\n"),
+            "{none}"
+        );
         assert!(!empty.contains("QUEUE"), "{empty}");
     }
 
@@ -311,20 +271,5 @@ mod tests {
         );
         assert!(!frame.lines().any(|l| l.starts_with("GPU 9")), "{frame}");
         assert_eq!(frame.matches("evil").count(), 2, "{frame}");
-    }
-
-    #[test]
-    fn gpu_time_reads_in_the_unit_that_fits() {
-        for (ms, want) in [
-            (0, "0.00 s"),
-            (1_949, "1.95 s"),
-            (9_994, "9.99 s"),
-            (12_345, "12.3 s"),
-            (599_949, "599.9 s"),
-            (600_000, "10.0 min"),
-            (36_000_000, "10.0 h"),
-        ] {
-            assert_eq!(gpu_time(ms), want);
-        }
     }
 }

@@ -367,6 +367,10 @@ pub struct StatusReport {
     /// Memory that follows priority (`[memory] reclaim`): None when it is off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim: Option<Box<ReclaimStatus>>,
+    /// Why `gpus` is empty (no usable driver, nothing declared, every GPU set aside as
+    /// unshareable); None while a GPU is shared, and from an older arbiter.
+    #[serde(default)]
+    pub no_gpus_reason: Option<String>,
 }
 
 /// Memory reclaim's state: the leases checkpointed off their GPU and the last reclaims.

@@ -43,6 +43,16 @@ fn unloadable_nvml_falls_back_to_declared_devices() {
     assert_eq!(backend.gpus().len(), 2);
     assert_eq!(backend.cuda_driver_version(), None);
     assert_eq!(backend.sample("GPU-a"), Ok(None));
+    let why = backend.fallback_reason().unwrap();
+    assert!(
+        why.starts_with("no usable NVIDIA driver: ") && why.contains("/nonexistent/"),
+        "{why}"
+    );
+    c.nvml_library = String::new();
+    assert_eq!(
+        open_backend(&c).fallback_reason(),
+        Some("arbiter.nvml_library is empty (no driver is asked)")
+    );
     let err = NvmlBackend::load("/nonexistent/libnvidia-ml.so.1", 0.01)
         .err()
         .unwrap();
@@ -323,4 +333,70 @@ fn utilization_is_the_mean_of_the_last_minute() {
     );
     w.record(t + Duration::from_secs(300), 7.0);
     assert_eq!(w.mean(t + Duration::from_secs(300)), Some(1.0), "clamped");
+}
+
+#[test]
+fn status_says_why_no_gpu_is_shared() {
+    let shareable = Survey {
+        shareable: vec![gpu(0)],
+        unshareable: vec![],
+    };
+    let none = Survey {
+        shareable: vec![],
+        unshareable: vec![],
+    };
+    let all_set_aside = Survey {
+        shareable: vec![],
+        unshareable: vec![UnshareableGpu {
+            gpu: gpu(0),
+            reasons: vec![Unshareable::Mig],
+        }],
+    };
+    let no_driver = "no usable NVIDIA driver: NVML: loading libnvidia-ml.so.1: not found";
+    for (survey, source, fallback, declared, want) in [
+        (&shareable, "nvml", None, 0, None),
+        (&shareable, "declared", Some(no_driver), 1, None),
+        (
+            &none,
+            "declared",
+            Some(no_driver),
+            0,
+            Some(format!("{no_driver}, and arbiter.devices declares none")),
+        ),
+        (
+            &none,
+            "declared",
+            Some("NVML (/x/libnvidia-ml.so.1) reports no GPU"),
+            0,
+            Some(
+                "NVML (/x/libnvidia-ml.so.1) reports no GPU, and arbiter.devices declares none"
+                    .into(),
+            ),
+        ),
+        (
+            &none,
+            "declared",
+            None,
+            0,
+            Some("arbiter.devices declares none".into()),
+        ),
+        (
+            &none,
+            "nvml",
+            None,
+            0,
+            Some("the inventory (nvml) lists no GPU".into()),
+        ),
+    ] {
+        assert_eq!(
+            no_gpus_reason(survey, source, fallback, declared),
+            want,
+            "{source} {fallback:?}"
+        );
+    }
+    let why = no_gpus_reason(&all_set_aside, "nvml", None, 0).unwrap();
+    assert!(
+        why.starts_with("every GPU of this node (1) is set aside as unshareable: GPU 0: MIG"),
+        "{why}"
+    );
 }

@@ -582,6 +582,7 @@ fn full_report() -> (StatusReport, BTreeMap<&'static str, u64>) {
         admission_rejections: gpushare_proto::AdmissionRejections { high: 1, low: 2 },
         last_sample_age_ms: Some(2_500),
         reclaim: None,
+        no_gpus_reason: None,
     };
     let mut totals = BTreeMap::new();
     totals.insert("unregistered", 3);

@@ -229,6 +229,8 @@ pub struct Arbiter {
     tokens: Option<Arc<crate::tokens::TokenService>>,
     /// GPUs set aside at inventory (not in `inventory`): for status and refusals.
     unshareable: Vec<crate::inventory::UnshareableGpu>,
+    /// Why the inventory has no GPU to share (`inventory::no_gpus_reason`), for status.
+    no_gpus_reason: Option<String>,
     /// Where per-process GPU memory is read (NVML), once the backend showed it can;
     /// None: overhead is neither measured nor charged (see `overhead_estimate`).
     memory_probe: Option<Arc<dyn GpuBackend>>,
@@ -297,6 +299,7 @@ impl Arbiter {
             probe,
             tokens: None,
             unshareable: Vec::new(),
+            no_gpus_reason: None,
             memory_probe: None,
             memory: Default::default(),
             suspensions: Default::default(),
@@ -350,6 +353,11 @@ impl Arbiter {
     /// The GPUs set aside at inventory (`inventory::survey`).
     pub fn set_unshareable(&mut self, gpus: Vec<crate::inventory::UnshareableGpu>) {
         self.unshareable = gpus;
+    }
+
+    /// Why the inventory has no GPU to share, said by status (`inventory::no_gpus_reason`).
+    pub fn set_no_gpus_reason(&mut self, why: Option<String>) {
+        self.no_gpus_reason = why;
     }
 
     /// Why a request for `selector` is refused because of a GPU that cannot be shared.

@@ -174,6 +174,7 @@ impl Arbiter {
                 .last_sample_age(now)
                 .map(|age| age.as_millis() as u64),
             reclaim: self.reclaim_status().map(Box::new),
+            no_gpus_reason: self.no_gpus_reason.clone(),
         }
     }
 

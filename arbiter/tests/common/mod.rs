@@ -54,17 +54,59 @@ pub fn open_token(d: &Arbiter, lease: &Lease) -> TokenConnection {
     TokenConnection::open(&d.lease_socket(&lease.id.0), Duration::from_secs(10)).unwrap()
 }
 
+/// A token client of `lease` that really runs: simgpu-workload under the interposer,
+/// back to back kernels of 2 ms for `duration` ("2s") on the simulated GPU whose state
+/// is in `simgpu_dir`. Wait for it with [`wait_for_workloads`].
+pub fn token_workload(
+    d: &Arbiter,
+    lease: &str,
+    simgpu_dir: &std::path::Path,
+    duration: &str,
+) -> Child {
+    Command::new(binaries::program("simgpu-workload"))
+        .args(["--kernels", "4", "--kernel", "fixed:2ms", "--duration", duration])
+        .env("LD_PRELOAD", binaries::preload_library())
+        .env("LD_LIBRARY_PATH", simgpu::libs())
+        .env("SIMGPU_DIR", simgpu_dir)
+        .env("GPUSHARE_LEASE", lease)
+        .env("GPUSHARE_SOCKET", d.lease_socket(lease))
+        // Stdio null: a leaked one must not hold a caller's pipe open.
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for each of [`token_workload`]'s jobs; fails the test, with its errors, when one failed.
+pub fn wait_for_workloads(jobs: Vec<Child>) {
+    for job in jobs {
+        let out = job.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "workload failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Stand-in containers' init processes ([`container_process`]), killed however the
+/// test ends.
+pub struct Inits(pub Vec<Child>);
+
+impl Drop for Inits {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// A stand-in container: a real process whose pid confirms a lease.
 /// Its output goes nowhere: a process left behind by a failing test must not
 /// hold the test runner's output pipe open (CI reads it through `tee`).
 pub fn container_process() -> Child {
-    Command::new("sleep")
-        .arg("1000")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    gpushare_testkit::stand_in_init()
 }
 
 /// Confirms `container` with this test process as its init: the test's own
