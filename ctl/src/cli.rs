@@ -42,7 +42,10 @@ pub enum CtlCommand {
         #[arg(long, short)]
         verbose: bool,
     },
-    /// The leases alone, a row each: container, lease id, GPUs, priority, memory, state.
+    /// The leases, a row each.
+    ///
+    /// A table: container, lease id, GPUs, priority, memory quota, state (and grants, where a
+    /// lease has any), the containers named as status names them.
     List {
         /// Machine-readable output.
         #[arg(long)]
