@@ -169,7 +169,7 @@ json_number() {
 
 if [ -n "$simulated" ]; then
   say "Baselines: each job alone on GPU 0, the figures the shared run is compared with"
-  echo "Each container first prints what gpushare gave it: its priority, its GPU (NVIDIA_VISIBLE_DEVICES), its memory quota, its lease and the interposer on its LD_PRELOAD; the workload's summary follows." | explain
+  echo "Each container prints what gpushare gave it: its priority, its GPU (NVIDIA_VISIBLE_DEVICES), its memory quota, its lease and the interposer on its LD_PRELOAD. Each workload's report is kept in $out (the figures are below)." | explain
   run demo-high-alone high 4Gi "$high_job" >"$work/high-alone.out"
   describe demo-high-alone "$work/high-alone.out"
   report high-alone
@@ -203,7 +203,7 @@ report low
 # The token service's account of who held each GPU, from the start of the shared run.
 since=$(awk -v start="$shared_start" -v now="$(date +%s.%N)" 'BEGIN { s = now - start; print (s == int(s)) ? s : int(s) + 1 }')
 say "Who held GPU 0's token when (gpusharectl timeline --since $since; chart in $out/timeline.svg)"
-echo "The token service's record of the shared run: each column of the strip is a slice of time, marked with the container that held the token for most of it; the totals are token time." | explain
+echo "The token service's record of the shared run: each column of the strip is a slice of time, marked with a container that held the token in it (the two take turns far faster than a column, so columns go to each in proportion to its token time); below, each one's token time." | explain
 gpusharectl timeline --since "$since" --svg "$out/timeline.svg" | tee "$out/timeline.txt"
 gpusharectl timeline --since "$since" --json >"$out/timeline.json"
 

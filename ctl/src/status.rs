@@ -72,11 +72,13 @@ fn gpus(report: &StatusReport, names: &Names) -> String {
     }
     for g in &report.gpus {
         out += &gpu_line(report, g);
-        let leases: Vec<&Lease> = report
+        let mut leases: Vec<&Lease> = report
             .leases
             .iter()
             .filter(|l| l.gpus.contains(&g.uuid))
             .collect();
+        // The containers that take the GPU first come first, then by name.
+        leases.sort_by_key(|l| (std::cmp::Reverse(l.priority), l.display_name()));
         out += &container_rows(report, names, &leases);
     }
     for u in &report.unshareable {

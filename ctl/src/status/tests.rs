@@ -428,3 +428,23 @@ fn hostile_and_long_names_stay_inert_and_within_the_width() {
         assert!(!text.contains("never shown"), "{text}");
     }
 }
+
+#[test]
+fn on_one_gpu_high_priority_containers_come_first_then_by_name() {
+    let report = StatusReport {
+        gpus: vec![gpu(0)],
+        leases: vec![
+            lease("l-1", "zeta-low", "GPU-0", Priority::Low),
+            lease("l-2", "beta-high", "GPU-0", Priority::High),
+            lease("l-3", "alpha-low", "GPU-0", Priority::Low),
+        ],
+        ..Default::default()
+    };
+    let text = render(&report, false);
+    let order: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|word| word.contains('-'))
+        .collect();
+    assert_eq!(order, ["beta-high", "alpha-low", "zeta-low"], "{text}");
+}
