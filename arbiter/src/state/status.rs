@@ -66,7 +66,7 @@ impl Arbiter {
     pub fn status(&self) -> StatusReport {
         let now = Instant::now();
         let views = self.views();
-        let gpu_times: HashMap<LeaseId, crate::tokens::LeaseTime> = self
+        let token_times: HashMap<LeaseId, crate::tokens::LeaseTime> = self
             .tokens
             .as_ref()
             .map(|t| t.lease_times())
@@ -102,7 +102,7 @@ impl Arbiter {
                 .values()
                 .map(|r| {
                     let ledger = self.ledger.get(&r.lease.id);
-                    let gpu_time = gpu_times.get(&r.lease.id);
+                    let token_time = token_times.get(&r.lease.id);
                     LeaseUsage {
                         lease: r.lease.id.clone(),
                         memory_used: ledger.map(|l| l.used()).unwrap_or(0),
@@ -122,13 +122,13 @@ impl Arbiter {
                             .unwrap_or_default(),
                         cgroup: r.cgroup.clone(),
                         container: self.container_name(&r.lease),
-                        token_time_ms: gpu_time.map_or(0, |t| t.held_ns / 1_000_000),
-                        token_share_10s: gpu_time.map(|t| t.share_short()),
-                        token_share_1m: gpu_time.map(|t| t.share_long()),
+                        token_time_ms: token_time.map_or(0, |t| t.held_ns / 1_000_000),
+                        token_share_10s: token_time.map(|t| t.share_short()),
+                        token_share_1m: token_time.map(|t| t.share_long()),
                         memory_refusals: self.findings.memory_refusals(&r.lease.id),
-                        token_revocations: gpu_time.map_or(0, |t| t.revocations),
-                        token_cut_offs: gpu_time.map_or(0, |t| t.cut_offs),
-                        token_overdue: gpu_time.map_or(0, |t| t.overdue),
+                        token_revocations: token_time.map_or(0, |t| t.revocations),
+                        token_cut_offs: token_time.map_or(0, |t| t.cut_offs),
+                        token_overdue: token_time.map_or(0, |t| t.overdue),
                     }
                 })
                 .collect(),

@@ -32,9 +32,9 @@ use gpushare_proto::{
 };
 
 use crate::connections::{ConnectionBudget, Permit};
-use crate::gpu_time::{HeldWindow, Hold, HoldRing};
 use crate::peer_clock::{self, ClockOffset};
 use crate::timeslice::{Action, ClientId, Event, TokenPolicy};
+use crate::token_time::{HeldWindow, Hold, HoldRing};
 
 /// Longest frame a token connection may send: `{"op":"release","again":false}` is 31
 /// bytes, a `fit` report with every count at `u64::MAX` about 210. Anything bigger is
@@ -102,7 +102,7 @@ struct Registered {
     /// The parts of its ended holds that were overruns (ns).
     overran_ns: u64,
     /// Its lease was suspended while it held or drained: its hold ended there (the
-    /// timeline and its lease's GPU time stop at the suspension), but until it
+    /// timeline and its lease's token time stop at the suspension), but until it
     /// releases, or the lease is resumed, the GPU may still be finishing what it
     /// queued before the driver's lock — token time for the watchdog and the bypass
     /// check, as any drain after a revocation is.
@@ -134,7 +134,7 @@ impl Registered {
     }
 }
 
-/// One lease's GPU time on one GPU, kept while the lease lives and, after it ended,
+/// One lease's token time on one GPU, kept while the lease lives and, after it ended,
 /// while the timeline still shows one of its holds.
 struct LeaseAccount {
     lease: LeaseId,
@@ -162,7 +162,7 @@ pub const TIMELINE_KEEP_NS: u64 = 10 * 60 * 1_000_000_000;
 struct GpuState {
     policy: TokenPolicy,
     clients: HashMap<ClientId, Registered>,
-    /// Per-lease GPU time, by account number (never reused).
+    /// Per-lease token time, by account number (never reused).
     accounts: HashMap<u64, LeaseAccount>,
     /// Who held the token when, recently.
     timeline: HoldRing,
@@ -343,7 +343,7 @@ impl OverrunLog {
 pub const SHARE_SHORT_NS: u64 = 10 * 1_000_000_000;
 pub const SHARE_LONG_NS: u64 = 60 * 1_000_000_000;
 
-/// A lease's GPU time from the token service's accounting, summed over its GPUs.
+/// A lease's token time from the token service's accounting, summed over its GPUs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseTime {
     pub lease: LeaseId,

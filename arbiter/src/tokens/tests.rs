@@ -340,11 +340,11 @@ fn a_suspended_lease_loses_the_token_at_once_and_takes_its_turn_again_after_resu
     assert!(!held(&a), "the suspended holder's page must say revoked");
     wait_for("b's grant", || held(&b));
     assert_eq!(service.suspended_leases(), vec![lease_a.clone()]);
-    // Its hold ended at the suspension: its lease's GPU time stands still. Until it
-    // releases, what its GPU may still be finishing counts as its token time for the
-    // watchdog (the lock waits for that work), and that grows.
-    let gpu_time = || lease_time(&service, &lease_a).held_ns;
-    let token_time = || -> u64 {
+    // Its hold ended at the suspension: its lease's account of token time stands still.
+    // Until it releases, what its GPU may still be finishing counts as the client's
+    // holding for the watchdog (the lock waits for that work), and that grows.
+    let account = || lease_time(&service, &lease_a).held_ns;
+    let holding = || -> u64 {
         service
             .holdings()
             .iter()
@@ -352,10 +352,10 @@ fn a_suspended_lease_loses_the_token_at_once_and_takes_its_turn_again_after_resu
             .map(|h| h.held_ns)
             .sum()
     };
-    let (gpu_time_then, token_time_then) = (gpu_time(), token_time());
+    let (account_then, holding_then) = (account(), holding());
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(gpu_time(), gpu_time_then);
-    assert!(token_time() > token_time_then);
+    assert_eq!(account(), account_then);
+    assert!(holding() > holding_then);
     // A new process of the suspended lease is suspended too.
     let a2 = token_client(&service, dir.path(), "a");
     a2.send(TokenRequest::Want).unwrap();
@@ -372,10 +372,10 @@ fn a_suspended_lease_loses_the_token_at_once_and_takes_its_turn_again_after_resu
     assert_eq!(service.suspended_leases(), Vec::<LeaseId>::new());
     // a's lease waits its turn: b's slice ends (b is revoked) and b drains.
     wait_for("b's revocation", || !held(&b));
-    // The drain ended with the suspension: a's token time stands still now.
-    let token_time_resumed = token_time();
+    // The drain ended with the suspension: a's holding stands still now.
+    let holding_resumed = holding();
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(token_time(), token_time_resumed);
+    assert_eq!(holding(), holding_resumed);
     b.send(TokenRequest::Release { again: false }).unwrap();
     // Both clients of the lease get their turn (which first depends on their usage
     // within the window, so on how long this test took).

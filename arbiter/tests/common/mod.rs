@@ -9,7 +9,9 @@ use std::time::Duration;
 use gpushare_proto::token_client::TokenConnection;
 use gpushare_proto::{ControlClient, Fraction, GpuSelector, Lease, Priority, ReserveRequest};
 pub use gpushare_testkit::simgpu::{self, gpu_uuid as sim_uuid, SimMachine};
-pub use gpushare_testkit::{binaries, wait_until, Arbiter, ArbiterBuilder};
+pub use gpushare_testkit::{
+    binaries, free_port, reserve_request, wait_until, Arbiter, ArbiterBuilder,
+};
 
 pub const ARBITER: &str = env!("CARGO_BIN_EXE_gpushare-arbiter");
 /// `gpusharectl`, built from its own crate (which this one does not depend on).

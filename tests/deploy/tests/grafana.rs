@@ -17,9 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpushare_proto::{Fraction, GpuSelector, PodBinding, Priority, ReserveRequest};
+use gpushare_proto::{PodBinding, Priority, ReserveRequest};
 use gpushare_testkit::simgpu::{self, SimMachine};
-use gpushare_testkit::{binaries, stand_in_init, wait_until, Arbiter};
+use gpushare_testkit::{binaries, free_port, reserve_request, stand_in_init, wait_until, Arbiter};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -532,14 +532,6 @@ fn scrape(port: u16) -> String {
     get(port, "/metrics").unwrap_or_else(|e| panic!("scraping /metrics: {e}"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn every_metric_the_dashboard_queries_is_served_by_the_arbiter() {
     binaries::require(&["gpushare-arbiter"]);
@@ -629,21 +621,13 @@ fn node_with_two_named_containers() -> Node {
         let container_id = format!("{pod}-container");
         let lease = control
             .reserve(ReserveRequest {
-                container_id: container_id.clone(),
-                namespace: None,
-                sandbox_id: None,
-                priority: Priority::Low,
-                memory: Some("1Gi".parse().unwrap()),
-                compute_request: Fraction::ZERO,
-                compute_limit: Fraction::ONE,
-                gpu: GpuSelector::Index(vec![gpu]),
-                tenant: None,
                 pod: Some(PodBinding {
                     namespace: Some("team-a".into()),
                     name: Some(pod.into()),
                     container: Some("main".into()),
                     grants: vec![],
                 }),
+                ..reserve_request(&container_id, Priority::Low, "1Gi", gpu)
             })
             .unwrap();
         let init = stand_in_init();

@@ -392,3 +392,35 @@ pub fn stand_in_init() -> Child {
         .spawn()
         .expect("starting sleep, a container's stand-in init")
 }
+
+/// A loopback TCP port free a moment ago, for a listener a test configures (the metrics
+/// address). Another process may take it in between; the tests that use it start one
+/// listener each, soon after.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding a loopback port")
+        .port()
+}
+
+/// A request for `memory` on GPU `index` at `priority`, for `container_id`, with no
+/// compute request or limit and nothing of Kubernetes: what a plain `docker run` asks.
+pub fn reserve_request(
+    container_id: &str,
+    priority: gpushare_proto::Priority,
+    memory: &str,
+    index: u32,
+) -> gpushare_proto::ReserveRequest {
+    gpushare_proto::ReserveRequest {
+        container_id: container_id.into(),
+        namespace: None,
+        sandbox_id: None,
+        priority,
+        memory: Some(memory.parse().expect("a memory quantity")),
+        compute_request: gpushare_proto::Fraction::ZERO,
+        compute_limit: gpushare_proto::Fraction::ONE,
+        gpu: gpushare_proto::GpuSelector::Index(vec![index]),
+        tenant: None,
+        pod: None,
+    }
+}

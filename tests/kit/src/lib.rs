@@ -23,7 +23,7 @@ pub mod simgpu;
 pub mod stats;
 pub mod wait;
 
-pub use arbiter::{stand_in_init, Arbiter, ArbiterBuilder, StartError};
+pub use arbiter::{free_port, reserve_request, stand_in_init, Arbiter, ArbiterBuilder, StartError};
 /// The typed configuration builders edit, so a suite needs no dependency of its own on it.
 pub use gpushare_config::{self as config, Config};
 pub use wait::wait_until;

@@ -1,4 +1,4 @@
-//! Per-lease GPU time end to end: two token clients (simgpu-workload under the
+//! Per-lease token time end to end: two token clients (simgpu-workload under the
 //! interposer) share one simulated GPU through a private arbiter; `gpusharectl top
 //! --once`, the per-lease metrics and the timeline must agree with the token
 //! service's accounting (the status report) within 2 %. Also `/healthz` and
@@ -13,15 +13,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::*;
-use gpushare_proto::{Fraction, GpuSelector, Priority, ReserveRequest};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use gpushare_proto::Priority;
 
 /// One HTTP/1.0 GET: (status line, body).
 fn get(port: u16, path: &str) -> (String, String) {
@@ -70,18 +62,7 @@ fn top_metrics_and_timeline_agree_with_the_token_accounting() {
     let mut leases = Vec::new();
     for (i, container_id) in ["trainer-a", "trainer-b"].iter().enumerate() {
         let lease = control
-            .reserve(ReserveRequest {
-                container_id: container_id.to_string(),
-                namespace: None,
-                sandbox_id: None,
-                priority: Priority::Low,
-                memory: Some("1Gi".parse().unwrap()),
-                compute_request: Fraction::ZERO,
-                compute_limit: Fraction::ONE,
-                gpu: GpuSelector::Index(vec![0]),
-                tenant: None,
-                pod: None,
-            })
+            .reserve(reserve_request(container_id, Priority::Low, "1Gi", 0))
             .unwrap();
         let init = container_process();
         control

@@ -1,5 +1,6 @@
-//! Who used a GPU's time: the pure bookkeeping behind the token service's per-lease
-//! GPU time, its recent shares, and the timeline of holds. No clock and no I/O here:
+//! Who held a GPU's token: the pure bookkeeping behind the token service's per-lease
+//! token time (how long a lease held the GPU's time-slice token; its kernels run only
+//! then, so it bounds the lease's GPU time), its recent shares, and the timeline of holds. No clock and no I/O here:
 //! every function takes `now` (CLOCK_MONOTONIC ns, the token service's clock).
 //!
 //! Both structures are sized once and never grow on the token's hot path: a hold that
