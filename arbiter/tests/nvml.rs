@@ -395,8 +395,10 @@ fn per_process_utilisation_comes_from_nvml() {
         timestamp_us > since && timestamp_us <= after,
         "a wall-clock µs stamp between the start and now: {text}"
     );
-    // Averaged over the periods since `since`, its start-up included.
-    assert!((40..=90).contains(&sm), "{text}");
+    // Averaged over the periods since `since`, its start-up included. How busy it kept
+    // the GPU depends on how much CPU it got between kernels (about 80 % alone, 37 % seen
+    // beside busy loops), so this asserts only that the work shows, as a percentage.
+    assert!((1..=100).contains(&sm), "{text}");
     assert!(memory < 10, "it runs kernels, not copies: {text}");
 }
 
