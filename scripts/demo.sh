@@ -191,7 +191,7 @@ run demo-low low 25% "$low_job" >"$work/low.out" &
 low=$!
 sleep 1.5
 say "gpusharectl status while both run (also in $out/status-sharing.txt)"
-echo "Each GPU with its containers: priority, memory used of the quota, token time (how long the container has held the GPU's time-slice token, its turn on the GPU: its kernels run only then) and its token share of the last 10 s; then what is waiting and what is wrong. gpusharectl status --verbose adds the scheduler's internals." | explain
+echo "Each GPU: the memory its processes use (as NVML sees it), the memory leased to containers (their quotas) of what can be allocated, and how busy it was over the last 10 s. Under it, its containers: priority, memory used of the quota, token time (how long the container has held the GPU's time-slice token, its turn on the GPU: its kernels run only then) and its token share of the last 10 s. Then what is waiting and what is wrong. gpusharectl status --verbose adds the scheduler's internals." | explain
 gpusharectl status | tee "$out/status-sharing.txt"
 wait $high $low
 say "What the two containers printed"
@@ -254,6 +254,6 @@ fi
 
 # One watchdog pass (every 2 s) so the status no longer lists the exited processes.
 sleep 2.5
-say "gpusharectl status after both exited (their leases are released)"
+say "gpusharectl status after both exited (their leases are released; the 10 s utilisation still counts their last seconds)"
 gpusharectl status | tee "$out/status-after.txt"
 say "Kept in $out: timeline.svg, timeline.txt, each job's report (*.json), the statuses, config.toml, arbiter.log"
