@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use gpushare_proto::token_client::TokenConnection;
 use gpushare_proto::{ControlClient, Fraction, GpuSelector, Lease, Priority, ReserveRequest};
-pub use gpushare_testkit::simgpu::{self, gpu_uuid as sim_uuid, SimMachine};
+pub use gpushare_testkit::simgpu::{self, gpu_uuid as sim_uuid, wait_for_workloads, SimMachine};
 pub use gpushare_testkit::{
     binaries, free_port, reserve_request, wait_until, Arbiter, ArbiterBuilder,
 };
@@ -77,18 +77,6 @@ pub fn token_workload(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// Waits for each of [`token_workload`]'s jobs; fails the test, with its errors, when one failed.
-pub fn wait_for_workloads(jobs: Vec<Child>) {
-    for job in jobs {
-        let out = job.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "workload failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
 }
 
 /// Stand-in containers' init processes ([`container_process`]), killed however the

@@ -655,14 +655,7 @@ fn node_with_two_named_containers() -> Node {
             .unwrap();
         jobs.push(job);
     }
-    for job in jobs {
-        let out = job.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "workload failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    simgpu::wait_for_workloads(jobs);
     node
 }
 

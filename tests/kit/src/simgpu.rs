@@ -119,3 +119,16 @@ impl SimMachine {
             .env("LD_LIBRARY_PATH", libs())
     }
 }
+
+/// Waits for each simgpu-workload job, started with its stderr piped; fails the test,
+/// with the job's errors, when one failed.
+pub fn wait_for_workloads(jobs: Vec<std::process::Child>) {
+    for job in jobs {
+        let out = job.wait_with_output().expect("waiting for simgpu-workload");
+        assert!(
+            out.status.success(),
+            "workload failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

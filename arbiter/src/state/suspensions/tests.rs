@@ -80,6 +80,17 @@ fn one_low_full_and_a_high_short() -> (Node, (LeaseId, u64), (LeaseId, u64), Rec
     (node, a, h, plan)
 }
 
+/// Finishes `plan` with `victim` suspended, as the reclaimer reports a checkpoint that worked.
+fn suspended(node: &mut Node, plan: &ReclaimPlan, victim: &LeaseId) -> Charge {
+    node.arbiter
+        .finish_reclaim(
+            plan,
+            &[(victim.clone(), SuspendOutcome::Suspended)],
+            ReclaimTimes::default(),
+        )
+        .unwrap()
+}
+
 fn granted(decision: ChargeDecision) -> bool {
     match decision {
         ChargeDecision::Done(c) => c.granted,
@@ -143,14 +154,7 @@ fn a_high_charge_that_needs_lent_memory_suspends_the_fewest_youngest_lows_and_th
     );
     // While it is suspended, a low charge that does not fit is refused at once.
     assert!(!granted(node.charge(&a, GI)), "the GPU is full");
-    let charge = node
-        .arbiter
-        .finish_reclaim(
-            &plan,
-            &[(b.0.clone(), SuspendOutcome::Suspended)],
-            ReclaimTimes::default(),
-        )
-        .unwrap();
+    let charge = suspended(&mut node, &plan, &b.0);
     assert!(charge.granted);
     assert_eq!(node.arbiter.gpu_memory_in_use("GPU-0"), 7 * GI);
     let status = node.arbiter.reclaim_status().unwrap();
@@ -236,13 +240,7 @@ fn a_reclaim_that_frees_too_little_takes_the_charge_back_and_marks_what_the_driv
 #[test]
 fn a_released_suspended_lease_leaves_its_processes_to_the_restorer() {
     let (mut node, a, _h, plan) = one_low_full_and_a_high_short();
-    node.arbiter
-        .finish_reclaim(
-            &plan,
-            &[(a.0.clone(), SuspendOutcome::Suspended)],
-            ReclaimTimes::default(),
-        )
-        .unwrap();
+    suspended(&mut node, &plan, &a.0);
     node.arbiter.release(&a.0).unwrap();
     assert!(node.arbiter.suspensions().is_empty());
     assert_eq!(
@@ -260,13 +258,7 @@ fn suspended_leases_stay_off_the_gpu_for_the_restore_delay_after_a_reclaim() {
             restore_delay_ms: 3_600_000,
             ..Default::default()
         });
-    node.arbiter
-        .finish_reclaim(
-            &plan,
-            &[(a.0.clone(), SuspendOutcome::Suspended)],
-            ReclaimTimes::default(),
-        )
-        .unwrap();
+    suspended(&mut node, &plan, &a.0);
     node.arbiter.lease_credit(&h.0, h.1, 6 * GI).unwrap();
     assert!(
         node.arbiter.take_restorable().is_empty(),
